@@ -1,0 +1,44 @@
+# NeuroSandbox: the handful of commands people type.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := orthanc orthanc-dicomweb dcmtk dcm2niix
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup test demo bench lint format clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing system packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+	@[ -x $(PY) ] || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(VENV)/bin/neurosandbox demo $(DEMO_ARGS)
+
+bench: setup
+	$(PY) bench/render.py
+
+lint: setup
+	$(VENV)/bin/ruff check dicom gateway evaluation tests bench
+	$(VENV)/bin/ruff format --check dicom gateway evaluation tests bench
+	$(VENV)/bin/mypy
+
+format: setup
+	$(VENV)/bin/ruff format dicom gateway evaluation tests bench
+	$(VENV)/bin/ruff check --fix dicom gateway evaluation tests bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

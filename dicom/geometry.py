@@ -1,0 +1,113 @@
+"""Slice geometry: order along the slice normal, spacing and gaps, plane, voxel-to-RAS affine.
+
+Voxel indices are (i = column, j = row, k = slice), as nibabel and dcm2niix use them; DICOM
+patient coordinates are LPS, so the RAS affine flips the first two axes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from dicom.records import Plane
+
+LPS_TO_RAS = np.diag([-1.0, -1.0, 1.0, 1.0])
+# Positions closer than this along the normal are the same slice (Philips jitters by 1e-4 mm).
+POSITION_TOLERANCE_MM = 0.05
+# Relative deviation from the median spacing that counts as non-uniform.
+SPACING_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class StackGeometry:
+    affine: np.ndarray  # 4x4, voxel -> RAS mm
+    spacing: tuple[float, float, float]  # column, row, slice (mm)
+    plane: Plane
+    obliquity_deg: float
+    uniform: bool
+    gaps: list[str]
+
+
+def slice_normal(orientation: Sequence[float]) -> np.ndarray:
+    """Unit normal of an image plane from ImageOrientationPatient (row cosines, column cosines)."""
+    row = np.asarray(orientation[:3], dtype=float)
+    col = np.asarray(orientation[3:6], dtype=float)
+    n = np.cross(row, col)
+    norm = np.linalg.norm(n)
+    return n / norm if norm > 0 else np.array([0.0, 0.0, 1.0])
+
+
+def plane_of(normal: np.ndarray) -> tuple[Plane, float]:
+    """The anatomical plane closest to a slice normal, and the angle to it in degrees."""
+    axis = int(np.argmax(np.abs(normal)))
+    plane = (Plane.SAGITTAL, Plane.CORONAL, Plane.AXIAL)[axis]
+    cos = min(1.0, float(abs(normal[axis]) / (np.linalg.norm(normal) or 1.0)))
+    return plane, float(np.degrees(np.arccos(cos)))
+
+
+def project(positions: Sequence[Sequence[float]], normal: np.ndarray) -> np.ndarray:
+    return np.asarray(positions, dtype=float) @ normal
+
+
+def stack_geometry(
+    orientation: Sequence[float],
+    pixel_spacing: Sequence[float] | None,
+    positions: Sequence[Sequence[float]],
+    slice_thickness: float | None = None,
+) -> StackGeometry:
+    """Geometry of slices already sorted along the normal (one position per slice)."""
+    row_dir = np.asarray(orientation[:3], dtype=float)
+    col_dir = np.asarray(orientation[3:6], dtype=float)
+    normal = slice_normal(orientation)
+    dr, dc = (float(pixel_spacing[0]), float(pixel_spacing[1])) if pixel_spacing else (1.0, 1.0)
+    pos = np.asarray(positions, dtype=float)
+    gaps: list[str] = []
+    uniform = True
+    if len(pos) > 1:
+        steps = np.diff(pos @ normal)
+        median = float(np.median(steps))
+        slice_step = (pos[-1] - pos[0]) / (len(pos) - 1)
+        dk = float(abs(median))
+        if median > 0:
+            deviation = np.abs(steps - median) / median
+            uniform = bool(np.all(deviation <= SPACING_TOLERANCE))
+            for idx in np.nonzero(deviation > SPACING_TOLERANCE)[0]:
+                kind = "gap" if steps[idx] > median else "overlap"
+                gaps.append(
+                    f"{kind} between slices {idx} and {idx + 1}: {steps[idx]:.2f} mm "
+                    f"(median spacing {median:.2f} mm)"
+                )
+    else:
+        dk = float(slice_thickness or 1.0)
+        slice_step = normal * dk
+    lps = np.eye(4)
+    lps[:3, 0] = row_dir * dc
+    lps[:3, 1] = col_dir * dr
+    lps[:3, 2] = slice_step
+    lps[:3, 3] = pos[0]
+    plane, oblique = plane_of(normal)
+    return StackGeometry(
+        affine=LPS_TO_RAS @ lps,
+        spacing=(dc, dr, dk),
+        plane=plane,
+        obliquity_deg=round(oblique, 3),
+        uniform=uniform,
+        gaps=gaps,
+    )
+
+
+def cluster_positions(projections: np.ndarray) -> np.ndarray:
+    """Label each projected position with the index of its slice (sorted along the normal)."""
+    order = np.argsort(projections, kind="stable")
+    labels = np.empty(len(projections), dtype=int)
+    current = -1
+    last = None
+    for idx in order:
+        value = projections[idx]
+        if last is None or value - last > POSITION_TOLERANCE_MM:
+            current += 1
+            last = value
+        labels[idx] = current
+    return labels

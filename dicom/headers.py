@@ -1,0 +1,511 @@
+"""Header-only reading: one DICOM file -> one FrameHeader per 2D image it holds.
+
+Classic objects give one frame; enhanced multi-frame objects give one per frame, with the
+per-frame and shared functional groups flattened; Siemens mosaics give one per tile.
+No pixel data is read here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pydicom
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+from pydicom.uid import UID
+
+from dicom.errors import (
+    InvalidImageError,
+    NonImageError,
+    NotDicomError,
+    TooLargeError,
+    UnreadableHeaderError,
+)
+from dicom.sources import is_plain_file, open_source
+
+DEFAULT_MEMORY_CAP = 1 << 30  # 1 GiB
+# Values larger than this are not read in the header pass (Siemens XA puts 150 kB blobs there).
+_DEFER_SIZE = 64 * 1024
+
+NATIVE_LITTLE_ENDIAN = {
+    "1.2.840.10008.1.2",  # Implicit VR Little Endian
+    "1.2.840.10008.1.2.1",  # Explicit VR Little Endian
+}
+
+_NON_IMAGE_SOP_PREFIXES = (
+    "1.2.840.10008.5.1.4.1.1.88.",  # structured reports
+    "1.2.840.10008.5.1.4.1.1.66",  # raw data, spatial registration, fiducials, segmentation...
+    "1.2.840.10008.5.1.4.1.1.11.",  # presentation states
+    "1.2.840.10008.5.1.4.1.1.104.",  # encapsulated documents
+    "1.2.840.10008.5.1.4.1.1.481.",  # RT objects
+    "1.2.840.10008.5.1.4.1.1.9.",  # waveforms
+)
+
+
+@dataclass(slots=True)
+class FrameHeader:
+    """Everything the index needs to know about one 2D image, taken from headers only."""
+
+    path: str
+    frame: int | None
+    sop_instance_uid: str
+    sop_class_uid: str
+    study_uid: str
+    series_uid: str
+    series_number: int | None
+    description: str
+    protocol: str
+    modality: str
+    manufacturer: str
+    image_type: tuple[str, ...]
+    frame_type: tuple[str, ...]
+    rows: int
+    cols: int
+    samples_per_pixel: int
+    photometric: str
+    bits_allocated: int
+    bits_stored: int
+    pixel_representation: int
+    number_of_frames: int
+    pixel_spacing: tuple[float, float] | None  # (row spacing, column spacing)
+    orientation: tuple[float, float, float, float, float, float] | None
+    position: tuple[float, float, float] | None
+    slice_thickness: float | None
+    spacing_between_slices: float | None
+    echo_number: int | None
+    echo_time: float | None
+    repetition_time: float | None
+    inversion_time: float | None
+    flip_angle: float | None
+    scanning_sequence: tuple[str, ...]
+    sequence_variant: tuple[str, ...]
+    scan_options: tuple[str, ...]
+    sequence_name: str
+    mr_acquisition_type: str
+    echo_pulse_sequence: str
+    inversion_recovery: bool
+    b_value: float | None
+    direction: tuple[float, float, float] | None
+    contrast_agent: str | None
+    rescale_slope: float
+    rescale_intercept: float
+    temporal_index: int | None
+    acquisition_number: int | None
+    instance_number: int | None
+    transfer_syntax: str
+    burned_in_annotation: bool
+    pixel_offset: int | None
+    mosaic_slices: int | None = None
+    window: tuple[float, float] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def read_frames(path: str, memory_cap: int = DEFAULT_MEMORY_CAP) -> list[FrameHeader]:
+    """Read the header of one file and return its frames; raise an ImagingError subclass."""
+    try:
+        fp = open_source(path, max_bytes=4 * memory_cap)
+    except OSError as exc:
+        raise UnreadableHeaderError(f"{path}: cannot open: {exc}") from exc
+    with fp:
+        head = fp.read(132)
+        fp.seek(0)
+        has_preamble = len(head) == 132 and head[128:132] == b"DICM"
+        if not has_preamble and not _looks_like_raw_dataset(head):
+            raise NotDicomError(f"{path}: not a DICOM file (no DICM preamble, no DICOM tags)")
+        try:
+            ds = pydicom.dcmread(
+                fp, stop_before_pixels=True, defer_size=_DEFER_SIZE, force=not has_preamble
+            )
+            _check_pixel_data_present(fp, ds, path)
+            pixel_offset = _native_pixel_offset(fp, ds) if is_plain_file(path) else None
+            # Touch the elements the index needs now, so that a malformed value fails here.
+            frames = _frames_from_dataset(path, ds, pixel_offset, memory_cap)
+        except RecursionError as exc:
+            raise UnreadableHeaderError(
+                f"{path}: header nests sequences too deeply to parse safely"
+            ) from exc
+        except InvalidDicomError as exc:
+            raise NotDicomError(f"{path}: not a DICOM file ({exc})") from exc
+        except (NonImageError, InvalidImageError, TooLargeError):
+            raise
+        except Exception as exc:
+            raise UnreadableHeaderError(f"{path}: unreadable header: {exc}") from exc
+    return frames
+
+
+def _looks_like_raw_dataset(head: bytes) -> bool:
+    """A DICOM dataset without preamble starts with a group 0x0002 or 0x0008 tag."""
+    if len(head) < 8:
+        return False
+    group = int.from_bytes(head[0:2], "little")
+    return group in (0x0002, 0x0008)
+
+
+_PIXEL_TAGS = (b"\xe0\x7f\x10\x00", b"\xe0\x7f\x08\x00", b"\xe0\x7f\x09\x00")
+
+
+def _check_pixel_data_present(fp: Any, ds: Dataset, path: str) -> None:
+    """An image object whose file ends before its pixel data is truncated, not empty."""
+    if "Rows" not in ds and "Columns" not in ds:
+        return
+    pos = fp.tell()
+    tag = fp.read(4)
+    fp.seek(pos)
+    big_endian = str(getattr(ds.file_meta, "TransferSyntaxUID", "")) == "1.2.840.10008.1.2.2"
+    if big_endian and len(tag) == 4:
+        tag = tag[1::-1] + tag[3:1:-1]
+    if tag not in _PIXEL_TAGS:
+        raise InvalidImageError(
+            f"{path}: image object has no Pixel Data (7FE0,0010) after its header (byte {pos}): "
+            "the file is truncated, or its pixels sit in a private element"
+        )
+
+
+def _native_pixel_offset(fp: Any, ds: Dataset) -> int | None:
+    """Byte offset of uncompressed little-endian pixel data, read right after the header."""
+    ts = str(getattr(ds.file_meta, "TransferSyntaxUID", "") or "")
+    if ts not in NATIVE_LITTLE_ENDIAN:
+        return None
+    pos = fp.tell()
+    tag = fp.read(12)
+    if len(tag) < 8 or tag[0:4] != b"\xe0\x7f\x10\x00":
+        return None
+    if ts == "1.2.840.10008.1.2":
+        length = int.from_bytes(tag[4:8], "little")
+        start = pos + 8
+    else:
+        if tag[4:6] not in (b"OB", b"OW"):
+            return None
+        length = int.from_bytes(tag[8:12], "little")
+        start = pos + 12
+    if length == 0xFFFFFFFF:
+        return None
+    fp.seek(0, 2)
+    if fp.tell() < start + length:
+        raise InvalidImageError(
+            f"pixel data truncated: {fp.tell() - start} of {length} bytes present"
+        )
+    return start
+
+
+def _f(value: Any) -> float | None:
+    try:
+        if value is None or value == "":
+            return None
+        if isinstance(value, list | tuple | pydicom.multival.MultiValue):
+            value = value[0]
+        out = float(value)
+        return out if math.isfinite(out) else None
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def _i(value: Any) -> int | None:
+    f = _f(value)
+    return int(f) if f is not None else None
+
+
+def _s(value: Any, limit: int = 256) -> str:
+    if value is None:
+        return ""
+    return str(value)[:limit]
+
+
+def _cs(value: Any) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return tuple(v.strip().upper() for v in value.split("\\") if v.strip())
+    return tuple(str(v).strip().upper() for v in value if str(v).strip())
+
+
+def _floats(value: Any, n: int) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    try:
+        out = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+    if len(out) != n or not all(math.isfinite(v) for v in out):
+        return None
+    return out
+
+
+def _first_item(ds: Dataset | None, keyword: str) -> Dataset | None:
+    if ds is None:
+        return None
+    seq = ds.get(keyword)
+    if seq is None:
+        return None
+    try:
+        return seq[0] if len(seq) else None
+    except (TypeError, IndexError):
+        return None
+
+
+def _group_value(frame: Dataset | None, shared: Dataset | None, seq: str, attr: str) -> Any:
+    """An attribute from a functional group macro: per-frame first, then shared."""
+    for groups in (frame, shared):
+        item = _first_item(groups, seq)
+        if item is not None and attr in item:
+            return item.get(attr)
+    return None
+
+
+def _contrast_agent(ds: Dataset) -> str | None:
+    agent = _s(ds.get("ContrastBolusAgent")).strip()
+    if agent and agent.lower() not in {"none", "no", "n", "0", "nil", "-"}:
+        return agent
+    for item in ds.get("ContrastBolusAgentSequence") or []:
+        meaning = _s(item.get("CodeMeaning")).strip()
+        if meaning:
+            return meaning
+    return None
+
+
+def _vendor_diffusion(ds: Dataset) -> tuple[float | None, tuple[float, float, float] | None]:
+    """b-value and gradient direction from standard or vendor private tags (classic objects)."""
+    b = _f(ds.get("DiffusionBValue"))
+    direction = _floats(ds.get("DiffusionGradientOrientation"), 3)
+    manufacturer = _s(ds.get("Manufacturer")).upper()
+    if b is None and "SIEMENS" in manufacturer:
+        elem = ds.get((0x0019, 0x100C))
+        if elem is not None:
+            b = _f(elem.value)
+            d = ds.get((0x0019, 0x100E))
+            direction = _floats(d.value, 3) if d is not None else None
+        elif "DIFFUSION" in _cs(ds.get("ImageType")):
+            seq_name = _s(ds.get("SequenceName"))
+            if "_b" in seq_name:
+                b = _f(seq_name.split("_b", 1)[1].rstrip("t#0123456789") or None)
+    if b is None and "GE" in manufacturer:
+        elem = ds.get((0x0043, 0x1039))
+        if elem is not None:
+            b_raw = _f(elem.value)
+            if b_raw is not None:
+                # GE encodes the b-value in the first slop_int, sometimes offset by 1e9.
+                b = float(b_raw % 1_000_000_000) if b_raw >= 1e9 else b_raw
+                parts = [ds.get((0x0019, t)) for t in (0x10BB, 0x10BC, 0x10BD)]
+                if all(p is not None for p in parts):
+                    direction = _floats([p.value for p in parts if p is not None], 3)
+    if b is None and "PHILIPS" in manufacturer:
+        elem = ds.get((0x2001, 0x1003))
+        if elem is not None:
+            b = _f(elem.value)
+    return b, direction
+
+
+def _mosaic_tiles(ds: Dataset) -> tuple[int, tuple[float, float, float]] | None:
+    """Number of slices in a Siemens mosaic and the slice normal, from the CSA image header."""
+    if "MOSAIC" not in _cs(ds.get("ImageType")):
+        return None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nibabel warns that its DICOM readers are experimental
+        from nibabel.nicom import csareader
+
+    csa = csareader.get_csa_header(ds, "image")
+    if csa is None:
+        return None
+    n = csareader.get_n_mosaic(csa)
+    normal = csareader.get_slice_normal(csa)
+    if not n or normal is None:
+        return None
+    return int(n), (float(normal[0]), float(normal[1]), float(normal[2]))
+
+
+def _frames_from_dataset(
+    path: str, ds: Dataset, pixel_offset: int | None, memory_cap: int
+) -> list[FrameHeader]:
+    sop_class = _s(ds.get("SOPClassUID") or getattr(ds.file_meta, "MediaStorageSOPClassUID", ""))
+    has_pixels = "Rows" in ds or "Columns" in ds
+    name = UID(sop_class).name if sop_class else "unknown SOP class"
+    if sop_class.startswith(_NON_IMAGE_SOP_PREFIXES):
+        raise NonImageError(f"{path}: {name} object holds no image")
+    if not has_pixels:
+        if sop_class.startswith("1.2.840.10008.5.1.4.1.1."):
+            raise InvalidImageError(
+                f"{path}: {name} object lacks Rows/Columns: header truncated or corrupt"
+            )
+        raise NonImageError(f"{path}: {name} object holds no image")
+
+    rows = _i(ds.get("Rows"))
+    cols = _i(ds.get("Columns"))
+    if not rows or not cols or rows <= 0 or cols <= 0:
+        raise InvalidImageError(
+            f"{path}: invalid image size (Rows={ds.get('Rows')!r}, Columns={ds.get('Columns')!r})"
+        )
+    spp = _i(ds.get("SamplesPerPixel")) or 1
+    bits = _i(ds.get("BitsAllocated")) or 16
+    n_frames = _i(ds.get("NumberOfFrames")) or 1
+    if spp not in (1, 3) or bits not in (1, 8, 16, 32, 64) or n_frames < 1:
+        raise InvalidImageError(
+            f"{path}: unsupported pixel layout (SamplesPerPixel={spp}, BitsAllocated={bits}, "
+            f"NumberOfFrames={n_frames})"
+        )
+    # A float32 working copy of every frame is what decoding will need at most.
+    needed = rows * cols * n_frames * spp * max(4, bits // 8)
+    if needed > memory_cap:
+        raise TooLargeError(
+            f"{path}: {cols}x{rows}x{n_frames} frames would need {needed / 2**30:.1f} GiB to "
+            f"decode, over the {memory_cap / 2**30:.1f} GiB memory cap; refused before allocation"
+        )
+
+    ts = _s(getattr(ds.file_meta, "TransferSyntaxUID", "")) or "1.2.840.10008.1.2"
+    image_type = _cs(ds.get("ImageType"))
+    b, direction = _vendor_diffusion(ds)
+    window = None
+    wc, ww = _f(ds.get("WindowCenter")), _f(ds.get("WindowWidth"))
+    if wc is not None and ww:
+        window = (wc, ww)
+
+    base = FrameHeader(
+        path=path,
+        frame=None,
+        sop_instance_uid=_s(ds.get("SOPInstanceUID"), 64),
+        sop_class_uid=sop_class,
+        study_uid=_s(ds.get("StudyInstanceUID"), 64),
+        series_uid=_s(ds.get("SeriesInstanceUID"), 64),
+        series_number=_i(ds.get("SeriesNumber")),
+        description=_s(ds.get("SeriesDescription")),
+        protocol=_s(ds.get("ProtocolName")),
+        modality=_s(ds.get("Modality"), 16).upper(),
+        manufacturer=_s(ds.get("Manufacturer"), 64),
+        image_type=image_type,
+        frame_type=(),
+        rows=rows,
+        cols=cols,
+        samples_per_pixel=spp,
+        photometric=_s(ds.get("PhotometricInterpretation"), 32).upper(),
+        bits_allocated=bits,
+        bits_stored=_i(ds.get("BitsStored")) or bits,
+        pixel_representation=_i(ds.get("PixelRepresentation")) or 0,
+        number_of_frames=n_frames,
+        pixel_spacing=_floats(ds.get("PixelSpacing"), 2),  # type: ignore[arg-type]
+        orientation=_floats(ds.get("ImageOrientationPatient"), 6),  # type: ignore[arg-type]
+        position=_floats(ds.get("ImagePositionPatient"), 3),  # type: ignore[arg-type]
+        slice_thickness=_f(ds.get("SliceThickness")),
+        spacing_between_slices=_f(ds.get("SpacingBetweenSlices")),
+        echo_number=_i(ds.get("EchoNumbers")),
+        echo_time=_f(ds.get("EchoTime")),
+        repetition_time=_f(ds.get("RepetitionTime")),
+        inversion_time=_f(ds.get("InversionTime")),
+        flip_angle=_f(ds.get("FlipAngle")),
+        scanning_sequence=_cs(ds.get("ScanningSequence")),
+        sequence_variant=_cs(ds.get("SequenceVariant")),
+        scan_options=_cs(ds.get("ScanOptions")),
+        sequence_name=_s(ds.get("SequenceName") or ds.get("PulseSequenceName"), 64),
+        mr_acquisition_type=_s(ds.get("MRAcquisitionType"), 8).upper(),
+        echo_pulse_sequence=_s(ds.get("EchoPulseSequence"), 16).upper(),
+        inversion_recovery=_s(ds.get("InversionRecovery")).upper() == "YES",
+        b_value=b,
+        direction=direction,  # type: ignore[arg-type]
+        contrast_agent=_contrast_agent(ds),
+        rescale_slope=_f(ds.get("RescaleSlope")) or 1.0,
+        rescale_intercept=_f(ds.get("RescaleIntercept")) or 0.0,
+        temporal_index=_i(ds.get("TemporalPositionIdentifier")),
+        acquisition_number=_i(ds.get("AcquisitionNumber")),
+        instance_number=_i(ds.get("InstanceNumber")),
+        transfer_syntax=ts,
+        burned_in_annotation=_s(ds.get("BurnedInAnnotation")).upper() == "YES",
+        pixel_offset=pixel_offset,
+        window=window,
+    )
+    po = _cs(ds.get("PatientOrientation"))
+    if len(po) == 2:
+        base.extras["patient_orientation"] = po
+    if "PerFrameFunctionalGroupsSequence" in ds or "SharedFunctionalGroupsSequence" in ds:
+        return _enhanced_frames(base, ds)
+    mosaic = _mosaic_tiles(ds)
+    if mosaic is not None:
+        return _mosaic_frames(base, ds, *mosaic)
+    return [base]
+
+
+def _enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
+    shared = _first_item(ds, "SharedFunctionalGroupsSequence")
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
+    frames: list[FrameHeader] = []
+    for i in range(base.number_of_frames):
+        fg = per_frame[i] if i < len(per_frame) else None
+
+        def gv(seq: str, attr: str, _fg: Dataset | None = fg) -> Any:
+            return _group_value(_fg, shared, seq, attr)
+
+        fr = FrameHeader(**{k: getattr(base, k) for k in base.__slots__})  # type: ignore[attr-defined]
+        fr.extras = dict(base.extras)
+        fr.frame = i
+        fr.position = _floats(gv("PlanePositionSequence", "ImagePositionPatient"), 3)  # type: ignore[assignment]
+        fr.orientation = _floats(  # type: ignore[assignment]
+            gv("PlaneOrientationSequence", "ImageOrientationPatient"), 6
+        )
+        fr.pixel_spacing = _floats(gv("PixelMeasuresSequence", "PixelSpacing"), 2)  # type: ignore[assignment]
+        fr.slice_thickness = _f(gv("PixelMeasuresSequence", "SliceThickness"))
+        sbs = _f(gv("PixelMeasuresSequence", "SpacingBetweenSlices"))
+        fr.spacing_between_slices = sbs if sbs is not None else base.spacing_between_slices
+        slope = _f(gv("PixelValueTransformationSequence", "RescaleSlope"))
+        inter = _f(gv("PixelValueTransformationSequence", "RescaleIntercept"))
+        fr.rescale_slope = slope if slope is not None else base.rescale_slope
+        fr.rescale_intercept = inter if inter is not None else base.rescale_intercept
+        te = _f(gv("MREchoSequence", "EffectiveEchoTime"))
+        fr.echo_time = te if te is not None else base.echo_time
+        tr = _f(gv("MRTimingAndRelatedParametersSequence", "RepetitionTime"))
+        fr.repetition_time = tr if tr is not None else base.repetition_time
+        fa = _f(gv("MRTimingAndRelatedParametersSequence", "FlipAngle"))
+        fr.flip_angle = fa if fa is not None else base.flip_angle
+        ti = _f(gv("MRModifierSequence", "InversionTimes"))
+        fr.inversion_time = ti if ti is not None else base.inversion_time
+        ft = _cs(gv("MRImageFrameTypeSequence", "FrameType") or gv("CTImageFrameTypeSequence", "FrameType"))
+        fr.frame_type = ft
+        b = _f(gv("MRDiffusionSequence", "DiffusionBValue"))
+        if b is not None:
+            fr.b_value = b
+            grad = _first_item(_first_item(fg, "MRDiffusionSequence"), "DiffusionGradientDirectionSequence")
+            fr.direction = (  # type: ignore[assignment]
+                _floats(grad.get("DiffusionGradientOrientation"), 3) if grad is not None else None
+            )
+        tpi = _i(gv("FrameContentSequence", "TemporalPositionIndex"))
+        if tpi is not None:
+            fr.temporal_index = tpi
+        stack_id = gv("FrameContentSequence", "StackID")
+        if stack_id is not None:
+            fr.extras["stack_id"] = _s(stack_id, 16)
+        wc = _f(gv("FrameVOILUTSequence", "WindowCenter"))
+        ww = _f(gv("FrameVOILUTSequence", "WindowWidth"))
+        if wc is not None and ww:
+            fr.window = (wc, ww)
+        frames.append(fr)
+    return frames
+
+
+def _mosaic_frames(
+    base: FrameHeader, ds: Dataset, n: int, normal: tuple[float, float, float]
+) -> list[FrameHeader]:
+    """Expand a Siemens mosaic into its tiles, with the true position of each slice."""
+    if base.orientation is None or base.position is None or base.pixel_spacing is None:
+        return [base]
+    tiles_per_side = math.ceil(math.sqrt(n))
+    rows, cols = base.rows // tiles_per_side, base.cols // tiles_per_side
+    row_dir = np.array(base.orientation[:3])
+    col_dir = np.array(base.orientation[3:])
+    dr, dc = base.pixel_spacing
+    # IPP of a mosaic is the corner of the whole mosaic; shift to the corner of the first tile.
+    offset = (base.cols - cols) / 2.0 * dc * row_dir + (base.rows - rows) / 2.0 * dr * col_dir
+    first = np.array(base.position) + offset
+    step = base.spacing_between_slices or base.slice_thickness or 1.0
+    nvec = np.array(normal)
+    frames = []
+    for k in range(n):
+        fr = FrameHeader(**{key: getattr(base, key) for key in base.__slots__})  # type: ignore[attr-defined]
+        fr.extras = {}
+        fr.frame = k
+        fr.rows, fr.cols = rows, cols
+        pos = first + k * step * nvec
+        fr.position = (float(pos[0]), float(pos[1]), float(pos[2]))
+        fr.mosaic_slices = n
+        frames.append(fr)
+    return frames

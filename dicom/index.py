@@ -1,0 +1,419 @@
+"""Index a path: read every header (no pixels), group by study and series, split into stacks,
+order slices, find volumes, compute geometry and classify each stack."""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from dicom.errors import (
+    ImagingError,
+    InvalidImageError,
+    NonImageError,
+    NotDicomError,
+    TooLargeError,
+)
+from dicom.geometry import cluster_positions, project, slice_normal, stack_geometry
+from dicom.headers import DEFAULT_MEMORY_CAP, FrameHeader, read_frames
+from dicom.records import FileError, FrameRef, IndexResult, Plane, SequenceClass, SeriesInfo
+from dicom.sequences import SeriesContext, classify
+from dicom.sources import iter_sources
+
+ProgressFn = Callable[[int, int], None]
+# Below this many files a process pool costs more than it saves.
+_PARALLEL_THRESHOLD = 200
+
+
+def _error_kind(exc: Exception) -> str:
+    if isinstance(exc, NotDicomError):
+        return "not_dicom"
+    if isinstance(exc, NonImageError):
+        return "non_image"
+    if isinstance(exc, TooLargeError):
+        return "too_large"
+    if isinstance(exc, InvalidImageError):
+        return "invalid"
+    return "unreadable"
+
+
+def _read_one(args: tuple[str, int]) -> tuple[str, list[FrameHeader] | None, FileError | None]:
+    path, cap = args
+    try:
+        return path, read_frames(path, cap), None
+    except ImagingError as exc:
+        return path, None, FileError(path=path, kind=_error_kind(exc), message=str(exc))
+    except Exception as exc:  # any bug or oddity in one file must not stop the folder
+        return path, None, FileError(path=path, kind="unreadable", message=f"{path}: {exc!r}")
+
+
+def read_headers(
+    sources: Iterable[str],
+    memory_cap: int = DEFAULT_MEMORY_CAP,
+    workers: int | None = None,
+    progress: ProgressFn | None = None,
+) -> tuple[list[FrameHeader], list[FileError], list[tuple[str, FileError]], int]:
+    """Read headers of all sources; returns frames, errors, non-image objects, file count."""
+    paths = list(sources)
+    jobs = [(p, memory_cap) for p in paths]
+    n_workers = workers if workers is not None else min(os.cpu_count() or 1, 4)
+    if n_workers > 1 and len(paths) >= _PARALLEL_THRESHOLD:
+        with ProcessPoolExecutor(max_workers=n_workers) as pool:
+            results = list(pool.map(_read_one, jobs, chunksize=max(16, len(jobs) // (4 * n_workers))))
+    else:
+        results = []
+        for i, job in enumerate(jobs):
+            results.append(_read_one(job))
+            if progress and (i % 50 == 0 or i == len(jobs) - 1):
+                progress(i + 1, len(jobs))
+    frames: list[FrameHeader] = []
+    errors: list[FileError] = []
+    non_image: list[tuple[str, FileError]] = []
+    for _path, fr, err in results:
+        if fr is not None:
+            frames.extend(fr)
+        elif err is not None:
+            errors.append(err)
+    if progress:
+        progress(len(paths), len(paths))
+    return frames, errors, non_image, len(paths)
+
+
+def index_path(
+    path: str | Path,
+    memory_cap: int = DEFAULT_MEMORY_CAP,
+    workers: int | None = None,
+    progress: ProgressFn | None = None,
+) -> IndexResult:
+    """Index every DICOM file below ``path`` (file, folder, zip) or a NIfTI file."""
+    p = Path(path)
+    if p.is_file() and (p.name.endswith(".nii") or p.name.endswith(".nii.gz")):
+        from dicom.nifti import index_nifti
+
+        return index_nifti(p)
+    frames, errors, _, n_files = read_headers(iter_sources(p), memory_cap, workers, progress)
+    non_image = [e for e in errors if e.kind == "non_image"]
+    other_errors = [e for e in errors if e.kind != "non_image"]
+    series = build_series(frames)
+    series.extend(_non_image_series(non_image))
+    series.sort(key=_series_sort_key)
+    return IndexResult(series=series, errors=other_errors, n_files=n_files)
+
+
+def _series_sort_key(s: SeriesInfo) -> tuple[str, int, str, int]:
+    return (s.study_uid, s.series_number if s.series_number is not None else 1 << 30, s.series_uid, s.stack)
+
+
+def _non_image_series(errors: list[FileError]) -> list[SeriesInfo]:
+    """Non-image objects (SR, Raw Data) are listed as NON_IMAGE series, one per folder."""
+    by_folder: dict[str, list[FileError]] = defaultdict(list)
+    for e in errors:
+        by_folder[str(Path(e.path.split("::")[0]).parent)].append(e)
+    out = []
+    for folder, errs in sorted(by_folder.items()):
+        out.append(
+            SeriesInfo(
+                path=folder,
+                study_uid="",
+                series_uid="",
+                series_class=SequenceClass.NON_IMAGE,
+                reason="; ".join(sorted({e.message.split(": ", 1)[-1] for e in errs})),
+                confidence=1.0,
+                n_files=len(errs),
+                warnings=[f"{len(errs)} non-image object(s) skipped: nothing to render"],
+            )
+        )
+    return out
+
+
+def _stack_key(f: FrameHeader) -> tuple[object, ...]:
+    orient = tuple(round(v, 3) for v in f.orientation) if f.orientation else None
+    echo: object = f.echo_number if f.echo_number is not None else (
+        round(f.echo_time, 2) if f.echo_time is not None else None
+    )
+    b = round(f.b_value) if f.b_value is not None else None
+    # Derived frame types (phase, field map) differ from magnitude frames of one object.
+    ftype = tuple(t for t in f.frame_type if t not in ("ORIGINAL", "DERIVED", "PRIMARY", "SECONDARY"))
+    return (
+        f.sop_class_uid,
+        f.rows,
+        f.cols,
+        f.samples_per_pixel,
+        orient,
+        echo,
+        b,
+        ftype,
+        f.mosaic_slices or 0,
+        f.extras.get("stack_id", ""),
+    )
+
+
+def _sortable(key: tuple[object, ...]) -> tuple[str, ...]:
+    return tuple("" if v is None else repr(v) for v in key)
+
+
+def build_series(frames: list[FrameHeader]) -> list[SeriesInfo]:
+    """Group frames into series and stacks and describe each stack."""
+    by_series: dict[tuple[str, str], list[FrameHeader]] = defaultdict(list)
+    for f in frames:
+        by_series[(f.study_uid, f.series_uid)].append(f)
+    out: list[SeriesInfo] = []
+    for (_study, _series), all_frames in by_series.items():
+        sframes, duplicates = _deduplicate(all_frames)
+        stacks: dict[tuple[object, ...], list[FrameHeader]] = defaultdict(list)
+        for f in sframes:
+            stacks[_stack_key(f)].append(f)
+        keys = sorted(stacks, key=_sortable)
+        labels = _stack_labels(keys)
+        ctx = SeriesContext(
+            b_values=sorted({round(f.b_value) for f in sframes if f.b_value is not None}),
+            n_stacks=len(keys),
+            n_files=len({f.path for f in sframes}),
+        )
+        for idx, key in enumerate(keys):
+            info = _describe_stack(stacks[key], idx, labels[idx], ctx)
+            if duplicates:
+                info.warnings.append(
+                    f"{duplicates} duplicate file(s) of the same SOP instance in this series ignored"
+                )
+            out.append(info)
+    return out
+
+
+def _deduplicate(frames: list[FrameHeader]) -> tuple[list[FrameHeader], int]:
+    """Keep one frame per (SOP Instance UID, frame): the same instance sent twice is one image."""
+    seen: set[tuple[str, int | None]] = set()
+    kept: list[FrameHeader] = []
+    dup_files: set[str] = set()
+    for f in sorted(frames, key=lambda f: (f.path, f.frame or 0)):
+        key = (f.sop_instance_uid, f.frame)
+        if f.sop_instance_uid and key in seen:
+            dup_files.add(f.path)
+            continue
+        seen.add(key)
+        kept.append(f)
+    return kept, len(dup_files)
+
+
+_KEY_NAMES = ("SOP class", "rows", "columns", "samples", "orientation", "echo", "b", "type", "mosaic", "stack")
+
+
+def _stack_labels(keys: list[tuple[object, ...]]) -> list[str]:
+    """Name each stack by what distinguishes it from the other stacks of its series."""
+    if len(keys) == 1:
+        return [""]
+    varying = [i for i in range(len(keys[0])) if len({k[i] for k in keys}) > 1]
+    labels = []
+    for n, key in enumerate(keys):
+        parts = []
+        for i in varying:
+            name, value = _KEY_NAMES[i], key[i]
+            if name == "b":
+                parts.append(f"b={value}")
+            elif name == "echo":
+                parts.append(f"echo {value}")
+            elif name == "type":
+                parts.append("/".join(value) if value else "magnitude")  # type: ignore[arg-type]
+            elif name == "orientation":
+                parts.append(f"orientation {n + 1}")
+            elif name == "samples":
+                parts.append("RGB" if value == 3 else "greyscale")
+            elif name == "SOP class":
+                from pydicom.uid import UID
+
+                parts.append(UID(str(value)).name)
+            elif name in ("rows", "columns"):
+                parts.append(f"{key[2]}x{key[1]}")
+            else:
+                parts.append(f"{name} {value}")
+        labels.append(", ".join(dict.fromkeys(parts)))
+    return labels
+
+def _frame_order_key(f: FrameHeader) -> tuple[int, int, str]:
+    return (
+        f.instance_number if f.instance_number is not None else 0,
+        f.frame if f.frame is not None else 0,
+        f.path,
+    )
+
+
+def _volume_key(f: FrameHeader) -> tuple[object, ...]:
+    d = tuple(round(v, 3) for v in f.direction) if f.direction else None
+    return (d, f.temporal_index, f.acquisition_number)
+
+
+def _split_volumes(frames: list[FrameHeader]) -> tuple[list[list[FrameHeader]], list[str], list[str]]:
+    """Order frames along the normal and split repeated positions into volumes.
+
+    Returns volumes (each a list of frames, one per slice position), their labels, warnings.
+    """
+    warnings: list[str] = []
+    ref = frames[0]
+    if ref.orientation is None or any(f.position is None for f in frames):
+        ordered = sorted(frames, key=_frame_order_key)
+        if ref.orientation is None or any(f.position is None for f in frames):
+            warnings.append("no patient geometry (ImagePositionPatient missing): ordered by InstanceNumber")
+        return [ordered], [""], warnings
+    normal = slice_normal(ref.orientation)
+    proj = project([f.position for f in frames], normal)  # type: ignore[misc]
+    labels = cluster_positions(proj)
+    n_pos = int(labels.max()) + 1
+    counts = np.bincount(labels, minlength=n_pos)
+    if counts.max() == 1:
+        order = np.argsort(labels)
+        return [[frames[i] for i in order]], [""], warnings
+    # Repeated positions: time points or diffusion directions.
+    groups: dict[tuple[object, ...], list[int]] = defaultdict(list)
+    for i, f in enumerate(frames):
+        groups[_volume_key(f)].append(i)
+    consistent = all(
+        len(idx) == n_pos and len({labels[i] for i in idx}) == n_pos for idx in groups.values()
+    )
+    volumes: list[list[FrameHeader]] = []
+    vol_labels: list[str] = []
+    if consistent and len(groups) == counts.max():
+        ordered_groups = sorted(
+            groups.items(), key=lambda kv: min(_frame_order_key(frames[i]) for i in kv[1])
+        )
+        for key, idx in ordered_groups:
+            volumes.append([frames[i] for i in sorted(idx, key=lambda i: labels[i])])
+            d, t, _acq = key
+            if d is not None:
+                vol_labels.append("direction (" + ", ".join(f"{v:.3f}" for v in d) + ")")  # type: ignore[union-attr]
+            elif t is not None:
+                vol_labels.append(f"time point {t}")
+            else:
+                vol_labels.append(f"volume {len(volumes)}")
+        return volumes, vol_labels, warnings
+    # Fallback: the i-th image (in acquisition order) at each position belongs to volume i.
+    per_pos: list[list[int]] = [[] for _ in range(n_pos)]
+    for i in sorted(range(len(frames)), key=lambda i: _frame_order_key(frames[i])):
+        per_pos[labels[i]].append(i)
+    n_complete = int(counts.min())
+    if counts.min() != counts.max():
+        warnings.append(
+            f"slice positions hold {counts.min()} to {counts.max()} images each: kept "
+            f"{n_complete} complete volume(s), dropped {int(counts.sum()) - n_complete * n_pos} image(s)"
+        )
+    for v in range(n_complete):
+        volumes.append([frames[per_pos[p][v]] for p in range(n_pos)])
+        vol_labels.append(f"volume {v + 1}")
+    return volumes, vol_labels, warnings
+
+
+def _plane_from_patient_orientation(po: tuple[str, ...] | None) -> Plane | None:
+    """Plane from PatientOrientation (0020,0020), e.g. ('LPF', 'PFR'): row and column directions."""
+    if not po or len(po) != 2 or not po[0] or not po[1]:
+        return None
+    axis = {"L": 0, "R": 0, "A": 1, "P": 1, "H": 2, "F": 2}
+    try:
+        used = {axis[po[0][0]], axis[po[1][0]]}
+    except KeyError:
+        return None
+    if len(used) != 2:
+        return None
+    (normal,) = {0, 1, 2} - used
+    return (Plane.SAGITTAL, Plane.CORONAL, Plane.AXIAL)[normal]
+
+
+def _common_folder(paths: Iterable[str]) -> str:
+    folders = {str(Path(p.split("::")[0]).parent) for p in paths}
+    if len(folders) == 1:
+        return folders.pop()
+    return os.path.commonpath(sorted(folders))
+
+
+def _describe_stack(
+    frames: list[FrameHeader], idx: int, label: str, ctx: SeriesContext
+) -> SeriesInfo:
+    volumes, vol_labels, warnings = _split_volumes(frames)
+    first = volumes[0][0]
+    n_slices = len(volumes[0])
+    shape = [first.cols, first.rows, n_slices] + ([len(volumes)] if len(volumes) > 1 else [])
+    affine = None
+    spacing: list[float] = []
+    plane = None
+    oblique = None
+    uniform = True
+    gaps: list[str] = []
+    if first.orientation is not None and all(f.position is not None for f in volumes[0]):
+        geo = stack_geometry(
+            first.orientation,
+            first.pixel_spacing,
+            [f.position for f in volumes[0]],  # type: ignore[misc]
+            first.spacing_between_slices or first.slice_thickness,
+        )
+        affine = [[round(float(v), 6) for v in row] for row in geo.affine]
+        spacing = [round(v, 6) for v in geo.spacing]
+        plane, oblique, uniform, gaps = geo.plane, geo.obliquity_deg, geo.uniform, geo.gaps
+        if gaps:
+            warnings.append(f"non-uniform slice spacing: {len(gaps)} irregular step(s)")
+    else:
+        if first.pixel_spacing:
+            spacing = [first.pixel_spacing[1], first.pixel_spacing[0], first.slice_thickness or 0.0]
+        plane = _plane_from_patient_orientation(first.extras.get("patient_orientation"))
+        if plane is not None:
+            warnings.append(f"plane {plane} inferred from PatientOrientation; no affine available")
+    result = classify(frames, replace(ctx, n_volumes=len(volumes)), plane)
+    b_values = sorted({float(round(f.b_value)) for f in frames if f.b_value is not None})
+    directions = {tuple(round(v, 3) for v in f.direction) for f in frames if f.direction and any(f.direction)}
+    echoes = sorted({f.echo_number for f in frames if f.echo_number is not None})
+    files = {f.path for f in frames}
+    refs = [
+        [
+            FrameRef(
+                path=f.path,
+                frame=f.frame,
+                position=f.position,
+                rescale_slope=f.rescale_slope,
+                rescale_intercept=f.rescale_intercept,
+                pixel_offset=f.pixel_offset,
+                mosaic_slices=f.mosaic_slices,
+            )
+            for f in vol
+        ]
+        for vol in volumes
+    ]
+    return SeriesInfo(
+        path=_common_folder(files),
+        study_uid=first.study_uid,
+        series_uid=first.series_uid,
+        series_number=first.series_number,
+        description=first.description,
+        modality=first.modality,
+        manufacturer=first.manufacturer,
+        sop_class_uid=first.sop_class_uid,
+        stack=idx,
+        stack_label=label,
+        series_class=result.series_class,
+        detail=result.detail,
+        reason=result.reason,
+        confidence=result.confidence,
+        plane=plane,
+        obliquity_deg=oblique,
+        shape=shape,
+        spacing=spacing,
+        affine=affine,
+        slice_spacing_uniform=uniform,
+        slice_gaps=gaps,
+        b_values=b_values,
+        n_directions=len(directions),
+        echo_numbers=echoes,
+        contrast_agent=first.contrast_agent,
+        acquisition_3d=first.mr_acquisition_type == "3D",
+        photometric=first.photometric,
+        samples_per_pixel=first.samples_per_pixel,
+        bits_allocated=first.bits_allocated,
+        bits_stored=first.bits_stored,
+        pixel_representation=first.pixel_representation,
+        burned_in_annotation=any(f.burned_in_annotation for f in frames),
+        n_files=len(files),
+        volume_labels=vol_labels if len(volumes) > 1 else [],
+        volumes=refs,
+        warnings=warnings,
+    )

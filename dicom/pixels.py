@@ -1,0 +1,125 @@
+"""Decode the pixels of one stack volume, only when it is rendered.
+
+Native little-endian single-frame files are read straight from the pixel offset recorded in
+the header pass (no second parse); everything else (compressed transfer syntaxes, big endian,
+multi-frame, mosaics, archives) goes through pydicom with the pylibjpeg/openjpeg/libjpeg/RLE
+plugins. A slice that fails to decode is zero-filled and reported; the rest of the stack is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pydicom
+
+from dicom.errors import DecodeError, TooLargeError
+from dicom.headers import DEFAULT_MEMORY_CAP
+from dicom.records import FrameRef, SeriesInfo
+from dicom.sources import open_source
+
+
+@dataclass
+class Volume:
+    """A decoded volume in voxel order (i = column, j = row, k = slice[, RGB channel])."""
+
+    data: np.ndarray
+    warnings: list[str] = field(default_factory=list)
+    failed_slices: list[int] = field(default_factory=list)
+
+
+def load_volume(series: SeriesInfo, volume: int = 0, memory_cap: int = DEFAULT_MEMORY_CAP) -> Volume:
+    """Decode volume ``volume`` of a stack, modality LUT (RescaleSlope/Intercept) applied."""
+    if series.sop_class_uid == "nifti":
+        from dicom.nifti import load_nifti_volume
+
+        return Volume(load_nifti_volume(series, volume))
+    if not series.volumes:
+        raise DecodeError(f"series {series.key}: no image to decode ({series.series_class})")
+    if not 0 <= volume < len(series.volumes):
+        raise DecodeError(f"series {series.key}: volume {volume} out of range 0..{len(series.volumes) - 1}")
+    refs = series.volumes[volume]
+    cols, rows = series.shape[0], series.shape[1]
+    spp = series.samples_per_pixel
+    needed = cols * rows * len(refs) * 4 * spp
+    if needed > memory_cap:
+        raise TooLargeError(
+            f"series {series.key}: volume needs {needed / 2**30:.2f} GiB, over the "
+            f"{memory_cap / 2**30:.2f} GiB memory cap"
+        )
+    shape: tuple[int, ...] = (cols, rows, len(refs)) + ((3,) if spp == 3 else ())
+    out = np.zeros(shape, dtype=np.float32)
+    failed: list[int] = []
+    errors: list[str] = []
+    # Group slices by file so a multi-frame object or mosaic is decoded once.
+    by_file: dict[str, list[tuple[int, FrameRef]]] = defaultdict(list)
+    for k, ref in enumerate(refs):
+        by_file[ref.path].append((k, ref))
+    for path, items in by_file.items():
+        try:
+            for k, plane in _decode_file(path, items, rows, cols, spp, series):
+                out[:, :, k, ...] = plane
+        except Exception as exc:  # one bad file must not cost the whole stack
+            failed.extend(k for k, _ in items)
+            errors.append(f"{path}: {exc}")
+    warnings = []
+    if failed:
+        if len(failed) == len(refs):
+            raise DecodeError(f"series {series.key}: no slice could be decoded: {errors[0]}")
+        warnings.append(
+            f"series {series.key}: {len(failed)} of {len(refs)} slices failed to decode and are "
+            f"blank ({errors[0]}); rendered the other {len(refs) - len(failed)}"
+        )
+    return Volume(out, warnings, sorted(failed))
+
+
+def _native_dtype(series: SeriesInfo) -> np.dtype | None:
+    bits, signed = series.bits_allocated, series.pixel_representation == 1
+    if series.samples_per_pixel != 1 or bits not in (8, 16, 32):
+        return None
+    if signed and series.bits_stored != bits:
+        return None  # needs sign extension: let pydicom do it
+    kind = "i" if signed else "u"
+    return np.dtype(f"<{kind}{bits // 8}")
+
+
+def _decode_file(
+    path: str, items: list[tuple[int, FrameRef]], rows: int, cols: int, spp: int, series: SeriesInfo
+) -> list[tuple[int, np.ndarray]]:
+    first = items[0][1]
+    dtype = _native_dtype(series)
+    if len(items) == 1 and first.pixel_offset is not None and first.frame is None and dtype is not None:
+        raw = np.fromfile(path, dtype=dtype, count=rows * cols, offset=first.pixel_offset)
+        if raw.size != rows * cols:
+            raise DecodeError(f"pixel data truncated ({raw.size} of {rows * cols} values)")
+        if series.bits_stored < series.bits_allocated and dtype.kind == "u":
+            raw = raw & ((1 << series.bits_stored) - 1)
+        return [(items[0][0], _to_plane(raw.reshape(rows, cols), first))]
+    with open_source(path) as fp:
+        ds = pydicom.dcmread(fp)
+        arr = ds.pixel_array
+    planes = []
+    for k, ref in items:
+        if ref.mosaic_slices:
+            tiles = math.ceil(math.sqrt(ref.mosaic_slices))
+            t = ref.frame or 0
+            r0, c0 = (t // tiles) * rows, (t % tiles) * cols
+            img = arr[r0 : r0 + rows, c0 : c0 + cols]
+        elif ref.frame is not None and arr.ndim >= 3 and (spp == 1 or arr.ndim == 4):
+            img = arr[ref.frame]
+        else:
+            img = arr
+        if img.shape[:2] != (rows, cols):
+            raise DecodeError(f"decoded image is {img.shape[:2]}, header says {(rows, cols)}")
+        planes.append((k, _to_plane(img, ref)))
+    return planes
+
+
+def _to_plane(img: np.ndarray, ref: FrameRef) -> np.ndarray:
+    """(rows, cols[, 3]) stored values -> (cols, rows[, 3]) float32 with the modality LUT."""
+    plane = np.swapaxes(img, 0, 1).astype(np.float32)
+    if img.ndim == 2 and (ref.rescale_slope != 1.0 or ref.rescale_intercept != 0.0):
+        plane = plane * np.float32(ref.rescale_slope) + np.float32(ref.rescale_intercept)
+    return plane

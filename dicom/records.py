@@ -1,0 +1,159 @@
+"""Typed records that cross stage boundaries in the imaging core."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+
+class SequenceClass(StrEnum):
+    """Series classes: the vocabulary of ``labels.json`` plus UNKNOWN."""
+
+    T1 = "T1"
+    T1C = "T1C"
+    T2 = "T2"
+    FLAIR = "FLAIR"
+    PD = "PD"
+    DWI = "DWI"
+    ADC = "ADC"
+    TRACE = "TRACE"
+    SWI = "SWI"
+    T2STAR = "T2STAR"
+    CT = "CT"
+    LOCALIZER = "LOCALIZER"
+    DERIVED_MAP = "DERIVED_MAP"
+    PERFUSION = "PERFUSION"
+    FMRI = "FMRI"
+    FIELDMAP = "FIELDMAP"
+    NON_IMAGE = "NON_IMAGE"
+    MASK = "MASK"
+    UNKNOWN = "UNKNOWN"
+
+
+class Plane(StrEnum):
+    AXIAL = "axial"
+    SAGITTAL = "sagittal"
+    CORONAL = "coronal"
+
+
+class FileError(BaseModel):
+    """One input file that could not be used, and why."""
+
+    path: str
+    kind: str  # not_dicom | unreadable | non_image | too_large | invalid | decode
+    message: str
+
+
+class FrameRef(BaseModel):
+    """Where one 2D image lives: a file (or archive member) and, for multi-frame objects, a frame."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    frame: int | None = None
+    position: tuple[float, float, float] | None = None
+    rescale_slope: float = 1.0
+    rescale_intercept: float = 0.0
+    # Byte offset of native (uncompressed, little-endian) pixel data, so that the pixels
+    # can be read later without parsing the header again.
+    pixel_offset: int | None = None
+    mosaic_slices: int | None = None
+
+
+class SeriesInfo(BaseModel):
+    """One stack of a series: a set of 2D images sharing geometry and contrast.
+
+    A DICOM series that mixes orientations, image sizes, echoes or b-values is split into
+    several stacks; each is a SeriesInfo with the same ``series_uid`` and its own ``stack``.
+    Repeated positions within a stack (time points, diffusion directions) are volumes.
+    """
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    schema_version: int = SCHEMA_VERSION
+    path: str
+    study_uid: str
+    series_uid: str
+    series_number: int | None = None
+    description: str = ""
+    modality: str = ""
+    manufacturer: str = ""
+    sop_class_uid: str = ""
+    stack: int = 0
+    stack_label: str = ""
+    series_class: SequenceClass = Field(alias="class", default=SequenceClass.UNKNOWN)
+    detail: str = ""
+    reason: str = ""
+    confidence: float = 0.0
+    plane: Plane | None = None
+    obliquity_deg: float | None = None
+    shape: list[int] = Field(default_factory=list)  # columns, rows, slices[, volumes]
+    spacing: list[float] = Field(default_factory=list)  # mm: column, row, slice
+    affine: list[list[float]] | None = None  # voxel (i=col, j=row, k=slice) -> RAS mm
+    slice_spacing_uniform: bool = True
+    slice_gaps: list[str] = Field(default_factory=list)
+    b_values: list[float] = Field(default_factory=list)
+    n_directions: int = 0
+    echo_numbers: list[int] = Field(default_factory=list)
+    contrast_agent: str | None = None
+    acquisition_3d: bool = False
+    photometric: str = ""
+    samples_per_pixel: int = 1
+    bits_allocated: int = 16
+    bits_stored: int = 16
+    pixel_representation: int = 0
+    burned_in_annotation: bool = False
+    n_files: int = 0
+    volume_labels: list[str] = Field(default_factory=list)
+    volumes: list[list[FrameRef]] = Field(default_factory=list, repr=False)
+    warnings: list[str] = Field(default_factory=list)
+    errors: list[FileError] = Field(default_factory=list)
+
+    @property
+    def renderable(self) -> bool:
+        return self.series_class is not SequenceClass.NON_IMAGE and bool(self.volumes)
+
+    @property
+    def key(self) -> str:
+        """Stable identifier of this stack: the series UID, plus the stack index when split."""
+        return self.series_uid if self.stack == 0 else f"{self.series_uid}#{self.stack}"
+
+
+class IndexResult(BaseModel):
+    """What indexing a path found: series stacks and the files it could not use."""
+
+    series: list[SeriesInfo] = Field(default_factory=list)
+    errors: list[FileError] = Field(default_factory=list)
+    n_files: int = 0
+
+
+class RenderedImage(BaseModel):
+    """One PNG shown to a model: exactly what was rendered, from what, and how."""
+
+    file: str
+    kind: str  # slice | montage
+    series_uid: str
+    stack: int
+    series_class: str
+    label: str
+    slice_indices: list[int]
+    slice_positions_mm: list[float]
+    volume: str
+    window: str  # e.g. "CT brain 40/80" or "MR p1-p99.5 inside head"
+    window_center: float
+    window_width: float
+    orientation: str  # e.g. "axial, radiological (patient right on image left)"
+    width: int
+    height: int
+    sha256: str
+
+
+class RenderManifest(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    source: str
+    images: list[RenderedImage] = Field(default_factory=list)
+    errors: list[FileError] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)

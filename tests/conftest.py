@@ -1,0 +1,31 @@
+"""Shared fixtures: the real DICOM corpus in ../shared/data (never copied into the repo)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dicom"
+
+
+def corpus_path() -> Path:
+    """The corpus root; skip (or fail when NEUROSANDBOX_REQUIRE_CORPUS=1) when it is absent."""
+    if not CORPUS.exists():
+        if os.environ.get("NEUROSANDBOX_REQUIRE_CORPUS") == "1":
+            pytest.fail(f"shared corpus missing at {CORPUS} and NEUROSANDBOX_REQUIRE_CORPUS=1")
+        pytest.skip(f"shared corpus not found at {CORPUS} (set it up or unset the test)")
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def corpus() -> Path:
+    return corpus_path()
+
+
+@pytest.fixture(scope="session")
+def corpus_index(corpus: Path):  # type: ignore[no-untyped-def]
+    from dicom.index import index_path
+
+    return index_path(corpus)
