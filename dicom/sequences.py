@@ -61,6 +61,9 @@ _RE = {
 }
 
 
+_FIELDMAP_FLAGS = {"FIELD_MAP", "FIELDMAP", "FIELDMAPHZ", "B0"}
+
+
 def _hint(description: str) -> SequenceClass | None:
     """What the free-text description alone suggests (weakest evidence)."""
     w = _words(description)
@@ -151,8 +154,8 @@ def classify(
         return Classification(C.DWI, detail, "; ".join(why) + here, 0.95 if has_b else 0.85)
 
     # --- field maps and functional MRI ----------------------------------------------------------------
-    if it & {"FIELD_MAP", "FIELDMAP", "B0"} or _RE["fieldmap"].search(w):
-        src = f"ImageType {sorted(it & {'FIELD_MAP', 'FIELDMAP', 'B0'})}" if it & {"FIELD_MAP", "FIELDMAP", "B0"} else f"SeriesDescription {desc_q}"
+    if it & _FIELDMAP_FLAGS or _RE["fieldmap"].search(w):
+        src = f"ImageType {sorted(it & _FIELDMAP_FLAGS)}" if it & _FIELDMAP_FLAGS else f"SeriesDescription {desc_q}"
         return Classification(C.FIELDMAP, "B0 field map", f"{src} marks a field map", 0.9)
     if _RE["fmri"].search(w) and ("EP" in f.scanning_sequence or not f.scanning_sequence):
         return Classification(C.FMRI, "BOLD EPI", f"SeriesDescription {desc_q} names a functional run; ScanningSequence {'/'.join(f.scanning_sequence) or '?'}", 0.9)
@@ -178,7 +181,8 @@ def _structural(f: FrameHeader, it: set[str], w: str, desc_q: str, dim: str) -> 
     ss = set(f.scanning_sequence)
     sv = set(f.sequence_variant)
     inversion = "IR" in ss or f.inversion_recovery or "MP" in sv or bool(ti and ti > 0)
-    gradient = "GR" in ss or f.echo_pulse_sequence == "GRADIENT"
+    # Philips writes FFE/TFE (fast field echo) for gradient echo.
+    gradient = bool(ss & {"GR", "FFE", "TFE"}) or f.echo_pulse_sequence == "GRADIENT"
     spin = "SE" in ss or f.echo_pulse_sequence == "SPIN" or "M_SE" in it
     tags = (
         f"ScanningSequence {'/'.join(f.scanning_sequence) or '-'}, SequenceVariant {'/'.join(f.sequence_variant) or '-'}, "
