@@ -437,9 +437,11 @@ def _set_values(elem: DataElement, values: list[Any]) -> None:
 
 
 def _hmac(key: bytes, domain: str, *parts: str) -> bytes:
-    """HMAC-SHA256 over NUL-separated parts; the domain keeps pseudonyms, UIDs and shifts
-    independent even when fed the same string."""
-    message = "\x00".join((domain, *parts)).encode("utf-8")
+    """HMAC-SHA256 over length-prefixed parts; the domain keeps pseudonyms, UIDs and shifts
+    independent even when fed the same string, the prefixes keep ("ab", "c") != ("a", "bc")."""
+    message = b"".join(
+        len(raw).to_bytes(4, "big") + raw for raw in (p.encode("utf-8") for p in (domain, *parts))
+    )
     return hmac.new(key, message, hashlib.sha256).digest()
 
 
@@ -822,6 +824,9 @@ class Deidentifier:
             item.CodingSchemeDesignator = "DCM"
             item.CodeMeaning = _CODES[code]
             items.append(item)
+        # Always present, even when the input lacked them: the remote side keys on them.
+        ds.PatientName = self._pseudonym
+        ds.PatientID = self._pseudonym
         ds.PatientIdentityRemoved = "YES"
         method = "NeuroSandbox PS3.15 E basic; dates " + (
             "shifted" if self.policy.keep_dates else "removed"

@@ -70,9 +70,9 @@ class FrameHeader:
     bits_stored: int
     pixel_representation: int
     number_of_frames: int
-    pixel_spacing: tuple[float, float] | None  # (row spacing, column spacing)
-    orientation: tuple[float, float, float, float, float, float] | None
-    position: tuple[float, float, float] | None
+    pixel_spacing: tuple[float, ...] | None  # (row spacing, column spacing)
+    orientation: tuple[float, ...] | None
+    position: tuple[float, ...] | None
     slice_thickness: float | None
     spacing_between_slices: float | None
     echo_number: int | None
@@ -88,7 +88,7 @@ class FrameHeader:
     echo_pulse_sequence: str
     inversion_recovery: bool
     b_value: float | None
-    direction: tuple[float, float, float] | None
+    direction: tuple[float, ...] | None
     contrast_agent: str | None
     rescale_slope: float
     rescale_intercept: float
@@ -266,7 +266,7 @@ def _contrast_agent(ds: Dataset) -> str | None:
     return None
 
 
-def _vendor_diffusion(ds: Dataset) -> tuple[float | None, tuple[float, float, float] | None]:
+def _vendor_diffusion(ds: Dataset) -> tuple[float | None, tuple[float, ...] | None]:
     """b-value and gradient direction from standard or vendor private tags (classic objects)."""
     b = _f(ds.get("DiffusionBValue"))
     direction = _floats(ds.get("DiffusionGradientOrientation"), 3)
@@ -385,9 +385,9 @@ def _frames_from_dataset(
         bits_stored=_i(ds.get("BitsStored")) or bits,
         pixel_representation=_i(ds.get("PixelRepresentation")) or 0,
         number_of_frames=n_frames,
-        pixel_spacing=_floats(ds.get("PixelSpacing"), 2),  # type: ignore[arg-type]
-        orientation=_floats(ds.get("ImageOrientationPatient"), 6),  # type: ignore[arg-type]
-        position=_floats(ds.get("ImagePositionPatient"), 3),  # type: ignore[arg-type]
+        pixel_spacing=_floats(ds.get("PixelSpacing"), 2),
+        orientation=_floats(ds.get("ImageOrientationPatient"), 6),
+        position=_floats(ds.get("ImagePositionPatient"), 3),
         slice_thickness=_f(ds.get("SliceThickness")),
         spacing_between_slices=_f(ds.get("SpacingBetweenSlices")),
         echo_number=_i(ds.get("EchoNumbers")),
@@ -403,7 +403,7 @@ def _frames_from_dataset(
         echo_pulse_sequence=_s(ds.get("EchoPulseSequence"), 16).upper(),
         inversion_recovery=_s(ds.get("InversionRecovery")).upper() == "YES",
         b_value=b,
-        direction=direction,  # type: ignore[arg-type]
+        direction=direction,
         contrast_agent=_contrast_agent(ds),
         rescale_slope=_f(ds.get("RescaleSlope")) or 1.0,
         rescale_intercept=_f(ds.get("RescaleIntercept")) or 0.0,
@@ -436,14 +436,12 @@ def _enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
         def gv(seq: str, attr: str, _fg: Dataset | None = fg) -> Any:
             return _group_value(_fg, shared, seq, attr)
 
-        fr = FrameHeader(**{k: getattr(base, k) for k in base.__slots__})  # type: ignore[attr-defined]
+        fr = FrameHeader(**{k: getattr(base, k) for k in base.__slots__})
         fr.extras = dict(base.extras)
         fr.frame = i
-        fr.position = _floats(gv("PlanePositionSequence", "ImagePositionPatient"), 3)  # type: ignore[assignment]
-        fr.orientation = _floats(  # type: ignore[assignment]
-            gv("PlaneOrientationSequence", "ImageOrientationPatient"), 6
-        )
-        fr.pixel_spacing = _floats(gv("PixelMeasuresSequence", "PixelSpacing"), 2)  # type: ignore[assignment]
+        fr.position = _floats(gv("PlanePositionSequence", "ImagePositionPatient"), 3)
+        fr.orientation = _floats(gv("PlaneOrientationSequence", "ImageOrientationPatient"), 6)
+        fr.pixel_spacing = _floats(gv("PixelMeasuresSequence", "PixelSpacing"), 2)
         fr.slice_thickness = _f(gv("PixelMeasuresSequence", "SliceThickness"))
         sbs = _f(gv("PixelMeasuresSequence", "SpacingBetweenSlices"))
         fr.spacing_between_slices = sbs if sbs is not None else base.spacing_between_slices
@@ -459,13 +457,18 @@ def _enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
         fr.flip_angle = fa if fa is not None else base.flip_angle
         ti = _f(gv("MRModifierSequence", "InversionTimes"))
         fr.inversion_time = ti if ti is not None else base.inversion_time
-        ft = _cs(gv("MRImageFrameTypeSequence", "FrameType") or gv("CTImageFrameTypeSequence", "FrameType"))
+        ft = _cs(
+            gv("MRImageFrameTypeSequence", "FrameType")
+            or gv("CTImageFrameTypeSequence", "FrameType")
+        )
         fr.frame_type = ft
         b = _f(gv("MRDiffusionSequence", "DiffusionBValue"))
         if b is not None:
             fr.b_value = b
-            grad = _first_item(_first_item(fg, "MRDiffusionSequence"), "DiffusionGradientDirectionSequence")
-            fr.direction = (  # type: ignore[assignment]
+            grad = _first_item(
+                _first_item(fg, "MRDiffusionSequence"), "DiffusionGradientDirectionSequence"
+            )
+            fr.direction = (
                 _floats(grad.get("DiffusionGradientOrientation"), 3) if grad is not None else None
             )
         tpi = _i(gv("FrameContentSequence", "TemporalPositionIndex"))
@@ -500,7 +503,7 @@ def _mosaic_frames(
     nvec = np.array(normal)
     frames = []
     for k in range(n):
-        fr = FrameHeader(**{key: getattr(base, key) for key in base.__slots__})  # type: ignore[attr-defined]
+        fr = FrameHeader(**{key: getattr(base, key) for key in base.__slots__})
         fr.extras = {}
         fr.frame = k
         fr.rows, fr.cols = rows, cols

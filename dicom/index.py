@@ -27,7 +27,7 @@ from dicom.sources import iter_sources
 
 ProgressFn = Callable[[int, int], None]
 # Below this many files a process pool costs more than it saves.
-_PARALLEL_THRESHOLD = 200
+_PARALLEL_THRESHOLD = 64
 
 
 def _error_kind(exc: Exception) -> str:
@@ -64,7 +64,9 @@ def read_headers(
     n_workers = workers if workers is not None else min(os.cpu_count() or 1, 4)
     if n_workers > 1 and len(paths) >= _PARALLEL_THRESHOLD:
         with ProcessPoolExecutor(max_workers=n_workers) as pool:
-            results = list(pool.map(_read_one, jobs, chunksize=max(16, len(jobs) // (4 * n_workers))))
+            results = list(
+                pool.map(_read_one, jobs, chunksize=max(16, len(jobs) // (4 * n_workers)))
+            )
     else:
         results = []
         for i, job in enumerate(jobs):
@@ -106,7 +108,12 @@ def index_path(
 
 
 def _series_sort_key(s: SeriesInfo) -> tuple[str, int, str, int]:
-    return (s.study_uid, s.series_number if s.series_number is not None else 1 << 30, s.series_uid, s.stack)
+    return (
+        s.study_uid,
+        s.series_number if s.series_number is not None else 1 << 30,
+        s.series_uid,
+        s.stack,
+    )
 
 
 def _non_image_series(errors: list[FileError]) -> list[SeriesInfo]:
@@ -133,12 +140,16 @@ def _non_image_series(errors: list[FileError]) -> list[SeriesInfo]:
 
 def _stack_key(f: FrameHeader) -> tuple[object, ...]:
     orient = tuple(round(v, 3) for v in f.orientation) if f.orientation else None
-    echo: object = f.echo_number if f.echo_number is not None else (
-        round(f.echo_time, 2) if f.echo_time is not None else None
+    echo: object = (
+        f.echo_number
+        if f.echo_number is not None
+        else (round(f.echo_time, 2) if f.echo_time is not None else None)
     )
     b = round(f.b_value) if f.b_value is not None else None
     # Derived frame types (phase, field map) differ from magnitude frames of one object.
-    ftype = tuple(t for t in f.frame_type if t not in ("ORIGINAL", "DERIVED", "PRIMARY", "SECONDARY"))
+    ftype = tuple(
+        t for t in f.frame_type if t not in ("ORIGINAL", "DERIVED", "PRIMARY", "SECONDARY")
+    )
     return (
         f.sop_class_uid,
         f.rows,
@@ -200,7 +211,18 @@ def _deduplicate(frames: list[FrameHeader]) -> tuple[list[FrameHeader], int]:
     return kept, len(dup_files)
 
 
-_KEY_NAMES = ("SOP class", "rows", "columns", "samples", "orientation", "echo", "b", "type", "mosaic", "stack")
+_KEY_NAMES = (
+    "SOP class",
+    "rows",
+    "columns",
+    "samples",
+    "orientation",
+    "echo",
+    "b",
+    "type",
+    "mosaic",
+    "stack",
+)
 
 
 def _stack_labels(keys: list[tuple[object, ...]]) -> list[str]:
@@ -234,6 +256,7 @@ def _stack_labels(keys: list[tuple[object, ...]]) -> list[str]:
         labels.append(", ".join(dict.fromkeys(parts)))
     return labels
 
+
 def _frame_order_key(f: FrameHeader) -> tuple[int, int, str]:
     return (
         f.instance_number if f.instance_number is not None else 0,
@@ -247,7 +270,9 @@ def _volume_key(f: FrameHeader) -> tuple[object, ...]:
     return (d, f.temporal_index, f.acquisition_number)
 
 
-def _split_volumes(frames: list[FrameHeader]) -> tuple[list[list[FrameHeader]], list[str], list[str]]:
+def _split_volumes(
+    frames: list[FrameHeader],
+) -> tuple[list[list[FrameHeader]], list[str], list[str]]:
     """Order frames along the normal and split repeated positions into volumes.
 
     Returns volumes (each a list of frames, one per slice position), their labels, warnings.
@@ -257,7 +282,9 @@ def _split_volumes(frames: list[FrameHeader]) -> tuple[list[list[FrameHeader]], 
     if ref.orientation is None or any(f.position is None for f in frames):
         ordered = sorted(frames, key=_frame_order_key)
         if ref.orientation is None or any(f.position is None for f in frames):
-            warnings.append("no patient geometry (ImagePositionPatient missing): ordered by InstanceNumber")
+            warnings.append(
+                "no patient geometry (ImagePositionPatient missing): ordered by InstanceNumber"
+            )
         return [ordered], [""], warnings
     normal = slice_normal(ref.orientation)
     proj = project([f.position for f in frames], normal)  # type: ignore[misc]
@@ -284,7 +311,7 @@ def _split_volumes(frames: list[FrameHeader]) -> tuple[list[list[FrameHeader]], 
             volumes.append([frames[i] for i in sorted(idx, key=lambda i: labels[i])])
             d, t, _acq = key
             if d is not None:
-                vol_labels.append("direction (" + ", ".join(f"{v:.3f}" for v in d) + ")")  # type: ignore[union-attr]
+                vol_labels.append("direction (" + ", ".join(f"{v:.3f}" for v in d) + ")")  # type: ignore[attr-defined]
             elif t is not None:
                 vol_labels.append(f"time point {t}")
             else:
@@ -361,7 +388,9 @@ def _describe_stack(
             warnings.append(f"plane {plane} inferred from PatientOrientation; no affine available")
     result = classify(frames, replace(ctx, n_volumes=len(volumes)), plane)
     b_values = sorted({float(round(f.b_value)) for f in frames if f.b_value is not None})
-    directions = {tuple(round(v, 3) for v in f.direction) for f in frames if f.direction and any(f.direction)}
+    directions = {
+        tuple(round(v, 3) for v in f.direction) for f in frames if f.direction and any(f.direction)
+    }
     echoes = sorted({f.echo_number for f in frames if f.echo_number is not None})
     files = {f.path for f in frames}
     refs = [

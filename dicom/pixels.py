@@ -30,7 +30,9 @@ class Volume:
     failed_slices: list[int] = field(default_factory=list)
 
 
-def load_volume(series: SeriesInfo, volume: int = 0, memory_cap: int = DEFAULT_MEMORY_CAP) -> Volume:
+def load_volume(
+    series: SeriesInfo, volume: int = 0, memory_cap: int = DEFAULT_MEMORY_CAP
+) -> Volume:
     """Decode volume ``volume`` of a stack, modality LUT (RescaleSlope/Intercept) applied."""
     if series.sop_class_uid == "nifti":
         from dicom.nifti import load_nifti_volume
@@ -39,7 +41,9 @@ def load_volume(series: SeriesInfo, volume: int = 0, memory_cap: int = DEFAULT_M
     if not series.volumes:
         raise DecodeError(f"series {series.key}: no image to decode ({series.series_class})")
     if not 0 <= volume < len(series.volumes):
-        raise DecodeError(f"series {series.key}: volume {volume} out of range 0..{len(series.volumes) - 1}")
+        raise DecodeError(
+            f"series {series.key}: volume {volume} out of range 0..{len(series.volumes) - 1}"
+        )
     refs = series.volumes[volume]
     cols, rows = series.shape[0], series.shape[1]
     spp = series.samples_per_pixel
@@ -90,7 +94,12 @@ def _decode_file(
 ) -> list[tuple[int, np.ndarray]]:
     first = items[0][1]
     dtype = _native_dtype(series)
-    if len(items) == 1 and first.pixel_offset is not None and first.frame is None and dtype is not None:
+    if (
+        len(items) == 1
+        and first.pixel_offset is not None
+        and first.frame is None
+        and dtype is not None
+    ):
         raw = np.fromfile(path, dtype=dtype, count=rows * cols, offset=first.pixel_offset)
         if raw.size != rows * cols:
             raise DecodeError(f"pixel data truncated ({raw.size} of {rows * cols} values)")

@@ -128,12 +128,21 @@ def choose_diffusion_volume(
     return pick, trace, f"b={b} trace ({len(pick.volumes)} directions)", warnings
 
 
-def display_volume(series: SeriesInfo, data: np.ndarray, reslice_axial: bool, label: str) -> DisplayVolume:
+def display_volume(
+    series: SeriesInfo, data: np.ndarray, reslice_axial: bool, label: str
+) -> DisplayVolume:
     """Reorient to RAS and choose the display axis (axial unless kept in the native plane)."""
     if series.affine is None:
         # No patient geometry: show the stored image as it is, without orientation marks.
-        return DisplayVolume(data, None, 2, series.plane, _pixel_mm(series), label,
-                             ["no patient geometry: shown as stored, no R/L marks"])
+        return DisplayVolume(
+            data,
+            None,
+            2,
+            series.plane,
+            _pixel_mm(series),
+            label,
+            ["no patient geometry: shown as stored, no R/L marks"],
+        )
     canon, aff = _canonical(data, np.array(series.affine))
     if reslice_axial or series.plane in (None, Plane.AXIAL):
         axis, plane = 2, Plane.AXIAL
@@ -141,7 +150,9 @@ def display_volume(series: SeriesInfo, data: np.ndarray, reslice_axial: bool, la
         axis, plane = (0, Plane.SAGITTAL) if series.plane is Plane.SAGITTAL else (1, Plane.CORONAL)
     zooms = np.sqrt((aff[:3, :3] ** 2).sum(axis=0))
     in_plane = [a for a in (0, 1, 2) if a != axis]
-    return DisplayVolume(canon, aff, axis, plane, (float(zooms[in_plane[0]]), float(zooms[in_plane[1]])), label)
+    return DisplayVolume(
+        canon, aff, axis, plane, (float(zooms[in_plane[0]]), float(zooms[in_plane[1]])), label
+    )
 
 
 def _pixel_mm(series: SeriesInfo) -> tuple[float, float]:
@@ -172,14 +183,18 @@ def head_mask(data: np.ndarray, is_ct: bool) -> np.ndarray:
     return data > 0.1 * float(np.percentile(positive, 99.0))
 
 
-def window_for(series: SeriesInfo, data: np.ndarray, mask: np.ndarray, name: str) -> tuple[float, float, str]:
+def window_for(
+    series: SeriesInfo, data: np.ndarray, mask: np.ndarray, name: str
+) -> tuple[float, float, str]:
     """(center, width, description) of the display window."""
     is_ct = series.series_class is SequenceClass.CT or series.modality == "CT"
     if name == "auto":
         name = "brain" if is_ct else "percentile"
     if name in CT_WINDOWS:
         if not is_ct:
-            raise RenderError(f"window {name!r} is a CT (Hounsfield) preset; series {series.key} is {series.modality}")
+            raise RenderError(
+                f"window {name!r} is a CT (Hounsfield) preset; series {series.key} is {series.modality}"
+            )
         c, w = CT_WINDOWS[name]
         return c, w, f"CT {name} {c:g}/{w:g} HU"
     if re.fullmatch(r"-?\d+(\.\d+)?/\d+(\.\d+)?", name):
@@ -190,7 +205,11 @@ def window_for(series: SeriesInfo, data: np.ndarray, mask: np.ndarray, name: str
         lo, hi = (float(v) for v in np.percentile(values, MR_PERCENTILES))
         if hi <= lo:
             hi = lo + 1.0
-        return (lo + hi) / 2, hi - lo, f"MR p{MR_PERCENTILES[0]:g}-p{MR_PERCENTILES[1]:g} inside head"
+        return (
+            (lo + hi) / 2,
+            hi - lo,
+            f"MR p{MR_PERCENTILES[0]:g}-p{MR_PERCENTILES[1]:g} inside head",
+        )
     raise RenderError(
         f"unknown window {name!r}: use auto, {', '.join(CT_WINDOWS)}, percentile or CENTER/WIDTH"
     )
@@ -205,7 +224,11 @@ def _to_uint8(img: np.ndarray, center: float, width: float, rgb: bool) -> np.nda
 
 
 def select_slices(
-    dv: DisplayVolume, mask: np.ndarray, n: int, indices: list[int] | None, lesion: np.ndarray | None
+    dv: DisplayVolume,
+    mask: np.ndarray,
+    n: int,
+    indices: list[int] | None,
+    lesion: np.ndarray | None,
 ) -> list[int]:
     """N evenly spaced slices over the head, explicit indices, or slices through a mask."""
     depth = dv.data.shape[dv.axis]
@@ -227,12 +250,12 @@ def select_slices(
         else:
             lo, hi = int(candidates[0]), int(candidates[-1])
             # Trim the caps of the skull, where a slice shows little brain.
-            trim = int(round((hi - lo) * 0.06))
+            trim = round((hi - lo) * 0.06)
             candidates = np.arange(lo + trim, hi - trim + 1)
     if candidates.size <= n:
         return [int(c) for c in candidates]
     picks = np.linspace(0, candidates.size - 1, n)
-    return [int(candidates[int(round(p))]) for p in picks]
+    return [int(candidates[round(p)]) for p in picks]
 
 
 def _crop_box(mask2d: np.ndarray, margin: float = 0.06) -> tuple[int, int, int, int]:
@@ -242,7 +265,12 @@ def _crop_box(mask2d: np.ndarray, margin: float = 0.06) -> tuple[int, int, int, 
     if rows.size == 0 or cols.size == 0:
         return 0, 0, h, w
     mr, mc = int(h * margin), int(w * margin)
-    return max(0, rows[0] - mr), max(0, cols[0] - mc), min(h, rows[-1] + 1 + mr), min(w, cols[-1] + 1 + mc)
+    return (
+        max(0, rows[0] - mr),
+        max(0, cols[0] - mc),
+        min(h, rows[-1] + 1 + mr),
+        min(w, cols[-1] + 1 + mc),
+    )
 
 
 def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
@@ -254,9 +282,11 @@ def _fit_tile(img: np.ndarray, pixel_mm: tuple[float, float], size: int) -> Imag
     h, w = img.shape[:2]
     width_mm, height_mm = w * pixel_mm[0], h * pixel_mm[1]
     scale = size / max(width_mm, height_mm)
-    new_w, new_h = max(1, int(round(width_mm * scale))), max(1, int(round(height_mm * scale)))
+    new_w, new_h = max(1, round(width_mm * scale)), max(1, round(height_mm * scale))
     mode = "RGB" if img.ndim == 3 else "L"
-    pil = Image.fromarray(np.ascontiguousarray(img), mode=mode).resize((new_w, new_h), Image.Resampling.BILINEAR)
+    pil = Image.fromarray(np.ascontiguousarray(img), mode=mode).resize(
+        (new_w, new_h), Image.Resampling.BILINEAR
+    )
     tile = Image.new(mode, (size, size), 0)
     tile.paste(pil, ((size - new_w) // 2, (size - new_h) // 2))
     return tile.convert("RGB")
@@ -299,7 +329,7 @@ def sequence_label(series: SeriesInfo, volume_label: str) -> str:
 
 def _png_bytes(img: Image.Image) -> bytes:
     buf = io.BytesIO()
-    img.save(buf, format="PNG", optimize=False, compress_level=6)
+    img.save(buf, format="PNG", optimize=False, compress_level=1)
     return buf.getvalue()
 
 
@@ -317,7 +347,9 @@ def render_stack(
     """Render one stack (or, for DWI, the chosen diffusion volume of its series)."""
     warnings: list[str] = []
     if series.series_class is SequenceClass.DWI and siblings:
-        series, data, vlabel, w = choose_diffusion_volume(siblings, options.diffusion, options.memory_cap)
+        series, data, vlabel, w = choose_diffusion_volume(
+            siblings, options.diffusion, options.memory_cap
+        )
         warnings.extend(w)
     else:
         vol = load_volume(series, 0, options.memory_cap)
@@ -328,7 +360,11 @@ def render_stack(
     warnings.extend(dv.warnings)
     is_ct = series.series_class is SequenceClass.CT or series.modality == "CT"
     mask = head_mask(dv.data, is_ct) if not rgb else np.ones(dv.data.shape[:3], dtype=bool)
-    center, width, wdesc = (127.5, 255.0, "RGB passed through") if rgb else window_for(series, dv.data, mask, options.window)
+    center, width, wdesc = (
+        (127.5, 255.0, "RGB passed through")
+        if rgb
+        else window_for(series, dv.data, mask, options.window)
+    )
     lesion = None
     if lesion_mask is not None:
         lesion = _lesion_in_display(series, lesion_mask, dv, options.memory_cap)
@@ -360,16 +396,29 @@ def render_stack(
     out_dir.mkdir(parents=True, exist_ok=True)
     records: list[RenderedImage] = []
 
-    def emit(img: Image.Image, name: str, kind: str, idx: list[int], pos: list[float], label: str) -> None:
+    def emit(
+        img: Image.Image, name: str, kind: str, idx: list[int], pos: list[float], label: str
+    ) -> None:
         data_png = _png_bytes(img)
         (out_dir / name).write_bytes(data_png)
         records.append(
             RenderedImage(
-                file=name, kind=kind, series_uid=series.series_uid, stack=series.stack,
-                series_class=series.series_class.value, label=label, slice_indices=idx,
-                slice_positions_mm=pos, volume=dv.volume_label, window=wdesc,
-                window_center=round(center, 4), window_width=round(width, 4), orientation=orient,
-                width=img.size[0], height=img.size[1], sha256=hashlib.sha256(data_png).hexdigest(),
+                file=name,
+                kind=kind,
+                series_uid=series.series_uid,
+                stack=series.stack,
+                series_class=series.series_class.value,
+                label=label,
+                slice_indices=idx,
+                slice_positions_mm=pos,
+                volume=dv.volume_label,
+                window=wdesc,
+                window_center=round(center, 4),
+                window_width=round(width, 4),
+                orientation=orient,
+                width=img.size[0],
+                height=img.size[1],
+                sha256=hashlib.sha256(data_png).hexdigest(),
             )
         )
 
@@ -387,7 +436,9 @@ def _with_header(tile: Image.Image, text: str) -> Image.Image:
     bar = max(18, tile.size[0] // 12)
     out = Image.new("RGB", (tile.size[0], tile.size[1] + bar), (0, 0, 0))
     out.paste(tile, (0, bar))
-    ImageDraw.Draw(out).text((4, bar // 2), text, fill=(255, 255, 255), font=_font(max(10, bar * 2 // 3)), anchor="lm")
+    ImageDraw.Draw(out).text(
+        (4, bar // 2), text, fill=(255, 255, 255), font=_font(max(10, bar * 2 // 3)), anchor="lm"
+    )
     return out
 
 
@@ -398,18 +449,32 @@ def _montage(tiles: list[Image.Image], columns: int, title: str, orient: str) ->
     bar = max(24, size // 8)
     out = Image.new("RGB", (cols * size, nrows * size + bar), (0, 0, 0))
     draw = ImageDraw.Draw(out)
-    draw.text((6, bar // 3), title, fill=(255, 255, 255), font=_font(max(11, bar // 3)), anchor="lm")
-    draw.text((6, bar * 3 // 4), orient, fill=(200, 200, 200), font=_font(max(9, bar // 4)), anchor="lm")
+    draw.text(
+        (6, bar // 3), title, fill=(255, 255, 255), font=_font(max(11, bar // 3)), anchor="lm"
+    )
+    draw.text(
+        (6, bar * 3 // 4), orient, fill=(200, 200, 200), font=_font(max(9, bar // 4)), anchor="lm"
+    )
     for n, tile in enumerate(tiles):
         out.paste(tile, ((n % cols) * size, bar + (n // cols) * size))
     return out
 
 
-def _lesion_in_display(series: SeriesInfo, mask_series: SeriesInfo, dv: DisplayVolume, cap: int) -> np.ndarray:
-    if mask_series.shape[:3] != series.shape[:3] or mask_series.affine is None or series.affine is None:
-        raise RenderError(f"mask series {mask_series.key} is not on the grid of series {series.key}")
+def _lesion_in_display(
+    series: SeriesInfo, mask_series: SeriesInfo, dv: DisplayVolume, cap: int
+) -> np.ndarray:
+    if (
+        mask_series.shape[:3] != series.shape[:3]
+        or mask_series.affine is None
+        or series.affine is None
+    ):
+        raise RenderError(
+            f"mask series {mask_series.key} is not on the grid of series {series.key}"
+        )
     if not np.allclose(np.array(mask_series.affine), np.array(series.affine), atol=0.1):
-        raise RenderError(f"mask series {mask_series.key} is not on the grid of series {series.key}")
+        raise RenderError(
+            f"mask series {mask_series.key} is not on the grid of series {series.key}"
+        )
     data = load_volume(mask_series, 0, cap).data
     canon, _ = _canonical(data, np.array(mask_series.affine))
     return canon > 0
@@ -452,7 +517,11 @@ def render_path(
     out = Path(out_dir)
     index = index or index_path(path, memory_cap=options.memory_cap)
     targets = find_series(index, series_uid) if series_uid else default_targets(index)
-    if series_uid and len({s.series_class for s in targets}) == 1 and targets[0].series_class is SequenceClass.DWI:
+    if (
+        series_uid
+        and len({s.series_class for s in targets}) == 1
+        and targets[0].series_class is SequenceClass.DWI
+    ):
         targets = targets[:1]
     mask = find_series(index, mask_uid)[0] if mask_uid else None
     manifest = RenderManifest(source=str(path), errors=list(index.errors))
@@ -461,7 +530,9 @@ def render_path(
         try:
             images, warnings = render_stack(s, out, options, siblings, mask)
         except ImagingError as exc:
-            manifest.errors.append(FileError(path=s.path, kind="render", message=f"series {s.key}: {exc}"))
+            manifest.errors.append(
+                FileError(path=s.path, kind="render", message=f"series {s.key}: {exc}")
+            )
             continue
         manifest.images.extend(images)
         manifest.warnings.extend(warnings)

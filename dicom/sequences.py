@@ -43,11 +43,15 @@ def _words(text: str) -> str:
 
 _RE = {
     "mask": re.compile(r" (roi|mask|seg|segmentation|label|labels|labelmap) "),
-    "localizer": re.compile(r"(scout|localizer|localiser|survey|tripilot|topogram|3 ?pl(ane)? loc| loc )"),
+    "localizer": re.compile(
+        r"(scout|localizer|localiser|survey|tripilot|topogram|3 ?pl(ane)? loc| loc )"
+    ),
     "adc": re.compile(r"( adc |apparent diffusion)"),
     "trace": re.compile(r"( trace|tracew| isotropic )"),
     "fa": re.compile(r" (fa|colfa|color fa|colour fa|tensor b0|exp|eadc) "),
-    "perfusion": re.compile(r" (asl|pcasl|pasl|perfusion|perfusion weighted|pwi|dsc|dce|cbf|cbv|rcbv|mtt|ttp) "),
+    "perfusion": re.compile(
+        r" (asl|pcasl|pasl|perfusion|perfusion weighted|pwi|dsc|dce|cbf|cbv|rcbv|mtt|ttp) "
+    ),
     "dwi": re.compile(r"( dwi| dti|diffusion| ep2d diff| resolve | dir\d+ )"),
     "fieldmap": re.compile(r"(field ?map|field mapping| b0 ?map|fmap)"),
     "fmri": re.compile(r" (bold|fmri|func|rest|resting|task|rs ?fmri)"),
@@ -99,7 +103,12 @@ def classify(
     # --- modality-level decisions -------------------------------------------------------
     if f.modality == "CT":
         if "LOCALIZER" in it or _RE["localizer"].search(w):
-            return Classification(C.LOCALIZER, "CT localizer", f"Modality CT; ImageType {sorted(it)} / description {desc_q} marks a localizer", 0.95)
+            return Classification(
+                C.LOCALIZER,
+                "CT localizer",
+                f"Modality CT; ImageType {sorted(it)} / description {desc_q} marks a localizer",
+                0.95,
+            )
         contrast = f" with contrast ({f.contrast_agent})" if f.contrast_agent else ""
         return Classification(
             C.CT,
@@ -112,31 +121,67 @@ def classify(
 
     # --- masks and localisers ---------------------------------------------------------------
     if _RE["mask"].search(w):
-        return Classification(C.MASK, "region of interest / label mask", f"SeriesDescription {desc_q} names a mask or ROI", 0.85)
+        return Classification(
+            C.MASK,
+            "region of interest / label mask",
+            f"SeriesDescription {desc_q} names a mask or ROI",
+            0.85,
+        )
     if "LOCALIZER" in it or _RE["localizer"].search(w):
         src = "ImageType LOCALIZER" if "LOCALIZER" in it else f"SeriesDescription {desc_q}"
         return Classification(C.LOCALIZER, "", f"{src} marks a localizer/scout", 0.95)
 
     # --- diffusion-derived maps flagged in ImageType -----------------------------------------
     if "ADC" in it:
-        return Classification(C.ADC, "apparent diffusion coefficient map", "ImageType contains ADC", 0.99)
+        return Classification(
+            C.ADC, "apparent diffusion coefficient map", "ImageType contains ADC", 0.99
+        )
     if "TRACEW" in it or "TRACE" in it:
         b = f" b={round(f.b_value)}" if f.b_value else ""
-        return Classification(C.TRACE, f"trace-weighted DWI{b}", f"ImageType contains {'TRACEW' if 'TRACEW' in it else 'TRACE'}", 0.98)
+        return Classification(
+            C.TRACE,
+            f"trace-weighted DWI{b}",
+            f"ImageType contains {'TRACEW' if 'TRACEW' in it else 'TRACE'}",
+            0.98,
+        )
     derived_flags = it & {"FA", "TENSOR_B0", "EXP", "EADC", "COLFA", "RA", "TENSOR"}
     if derived_flags:
-        return Classification(C.DERIVED_MAP, "diffusion-derived map (" + "/".join(sorted(derived_flags)) + ")", f"ImageType contains {sorted(derived_flags)}", 0.97)
+        return Classification(
+            C.DERIVED_MAP,
+            "diffusion-derived map (" + "/".join(sorted(derived_flags)) + ")",
+            f"ImageType contains {sorted(derived_flags)}",
+            0.97,
+        )
     if _RE["adc"].search(w):
-        return Classification(C.ADC, "apparent diffusion coefficient map", f"SeriesDescription {desc_q} names an ADC map", 0.8)
+        return Classification(
+            C.ADC,
+            "apparent diffusion coefficient map",
+            f"SeriesDescription {desc_q} names an ADC map",
+            0.8,
+        )
 
     # --- perfusion ------------------------------------------------------------------------------
     if it & {"ASL", "PERFUSION"} or _RE["perfusion"].search(w):
-        src = f"ImageType {sorted(it & {'ASL', 'PERFUSION'})}" if it & {"ASL", "PERFUSION"} else f"SeriesDescription {desc_q}"
-        return Classification(C.PERFUSION, "ASL" if "ASL" in it or " asl" in w else "perfusion", f"{src} marks perfusion imaging", 0.95)
+        src = (
+            f"ImageType {sorted(it & {'ASL', 'PERFUSION'})}"
+            if it & {"ASL", "PERFUSION"}
+            else f"SeriesDescription {desc_q}"
+        )
+        return Classification(
+            C.PERFUSION,
+            "ASL" if "ASL" in it or " asl" in w else "perfusion",
+            f"{src} marks perfusion imaging",
+            0.95,
+        )
 
     # --- RGB secondary captures (colour maps) ----------------------------------------------------
     if f.samples_per_pixel == 3:
-        return Classification(C.DERIVED_MAP, "colour (RGB) derived image", f"SamplesPerPixel 3 ({f.photometric}), ImageType {sorted(it)}", 0.8)
+        return Classification(
+            C.DERIVED_MAP,
+            "colour (RGB) derived image",
+            f"SamplesPerPixel 3 ({f.photometric}), ImageType {sorted(it)}",
+            0.8,
+        )
 
     # --- diffusion acquisitions --------------------------------------------------------------------
     has_b = bool(ctx.b_values) and max(ctx.b_values) > 0
@@ -155,22 +200,47 @@ def classify(
 
     # --- field maps and functional MRI ----------------------------------------------------------------
     if it & _FIELDMAP_FLAGS or _RE["fieldmap"].search(w):
-        src = f"ImageType {sorted(it & _FIELDMAP_FLAGS)}" if it & _FIELDMAP_FLAGS else f"SeriesDescription {desc_q}"
+        src = (
+            f"ImageType {sorted(it & _FIELDMAP_FLAGS)}"
+            if it & _FIELDMAP_FLAGS
+            else f"SeriesDescription {desc_q}"
+        )
         return Classification(C.FIELDMAP, "B0 field map", f"{src} marks a field map", 0.9)
     if _RE["fmri"].search(w) and ("EP" in f.scanning_sequence or not f.scanning_sequence):
-        return Classification(C.FMRI, "BOLD EPI", f"SeriesDescription {desc_q} names a functional run; ScanningSequence {'/'.join(f.scanning_sequence) or '?'}", 0.9)
+        return Classification(
+            C.FMRI,
+            "BOLD EPI",
+            f"SeriesDescription {desc_q} names a functional run; ScanningSequence {'/'.join(f.scanning_sequence) or '?'}",
+            0.9,
+        )
 
     # --- susceptibility ---------------------------------------------------------------------------------
     if "SWI" in it or _RE["swi"].search(w):
-        variant = "minIP" if it & {"MNIP", "MIP", "MIN IP"} else ("phase" if it & {"P", "PHASE"} else "magnitude")
+        variant = (
+            "minIP"
+            if it & {"MNIP", "MIP", "MIN IP"}
+            else ("phase" if it & {"P", "PHASE"} else "magnitude")
+        )
         src = "ImageType SWI" if "SWI" in it else f"SeriesDescription {desc_q}"
-        return Classification(C.SWI, f"SWI {variant}", f"{src}; EchoTime {_fmt(f.echo_time)} ms", 0.95)
+        return Classification(
+            C.SWI, f"SWI {variant}", f"{src}; EchoTime {_fmt(f.echo_time)} ms", 0.95
+        )
 
     # EPI without diffusion weighting is functional imaging, not a structural contrast.
     if "EP" in f.scanning_sequence:
         if f.mosaic_slices or ctx.n_volumes > 1:
-            return Classification(C.FMRI, "EPI time series", f"ScanningSequence EP without diffusion weighting, {'Siemens mosaic' if f.mosaic_slices else 'repeated volumes'}", 0.7)
-        return Classification(C.UNKNOWN, "", f"ScanningSequence EP without diffusion weighting or a description that names it; SeriesDescription {desc_q}", 0.0)
+            return Classification(
+                C.FMRI,
+                "EPI time series",
+                f"ScanningSequence EP without diffusion weighting, {'Siemens mosaic' if f.mosaic_slices else 'repeated volumes'}",
+                0.7,
+            )
+        return Classification(
+            C.UNKNOWN,
+            "",
+            f"ScanningSequence EP without diffusion weighting or a description that names it; SeriesDescription {desc_q}",
+            0.0,
+        )
 
     return _structural(f, it, w, desc_q, dim)
 
@@ -214,7 +284,9 @@ def _structural(f: FrameHeader, it: set[str], w: str, desc_q: str, dim: str) -> 
             physics, detail = C.PD, "proton-density"
 
     if physics is None and hint is None:
-        return Classification(C.UNKNOWN, "", f"no rule matched: {tags}; SeriesDescription {desc_q}", 0.0)
+        return Classification(
+            C.UNKNOWN, "", f"no rule matched: {tags}; SeriesDescription {desc_q}", 0.0
+        )
     if physics is None:
         cls = hint
         reason = f"SeriesDescription {desc_q} suggests {hint}; acquisition parameters inconclusive ({tags})"
@@ -239,8 +311,18 @@ def _structural(f: FrameHeader, it: set[str], w: str, desc_q: str, dim: str) -> 
     assert cls is not None
     if cls is C.T1 and (f.contrast_agent or _RE["post"].search(w)):
         if f.contrast_agent:
-            return Classification(C.T1C, f"post-contrast {detail}", f"{reason}; ContrastBolusAgent {f.contrast_agent!r}", min(confidence, 0.95))
-        return Classification(C.T1C, f"post-contrast {detail}", f"{reason}; SeriesDescription {desc_q} marks post-contrast (no ContrastBolusAgent tag)", min(confidence, 0.7))
+            return Classification(
+                C.T1C,
+                f"post-contrast {detail}",
+                f"{reason}; ContrastBolusAgent {f.contrast_agent!r}",
+                min(confidence, 0.95),
+            )
+        return Classification(
+            C.T1C,
+            f"post-contrast {detail}",
+            f"{reason}; SeriesDescription {desc_q} marks post-contrast (no ContrastBolusAgent tag)",
+            min(confidence, 0.7),
+        )
     if dim:
         detail = f"{dim} {detail}"
     return Classification(cls, detail, reason, confidence)

@@ -30,9 +30,15 @@ def _progress(done: int, total: int) -> None:
 
 @app.command()
 def inspect(
-    path: Annotated[Path, typer.Argument(help="DICOM file, folder (recursive), zip archive or NIfTI file")],
-    as_json: Annotated[bool, typer.Option("--json", help="print a JSON list instead of a table")] = False,
-    frames: Annotated[bool, typer.Option(help="with --json, include every frame reference")] = False,
+    path: Annotated[
+        Path, typer.Argument(help="DICOM file, folder (recursive), zip archive or NIfTI file")
+    ],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print a JSON list instead of a table")
+    ] = False,
+    frames: Annotated[
+        bool, typer.Option(help="with --json, include every frame reference")
+    ] = False,
 ) -> None:
     """List the series found under PATH: class (with the reason), plane, shape, geometry, errors.
 
@@ -46,7 +52,9 @@ def inspect(
     if not path.exists():
         console.print(f"[red]error:[/red] no such file or folder: {escape(str(path))}")
         raise typer.Exit(2)
-    result = index_path(path, memory_cap=settings.memory_cap, workers=settings.workers, progress=_progress)
+    result = index_path(
+        path, memory_cap=settings.memory_cap, workers=settings.workers, progress=_progress
+    )
     if as_json:
         rows: list[dict[str, object]] = []
         for s in result.series:
@@ -54,7 +62,15 @@ def inspect(
             row["errors"] = [e.message for e in s.errors]
             rows.append(row)
         for e in result.errors:
-            rows.append({"path": e.path, "series_uid": None, "class": "ERROR", "kind": e.kind, "errors": [e.message]})
+            rows.append(
+                {
+                    "path": e.path,
+                    "series_uid": None,
+                    "class": "ERROR",
+                    "kind": e.kind,
+                    "errors": [e.message],
+                }
+            )
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return
@@ -88,16 +104,47 @@ def inspect(
 def render(
     path: Annotated[Path, typer.Argument(help="DICOM file, folder, zip archive or NIfTI file")],
     out: Annotated[Path, typer.Option("--out", help="output folder for PNGs and manifest.json")],
-    series: Annotated[str | None, typer.Option("--series", help="series UID (or UID#stack) to render; default: every clinical series")] = None,
-    slices: Annotated[int, typer.Option("--slices", help="number of evenly spaced slices over the head")] = 12,
-    indices: Annotated[str | None, typer.Option("--indices", help="explicit slice indices, e.g. 3,5,7 (display order)")] = None,
-    window: Annotated[str, typer.Option("--window", help="auto, brain, subdural, stroke, bone, soft, percentile or CENTER/WIDTH")] = "auto",
-    mask_series: Annotated[str | None, typer.Option("--mask-series", help="series UID of a mask on the same grid: render the slices through it")] = None,
-    diffusion: Annotated[str, typer.Option("--diffusion", help="for DWI: trace, b1000 or b0")] = "trace",
-    native_plane: Annotated[bool, typer.Option("--native-plane", help="keep sagittal/coronal acquisitions in their plane instead of reslicing to axial")] = False,
+    series: Annotated[
+        str | None,
+        typer.Option(
+            "--series", help="series UID (or UID#stack) to render; default: every clinical series"
+        ),
+    ] = None,
+    slices: Annotated[
+        int, typer.Option("--slices", help="number of evenly spaced slices over the head")
+    ] = 12,
+    indices: Annotated[
+        str | None,
+        typer.Option("--indices", help="explicit slice indices, e.g. 3,5,7 (display order)"),
+    ] = None,
+    window: Annotated[
+        str,
+        typer.Option(
+            "--window", help="auto, brain, subdural, stroke, bone, soft, percentile or CENTER/WIDTH"
+        ),
+    ] = "auto",
+    mask_series: Annotated[
+        str | None,
+        typer.Option(
+            "--mask-series",
+            help="series UID of a mask on the same grid: render the slices through it",
+        ),
+    ] = None,
+    diffusion: Annotated[
+        str, typer.Option("--diffusion", help="for DWI: trace, b1000 or b0")
+    ] = "trace",
+    native_plane: Annotated[
+        bool,
+        typer.Option(
+            "--native-plane",
+            help="keep sagittal/coronal acquisitions in their plane instead of reslicing to axial",
+        ),
+    ] = False,
     tile_size: Annotated[int, typer.Option("--tile-size", help="pixels per montage tile")] = 256,
     columns: Annotated[int, typer.Option("--columns", help="tiles per montage row")] = 4,
-    singles: Annotated[bool, typer.Option("--singles", help="also write one PNG per slice")] = False,
+    singles: Annotated[
+        bool, typer.Option("--singles", help="also write one PNG per slice")
+    ] = False,
 ) -> None:
     """Render VLM-ready PNGs (labelled montages, optionally single slices) and manifest.json."""
     from dicom.errors import ImagingError
@@ -110,11 +157,19 @@ def render(
     try:
         idx = [int(v) for v in indices.split(",")] if indices else None
     except ValueError:
-        console.print(f"[red]error:[/red] --indices takes integers separated by commas, not {escape(indices or '')!r}")
+        console.print(
+            f"[red]error:[/red] --indices takes integers separated by commas, not {escape(indices or '')!r}"
+        )
         raise typer.Exit(2) from None
     options = RenderOptions(
-        n_slices=slices, indices=idx, window=window, reslice_axial=not native_plane,
-        tile_size=tile_size, columns=columns, diffusion=diffusion, singles=singles,
+        n_slices=slices,
+        indices=idx,
+        window=window,
+        reslice_axial=not native_plane,
+        tile_size=tile_size,
+        columns=columns,
+        diffusion=diffusion,
+        singles=singles,
         memory_cap=settings.memory_cap,
     )
     t0 = time.perf_counter()
@@ -124,7 +179,9 @@ def render(
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
     for img in manifest.images:
-        console.print(f"  wrote {escape(str(out / img.file))}  ({escape(img.label)}; {escape(img.window)})")
+        console.print(
+            f"  wrote {escape(str(out / img.file))}  ({escape(img.label)}; {escape(img.window)})"
+        )
     for w in manifest.warnings:
         console.print(f"  [yellow]warning:[/yellow] {escape(w)}")
     for e in manifest.errors:
@@ -151,25 +208,35 @@ def demo(
     settings = get_settings()
     study = settings.corpus / "brainix" / "BRAINIX" / "DICOM"
     if not study.exists():
-        console.print(f"[red]error:[/red] BRAINIX study not found at {escape(str(study))} (set NEUROSANDBOX_CORPUS)")
+        console.print(
+            f"[red]error:[/red] BRAINIX study not found at {escape(str(study))} (set NEUROSANDBOX_CORPUS)"
+        )
         raise typer.Exit(2)
     t0 = time.perf_counter()
     index = index_path(study, memory_cap=settings.memory_cap)
     for s in index.series:
-        console.print(f"  {s.series_class.value:6} {s.plane.value if s.plane else '-':8} {escape(s.reason)}")
+        console.print(
+            f"  {s.series_class.value:6} {s.plane.value if s.plane else '-':8} {escape(s.reason)}"
+        )
     manifest = render_path(study, out, RenderOptions(), index=index)
     flair = [s for s in index.series if s.series_class.value == "FLAIR"]
     mask = [s for s in index.series if s.series_class.value == "MASK"]
     if flair and mask:
         find_series(index, flair[0].series_uid)
         lesion = render_path(
-            study, out / "lesion", RenderOptions(n_slices=8), series_uid=flair[0].series_uid,
-            mask_uid=mask[0].series_uid, index=index,
+            study,
+            out / "lesion",
+            RenderOptions(n_slices=8),
+            series_uid=flair[0].series_uid,
+            mask_uid=mask[0].series_uid,
+            index=index,
         )
         manifest.images.extend(lesion.images)
     for img in manifest.images:
         console.print(f"  wrote {escape(img.file)}: {escape(img.label)}")
-    console.print(f"demo done in {time.perf_counter() - t0:.1f} s; open {escape(str(out.resolve()))}")
+    console.print(
+        f"demo done in {time.perf_counter() - t0:.1f} s; open {escape(str(out.resolve()))}"
+    )
 
 
 def main() -> None:  # pragma: no cover

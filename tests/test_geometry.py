@@ -82,7 +82,11 @@ def test_volumes_and_affines_match_dcm2niix(corpus: Path, ref_dir: str, in_dir: 
         # Several inputs hold only the first volume of a longer run; every input volume must match.
         assert matched >= 1, f"{nii.name}: no indexed volume equals the dcm2niix reference"
         if len(vols) > 1:
-            n_ours = sum(1 for s, *_ in ours if Path(s.path).name in nii.stem or nii.stem.startswith(Path(s.path).name))
+            n_ours = sum(
+                1
+                for s, *_ in ours
+                if Path(s.path).name in nii.stem or nii.stem.startswith(Path(s.path).name)
+            )
             assert matched == len(vols) or matched >= min(len(vols), n_ours), nii.name
 
 

@@ -20,7 +20,9 @@ def _stacks_in(index: IndexResult, corpus: Path, folder: str) -> list:
     return [s for s in index.series if Path(s.path) == root or root in Path(s.path).parents]
 
 
-def test_every_labelled_series_is_classified_as_labels_json_says(corpus: Path, corpus_index) -> None:
+def test_every_labelled_series_is_classified_as_labels_json_says(
+    corpus: Path, corpus_index
+) -> None:
     labels = json.loads((corpus / "labels.json").read_text())["series"]
     mismatches = []
     for folder, expected in labels.items():
@@ -78,7 +80,11 @@ def test_hostile_files_end_in_a_clear_error_or_a_result(corpus: Path) -> None:
     vol = load_volume(ct[0]).data
     assert vol.min() < -500 and vol.max() > 500  # Hounsfield units after the modality LUT
     # These Orthanc test objects carry no Pixel Data at all: a specific error, not a crash.
-    for name in ("2017-06-27-XSSInjection.dcm", "DummyCT.dcm", "2020-09-12-ELSCINT1-PMSCT_RLE1.dcm"):
+    for name in (
+        "2017-06-27-XSSInjection.dcm",
+        "DummyCT.dcm",
+        "2020-09-12-ELSCINT1-PMSCT_RLE1.dcm",
+    ):
         assert by_name[name].kind == "invalid" and "Pixel Data" in by_name[name].message
     assert len(result.errors) == 8
 
@@ -89,7 +95,9 @@ def test_memory_cap_is_configurable(corpus: Path) -> None:
     assert len(result.errors) == 22 and all(e.kind == "too_large" for e in result.errors)
 
 
-def test_folder_with_a_non_dicom_file_reports_it_and_keeps_the_rest(corpus: Path, tmp_path: Path) -> None:
+def test_folder_with_a_non_dicom_file_reports_it_and_keeps_the_rest(
+    corpus: Path, tmp_path: Path
+) -> None:
     shutil.copytree(corpus / "brainix/BRAINIX/DICOM/FLAIR", tmp_path / "FLAIR")
     (tmp_path / "FLAIR" / "notes.bin").write_bytes(b"this is not dicom" * 10)
     truncated = tmp_path / "FLAIR" / "IM-0001-0003.dcm"

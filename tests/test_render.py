@@ -33,8 +33,12 @@ def test_lesion_slices_show_the_tumour_on_the_image_right_for_a_left_sided_lesio
 ) -> None:
     opts = RenderOptions(n_slices=4, columns=4, tile_size=256, montage=False, singles=True)
     manifest = render_path(
-        corpus / BRAINIX, tmp_path, opts, series_uid=_uid(brainix_index, "FLAIR"),
-        mask_uid=_uid(brainix_index, "MASK"), index=brainix_index,
+        corpus / BRAINIX,
+        tmp_path,
+        opts,
+        series_uid=_uid(brainix_index, "FLAIR"),
+        mask_uid=_uid(brainix_index, "MASK"),
+        index=brainix_index,
     )
     assert len(manifest.images) == 4
     # The ROI lies from about z=28 to z=73 mm: every chosen slice passes through it.
@@ -73,8 +77,12 @@ def test_default_render_covers_the_clinical_series_with_labels_and_a_manifest(
         assert "BRAINIX" not in img["label"]  # never the patient's name
 
 
-def test_identical_input_gives_byte_identical_pngs(corpus: Path, brainix_index, tmp_path: Path) -> None:
-    a = render_path(corpus / BRAINIX, tmp_path / "a", RenderOptions(n_slices=6), index=brainix_index)
+def test_identical_input_gives_byte_identical_pngs(
+    corpus: Path, brainix_index, tmp_path: Path
+) -> None:
+    a = render_path(
+        corpus / BRAINIX, tmp_path / "a", RenderOptions(n_slices=6), index=brainix_index
+    )
     b = render_path(corpus / BRAINIX, tmp_path / "b", RenderOptions(n_slices=6))
     assert [i.sha256 for i in a.images] == [i.sha256 for i in b.images]
 
@@ -115,12 +123,37 @@ def test_cli_inspect_json_and_render(corpus: Path, tmp_path: Path) -> None:
     rows = json.loads(res.stdout)
     assert {r["class"] for r in rows} == {"T1", "T2", "FLAIR", "MASK"}
     for r in rows:
-        for key in ("path", "series_uid", "class", "reason", "plane", "shape", "spacing", "affine", "n_files", "errors"):
+        for key in (
+            "path",
+            "series_uid",
+            "class",
+            "reason",
+            "plane",
+            "shape",
+            "spacing",
+            "affine",
+            "n_files",
+            "errors",
+        ):
             assert key in r
         assert len(r["affine"]) == 4 and all(len(row) == 4 for row in r["affine"])
-    res = runner.invoke(app, ["render", str(corpus / BRAINIX), "--out", str(tmp_path), "--slices", "4", "--window", "stroke"])
+    res = runner.invoke(
+        app,
+        [
+            "render",
+            str(corpus / BRAINIX),
+            "--out",
+            str(tmp_path),
+            "--slices",
+            "4",
+            "--window",
+            "stroke",
+        ],
+    )
     assert res.exit_code == 1  # a CT preset on MR is refused, with a reason per series
-    res = runner.invoke(app, ["render", str(corpus / BRAINIX), "--out", str(tmp_path), "--slices", "4"])
+    res = runner.invoke(
+        app, ["render", str(corpus / BRAINIX), "--out", str(tmp_path), "--slices", "4"]
+    )
     assert res.exit_code == 0, res.output
     assert len(json.loads((tmp_path / "manifest.json").read_text())["images"]) == 3
 
