@@ -9,13 +9,12 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
-import os
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 import pydicom
 import pytest
+from conftest import corpus_path as _corpus
 from pydicom.charset import convert_encodings, encode_string
 from pydicom.datadict import repeater_has_keyword, tag_for_keyword
 from pydicom.dataset import Dataset
@@ -29,17 +28,6 @@ from dicom.deid import (
     DeidPolicy,
 )
 from dicom.errors import ImagingError, UnreadableHeaderError
-
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dicom"
-
-
-def _corpus() -> Path:
-    if not CORPUS.exists():
-        if os.environ.get("NEUROSANDBOX_REQUIRE_CORPUS") == "1":
-            pytest.fail(f"shared corpus missing at {CORPUS} and NEUROSANDBOX_REQUIRE_CORPUS=1")
-        pytest.skip(f"shared corpus not found at {CORPUS}")
-    return CORPUS
-
 
 SALT = "unit-test-salt-0123456789abcdef-not-a-real-secret"
 UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")

@@ -3,7 +3,6 @@
 import gzip
 import hashlib
 import json
-import os
 import struct
 import tracemalloc
 from pathlib import Path
@@ -12,22 +11,12 @@ from typing import Any
 import nibabel as nib
 import numpy as np
 import pytest
+from conftest import corpus_path as _corpus
 
 from dicom.errors import DecodeError
 from dicom.index import index_path
 from dicom.nifti import NIFTI_SOP_CLASS, index_nifti, load_nifti_volume
 from dicom.records import Plane, SequenceClass, SeriesInfo
-
-CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dicom"
-
-
-def _corpus() -> Path:
-    if not CORPUS.exists():
-        if os.environ.get("NEUROSANDBOX_REQUIRE_CORPUS") == "1":
-            pytest.fail(f"shared corpus missing at {CORPUS} and NEUROSANDBOX_REQUIRE_CORPUS=1")
-        pytest.skip(f"shared corpus not found at {CORPUS}")
-    return CORPUS
-
 
 AXIAL = np.array(
     [
