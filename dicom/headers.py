@@ -8,7 +8,8 @@ No pixel data is read here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -119,8 +120,7 @@ def read_frames(path: str, memory_cap: int = DEFAULT_MEMORY_CAP) -> list[FrameHe
             ds = pydicom.dcmread(
                 fp, stop_before_pixels=True, defer_size=_DEFER_SIZE, force=not has_preamble
             )
-            _check_pixel_data_present(fp, ds, path)
-            pixel_offset = _native_pixel_offset(fp, ds) if is_plain_file(path) else None
+            pixel_offset = _pixel_data_offset(fp, ds, path, is_plain_file(path))
             # Touch the elements the index needs now, so that a malformed value fails here.
             frames = _frames_from_dataset(path, ds, pixel_offset, memory_cap)
         except RecursionError as exc:
@@ -147,46 +147,40 @@ def _looks_like_raw_dataset(head: bytes) -> bool:
 _PIXEL_TAGS = (b"\xe0\x7f\x10\x00", b"\xe0\x7f\x08\x00", b"\xe0\x7f\x09\x00")
 
 
-def _check_pixel_data_present(fp: Any, ds: Dataset, path: str) -> None:
-    """An image object whose file ends before its pixel data is truncated, not empty."""
+def _pixel_data_offset(fp: Any, ds: Dataset, path: str, plain: bool) -> int | None:
+    """Check the Pixel Data element follows the header; return its offset when native.
+
+    Reads the element header once, right where the header pass stopped. An image object whose
+    file ends before its pixel data is truncated, not empty. The offset (uncompressed
+    little-endian data in a plain file) lets the pixels be read later without parsing again.
+    """
     if "Rows" not in ds and "Columns" not in ds:
-        return
+        return None
     pos = fp.tell()
-    tag = fp.read(4)
-    fp.seek(pos)
-    big_endian = str(getattr(ds.file_meta, "TransferSyntaxUID", "")) == "1.2.840.10008.1.2.2"
-    if big_endian and len(tag) == 4:
+    head = fp.read(12)
+    ts = str(getattr(ds.file_meta, "TransferSyntaxUID", "") or "")
+    tag = head[:4]
+    if ts == "1.2.840.10008.1.2.2" and len(tag) == 4:  # big endian
         tag = tag[1::-1] + tag[3:1:-1]
     if tag not in _PIXEL_TAGS:
         raise InvalidImageError(
             f"{path}: image object has no Pixel Data (7FE0,0010) after its header (byte {pos}): "
             "the file is truncated, or its pixels sit in a private element"
         )
-
-
-def _native_pixel_offset(fp: Any, ds: Dataset) -> int | None:
-    """Byte offset of uncompressed little-endian pixel data, read right after the header."""
-    ts = str(getattr(ds.file_meta, "TransferSyntaxUID", "") or "")
-    if ts not in NATIVE_LITTLE_ENDIAN:
-        return None
-    pos = fp.tell()
-    tag = fp.read(12)
-    if len(tag) < 8 or tag[0:4] != b"\xe0\x7f\x10\x00":
+    if not plain or ts not in NATIVE_LITTLE_ENDIAN or tag != _PIXEL_TAGS[0]:
         return None
     if ts == "1.2.840.10008.1.2":
-        length = int.from_bytes(tag[4:8], "little")
-        start = pos + 8
+        length, start = int.from_bytes(head[4:8], "little"), pos + 8
+    elif head[4:6] in (b"OB", b"OW"):
+        length, start = int.from_bytes(head[8:12], "little"), pos + 12
     else:
-        if tag[4:6] not in (b"OB", b"OW"):
-            return None
-        length = int.from_bytes(tag[8:12], "little")
-        start = pos + 12
+        return None
     if length == 0xFFFFFFFF:
         return None
-    fp.seek(0, 2)
-    if fp.tell() < start + length:
+    size = os.fstat(fp.fileno()).st_size
+    if size < start + length:
         raise InvalidImageError(
-            f"pixel data truncated: {fp.tell() - start} of {length} bytes present"
+            f"{path}: pixel data truncated: {size - start} of {length} bytes present"
         )
     return start
 
@@ -255,9 +249,19 @@ def _group_value(frame: Dataset | None, shared: Dataset | None, seq: str, attr: 
     return None
 
 
+# Values scanners and converters write when no contrast agent was given.
+NO_CONTRAST_VALUES = frozenset({"", "none", "no", "n", "0", "nil", "-"})
+
+
+def contrast_agent_or_none(text: str) -> str | None:
+    """The agent named in a ContrastBolusAgent-like text, or None for 'none', '', '0'..."""
+    agent = text.strip()
+    return agent if agent.lower() not in NO_CONTRAST_VALUES else None
+
+
 def _contrast_agent(ds: Dataset) -> str | None:
-    agent = _s(ds.get("ContrastBolusAgent")).strip()
-    if agent and agent.lower() not in {"none", "no", "n", "0", "nil", "-"}:
+    agent = contrast_agent_or_none(_s(ds.get("ContrastBolusAgent")))
+    if agent:
         return agent
     for item in ds.get("ContrastBolusAgentSequence") or []:
         meaning = _s(item.get("CodeMeaning")).strip()
@@ -436,9 +440,7 @@ def _enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
         def gv(seq: str, attr: str, _fg: Dataset | None = fg) -> Any:
             return _group_value(_fg, shared, seq, attr)
 
-        fr = FrameHeader(**{k: getattr(base, k) for k in base.__slots__})
-        fr.extras = dict(base.extras)
-        fr.frame = i
+        fr = replace(base, frame=i, extras=dict(base.extras))
         fr.position = _floats(gv("PlanePositionSequence", "ImagePositionPatient"), 3)
         fr.orientation = _floats(gv("PlaneOrientationSequence", "ImageOrientationPatient"), 6)
         fr.pixel_spacing = _floats(gv("PixelMeasuresSequence", "PixelSpacing"), 2)
@@ -503,12 +505,16 @@ def _mosaic_frames(
     nvec = np.array(normal)
     frames = []
     for k in range(n):
-        fr = FrameHeader(**{key: getattr(base, key) for key in base.__slots__})
-        fr.extras = {}
-        fr.frame = k
-        fr.rows, fr.cols = rows, cols
         pos = first + k * step * nvec
-        fr.position = (float(pos[0]), float(pos[1]), float(pos[2]))
-        fr.mosaic_slices = n
-        frames.append(fr)
+        frames.append(
+            replace(
+                base,
+                frame=k,
+                extras={},
+                rows=rows,
+                cols=cols,
+                position=(float(pos[0]), float(pos[1]), float(pos[2])),
+                mosaic_slices=n,
+            )
+        )
     return frames

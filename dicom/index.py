@@ -57,8 +57,8 @@ def read_headers(
     memory_cap: int = DEFAULT_MEMORY_CAP,
     workers: int | None = None,
     progress: ProgressFn | None = None,
-) -> tuple[list[FrameHeader], list[FileError], list[tuple[str, FileError]], int]:
-    """Read headers of all sources; returns frames, errors, non-image objects, file count."""
+) -> tuple[list[FrameHeader], list[FileError], int]:
+    """Read headers of all sources; returns frames, per-file errors and the file count."""
     paths = list(sources)
     jobs = [(p, memory_cap) for p in paths]
     n_workers = workers if workers is not None else min(os.cpu_count() or 1, 4)
@@ -71,11 +71,10 @@ def read_headers(
         results = []
         for i, job in enumerate(jobs):
             results.append(_read_one(job))
-            if progress and (i % 50 == 0 or i == len(jobs) - 1):
+            if progress and i % 50 == 0:
                 progress(i + 1, len(jobs))
     frames: list[FrameHeader] = []
     errors: list[FileError] = []
-    non_image: list[tuple[str, FileError]] = []
     for _path, fr, err in results:
         if fr is not None:
             frames.extend(fr)
@@ -83,7 +82,7 @@ def read_headers(
             errors.append(err)
     if progress:
         progress(len(paths), len(paths))
-    return frames, errors, non_image, len(paths)
+    return frames, errors, len(paths)
 
 
 def index_path(
@@ -98,7 +97,7 @@ def index_path(
         from dicom.nifti import index_nifti
 
         return index_nifti(p)
-    frames, errors, _, n_files = read_headers(iter_sources(p), memory_cap, workers, progress)
+    frames, errors, n_files = read_headers(iter_sources(p), memory_cap, workers, progress)
     non_image = [e for e in errors if e.kind == "non_image"]
     other_errors = [e for e in errors if e.kind != "non_image"]
     series = build_series(frames)
@@ -280,12 +279,10 @@ def _split_volumes(
     warnings: list[str] = []
     ref = frames[0]
     if ref.orientation is None or any(f.position is None for f in frames):
-        ordered = sorted(frames, key=_frame_order_key)
-        if ref.orientation is None or any(f.position is None for f in frames):
-            warnings.append(
-                "no patient geometry (ImagePositionPatient missing): ordered by InstanceNumber"
-            )
-        return [ordered], [""], warnings
+        warnings.append(
+            "no patient geometry (ImagePositionPatient missing): ordered by InstanceNumber"
+        )
+        return [sorted(frames, key=_frame_order_key)], [""], warnings
     normal = slice_normal(ref.orientation)
     proj = project([f.position for f in frames], normal)  # type: ignore[misc]
     labels = cluster_positions(proj)

@@ -33,12 +33,11 @@ from nibabel.affines import voxel_sizes
 
 from dicom.errors import DecodeError
 from dicom.geometry import plane_of
-from dicom.headers import DEFAULT_MEMORY_CAP, FrameHeader
-from dicom.records import FileError, FrameRef, IndexResult, Plane, SeriesInfo
+from dicom.headers import DEFAULT_MEMORY_CAP, FrameHeader, contrast_agent_or_none
+from dicom.records import NIFTI_SOP_CLASS, FileError, FrameRef, IndexResult, Plane, SeriesInfo
 from dicom.sequences import SeriesContext, classify
 
 # Marks a SeriesInfo read from NIfTI: dicom.pixels dispatches on it to load_nifti_volume.
-NIFTI_SOP_CLASS = "nifti"
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 
 _STR_CAP = 256
@@ -53,7 +52,6 @@ _UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
 # Above these values (in seconds) a BIDS timing is implausible: it was written in ms.
 _SECONDS_LIMIT = {"RepetitionTime": 100.0, "EchoTime": 5.0, "InversionTime": 30.0}
-_NO_AGENT = {"", "none", "no", "n", "0", "nil", "-"}
 
 
 class _NiftiRejected(Exception):
@@ -573,7 +571,7 @@ def _frame_header(
         inversion_recovery=False,
         b_value=s.number("DiffusionBValue"),
         direction=None,
-        contrast_agent=agent if agent.strip().lower() not in _NO_AGENT else None,
+        contrast_agent=contrast_agent_or_none(agent),
         rescale_slope=1.0,
         rescale_intercept=0.0,
         temporal_index=None,

@@ -17,7 +17,7 @@ import pydicom
 
 from dicom.errors import DecodeError, TooLargeError
 from dicom.headers import DEFAULT_MEMORY_CAP
-from dicom.records import FrameRef, SeriesInfo
+from dicom.records import NIFTI_SOP_CLASS, FrameRef, SeriesInfo
 from dicom.sources import open_source
 
 
@@ -34,10 +34,10 @@ def load_volume(
     series: SeriesInfo, volume: int = 0, memory_cap: int = DEFAULT_MEMORY_CAP
 ) -> Volume:
     """Decode volume ``volume`` of a stack, modality LUT (RescaleSlope/Intercept) applied."""
-    if series.sop_class_uid == "nifti":
+    if series.sop_class_uid == NIFTI_SOP_CLASS:
         from dicom.nifti import load_nifti_volume
 
-        return Volume(load_nifti_volume(series, volume))
+        return Volume(load_nifti_volume(series, volume, memory_cap))
     if not series.volumes:
         raise DecodeError(f"series {series.key}: no image to decode ({series.series_class})")
     if not 0 <= volume < len(series.volumes):

@@ -7,6 +7,8 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 1
+# SeriesInfo.sop_class_uid of a series read from a NIfTI file (no DICOM SOP class).
+NIFTI_SOP_CLASS = "nifti"
 
 
 class SequenceClass(StrEnum):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -173,8 +173,6 @@ def slice_2d(dv: DisplayVolume, index: int) -> np.ndarray:
 
 def head_mask(data: np.ndarray, is_ct: bool) -> np.ndarray:
     """Voxels that belong to the head (not air): a threshold suits both CT and MR here."""
-    if data.ndim == 4:
-        data = data.mean(axis=3)
     if is_ct:
         return data > -300.0
     positive = data[data > 0]
@@ -370,10 +368,10 @@ def render_stack(
         lesion = _lesion_in_display(series, lesion_mask, dv, options.memory_cap)
     picks = select_slices(dv, mask, options.n_slices, options.indices, lesion)
     images2d = [slice_2d(dv, k) for k in picks]
+    mask_dv = replace(dv, data=mask)
     mask2d = np.zeros(images2d[0].shape[:2], dtype=bool)
     for k in picks:
-        m = slice_2d(DisplayVolume(mask, dv.affine, dv.axis, dv.plane, dv.pixel_mm, ""), k)
-        mask2d |= m
+        mask2d |= slice_2d(mask_dv, k)
     r0, c0, r1, c1 = _crop_box(mask2d)
     tiles, labels, positions = [], [], []
     for k, img in zip(picks, images2d, strict=True):
@@ -480,19 +478,22 @@ def _lesion_in_display(
     return canon > 0
 
 
-def default_targets(index: IndexResult) -> list[SeriesInfo]:
-    """The stacks rendered when none is named: one per clinical series (DWI: one per series)."""
+def _one_per_dwi_series(stacks: list[SeriesInfo]) -> list[SeriesInfo]:
+    """A DWI series renders once (its b-value stacks are combined by the diffusion choice)."""
     out: list[SeriesInfo] = []
     seen_dwi: set[str] = set()
-    for s in index.series:
-        if not s.renderable or s.series_class not in CLINICAL_CLASSES:
-            continue
+    for s in stacks:
         if s.series_class is SequenceClass.DWI:
             if s.series_uid in seen_dwi:
                 continue
             seen_dwi.add(s.series_uid)
         out.append(s)
     return out
+
+
+def default_targets(index: IndexResult) -> list[SeriesInfo]:
+    """The stacks rendered when none is named: one per clinical series."""
+    return [s for s in index.series if s.renderable and s.series_class in CLINICAL_CLASSES]
 
 
 def find_series(index: IndexResult, uid: str) -> list[SeriesInfo]:
@@ -516,13 +517,9 @@ def render_path(
     options = options or RenderOptions()
     out = Path(out_dir)
     index = index or index_path(path, memory_cap=options.memory_cap)
-    targets = find_series(index, series_uid) if series_uid else default_targets(index)
-    if (
-        series_uid
-        and len({s.series_class for s in targets}) == 1
-        and targets[0].series_class is SequenceClass.DWI
-    ):
-        targets = targets[:1]
+    targets = _one_per_dwi_series(
+        find_series(index, series_uid) if series_uid else default_targets(index)
+    )
     mask = find_series(index, mask_uid)[0] if mask_uid else None
     manifest = RenderManifest(source=str(path), errors=list(index.errors))
     for s in targets:

@@ -47,8 +47,6 @@ _RE = {
         r"(scout|localizer|localiser|survey|tripilot|topogram|3 ?pl(ane)? loc| loc )"
     ),
     "adc": re.compile(r"( adc |apparent diffusion)"),
-    "trace": re.compile(r"( trace|tracew| isotropic )"),
-    "fa": re.compile(r" (fa|colfa|color fa|colour fa|tensor b0|exp|eadc) "),
     "perfusion": re.compile(
         r" (asl|pcasl|pasl|perfusion|perfusion weighted|pwi|dsc|dce|cbf|cbv|rcbv|mtt|ttp) "
     ),

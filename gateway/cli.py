@@ -203,7 +203,7 @@ def demo(
     The full demo (phantom suite, Orthanc, models, reports) replaces this with the main-job issue.
     """
     from dicom.index import index_path
-    from dicom.render import RenderOptions, find_series, render_path
+    from dicom.render import RenderOptions, render_path
 
     settings = get_settings()
     study = settings.corpus / "brainix" / "BRAINIX" / "DICOM"
@@ -222,7 +222,6 @@ def demo(
     flair = [s for s in index.series if s.series_class.value == "FLAIR"]
     mask = [s for s in index.series if s.series_class.value == "MASK"]
     if flair and mask:
-        find_series(index, flair[0].series_uid)
         lesion = render_path(
             study,
             out / "lesion",
