@@ -1,0 +1,42 @@
+"""Scoring and error taxonomy: what the engine calls after a model has answered.
+
+Per sample: ``score_sample`` (pure: case, family, status, parsed answer, raw text) and
+``classify_error``; ``make_scored_sample`` does both and carries cost and tokens. Rubric grading
+is async (``grade``); ``rubric_from_outputs`` rebuilds it from stored grader replies. Per run:
+``summarise`` and ``compare``.
+"""
+
+from evaluation.scoring.compare import PairedComparison, compare
+from evaluation.scoring.judge import EquivalenceJudge, JudgeCache, unknown_pairs
+from evaluation.scoring.lexicon import Lexicon, MatchLevel, default_lexicon, match_diagnosis
+from evaluation.scoring.passk import ranked_pass_at_k, sampled_pass_at_k
+from evaluation.scoring.rubric import grade, grader_calibration, rubric_from_outputs
+from evaluation.scoring.sample import score_sample
+from evaluation.scoring.scored import ScoredSample, make_scored_sample
+from evaluation.scoring.summary import RunSummary, summarise
+from evaluation.scoring.taxonomy import classify_error, effective_error, override_error
+
+__all__ = [
+    "EquivalenceJudge",
+    "JudgeCache",
+    "Lexicon",
+    "MatchLevel",
+    "PairedComparison",
+    "RunSummary",
+    "ScoredSample",
+    "classify_error",
+    "compare",
+    "default_lexicon",
+    "effective_error",
+    "grade",
+    "grader_calibration",
+    "make_scored_sample",
+    "match_diagnosis",
+    "override_error",
+    "ranked_pass_at_k",
+    "rubric_from_outputs",
+    "sampled_pass_at_k",
+    "score_sample",
+    "summarise",
+    "unknown_pairs",
+]

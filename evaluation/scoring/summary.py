@@ -1,0 +1,347 @@
+"""Run summaries: the leaderboard, breakdowns, error distribution, lesion and NeuroVLM metrics,
+cost (the paired comparison of two models lives in ``compare``).
+
+Units: a (model, case, task family) with its n samples. Sampled pass@k averages the unbiased
+estimator over units with at least k scored samples; ranked pass@k averages, over scored
+samples, whether the truth is in the top k of the differential. Unscored samples (format
+failures, refusals, call errors) are counted apart and, in ``strict_accuracy`` only, as wrong.
+Every interval is a bootstrap over patients (``stats.bootstrap_mean``), seeded.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from evaluation.records import ParseStatus, TaskFamily
+from evaluation.scoring.lesions import LesionMatchResult
+from evaluation.scoring.neurovlm import (
+    ClassRow,
+    NeuroVLMMetrics,
+    ReliabilityBin,
+    calibration,
+    neurovlm_metrics,
+)
+from evaluation.scoring.passk import DEFAULT_KS, ranked_pass_at_k, sampled_pass_at_k
+from evaluation.scoring.rubric import rubric_agreement
+from evaluation.scoring.scored import ScoredSample
+from evaluation.scoring.stats import (
+    DEFAULT_BOOT,
+    DEFAULT_SEED,
+    Estimate,
+    bootstrap_mean,
+    median,
+    wilson,
+)
+from evaluation.scoring.taxonomy import error_counts
+
+
+class LesionSummary(BaseModel):
+    n_samples: int
+    precision: float | None  # pooled over samples
+    recall: float | None
+    f1: float | None
+    f1_mean: Estimate  # mean of per-sample F1
+    hallucinated_finding_rate: float | None
+    missed_lesion_rate: float | None
+    normal_control_false_positive: Estimate | None = None
+
+
+class CostSummary(BaseModel):
+    n: int
+    prompt_tokens_mean: float | None = None
+    completion_tokens_mean: float | None = None
+    cost_total_usd: float | None = None
+    cost_per_task_usd: float | None = None
+    latency_median_s: float | None = None
+    latency_p90_s: float | None = None
+
+
+class LeaderboardRow(BaseModel):
+    model: str
+    n_samples: int
+    n_cases: int
+    n_scored: int
+    format_failures: int
+    refusals: int
+    call_errors: int
+    accuracy: Estimate
+    strict_accuracy: Estimate
+    sampled_pass_at: dict[str, Estimate] = Field(default_factory=dict)
+    ranked_pass_at: dict[str, Estimate] = Field(default_factory=dict)
+    judge_matches: int = 0
+    lesions: LesionSummary | None = None
+    sequence_recognition: Estimate | None = None
+    modality_accuracy: Estimate | None = None
+    plane_accuracy: Estimate | None = None
+    bertscore: Estimate | None = None
+    rubric: Estimate | None = None
+    rubric_alpha: float | None = None
+    ece: float | None = None
+    brier: float | None = None
+    reliability: list[ReliabilityBin] = Field(default_factory=list)
+    cost: CostSummary
+
+
+class BreakdownRow(BaseModel):
+    dimension: str  # family | disease_group | difficulty | modality
+    key: str
+    model: str
+    n_samples: int
+    unscored: int
+    accuracy: Estimate
+    sampled_pass_at_1: Estimate | None = None
+    ranked_pass_at_1: Estimate | None = None
+    lesion_f1: Estimate | None = None
+
+
+class RunSummary(BaseModel):
+    ks: list[int]
+    leaderboard: list[LeaderboardRow]
+    breakdowns: list[BreakdownRow]
+    errors: dict[str, dict[str, dict[str, int]]]  # model -> categories/sub_labels -> counts
+    neurovlm: dict[str, NeuroVLMMetrics] = Field(default_factory=dict)
+    cost_per_task: dict[str, dict[str, CostSummary]] = Field(default_factory=dict)
+    format_failures: dict[str, dict[str, int]] = Field(default_factory=dict)
+
+
+def _mean(
+    samples: Sequence[ScoredSample], get: Callable[[ScoredSample], float | None], **boot: int
+) -> Estimate:
+    pairs = [(v, s.patient_id) for s in samples if (v := get(s)) is not None]
+    return bootstrap_mean([v for v, _ in pairs], [c for _, c in pairs], **boot)
+
+
+def _units(samples: Sequence[ScoredSample]) -> dict[tuple[str, str], list[ScoredSample]]:
+    units: dict[tuple[str, str], list[ScoredSample]] = defaultdict(list)
+    for s in samples:
+        units[(s.case_id, s.family.value)].append(s)
+    return units
+
+
+def _sampled(samples: Sequence[ScoredSample], k: int, **boot: int) -> Estimate:
+    vals, clusters = [], []
+    for unit in _units(samples).values():
+        flags = [c for s in unit if (c := s.correct) is not None]
+        if len(flags) >= k:
+            vals.append(sampled_pass_at_k(len(flags), int(sum(flags)), k))
+            clusters.append(unit[0].patient_id)
+    return bootstrap_mean(vals, clusters, **boot)
+
+
+def _rank(s: ScoredSample) -> int | None:
+    sc = s.score("differential_rank")
+    return sc.details.get("rank") if sc is not None and sc.value is not None else None
+
+
+def _ranked(samples: Sequence[ScoredSample], k: int, **boot: int) -> Estimate:
+    scored = [
+        s
+        for s in samples
+        if s.score("differential_rank") is not None and s.value("differential_rank") is not None
+    ]
+    return _mean(scored, lambda s: ranked_pass_at_k(_rank(s), k), **boot)
+
+
+def _lesions(samples: Sequence[ScoredSample], **boot: int) -> LesionSummary | None:
+    results = []
+    for s in samples:
+        sc = s.score("lesion_f1")
+        if sc is not None and "match" in sc.details:
+            results.append((s, LesionMatchResult.model_validate(sc.details["match"])))
+    if not results:
+        return None
+    pos = sum(r.n_positive for _, r in results)
+    les = sum(len(r.lesions) for _, r in results)
+    p = sum(r.n_matched for _, r in results) / pos if pos else None
+    rec = sum(r.n_detected for _, r in results) / les if les else None
+    normals = [r for _, r in results if r.normal_false_positive is not None]
+    return LesionSummary(
+        n_samples=len(results),
+        precision=p,
+        recall=rec,
+        f1=(2 * p * rec / (p + rec) if p + rec else 0.0)
+        if p is not None and rec is not None
+        else None,
+        f1_mean=_mean([s for s, _ in results], lambda s: s.value("lesion_f1"), **boot),
+        hallucinated_finding_rate=sum(r.n_hallucinated for _, r in results) / pos if pos else None,
+        missed_lesion_rate=sum(r.n_missed for _, r in results) / les if les else None,
+        normal_control_false_positive=(
+            wilson(sum(bool(r.normal_false_positive) for r in normals), len(normals))
+            if normals
+            else None
+        ),
+    )
+
+
+def _cost(samples: Sequence[ScoredSample]) -> CostSummary:
+    def vals(name: str) -> list[float]:
+        return [float(v) for s in samples if (v := getattr(s, name)) is not None]
+
+    pt, ct, cost, lat = (
+        vals("prompt_tokens"),
+        vals("completion_tokens"),
+        vals("cost_usd"),
+        vals("latency_s"),
+    )
+    return CostSummary(
+        n=len(samples),
+        prompt_tokens_mean=float(np.mean(pt)) if pt else None,
+        completion_tokens_mean=float(np.mean(ct)) if ct else None,
+        cost_total_usd=float(sum(cost)) if cost else None,
+        cost_per_task_usd=float(np.mean(cost)) if cost else None,
+        latency_median_s=median(lat),
+        latency_p90_s=float(np.quantile(lat, 0.9)) if lat else None,
+    )
+
+
+def _optional(e: Estimate) -> Estimate | None:
+    return e if e.value is not None else None
+
+
+def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int) -> LeaderboardRow:
+    status = [s.status for s in samples]
+    lesion_samples = [s for s in samples if s.family is TaskFamily.LESION] or samples
+    rubric = [sc for s in samples if (sc := s.score("rubric")) is not None]
+    conf = []
+    for s in samples:
+        dm = s.score("diagnosis_match") or s.score("classification_correct")
+        if dm is not None and dm.value is not None and dm.details.get("confidence") is not None:
+            conf.append((float(dm.details["confidence"]), bool(dm.value)))
+    ece, brier, bins = calibration([c for c, _ in conf], [ok for _, ok in conf])
+    return LeaderboardRow(
+        model=model,
+        n_samples=len(samples),
+        n_cases=len({s.case_id for s in samples}),
+        n_scored=sum(s.correct is not None for s in samples),
+        format_failures=status.count(ParseStatus.FORMAT_FAILURE),
+        refusals=status.count(ParseStatus.REFUSAL),
+        call_errors=status.count(ParseStatus.ERROR),
+        accuracy=_mean(samples, lambda s: s.correct, **boot),
+        strict_accuracy=_mean(
+            [s for s in samples if s.status is not ParseStatus.ERROR],
+            lambda s: s.correct or 0.0,
+            **boot,
+        ),
+        sampled_pass_at={str(k): _sampled(samples, k, **boot) for k in ks},
+        ranked_pass_at={str(k): _ranked(samples, k, **boot) for k in ks},
+        judge_matches=sum(
+            bool((sc := s.score("diagnosis_match")) and sc.details.get("judge")) for s in samples
+        ),
+        lesions=_lesions(lesion_samples, **boot),
+        sequence_recognition=_optional(
+            _mean(samples, lambda s: s.value("sequence_recognition"), **boot)
+        ),
+        modality_accuracy=_optional(_mean(samples, lambda s: s.value("modality_accuracy"), **boot)),
+        plane_accuracy=_optional(_mean(samples, lambda s: s.value("plane_accuracy"), **boot)),
+        bertscore=_optional(_mean(samples, lambda s: s.value("bertscore"), **boot)),
+        rubric=_optional(_mean(samples, lambda s: s.value("rubric"), **boot)),
+        rubric_alpha=rubric_agreement(rubric) if rubric else None,
+        ece=ece,
+        brier=brier,
+        reliability=bins,
+        cost=_cost(samples),
+    )
+
+
+_DIMENSIONS: dict[str, Callable[[ScoredSample], str | None]] = {
+    "family": lambda s: s.family.value,
+    "disease_group": lambda s: s.disease_group.value if s.disease_group else None,
+    "difficulty": lambda s: s.difficulty.value if s.difficulty else None,
+    "modality": lambda s: s.modality,
+}
+
+
+def _neurovlm(samples: list[ScoredSample], **boot: int) -> NeuroVLMMetrics | None:
+    cls = [s for s in samples if s.family is TaskFamily.CLASSIFICATION]
+    if not cls:
+        return None
+    rows: list[ClassRow] = []
+    flags: dict[str, int] = defaultdict(int)
+    for s in cls:
+        sc = s.score("classification_correct")
+        if sc is not None and sc.value is not None and sc.details.get("truth"):
+            rows.append(
+                ClassRow(
+                    truth=sc.details["truth"],
+                    predicted=sc.details.get("stated"),
+                    confidence=sc.details.get("confidence"),
+                    cluster=s.patient_id,
+                )
+            )
+        fl = s.score("safety_flags")
+        for f in fl.details.get("flags", []) if fl is not None else []:
+            flags[f.split(":", 1)[0]] += 1
+    valid = [v for s in cls if (v := s.value("json_valid")) is not None]
+    return neurovlm_metrics(
+        rows,
+        json_valid=(int(sum(valid)), len(valid)) if valid else None,
+        flags=dict(flags),
+        n_boot=min(boot.get("n_boot", 1000), 1000),
+        seed=boot.get("seed", DEFAULT_SEED),
+    )
+
+
+def summarise(
+    samples: list[ScoredSample],
+    ks: Sequence[int] = DEFAULT_KS,
+    *,
+    n_boot: int = DEFAULT_BOOT,
+    seed: int = DEFAULT_SEED,
+) -> RunSummary:
+    """Leaderboard, breakdowns, errors, lesion/NeuroVLM metrics and cost of a run."""
+    boot = {"n_boot": n_boot, "seed": seed}
+    by_model: dict[str, list[ScoredSample]] = defaultdict(list)
+    for s in samples:
+        by_model[s.model].append(s)
+    breakdowns = []
+    for model, ss in by_model.items():
+        for dim, key_of in _DIMENSIONS.items():
+            groups: dict[str, list[ScoredSample]] = defaultdict(list)
+            for s in ss:
+                key = key_of(s)
+                if key is not None:
+                    groups[key].append(s)
+            for key, g in sorted(groups.items()):
+                breakdowns.append(
+                    BreakdownRow(
+                        dimension=dim,
+                        key=key,
+                        model=model,
+                        n_samples=len(g),
+                        unscored=sum(s.correct is None for s in g),
+                        accuracy=_mean(g, lambda s: s.correct, **boot),
+                        sampled_pass_at_1=_optional(_sampled(g, 1, **boot)),
+                        ranked_pass_at_1=_optional(_ranked(g, 1, **boot)),
+                        lesion_f1=_optional(_mean(g, lambda s: s.value("lesion_f1"), **boot)),
+                    )
+                )
+    cost_per_task = {
+        model: {
+            fam: _cost([s for s in ss if s.family.value == fam])
+            for fam in sorted({s.family.value for s in ss})
+        }
+        for model, ss in by_model.items()
+    }
+    neuro = {m: n for m, ss in by_model.items() if (n := _neurovlm(ss, **boot)) is not None}
+    return RunSummary(
+        ks=list(ks),
+        leaderboard=[_row(m, ss, ks, **boot) for m, ss in sorted(by_model.items())],
+        breakdowns=breakdowns,
+        errors={
+            m: error_counts([s.effective_error for s in ss]) for m, ss in sorted(by_model.items())
+        },
+        neurovlm=neuro,
+        cost_per_task=cost_per_task,
+        format_failures={
+            m: {
+                st.value: sum(s.status is st for s in ss)
+                for st in ParseStatus
+                if st is not ParseStatus.OK
+            }
+            for m, ss in sorted(by_model.items())
+        },
+    )

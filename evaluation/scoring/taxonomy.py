@@ -1,0 +1,316 @@
+"""Error taxonomy: one primary category per wrong or partly wrong answer, with its evidence.
+
+Categories are the paper's five (perceptual, reasoning, knowledge gap, grounding, visual
+hallucination) plus format failure and refusal. Deterministic rules over the scores, first
+match wins; every rule that fires also adds its sub-label.
+
+Parse status
+  R1 refusal (status refusal)                                              -> refusal
+  R2 no parsed answer (format failure; call error gets sub-label call_error) -> format_failure
+Diagnostic answers (differential, lesion, rationale, multi-turn). Lesion evidence is used when
+the case has lesion truth (or is a normal control) and the answer reported findings, or the task
+is lesion recognition, or the answer called the study normal:
+  R3 a positive finding on a normal control                 -> visual_hallucination
+  R4 a lesion with no strict or near match (missed_lesion), or an abnormal study called
+     normal                                                 -> perceptual
+  R5 a finding that matches no lesion (hallucinated_finding) -> visual_hallucination
+  R6 the right lesion tied to the wrong side, neighbouring region or no place
+     (localisation_error), or to a sequence where it is not visible / the case lacks, or an
+     image's sequence misnamed (sequence_misidentification) -> grounding
+  R7 the right lesion with the wrong signal or enhancement, wrong modality or plane
+     (inaccurate_description)                               -> perceptual
+  R8 an ICD-10 code the answer states that contradicts the lexicon's code for that diagnosis
+     (icd10_contradiction)                                  -> knowledge_gap
+  R9 diagnosis wrong or only partly right (wrong_diagnosis / partial_diagnosis) with the
+     perception above correct, or not checkable            -> reasoning
+Classification answers (NeuroVLM): abstention -> refusal (abstention); abnormal class on a
+normal image -> visual_hallucination; "normal" on an abnormal image -> perceptual; sequence
+wrong -> grounding; modality or plane wrong -> perceptual; subtype inconsistent with the class
+or an ICD-10 code contradicting it -> knowledge_gap; wrong class or subtype -> reasoning.
+
+Refinement: when R9 (or the classification reasoning rule) fires without lesion evidence, the
+rules cannot tell perception from reasoning; if the rubric grader named one of the paper's five
+categories, its choice is taken (assigned_by "grader:<models>"). A clinician's override wins
+over both (``override_error``/``effective_error``), stored with who and when.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from evaluation.records import (
+    Answer,
+    Case,
+    ClassificationAnswer,
+    DiseaseGroup,
+    ErrorCategory,
+    ErrorLabel,
+    ParseStatus,
+    Score,
+    TaskFamily,
+)
+from evaluation.scoring.lesions import LesionMatchResult
+from evaluation.scoring.lexicon import default_lexicon
+from evaluation.scoring.sample import final_diagnosis
+
+PAPER_CATEGORIES = frozenset(
+    {
+        ErrorCategory.PERCEPTUAL,
+        ErrorCategory.REASONING,
+        ErrorCategory.KNOWLEDGE_GAP,
+        ErrorCategory.GROUNDING,
+        ErrorCategory.VISUAL_HALLUCINATION,
+    }
+)
+_LOCATION_KINDS = {"wrong_side", "adjacent_region", "unlocalised"}
+
+
+def _label(cat: ErrorCategory, subs: list[str], evidence: list[str]) -> ErrorLabel:
+    return ErrorLabel(
+        category=cat,
+        sub_labels=list(dict.fromkeys(subs)),
+        evidence="; ".join(evidence),
+        assigned_by="rule",
+    )
+
+
+def classify_error(
+    case: Case,
+    family: TaskFamily,
+    status: ParseStatus,
+    parsed: Answer | ClassificationAnswer | None,
+    scores: list[Score],
+) -> ErrorLabel | None:
+    """The error label of one sample by the rules above; None when it is fully correct."""
+    if status is ParseStatus.REFUSAL:
+        return _label(ErrorCategory.REFUSAL, [], ["the model refused or was blocked"])
+    if status is not ParseStatus.OK or parsed is None:
+        sub = ["call_error"] if status is ParseStatus.ERROR else []
+        why = "the call failed" if status is ParseStatus.ERROR else "no valid JSON answer"
+        return _label(ErrorCategory.FORMAT_FAILURE, sub, [why])
+    by = {s.scorer: s for s in scores}
+    if isinstance(parsed, ClassificationAnswer):
+        label, refinable = _classification(by)
+    else:
+        label, refinable = _diagnostic(case, family, parsed, by)
+    if label is not None and refinable:
+        label = _refine(label, by.get("rubric"))
+    return label
+
+
+def _value(by: dict[str, Score], name: str) -> float | None:
+    s = by.get(name)
+    return s.value if s is not None else None
+
+
+def _diagnostic(
+    case: Case, family: TaskFamily, ans: Answer, by: dict[str, Score]
+) -> tuple[ErrorLabel | None, bool]:
+    gt = case.ground_truth
+    normal_case = gt is not None and gt.final_diagnosis.group is DiseaseGroup.NORMAL
+    final = final_diagnosis(ans)
+    found = default_lexicon().lookup(final) if final else None
+    pred_normal = bool(found and found.concept_id == "normal")
+    lesion_score = by.get("lesion_f1")
+    res = (
+        LesionMatchResult.model_validate(lesion_score.details["match"])
+        if lesion_score is not None and "match" in lesion_score.details
+        else None
+    )
+    usable = res is not None and (
+        res.n_positive > 0 or family is TaskFamily.LESION or pred_normal or normal_case
+    )
+    subs: list[str] = []
+    ev: dict[str, list[str]] = {}
+
+    def note(rule: str, sub: str, text: str) -> None:
+        subs.append(sub)
+        ev.setdefault(rule, []).append(text)
+
+    if usable and res is not None:
+        for f in res.findings:
+            if f.status == "hallucinated":
+                where = f"{f.read.side or ''} {'/'.join(f.read.regions) or 'unlocalised'}".strip()
+                rule = "R3" if normal_case else "R5"
+                note(
+                    rule,
+                    "hallucinated_finding",
+                    f"finding {f.index + 1} ({where}) matches no lesion",
+                )
+        for o in res.lesions:
+            if o.status == "missed":
+                note("R4", "missed_lesion", f"lesion {o.lesion_id} missed")
+            kinds = set(o.near_kinds)
+            if kinds & _LOCATION_KINDS:
+                note(
+                    "R6",
+                    "localisation_error",
+                    f"lesion {o.lesion_id}: {', '.join(sorted(kinds & _LOCATION_KINDS))}",
+                )
+            if "wrong_sequence" in kinds:
+                note(
+                    "R6",
+                    "sequence_misidentification",
+                    f"lesion {o.lesion_id} claimed on a sequence where it is not visible",
+                )
+            if "wrong_signal" in kinds:
+                note("R7", "inaccurate_description", f"lesion {o.lesion_id}: wrong signal")
+            for err in o.description_errors:
+                note("R7", "inaccurate_description", f"lesion {o.lesion_id}: {err}")
+    if pred_normal and not normal_case and gt is not None:
+        note("R4", "missed_lesion", f"called normal; truth {gt.final_diagnosis.name}")
+    seq = by.get("sequence_recognition")
+    if seq is not None and seq.value is not None and seq.value < 1:
+        wrong = seq.details.get("misidentified", [])
+        note("R6", "sequence_misidentification", f"sequences misnamed: {wrong}")
+    for name in ("modality_accuracy", "plane_accuracy"):
+        v = _value(by, name)
+        if v is not None and v < 1:
+            note(
+                "R7",
+                "inaccurate_description",
+                f"{name.split('_')[0]} wrong ({by[name].explanation})",
+            )
+    know = by.get("knowledge_consistency")
+    if know is not None and know.value == 0.0:
+        for c in know.details.get("contradictions", []):
+            note("R8", "icd10_contradiction", c)
+    dm = by.get("diagnosis_match")
+    credit = _value(by, "diagnosis_credit")
+    if dm is not None and dm.value == 0.0:
+        partial = credit is not None and 0.5 <= credit < 1  # broader or same ICD-10 category
+        rank = (by.get("differential_rank") or Score(scorer="", value=None)).details.get("rank")
+        text = dm.explanation + (f"; truth at rank {rank} of the differential" if rank else "")
+        note("R9", "partial_diagnosis" if partial else "wrong_diagnosis", text)
+        if rank:
+            subs.append("truth_in_differential")
+    order = [
+        ("R3", ErrorCategory.VISUAL_HALLUCINATION),
+        ("R4", ErrorCategory.PERCEPTUAL),
+        ("R5", ErrorCategory.VISUAL_HALLUCINATION),
+        ("R6", ErrorCategory.GROUNDING),
+        ("R7", ErrorCategory.PERCEPTUAL),
+        ("R8", ErrorCategory.KNOWLEDGE_GAP),
+        ("R9", ErrorCategory.REASONING),
+    ]
+    for rule, cat in order:
+        if rule in ev:
+            evidence = [f"{rule}: " + "; ".join(ev[rule])]
+            evidence += [f"{r}: " + "; ".join(v) for r, v in ev.items() if r != rule]
+            if rule == "R9":
+                evidence.append(
+                    "findings consistent with the truth"
+                    if usable
+                    else "no lesion evidence to check perception"
+                )
+            return _label(cat, subs, evidence), rule == "R9" and not usable
+    return None, False
+
+
+def _classification(by: dict[str, Score]) -> tuple[ErrorLabel | None, bool]:
+    main = by.get("classification_correct")
+    if main is None or main.value is None:
+        return None, False
+    stated, truth = main.details.get("stated"), main.details.get("truth")
+    flags: list[str] = (by.get("safety_flags") or Score(scorer="", value=None)).details.get(
+        "flags", []
+    )
+    know = [
+        f
+        for f in flags
+        if f.startswith(("subtype_inconsistent", "icd10_contradicts", "icd10_with_normal"))
+    ]
+    wrong = {
+        n: by[n]
+        for n in (
+            "sequence_recognition",
+            "modality_accuracy",
+            "plane_accuracy",
+            "classification_subtype",
+        )
+        if n in by and by[n].value == 0.0
+    }
+    if stated is None:
+        return _label(
+            ErrorCategory.REFUSAL, ["abstention"], ["diagnosis_name is null (abstained)"]
+        ), False
+    rules: list[tuple[bool, ErrorCategory, str, str]] = [
+        (truth == "normal" and stated != "normal", ErrorCategory.VISUAL_HALLUCINATION, "hallucinated_finding", f"{stated!r} on a normal image"),
+        (truth != "normal" and stated == "normal", ErrorCategory.PERCEPTUAL, "missed_lesion", f"called normal; truth {truth!r}"),
+        ("sequence_recognition" in wrong, ErrorCategory.GROUNDING, "sequence_misidentification", "sequence: " + wrong.get("sequence_recognition", Score(scorer="", value=None)).explanation),
+        ("modality_accuracy" in wrong or "plane_accuracy" in wrong, ErrorCategory.PERCEPTUAL, "inaccurate_description", "; ".join(f"{n}: {wrong[n].explanation}" for n in ("modality_accuracy", "plane_accuracy") if n in wrong)),
+        (bool(know), ErrorCategory.KNOWLEDGE_GAP, "icd10_contradiction", "; ".join(know)),
+        (stated != truth or "classification_subtype" in wrong, ErrorCategory.REASONING, "wrong_diagnosis", f"class {stated!r} vs {truth!r}" + (f"; subtype {wrong['classification_subtype'].explanation}" if "classification_subtype" in wrong else "")),
+    ]  # fmt: skip
+    fired = [(cat, sub, text) for ok, cat, sub, text in rules if ok]
+    if not fired:
+        return None, False
+    cat = fired[0][0]
+    return _label(
+        cat, [s for _, s, _ in fired], [t for _, _, t in fired]
+    ), cat is ErrorCategory.REASONING
+
+
+def _refine(label: ErrorLabel, rubric: Score | None) -> ErrorLabel:
+    if rubric is None or rubric.value is None:
+        return label
+    proposed = rubric.details.get("error_category")
+    if not proposed or ErrorCategory(proposed) not in PAPER_CATEGORIES:
+        return label
+    graders = [
+        g
+        for g, d in rubric.details.get("graders", {}).items()
+        if d.get("error_category") == proposed
+    ]
+    return label.model_copy(
+        update={
+            "category": ErrorCategory(proposed),
+            "evidence": f"grader chose {proposed}; rules: {label.evidence}",
+            "assigned_by": "grader:" + ",".join(graders),
+        }
+    )
+
+
+def override_error(
+    *,
+    category: ErrorCategory,
+    clinician: str,
+    evidence: str,
+    sub_labels: list[str] | None = None,
+    at: datetime | None = None,
+) -> ErrorLabel:
+    """A clinician's error label: it wins over rule and grader labels."""
+    if not clinician.strip():
+        raise ValueError("a clinician override needs the clinician's name")
+    when = (at or datetime.now(UTC)).isoformat(timespec="seconds")
+    return ErrorLabel(
+        category=category,
+        sub_labels=sub_labels or [],
+        evidence=evidence,
+        assigned_by=f"clinician:{clinician.strip()}",
+        assigned_at=when,
+    )
+
+
+def effective_error(labels: list[ErrorLabel | None]) -> ErrorLabel | None:
+    """The label that counts: the latest clinician's, else the grader's, else the rule's."""
+    present = [lab for lab in labels if lab is not None]
+    clinicians = [lab for lab in present if lab.assigned_by.startswith("clinician:")]
+    if clinicians:
+        return max(clinicians, key=lambda lab: lab.assigned_at or "")
+    graders = [lab for lab in present if lab.assigned_by.startswith("grader:")]
+    return graders[-1] if graders else (present[-1] if present else None)
+
+
+def error_counts(labels: list[ErrorLabel | None]) -> dict[str, Any]:
+    """Counts of primary categories and of sub-labels."""
+    cats: dict[str, int] = {}
+    subs: dict[str, int] = {}
+    for lab in labels:
+        if lab is None:
+            continue
+        cats[lab.category.value] = cats.get(lab.category.value, 0) + 1
+        for s in lab.sub_labels:
+            subs[s] = subs.get(s, 0) + 1
+    return {"categories": cats, "sub_labels": subs}

