@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pydicom
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
@@ -26,6 +25,9 @@ from dicom.errors import (
     UnreadableHeaderError,
 )
 from dicom.sources import is_plain_file, open_source
+
+if TYPE_CHECKING:
+    from dicom.scanned import ScannedDataset
 
 DEFAULT_MEMORY_CAP = 1 << 30  # 1 GiB
 # Values larger than this are not read in the header pass (Siemens XA puts 150 kB blobs there).
@@ -104,8 +106,21 @@ class FrameHeader:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def read_frames(path: str, memory_cap: int = DEFAULT_MEMORY_CAP) -> list[FrameHeader]:
-    """Read the header of one file and return its frames; raise an ImagingError subclass."""
+def read_frames(
+    path: str, memory_cap: int = DEFAULT_MEMORY_CAP, fast: bool = True
+) -> list[FrameHeader]:
+    """Read the header of one file and return its frames; raise an ImagingError subclass.
+
+    Files go through the fast scanner (dicom.fastscan) first; whatever it does not handle,
+    and any file it finds an error in, is parsed again by pydicom, so that errors and unusual
+    files get pydicom's behaviour and messages. ``fast=False`` forces pydicom.
+    """
+    if fast:
+        from dicom.fastread import read_frames_fast  # imports this module
+
+        frames = read_frames_fast(path, memory_cap)
+        if frames is not None:
+            return frames
     try:
         fp = open_source(path, max_bytes=4 * memory_cap)
     except OSError as exc:
@@ -120,7 +135,17 @@ def read_frames(path: str, memory_cap: int = DEFAULT_MEMORY_CAP) -> list[FrameHe
             ds = pydicom.dcmread(
                 fp, stop_before_pixels=True, defer_size=_DEFER_SIZE, force=not has_preamble
             )
-            pixel_offset = _pixel_data_offset(fp, ds, path, is_plain_file(path))
+            pixel_offset = None
+            if "Rows" in ds or "Columns" in ds:
+                pos = fp.tell()
+                plain = is_plain_file(path)
+                pixel_offset = pixel_data_offset(
+                    path,
+                    pos,
+                    fp.read(12),
+                    _s(getattr(ds.file_meta, "TransferSyntaxUID", "") or ""),
+                    os.fstat(fp.fileno()).st_size if plain else None,
+                )
             # Touch the elements the index needs now, so that a malformed value fails here.
             frames = _frames_from_dataset(path, ds, pixel_offset, memory_cap)
         except RecursionError as exc:
@@ -147,18 +172,14 @@ def _looks_like_raw_dataset(head: bytes) -> bool:
 _PIXEL_TAGS = (b"\xe0\x7f\x10\x00", b"\xe0\x7f\x08\x00", b"\xe0\x7f\x09\x00")
 
 
-def _pixel_data_offset(fp: Any, ds: Dataset, path: str, plain: bool) -> int | None:
+def pixel_data_offset(path: str, pos: int, head: bytes, ts: str, size: int | None) -> int | None:
     """Check the Pixel Data element follows the header; return its offset when native.
 
-    Reads the element header once, right where the header pass stopped. An image object whose
-    file ends before its pixel data is truncated, not empty. The offset (uncompressed
-    little-endian data in a plain file) lets the pixels be read later without parsing again.
+    ``head`` is the (up to) 12 bytes where the header pass stopped, at byte ``pos``. An image
+    object whose file ends before its pixel data is truncated, not empty. The offset
+    (uncompressed little-endian data in a plain file, whose ``size`` is given) lets the pixels
+    be read later without parsing the header again.
     """
-    if "Rows" not in ds and "Columns" not in ds:
-        return None
-    pos = fp.tell()
-    head = fp.read(12)
-    ts = str(getattr(ds.file_meta, "TransferSyntaxUID", "") or "")
     tag = head[:4]
     if ts == "1.2.840.10008.1.2.2" and len(tag) == 4:  # big endian
         tag = tag[1::-1] + tag[3:1:-1]
@@ -167,7 +188,7 @@ def _pixel_data_offset(fp: Any, ds: Dataset, path: str, plain: bool) -> int | No
             f"{path}: image object has no Pixel Data (7FE0,0010) after its header (byte {pos}): "
             "the file is truncated, or its pixels sit in a private element"
         )
-    if not plain or ts not in NATIVE_LITTLE_ENDIAN or tag != _PIXEL_TAGS[0]:
+    if size is None or ts not in NATIVE_LITTLE_ENDIAN or tag != _PIXEL_TAGS[0]:
         return None
     if ts == "1.2.840.10008.1.2":
         length, start = int.from_bytes(head[4:8], "little"), pos + 8
@@ -177,7 +198,6 @@ def _pixel_data_offset(fp: Any, ds: Dataset, path: str, plain: bool) -> int | No
         return None
     if length == 0xFFFFFFFF:
         return None
-    size = os.fstat(fp.fileno()).st_size
     if size < start + length:
         raise InvalidImageError(
             f"{path}: pixel data truncated: {size - start} of {length} bytes present"
@@ -259,7 +279,7 @@ def contrast_agent_or_none(text: str) -> str | None:
     return agent if agent.lower() not in NO_CONTRAST_VALUES else None
 
 
-def _contrast_agent(ds: Dataset) -> str | None:
+def _contrast_agent(ds: Dataset | ScannedDataset) -> str | None:
     agent = contrast_agent_or_none(_s(ds.get("ContrastBolusAgent")))
     if agent:
         return agent
@@ -270,7 +290,9 @@ def _contrast_agent(ds: Dataset) -> str | None:
     return None
 
 
-def _vendor_diffusion(ds: Dataset) -> tuple[float | None, tuple[float, ...] | None]:
+def _vendor_diffusion(
+    ds: Dataset | ScannedDataset,
+) -> tuple[float | None, tuple[float, ...] | None]:
     """b-value and gradient direction from standard or vendor private tags (classic objects)."""
     b = _f(ds.get("DiffusionBValue"))
     direction = _floats(ds.get("DiffusionGradientOrientation"), 3)
@@ -302,29 +324,95 @@ def _vendor_diffusion(ds: Dataset) -> tuple[float | None, tuple[float, ...] | No
     return b, direction
 
 
-def _mosaic_tiles(ds: Dataset) -> tuple[int, tuple[float, float, float]] | None:
-    """Number of slices in a Siemens mosaic and the slice normal, from the CSA image header."""
-    if "MOSAIC" not in _cs(ds.get("ImageType")):
-        return None
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nibabel warns that its DICOM readers are experimental
-        from nibabel.nicom import csareader
-
-    csa = csareader.get_csa_header(ds, "image")
-    if csa is None:
-        return None
-    n = csareader.get_n_mosaic(csa)
-    normal = csareader.get_slice_normal(csa)
-    if not n or normal is None:
-        return None
-    return int(n), (float(normal[0]), float(normal[1]), float(normal[2]))
-
-
 def _frames_from_dataset(
     path: str, ds: Dataset, pixel_offset: int | None, memory_cap: int
 ) -> list[FrameHeader]:
+    base = series_fields(path, ds, memory_cap)
+    set_file_fields(base, path, ds, pixel_offset)
+    if "PerFrameFunctionalGroupsSequence" in ds or "SharedFunctionalGroupsSequence" in ds:
+        from dicom.multiframe import enhanced_frames  # imports this module
+
+        return enhanced_frames(base, ds)
+    if "MOSAIC" in base.image_type:
+        from dicom.multiframe import mosaic_frames
+
+        return mosaic_frames(base, ds)
+    return [base]
+
+
+# Elements whose values usually change from file to file within a series, in two tiers.
+# FILE_KEYWORDS are unique to each file; VOLUME_* elements repeat across the files of a volume,
+# b-value or window. set_unique_fields reads only the first, set_volume_fields never reads
+# them, and series_fields reads neither: so that the fast path (dicom.fastread) can share the
+# series and volume fields between files whose raw values for them are identical.
+FILE_KEYWORDS = ("SOPInstanceUID", "ImagePositionPatient", "InstanceNumber")
+VOLUME_KEYWORDS = (
+    "AcquisitionNumber",
+    "TemporalPositionIdentifier",
+    "WindowCenter",
+    "WindowWidth",
+    "RescaleSlope",
+    "RescaleIntercept",
+    "SequenceName",
+    "PulseSequenceName",
+    "DiffusionBValue",
+    "DiffusionGradientOrientation",
+)
+VOLUME_PRIVATE_TAGS = (
+    (0x0019, 0x100C),
+    (0x0019, 0x100E),
+    (0x0019, 0x10BB),
+    (0x0019, 0x10BC),
+    (0x0019, 0x10BD),
+    (0x0043, 0x1039),
+    (0x2001, 0x1003),
+)
+VOLUME_FIELDS = (
+    "acquisition_number",
+    "temporal_index",
+    "rescale_slope",
+    "rescale_intercept",
+    "sequence_name",
+    "b_value",
+    "direction",
+    "window",
+)
+
+
+def set_file_fields(
+    fh: FrameHeader, path: str, ds: Dataset | ScannedDataset, pixel_offset: int | None
+) -> None:
+    """The fields that usually differ between the files of one series."""
+    set_volume_fields(fh, ds)
+    set_unique_fields(fh, path, ds, pixel_offset)
+
+
+def set_unique_fields(
+    fh: FrameHeader, path: str, ds: Dataset | ScannedDataset, pixel_offset: int | None
+) -> None:
+    fh.path = path
+    fh.pixel_offset = pixel_offset
+    fh.sop_instance_uid = _s(ds.get("SOPInstanceUID"), 64)
+    fh.position = _floats(ds.get("ImagePositionPatient"), 3)
+    fh.instance_number = _i(ds.get("InstanceNumber"))
+
+
+def set_volume_fields(fh: FrameHeader, ds: Dataset | ScannedDataset) -> None:
+    """The VOLUME_FIELDS, from VOLUME_* elements (and series elements)."""
+    fh.acquisition_number = _i(ds.get("AcquisitionNumber"))
+    fh.temporal_index = _i(ds.get("TemporalPositionIdentifier"))
+    fh.rescale_slope = _f(ds.get("RescaleSlope")) or 1.0
+    fh.rescale_intercept = _f(ds.get("RescaleIntercept")) or 0.0
+    fh.sequence_name = _s(ds.get("SequenceName") or ds.get("PulseSequenceName"), 64)
+    fh.b_value, fh.direction = _vendor_diffusion(ds)
+    fh.window = None
+    wc, ww = _f(ds.get("WindowCenter")), _f(ds.get("WindowWidth"))
+    if wc is not None and ww:
+        fh.window = (wc, ww)
+
+
+def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> FrameHeader:
+    """A classic frame header from all but the FILE and VOLUME elements (placeholders)."""
     sop_class = _s(ds.get("SOPClassUID") or getattr(ds.file_meta, "MediaStorageSOPClassUID", ""))
     has_pixels = "Rows" in ds or "Columns" in ds
     name = UID(sop_class).name if sop_class else "unknown SOP class"
@@ -361,16 +449,11 @@ def _frames_from_dataset(
 
     ts = _s(getattr(ds.file_meta, "TransferSyntaxUID", "")) or "1.2.840.10008.1.2"
     image_type = _cs(ds.get("ImageType"))
-    b, direction = _vendor_diffusion(ds)
-    window = None
-    wc, ww = _f(ds.get("WindowCenter")), _f(ds.get("WindowWidth"))
-    if wc is not None and ww:
-        window = (wc, ww)
 
     base = FrameHeader(
         path=path,
         frame=None,
-        sop_instance_uid=_s(ds.get("SOPInstanceUID"), 64),
+        sop_instance_uid="",
         sop_class_uid=sop_class,
         study_uid=_s(ds.get("StudyInstanceUID"), 64),
         series_uid=_s(ds.get("SeriesInstanceUID"), 64),
@@ -391,7 +474,7 @@ def _frames_from_dataset(
         number_of_frames=n_frames,
         pixel_spacing=_floats(ds.get("PixelSpacing"), 2),
         orientation=_floats(ds.get("ImageOrientationPatient"), 6),
-        position=_floats(ds.get("ImagePositionPatient"), 3),
+        position=None,
         slice_thickness=_f(ds.get("SliceThickness")),
         spacing_between_slices=_f(ds.get("SpacingBetweenSlices")),
         echo_number=_i(ds.get("EchoNumbers")),
@@ -402,119 +485,23 @@ def _frames_from_dataset(
         scanning_sequence=_cs(ds.get("ScanningSequence")),
         sequence_variant=_cs(ds.get("SequenceVariant")),
         scan_options=_cs(ds.get("ScanOptions")),
-        sequence_name=_s(ds.get("SequenceName") or ds.get("PulseSequenceName"), 64),
+        sequence_name="",
         mr_acquisition_type=_s(ds.get("MRAcquisitionType"), 8).upper(),
         echo_pulse_sequence=_s(ds.get("EchoPulseSequence"), 16).upper(),
         inversion_recovery=_s(ds.get("InversionRecovery")).upper() == "YES",
-        b_value=b,
-        direction=direction,
+        b_value=None,
+        direction=None,
         contrast_agent=_contrast_agent(ds),
-        rescale_slope=_f(ds.get("RescaleSlope")) or 1.0,
-        rescale_intercept=_f(ds.get("RescaleIntercept")) or 0.0,
-        temporal_index=_i(ds.get("TemporalPositionIdentifier")),
-        acquisition_number=_i(ds.get("AcquisitionNumber")),
-        instance_number=_i(ds.get("InstanceNumber")),
+        rescale_slope=1.0,
+        rescale_intercept=0.0,
+        temporal_index=None,
+        acquisition_number=None,
+        instance_number=None,
         transfer_syntax=ts,
         burned_in_annotation=_s(ds.get("BurnedInAnnotation")).upper() == "YES",
-        pixel_offset=pixel_offset,
-        window=window,
+        pixel_offset=None,
     )
     po = _cs(ds.get("PatientOrientation"))
     if len(po) == 2:
         base.extras["patient_orientation"] = po
-    if "PerFrameFunctionalGroupsSequence" in ds or "SharedFunctionalGroupsSequence" in ds:
-        return _enhanced_frames(base, ds)
-    mosaic = _mosaic_tiles(ds)
-    if mosaic is not None:
-        return _mosaic_frames(base, ds, *mosaic)
-    return [base]
-
-
-def _enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
-    shared = _first_item(ds, "SharedFunctionalGroupsSequence")
-    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
-    frames: list[FrameHeader] = []
-    for i in range(base.number_of_frames):
-        fg = per_frame[i] if i < len(per_frame) else None
-
-        def gv(seq: str, attr: str, _fg: Dataset | None = fg) -> Any:
-            return _group_value(_fg, shared, seq, attr)
-
-        fr = replace(base, frame=i, extras=dict(base.extras))
-        fr.position = _floats(gv("PlanePositionSequence", "ImagePositionPatient"), 3)
-        fr.orientation = _floats(gv("PlaneOrientationSequence", "ImageOrientationPatient"), 6)
-        fr.pixel_spacing = _floats(gv("PixelMeasuresSequence", "PixelSpacing"), 2)
-        fr.slice_thickness = _f(gv("PixelMeasuresSequence", "SliceThickness"))
-        sbs = _f(gv("PixelMeasuresSequence", "SpacingBetweenSlices"))
-        fr.spacing_between_slices = sbs if sbs is not None else base.spacing_between_slices
-        slope = _f(gv("PixelValueTransformationSequence", "RescaleSlope"))
-        inter = _f(gv("PixelValueTransformationSequence", "RescaleIntercept"))
-        fr.rescale_slope = slope if slope is not None else base.rescale_slope
-        fr.rescale_intercept = inter if inter is not None else base.rescale_intercept
-        te = _f(gv("MREchoSequence", "EffectiveEchoTime"))
-        fr.echo_time = te if te is not None else base.echo_time
-        tr = _f(gv("MRTimingAndRelatedParametersSequence", "RepetitionTime"))
-        fr.repetition_time = tr if tr is not None else base.repetition_time
-        fa = _f(gv("MRTimingAndRelatedParametersSequence", "FlipAngle"))
-        fr.flip_angle = fa if fa is not None else base.flip_angle
-        ti = _f(gv("MRModifierSequence", "InversionTimes"))
-        fr.inversion_time = ti if ti is not None else base.inversion_time
-        ft = _cs(
-            gv("MRImageFrameTypeSequence", "FrameType")
-            or gv("CTImageFrameTypeSequence", "FrameType")
-        )
-        fr.frame_type = ft
-        b = _f(gv("MRDiffusionSequence", "DiffusionBValue"))
-        if b is not None:
-            fr.b_value = b
-            grad = _first_item(
-                _first_item(fg, "MRDiffusionSequence"), "DiffusionGradientDirectionSequence"
-            )
-            fr.direction = (
-                _floats(grad.get("DiffusionGradientOrientation"), 3) if grad is not None else None
-            )
-        tpi = _i(gv("FrameContentSequence", "TemporalPositionIndex"))
-        if tpi is not None:
-            fr.temporal_index = tpi
-        stack_id = gv("FrameContentSequence", "StackID")
-        if stack_id is not None:
-            fr.extras["stack_id"] = _s(stack_id, 16)
-        wc = _f(gv("FrameVOILUTSequence", "WindowCenter"))
-        ww = _f(gv("FrameVOILUTSequence", "WindowWidth"))
-        if wc is not None and ww:
-            fr.window = (wc, ww)
-        frames.append(fr)
-    return frames
-
-
-def _mosaic_frames(
-    base: FrameHeader, ds: Dataset, n: int, normal: tuple[float, float, float]
-) -> list[FrameHeader]:
-    """Expand a Siemens mosaic into its tiles, with the true position of each slice."""
-    if base.orientation is None or base.position is None or base.pixel_spacing is None:
-        return [base]
-    tiles_per_side = math.ceil(math.sqrt(n))
-    rows, cols = base.rows // tiles_per_side, base.cols // tiles_per_side
-    row_dir = np.array(base.orientation[:3])
-    col_dir = np.array(base.orientation[3:])
-    dr, dc = base.pixel_spacing
-    # IPP of a mosaic is the corner of the whole mosaic; shift to the corner of the first tile.
-    offset = (base.cols - cols) / 2.0 * dc * row_dir + (base.rows - rows) / 2.0 * dr * col_dir
-    first = np.array(base.position) + offset
-    step = base.spacing_between_slices or base.slice_thickness or 1.0
-    nvec = np.array(normal)
-    frames = []
-    for k in range(n):
-        pos = first + k * step * nvec
-        frames.append(
-            replace(
-                base,
-                frame=k,
-                extras={},
-                rows=rows,
-                cols=cols,
-                position=(float(pos[0]), float(pos[1]), float(pos[2])),
-                mosaic_slices=n,
-            )
-        )
-    return frames
+    return base

@@ -8,19 +8,23 @@ date of the patient. Identical input gives byte-identical PNGs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
 from PIL import Image, ImageDraw, ImageFont
 
 from dicom.errors import ImagingError, SeriesNotFoundError
 from dicom.headers import DEFAULT_MEMORY_CAP
 from dicom.index import index_path
+from dicom.parallel import idle_cpus
+from dicom.percentile import percentile_of_sorted
 from dicom.pixels import load_volume
 from dicom.records import (
     FileError,
@@ -56,6 +60,7 @@ CLINICAL_CLASSES = {
     SequenceClass.CT,
 }
 DIFFUSION_CHOICES = ("trace", "b1000", "b0")
+_RENDER_THREADS = 4
 
 
 class RenderError(ImagingError):
@@ -90,9 +95,13 @@ class DisplayVolume:
 
 
 def _canonical(data: np.ndarray, affine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """RAS-canonical view (flips and transposes, no copy) and its affine."""
+    # Imported here: nibabel costs ~0.3 s to import, and `neurosandbox inspect` never needs it.
+    from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
+
     ornt = io_orientation(affine)
     out = apply_orientation(data, ornt)
-    return np.ascontiguousarray(out), affine @ inv_ornt_aff(ornt, data.shape[:3])
+    return out, affine @ inv_ornt_aff(ornt, data.shape[:3])
 
 
 def choose_diffusion_volume(
@@ -163,7 +172,9 @@ def _pixel_mm(series: SeriesInfo) -> tuple[float, float]:
 
 def slice_2d(dv: DisplayVolume, index: int) -> np.ndarray:
     """One display slice as (rows, cols[, 3]), radiological orientation."""
-    plane = np.take(dv.data, index, axis=dv.axis)
+    key: list[int | slice] = [slice(None)] * 3
+    key[dv.axis] = index
+    plane = dv.data[tuple(key)]
     if dv.affine is None:
         return np.swapaxes(plane, 0, 1)  # (i, j) -> (row, col) as stored
     # plane is (u, v) with u, v increasing toward R/A/S: transpose and flip both so that
@@ -173,18 +184,44 @@ def slice_2d(dv: DisplayVolume, index: int) -> np.ndarray:
 
 def head_mask(data: np.ndarray, is_ct: bool) -> np.ndarray:
     """Voxels that belong to the head (not air): a threshold suits both CT and MR here."""
+    return _head_mask_and_values(data, is_ct)[0]
+
+
+def _head_mask_and_values(data: np.ndarray, is_ct: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The head mask and, for MR, the sorted values inside it (for the percentile window).
+
+    One sort of the positive values serves both percentiles (see dicom.percentile).
+    """
     if is_ct:
-        return data > -300.0
-    positive = data[data > 0]
+        return data > -300.0, None
+    # The same voxels with every axis in increasing memory order (a view), so that they are
+    # read in storage order and flattened without a copy; the order of values is irrelevant.
+    flips = tuple(axis for axis, stride in enumerate(data.strides) if stride < 0)
+    forward = np.flip(data, flips) if flips else data
+    flat = forward.ravel(order="K")
+    positive = flat[flat > 0]
+    positive.sort()
     if positive.size == 0:
-        return np.zeros(data.shape, dtype=bool)
-    return data > 0.1 * float(np.percentile(positive, 99.0))
+        return np.zeros(data.shape, dtype=bool), None
+    threshold = 0.1 * float(percentile_of_sorted(positive, 99.0))
+    mask = forward > threshold  # a Python float against float32 compares as float32
+    # threshold > 0, so the voxels above it are exactly the positive values above it: the
+    # tail of the sorted values after the float32 threshold.
+    first = int(np.searchsorted(positive, np.float32(threshold), side="right"))
+    return (np.flip(mask, flips) if flips else mask), positive[first:]
 
 
 def window_for(
-    series: SeriesInfo, data: np.ndarray, mask: np.ndarray, name: str
+    series: SeriesInfo,
+    data: np.ndarray,
+    mask: np.ndarray,
+    name: str,
+    inside_sorted: np.ndarray | None = None,
 ) -> tuple[float, float, str]:
-    """(center, width, description) of the display window."""
+    """(center, width, description) of the display window.
+
+    ``inside_sorted`` (optional) is ``np.sort(data[mask])``, when the caller has it already.
+    """
     is_ct = series.series_class is SequenceClass.CT or series.modality == "CT"
     if name == "auto":
         name = "brain" if is_ct else "percentile"
@@ -199,8 +236,11 @@ def window_for(
         c, w = (float(v) for v in name.split("/"))
         return c, w, f"custom {c:g}/{w:g}"
     if name == "percentile":
-        values = data[mask] if mask.any() else data.ravel()
-        lo, hi = (float(v) for v in np.percentile(values, MR_PERCENTILES))
+        if inside_sorted is not None and inside_sorted.size:
+            pct = percentile_of_sorted(inside_sorted, MR_PERCENTILES)
+        else:
+            pct = np.percentile(data[mask] if mask.any() else data.ravel(), MR_PERCENTILES)
+        lo, hi = (float(v) for v in pct)
         if hi <= lo:
             hi = lo + 1.0
         return (
@@ -217,8 +257,12 @@ def _to_uint8(img: np.ndarray, center: float, width: float, rgb: bool) -> np.nda
     if rgb:
         return np.clip(img, 0, 255).astype(np.uint8)
     lo = center - width / 2
-    scaled = (img.astype(np.float64) - lo) / width * 255.0
-    return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+    scaled = img.astype(np.float64)  # then ((x - lo) / width) * 255, rounded, in place
+    scaled -= lo
+    scaled /= width
+    scaled *= 255.0
+    np.rint(scaled, out=scaled)
+    return np.clip(scaled, 0, 255, out=scaled).astype(np.uint8)
 
 
 def select_slices(
@@ -272,6 +316,12 @@ def _crop_box(mask2d: np.ndarray, margin: float = 0.06) -> tuple[int, int, int, 
 
 
 def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    # One font object per thread: FreeType faces are not safe to share between threads.
+    return _font_of_thread(size, threading.get_ident())
+
+
+@functools.lru_cache(maxsize=64)
+def _font_of_thread(size: int, _thread: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return ImageFont.load_default(size=size)
 
 
@@ -343,6 +393,28 @@ def render_stack(
     lesion_mask: SeriesInfo | None = None,
 ) -> tuple[list[RenderedImage], list[str]]:
     """Render one stack (or, for DWI, the chosen diffusion volume of its series)."""
+    records, files, warnings = _render_images(series, options, siblings, lesion_mask)
+    _write(out_dir, files)
+    return records, warnings
+
+
+def _write(out_dir: Path, files: list[tuple[str, bytes]]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in files:
+        (out_dir / name).write_bytes(data)
+
+
+# What one stack renders to: image records, PNG files (name, bytes), warnings.
+_Rendered = tuple[list[RenderedImage], list[tuple[str, bytes]], list[str]]
+
+
+def _render_images(
+    series: SeriesInfo,
+    options: RenderOptions,
+    siblings: list[SeriesInfo] | None,
+    lesion_mask: SeriesInfo | None,
+) -> _Rendered:
+    """The records, PNG files (name, bytes) and warnings of one stack; writes nothing."""
     warnings: list[str] = []
     if series.series_class is SequenceClass.DWI and siblings:
         series, data, vlabel, w = choose_diffusion_volume(
@@ -357,11 +429,14 @@ def render_stack(
     dv = display_volume(series, data, options.reslice_axial, vlabel)
     warnings.extend(dv.warnings)
     is_ct = series.series_class is SequenceClass.CT or series.modality == "CT"
-    mask = head_mask(dv.data, is_ct) if not rgb else np.ones(dv.data.shape[:3], dtype=bool)
+    if rgb:
+        mask, inside = np.ones(dv.data.shape[:3], dtype=bool), None
+    else:
+        mask, inside = _head_mask_and_values(dv.data, is_ct)
     center, width, wdesc = (
         (127.5, 255.0, "RGB passed through")
         if rgb
-        else window_for(series, dv.data, mask, options.window)
+        else window_for(series, dv.data, mask, options.window, inside)
     )
     lesion = None
     if lesion_mask is not None:
@@ -391,14 +466,14 @@ def render_stack(
     stem = f"{series.series_number if series.series_number is not None else 'x'}_{_safe_name(series.series_class.value)}"
     if series.stack:
         stem += f"_s{series.stack}"
-    out_dir.mkdir(parents=True, exist_ok=True)
     records: list[RenderedImage] = []
+    files: list[tuple[str, bytes]] = []
 
     def emit(
         img: Image.Image, name: str, kind: str, idx: list[int], pos: list[float], label: str
     ) -> None:
         data_png = _png_bytes(img)
-        (out_dir / name).write_bytes(data_png)
+        files.append((name, data_png))
         records.append(
             RenderedImage(
                 file=name,
@@ -427,7 +502,7 @@ def render_stack(
     if options.montage:
         montage = _montage(tiles, options.columns, seq, orient)
         emit(montage, f"{stem}_montage.png", "montage", picks, positions, seq)
-    return records, warnings
+    return records, files, warnings
 
 
 def _with_header(tile: Image.Image, text: str) -> Image.Image:
@@ -522,17 +597,33 @@ def render_path(
     )
     mask = find_series(index, mask_uid)[0] if mask_uid else None
     manifest = RenderManifest(source=str(path), errors=list(index.errors))
-    for s in targets:
-        siblings = [x for x in index.series if x.series_uid == s.series_uid]
+    jobs = [(s, [x for x in index.series if x.series_uid == s.series_uid]) for s in targets]
+
+    def run(job: tuple[SeriesInfo, list[SeriesInfo]]) -> tuple[_Rendered | None, Exception | None]:
         try:
-            images, warnings = render_stack(s, out, options, siblings, mask)
+            return _render_images(job[0], options, job[1], mask), None
         except ImagingError as exc:
-            manifest.errors.append(
-                FileError(path=s.path, kind="render", message=f"series {s.key}: {exc}")
-            )
-            continue
-        manifest.images.extend(images)
-        manifest.warnings.extend(warnings)
+            return None, exc
+
+    # Stacks render in threads when CPUs are idle (numpy, the decoders and PNG encoding
+    # release the GIL); files are written and recorded in target order, as a serial run would.
+    n_threads = min(len(jobs), idle_cpus(), _RENDER_THREADS)
+    pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
+    try:
+        results = pool.map(run, jobs) if pool is not None else map(run, jobs)
+        for (s, _), (result, exc) in zip(jobs, results, strict=True):
+            if result is None:
+                manifest.errors.append(
+                    FileError(path=s.path, kind="render", message=f"series {s.key}: {exc}")
+                )
+                continue
+            images, files, warnings = result
+            _write(out, files)
+            manifest.images.extend(images)
+            manifest.warnings.extend(warnings)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(manifest.model_dump_json(indent=2))
     return manifest

@@ -238,5 +238,27 @@ def demo(
     )
 
 
+from gateway.commands import pacs_app, serve_command, tokens_app  # noqa: E402 (PACS gateway)
+
+app.add_typer(pacs_app, name="pacs")
+app.add_typer(tokens_app, name="tokens")
+app.command("serve")(serve_command)
+
+from evaluation.reports.cli import report_command  # noqa: E402 (reports)
+
+app.command("report")(report_command)
+
+
+from dicom.phantoms.cli import phantoms_command  # noqa: E402 (phantom suite)
+
+app.command("phantoms")(phantoms_command)
+
+from evaluation.engine_cli import eval_command  # noqa: E402 (evaluation engine)
+from evaluation.runs_cli import runs_app  # noqa: E402
+
+app.command("eval")(eval_command)
+app.add_typer(runs_app, name="runs")
+
+
 def main() -> None:  # pragma: no cover
     app()

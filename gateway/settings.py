@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dicom.headers import DEFAULT_MEMORY_CAP
@@ -18,6 +19,48 @@ class Settings(BaseSettings):
     workers: int | None = None  # header-reading processes; default: up to 4, by CPU count
     corpus: Path = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dicom"
     out: Path = Path("out")
+
+    # PACS gateway (see deploy/README.md). Ports left unset are chosen by `neurosandbox pacs up`
+    # (a free loopback port) and read back from DATA_DIR/pacs/pacs.json by the other commands.
+    data_dir: Path = Path("var")  # local Orthanc, spool, cache, runs, tokens, audit log
+    orthanc_url: str | None = None  # default: the local Orthanc of `neurosandbox pacs up`
+    orthanc_username: str = "neurosandbox"
+    orthanc_password: SecretStr | None = None  # from the environment only, never a CLI flag
+    orthanc_password_file: Path | None = None  # or a file (0600) holding the password
+    orthanc_aet: str = "ORTHANC"
+    orthanc_dicom_host: str = "127.0.0.1"
+    orthanc_dicom_port: int | None = None
+    orthanc_http_port: int | None = None
+    orthanc_stable_age: int = 60  # seconds without new instance before Orthanc calls a study stable
+    orthanc_timeout_s: float = 600.0  # read timeout: archive, move and upload calls are long
+    gateway_aet: str = "NEUROSANDBOX"
+    gateway_host: str = "127.0.0.1"  # address the DICOM node listens on
+    gateway_dicom_port: int | None = None
+    gateway_allowed_aets: list[str] = []  # calling AEs the DICOM node accepts; empty = any
+    study_quiet_s: float = 30.0  # a received study is complete after this long without news
+    max_associations: int = 32
+    follow_changes: bool = False  # also evaluate StableStudy events from Orthanc's /changes
+    routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
+    api_host: str = "127.0.0.1"
+    api_port: int | None = None
+    api_max_body_bytes: int = 1_048_576
+
+    # Reports and clinician review (evaluation/reports, /review pages)
+    reports_dir: Path | None = None  # report folders to review; default DATA_DIR/reports
+    review_db: Path | None = None  # append-only review log; default DATA_DIR/reviews.sqlite
+    review_session_hours: float = 8.0  # browser session lifetime after login
+    review_cookie_secure: bool = False  # set True behind HTTPS (Secure cookie)
+    verifying_organization: str = "NeuroSandbox"  # recorded in re-issued VERIFIED SRs
+
+    # Evaluation engine (`neurosandbox eval`, `neurosandbox runs`)
+    models: list[str] = ["reference/text-prior", "reference/image-rules"]  # when no --model
+    models_file: Path | None = None  # YAML/JSON model specs (name, model, api_base, api_key_env)
+    api_base: str | None = None  # default endpoint for litellm models named on the command line
+    phi_trusted_hosts: list[str] = ["loopback"]  # may receive identified content (host/IP/CIDR)
+    concurrency: int = 8  # model calls in flight per model (backs off on 429s)
+    call_processes: int = 0  # >0: litellm calls in N worker processes (for CPU-bound large runs)
+    cache_dir: Path = Path("out/cache")  # rendered studies, dataset images, Orthanc downloads
+    runs_dir: Path = Path("out/runs")  # where `runs list` looks
 
 
 def get_settings() -> Settings:

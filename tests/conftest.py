@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+# A session-wide real Orthanc (fixture ``orthanc_server``) for the gateway tests; a small
+# phantom suite (fixture ``phantom_suite``) for the phantom tests.
+pytest_plugins = ["orthanc_fixture", "phantom_fixture"]
+
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dicom"
 
 

@@ -8,7 +8,6 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from dicom.index import index_path
 from dicom.pixels import load_volume
@@ -138,7 +137,10 @@ def test_every_transfer_syntax_decodes_to_the_uncompressed_pixels(corpus: Path) 
         assert np.array_equal(vol, reference), f"{i}.dcm decodes differently"
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_parallel_and_serial_header_pass_agree(corpus: Path, workers: int) -> None:
-    result = index_path(corpus / "siemens_xa30/In/5001_anat-T1w_acq-tfl", workers=workers)
-    assert result.series[0].shape == [128, 128, 96]
+def test_parallel_and_serial_header_pass_agree(corpus: Path) -> None:
+    # 819 files: enough for a forked worker to read half of them.
+    folder = corpus / "siemens_xa30/In/11001_DWI_dir80_AP"
+    serial = index_path(folder, workers=1)
+    parallel = index_path(folder, workers=2)
+    assert parallel == serial
+    assert [s.shape for s in serial.series] == [[72, 72, 39], [72, 72, 39, 20]]

@@ -87,6 +87,43 @@ def test_identical_input_gives_byte_identical_pngs(
     assert [i.sha256 for i in a.images] == [i.sha256 for i in b.images]
 
 
+def test_rendering_in_threads_gives_the_serial_bytes(
+    corpus: Path, brainix_index, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dicom.render
+
+    monkeypatch.setattr(dicom.render, "idle_cpus", lambda: 4)  # threads even on a busy machine
+    threaded = render_path(corpus / BRAINIX, tmp_path / "t", RenderOptions(), index=brainix_index)
+    monkeypatch.setattr(dicom.render, "_RENDER_THREADS", 1)
+    serial = render_path(corpus / BRAINIX, tmp_path / "s", RenderOptions(), index=brainix_index)
+    assert len(threaded.images) == 3
+    assert threaded.model_dump(exclude={"source"}) == serial.model_dump(exclude={"source"})
+    for img in serial.images:
+        assert (tmp_path / "t" / img.file).read_bytes() == (tmp_path / "s" / img.file).read_bytes()
+
+
+def test_percentiles_from_a_sort_equal_numpys(corpus: Path, brainix_index) -> None:
+    from dicom.percentile import percentile_of_sorted
+    from dicom.render import _head_mask_and_values, head_mask
+
+    rng = np.random.default_rng(3)
+    samples = [rng.standard_normal(n).astype(np.float32) * 500 for n in (1, 2, 7, 1000, 99_999)]
+    samples.append(np.round(rng.gamma(2.0, 300.0, 200_001)).astype(np.float32))  # MR-like
+    for x in samples:
+        for q in (99.0, (0.5, 99.5), 0, 100, (25.0, 50.0, 75.0)):
+            want, got = np.percentile(x, q), percentile_of_sorted(np.sort(x), q)
+            assert type(want) is type(got) and np.asarray(want).dtype == np.asarray(got).dtype
+            assert np.array_equal(want, got)
+    # The head mask and the values inside it, from a real (transposed, flipped) volume.
+    s = brainix_index.series[0]
+    dv = display_volume(s, load_volume(s).data, True, "")
+    mask, inside = _head_mask_and_values(dv.data, is_ct=False)
+    positive = dv.data[dv.data > 0]
+    assert np.array_equal(mask, dv.data > 0.1 * float(np.percentile(positive, 99.0)))
+    assert np.array_equal(mask, head_mask(dv.data, False))
+    assert inside is not None and np.array_equal(inside, np.sort(dv.data[mask]))
+
+
 def test_sagittal_3d_t1_is_resliced_to_axial_by_default(corpus: Path, tmp_path: Path) -> None:
     src = corpus / "siemens_xa30/In/5001_anat-T1w_acq-tfl"
     axial = render_path(src, tmp_path / "ax", RenderOptions(n_slices=6))

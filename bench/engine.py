@@ -1,0 +1,294 @@
+"""Benchmark: the evaluation engine against inspect_ai on the same workload and the same server.
+
+Workload: 200 tasks x 5 samples = 1000 chat-completion calls (one image + text each) to the
+loopback OpenAI-compatible test server (tests/openai_server.py, in its own process) answering
+after 200 ms, at 32 calls in flight. Prints, as the median of --reps repetitions run interleaved:
+  - efficiency = ideal time / our wall time, ideal = calls x latency / concurrency (goal >= 0.9);
+  - our wall time / inspect_ai's wall time on the same calls (goal <= 1.0).
+Ours: the full engine (prompt build, PHI gate, litellm, SQLite store with a commit per call,
+parse, scoring in a worker thread). inspect_ai: Task(dataset, generate(), includes()) with
+epochs=5 and max_connections=32, its OpenAI provider pointed at the same server, logging to a
+temp folder. Timing starts when the calls start (imports, dataset loading excluded for both).
+
+inspect_ai 0.3.285's OpenAI provider needs openai>=3.4, which litellm (openai<3) excludes from
+the project venv, so the peer runs in its own venv: --peer-python, else .venv/peer-inspect
+(created on first use with pip: inspect_ai==0.3.285 and openai>=3.4).
+Run: .venv/bin/python bench/engine.py [--reps 3] [--tasks 200 --samples 5 --latency 0.2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+REPLY = json.dumps(
+    {
+        "findings": [
+            {"description": "periventricular lesions", "sequence": "FLAIR", "hemisphere": "left"}
+        ],
+        "differential": [{"diagnosis": "multiple sclerosis", "likelihood": 0.7}],
+        "final_diagnosis": "multiple sclerosis",
+        "rationale": "ovoid periventricular FLAIR lesions",
+        "confidence": 0.7,
+    }
+)
+PEER = r"""
+import json, sys, time, os
+from inspect_ai import Task, eval as inspect_eval
+from inspect_ai.dataset import Sample
+from inspect_ai.model import ChatMessageUser, ContentImage, ContentText
+from inspect_ai.scorer import includes
+from inspect_ai.solver import generate
+spec = json.loads(sys.argv[1])
+os.environ["OPENAI_API_KEY"] = "no-key"
+samples = []
+for rec in map(json.loads, open(spec["data"])):
+    content = [ContentText(text=rec["text"]), ContentImage(image=rec["images"][0], detail="high")]
+    samples.append(Sample(input=[ChatMessageUser(content=content)], target="multiple sclerosis"))
+task = Task(dataset=samples, solver=generate(), scorer=includes(), epochs=spec["samples"])
+t0 = time.perf_counter()
+logs = inspect_eval(task, model="openai/gpt-4o", model_base_url=spec["url"], max_connections=spec["concurrency"],
+                    log_dir=spec["log_dir"], display="none", temperature=0.7, top_p=0.95, max_retries=3)
+wall = time.perf_counter() - t0
+print(json.dumps({"wall": wall, "status": logs[0].status}))
+"""
+
+
+def _png(seed: int) -> bytes:
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    img = (rng.random((128, 128)) * 60 + 60).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(img, mode="L").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_dataset(folder: Path, n: int) -> tuple[Path, Path]:
+    data, answers = folder / "tasks.jsonl", folder / "answers.jsonl"
+    with data.open("w") as d, answers.open("w") as a:
+        for i in range(n):
+            uri = "data:image/png;base64," + base64.b64encode(_png(i)).decode()
+            text = f"Case {i}: 31-year-old woman, two episodes of numbness and optic neuritis."
+            d.write(
+                json.dumps(
+                    {
+                        "case_id": f"t{i:04d}",
+                        "text": text,
+                        "images": [uri],
+                        "questions": [
+                            {
+                                "question_number": 1,
+                                "question_text": "What is the most likely diagnosis?",
+                            }
+                        ],
+                    }
+                )
+                + "\n"
+            )
+            a.write(json.dumps({"case_id": f"t{i:04d}", "answer": "multiple sclerosis"}) + "\n")
+    return data, answers
+
+
+def start_server(latency: float) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "openai_server.py"),
+            "--fast",
+            "--latency",
+            str(latency),
+            "--reply",
+            REPLY,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    port = int(proc.stdout.readline())
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def server_calls(url: str) -> int:
+    with urllib.request.urlopen(url.replace("/v1", "/_stats")) as r:
+        return int(json.loads(r.read())["calls"])
+
+
+def run_ours(
+    data: Path,
+    answers: Path,
+    url: str,
+    samples: int,
+    concurrency: int,
+    work: Path,
+    processes: int = 0,
+) -> float:
+    from evaluation.datasets import DatasetSpec, load_dataset
+    from evaluation.models import resolve_specs
+    from evaluation.records import GenerateConfig
+    from evaluation.runconfig import RunConfig
+    from evaluation.runner import Runner
+    from evaluation.store import RunStore
+
+    specs = resolve_specs(
+        ["openai/gpt-4o"], api_base=url, concurrency=concurrency, processes=processes
+    )
+    config = RunConfig(
+        dataset=DatasetSpec(path=str(data), answers=str(answers)),
+        models=specs,
+        samples=samples,
+        generate=GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=1024, timeout_s=60),
+        bertscore=False,
+        cache_dir=str(work / "cache"),
+    )
+    dataset = load_dataset(config.dataset, work / "cache")
+    run = Path(tempfile.mkdtemp(dir=work))
+    store = RunStore(run, create=True)
+    store.init_run(config.run_id, config.model_dump(mode="json"), dataset_name="bench", dataset_kind=dataset.kind,
+                   dataset_hash=dataset.hash, prompt_version="", code_version="", packages={})  # fmt: skip
+    runner = Runner(config, dataset, store)
+    if processes:  # the worker processes import litellm: wait for them outside the timing
+        asyncio.run(_warm(runner))
+    t0 = time.perf_counter()
+    stats = asyncio.run(runner.run())
+    wall = time.perf_counter() - t0
+    store.close()
+    if stats.errors or stats.calls != len(dataset.cases) * samples:
+        raise SystemExit(f"benchmark: our run was not clean: {stats}")
+    return wall
+
+
+async def _warm(runner: object) -> None:
+    from evaluation.scoring_bridge import warm
+
+    for adapter in runner.adapters.values():  # type: ignore[attr-defined]
+        pool = getattr(adapter, "_pool", None)
+        if pool is not None:
+            await pool.wait_ready()
+    await asyncio.get_running_loop().run_in_executor(runner._score_pool, warm)  # type: ignore[attr-defined]
+
+
+def peer_python(arg: str | None) -> str:
+    if arg:
+        return arg
+    venv = ROOT / ".venv" / "peer-inspect"
+    py = venv / "bin" / "python"
+    if not py.exists():
+        print(
+            f"creating the inspect_ai peer venv at {venv} (pip: inspect_ai==0.3.285, openai>=3.4) ...",
+            file=sys.stderr,
+        )
+        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "-q", "inspect_ai==0.3.285", "openai>=3.4"],
+            check=True,
+        )
+    return str(py)
+
+
+def run_inspect(py: str, data: Path, url: str, samples: int, concurrency: int, work: Path) -> float:
+    spec = {
+        "data": str(data),
+        "url": url,
+        "samples": samples,
+        "concurrency": concurrency,
+        "log_dir": tempfile.mkdtemp(dir=work),
+    }
+    out = subprocess.run(
+        [py, "-c", PEER, json.dumps(spec)], capture_output=True, text=True, timeout=1800, cwd=work
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"inspect_ai peer failed:\n{out.stderr[-3000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if result["status"] != "success":
+        raise SystemExit(f"inspect_ai peer run status {result['status']}")
+    return float(result["wall"])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--processes", type=int, default=0, help="our litellm calls in N worker processes"
+    )
+    parser.add_argument(
+        "--peer-python", default=None, help="python with inspect_ai and openai>=3.4"
+    )
+    parser.add_argument("--no-peer", action="store_true", help="measure our efficiency only")
+    args = parser.parse_args()
+    py = None if args.no_peer else peer_python(args.peer_python)
+    import litellm  # noqa: F401  (import cost outside the timing)
+
+    import evaluation.scoring  # noqa: F401
+
+    calls = args.tasks * args.samples
+    ideal = calls * args.latency / args.concurrency
+    ours, peer = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        data, answers = write_dataset(work, args.tasks)
+        server, url = start_server(args.latency)
+        try:
+            run_ours(data, answers, url, 1, args.concurrency, work, args.processes)  # warm-up
+            for rep in range(args.reps):
+                before = server_calls(url)
+                ours.append(
+                    run_ours(
+                        data, answers, url, args.samples, args.concurrency, work, args.processes
+                    )
+                )
+                assert server_calls(url) - before == calls
+                if py:
+                    before = server_calls(url)
+                    peer.append(run_inspect(py, data, url, args.samples, args.concurrency, work))
+                    assert server_calls(url) - before == calls, (
+                        "inspect_ai made a different number of calls"
+                    )
+                print(
+                    f"rep {rep + 1}: ours {ours[-1]:.2f} s"
+                    + (f", inspect_ai {peer[-1]:.2f} s" if peer else ""),
+                    file=sys.stderr,
+                )
+        finally:
+            server.terminate()
+            server.wait(timeout=10)
+    mine = statistics.median(ours)
+    print(
+        f"ours: litellm calls {'in ' + str(args.processes) + ' worker processes' if args.processes else 'in-process'}; load average at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
+    print(
+        f"workload: {args.tasks} tasks x {args.samples} samples = {calls} calls, latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}"
+    )
+    print(f"ideal time {ideal:.2f} s; ours (median of {args.reps}) {mine:.2f} s")
+    print(f"efficiency = ideal / ours = {ideal / mine:.3f}   (goal >= 0.9)")
+    if peer:
+        theirs = statistics.median(peer)
+        print(f"inspect_ai (median of {args.reps}) {theirs:.2f} s; efficiency {ideal / theirs:.3f}")
+        print(f"ours / inspect_ai = {mine / theirs:.3f}   (goal <= 1.0)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

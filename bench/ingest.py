@@ -1,0 +1,240 @@
+"""Benchmark: C-STORE ingest of the gateway's DICOM node against dcmtk's storescp.
+
+Part 1, throughput: the 819-file Siemens DWI (unzipped to a temp dir) is sent with dcmtk's
+/usr/bin/storescu over one association to (a) the gateway's pynetdicom storage SCP and (b)
+dcmtk's /usr/bin/storescp, interleaved, N repetitions each; prints the median times and the
+ratio storescp_time / gateway_time (1.0 = as fast as dcmtk; goal >= 0.5). Both dcmtk ends run
+with TCP_NODELAY=1: the Debian build leaves Nagle's algorithm on, which makes dcmtk ~25x
+slower on loopback (``--dcmtk-defaults`` measures that configuration too).
+
+Part 2, latency: a local Orthanc (Debian package, temp folder) and the gateway's pipeline;
+the DWI is sent once more and the time from the last instance received to the SR being
+readable in Orthanc is measured, with the pipeline's stage timings.
+
+Run: .venv/bin/python bench/ingest.py [--reps 5] [--quiet 2] [--no-latency] [--dcmtk-defaults]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gateway.scp import ReceivedStudy, StorageSCP  # noqa: E402
+
+CORPUS = ROOT.parent / "shared" / "data" / "dicom"
+STORESCU, STORESCP = "/usr/bin/storescu", "/usr/bin/storescp"
+
+
+def unzip_dwi(dst: Path) -> Path:
+    src = CORPUS / "siemens_xa30/In/11001_DWI_dir80_AP"
+    if not src.exists():
+        raise SystemExit(f"benchmark: the DWI series is not at {src}")
+    out = dst / "dwi819"
+    out.mkdir()
+    for f in sorted(src.iterdir()):
+        with gzip.open(f) as g:
+            (out / f.name.removesuffix(".gz")).write_bytes(g.read())
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def send(folder: Path, port: int, aec: str, nodelay: bool) -> float:
+    env = dict(os.environ, TCP_NODELAY="1" if nodelay else "0")
+    t0 = time.perf_counter()
+    r = subprocess.run(
+        [STORESCU, "-aec", aec, "+sd", "127.0.0.1", str(port), str(folder)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        raise SystemExit(f"storescu failed: {r.stderr[-500:]}")
+    return dt
+
+
+def gateway_once(folder: Path, work: Path, fsync: bool, nodelay: bool) -> float:
+    spool = work / "spool"
+    shutil.rmtree(spool, ignore_errors=True)
+    scp = StorageSCP(spool, port=0, quiet_s=3600, fsync=fsync)
+    scp.start()
+    try:
+        dt = send(folder, scp.port, "NEUROSANDBOX", nodelay)
+    finally:
+        scp.stop()
+    n = sum(1 for _ in (spool / "studies").rglob("*.dcm"))
+    if n != 819:
+        raise SystemExit(f"gateway stored {n} of 819 instances")
+    return dt
+
+
+def storescp_once(folder: Path, work: Path, nodelay: bool) -> float:
+    out = work / "storescp"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    port = free_port()
+    env = dict(os.environ, TCP_NODELAY="1" if nodelay else "0")
+    proc = subprocess.Popen([STORESCP, "-od", str(out), str(port)], env=env)
+    try:
+        for _ in range(100):  # wait until it listens
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        dt = send(folder, port, "ANY-SCP", nodelay)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    n = sum(1 for _ in out.iterdir())
+    if n != 819:
+        raise SystemExit(f"storescp stored {n} of 819 instances")
+    return dt
+
+
+def pynetdicom_floor_once(folder: Path, nodelay: bool) -> float:
+    """A bare pynetdicom SCP whose handler keeps nothing: the library's own cost."""
+    from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
+
+    ae = AE(ae_title="FLOOR")
+    ae.maximum_pdu_size = 0
+    for cx in AllStoragePresentationContexts:
+        if cx.abstract_syntax is not None:
+            ae.add_supported_context(cx.abstract_syntax, ALL_TRANSFER_SYNTAXES)
+    server = ae.start_server(
+        ("127.0.0.1", 0), block=False, evt_handlers=[(evt.EVT_C_STORE, lambda _e: 0x0000)]
+    )
+    try:
+        return send(folder, server.server_address[1], "FLOOR", nodelay)
+    finally:
+        server.shutdown()
+
+
+def throughput(folder: Path, work: Path, reps: int, nodelay: bool) -> None:
+    times: dict[str, list[float]] = {
+        "storescp": [],
+        "gateway (fsync)": [],
+        "gateway (no fsync)": [],
+        "pynetdicom no-op": [],
+    }
+    for _ in range(reps):
+        times["storescp"].append(storescp_once(folder, work, nodelay))
+        times["gateway (fsync)"].append(gateway_once(folder, work, True, nodelay))
+        times["gateway (no fsync)"].append(gateway_once(folder, work, False, nodelay))
+        times["pynetdicom no-op"].append(pynetdicom_floor_once(folder, nodelay))
+    peer = statistics.median(times["storescp"])
+    label = "TCP_NODELAY=1" if nodelay else "dcmtk defaults (Nagle on)"
+    print(f"\nC-STORE of 819 files (138 MB), one association, {label}, median of {reps}:")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        ratio = "" if name == "storescp" else f"  ratio storescp/gateway = {peer / med:.2f}"
+        print(f"  {name:20} {med:6.2f} s  ({819 / med:6.0f} instances/s){ratio}")
+    print("  (pynetdicom no-op: the same library, a handler that keeps nothing: the ceiling)")
+
+
+def latency(folder: Path, work: Path, quiet: float) -> None:
+    from gateway.orthanc import OrthancClient
+    from gateway.pacs_local import LocalPacs
+    from gateway.pacs_local import free_port as fp
+    from gateway.serve import build_gateway, configure_logging
+    from gateway.settings import Settings
+    from gateway.sr import series_uid_for
+
+    configure_logging()
+    settings = Settings(
+        data_dir=work / "data",
+        orthanc_http_port=fp(),
+        orthanc_dicom_port=fp(),
+        gateway_dicom_port=fp(),
+        api_port=fp(),
+        study_quiet_s=quiet,
+    )
+    pacs = LocalPacs(settings)
+    ep = pacs.up()
+    try:
+        gw = build_gateway(settings)
+        received: list[ReceivedStudy] = []
+        done = threading.Event()
+        on_received = gw.pipeline.on_received
+
+        def hook(study: ReceivedStudy) -> str:
+            received.append(study)
+            done.set()
+            return on_received(study)
+
+        gw.scp.on_complete = hook
+        gw.start()
+        client = OrthancClient(ep.orthanc_url, ep.username, pacs.password())
+        try:
+            send(folder, gw.scp.port, gw.scp.ae_title, True)
+            done.wait(600)
+            study_uid = received[0].study_uid
+            last = received[0].last_received
+            sr_series = series_uid_for(study_uid, "sr")
+            seen = None
+            while seen is None and time.time() - last < 900:
+                sid = client.find_study(study_uid)
+                if sid is not None:
+                    for s in client.list_series(sid, classify=False):
+                        if s.series_uid == sr_series:
+                            seen = time.time()
+                time.sleep(0.2)
+            runs = gw.ctx.runs.list(limit=5)
+        finally:
+            gw.stop()
+            client.close()
+    finally:
+        pacs.down()
+    if seen is None:
+        raise SystemExit("no SR appeared in Orthanc")
+    print(
+        f"\nLast instance received -> SR readable in Orthanc (819-file DWI, quiet time {quiet:g} s):"
+    )
+    print(f"  {seen - last:6.1f} s total ({seen - last - quiet:.1f} s after the quiet time)")
+    for r in runs[:1]:
+        print(f"  run {r.status.value}: stage times since the run started (s): {r.timings_s}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--quiet", type=float, default=2.0, help="study quiet time for the latency run")
+    ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument(
+        "--dcmtk-defaults", action="store_true", help="also measure with Nagle on (slow)"
+    )
+    args = ap.parse_args()
+    for tool in (STORESCU, STORESCP):
+        if not Path(tool).exists():
+            raise SystemExit(f"benchmark needs dcmtk ({tool})")
+    with tempfile.TemporaryDirectory(prefix="nsbx-bench-ingest-") as tmp:
+        work = Path(tmp)
+        folder = unzip_dwi(work)
+        throughput(folder, work, args.reps, nodelay=True)
+        if args.dcmtk_defaults:
+            throughput(folder, work, 1, nodelay=False)
+        if not args.no_latency:
+            latency(folder, work, args.quiet)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""The fast path of the header pass: dicom.fastscan + dicom.scanned + shared fields.
+
+For a file the fast scanner handles, the fields that are the same for the files of a series
+(dicom.headers.series_fields) are computed once per distinct set of raw series values and
+shared; only the per-file fields (dicom.headers.FILE_KEYWORDS) are converted for every file.
+Everything else returns None, and dicom.headers.read_frames reads the file with pydicom.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+from dataclasses import fields
+from typing import Any
+
+from dicom.fastscan import NEEDED_TAGS, keyword_tag, scan_file
+from dicom.headers import (
+    FILE_KEYWORDS,
+    VOLUME_FIELDS,
+    VOLUME_KEYWORDS,
+    VOLUME_PRIVATE_TAGS,
+    FrameHeader,
+    pixel_data_offset,
+    series_fields,
+    set_unique_fields,
+    set_volume_fields,
+)
+from dicom.scanned import ScannedDataset
+from dicom.sources import is_plain_file, open_source
+
+_FILE_TAGS = frozenset(keyword_tag(kw) for kw in FILE_KEYWORDS)
+_VOLUME_TAGS = tuple(
+    sorted(
+        {keyword_tag(kw) for kw in VOLUME_KEYWORDS} | {g << 16 | e for g, e in VOLUME_PRIVATE_TAGS}
+    )
+)
+_SERIES_TAGS = tuple(sorted(NEEDED_TAGS - _FILE_TAGS - set(_VOLUME_TAGS)))
+_NOT_SERIES = _FILE_TAGS | set(_VOLUME_TAGS)
+_FIELDS_OF = operator.attrgetter(*(f.name for f in fields(FrameHeader)))
+_VOLUME_OF = operator.attrgetter(*VOLUME_FIELDS)
+# By (memory cap, raw values of the series elements): the series fields, and the volume
+# fields by the raw values of the volume elements. See read_frames_fast.
+_SERIES_MEMO: dict[tuple[Any, ...], tuple[FrameHeader, dict[tuple[Any, ...], Any]]] = {}
+# Bounds on what a long-running process keeps (at most ~256k small entries).
+_MAX_SERIES = 512
+_MAX_VOLUMES = 512
+
+
+def clear_caches() -> None:
+    """Forget what earlier reads left in this process (scan templates, converted values and
+    series fields), e.g. to time a cold read."""
+    from dicom import scanned, scantemplate
+
+    _SERIES_MEMO.clear()
+    scanned.clear_memo()
+    scantemplate.clear()
+
+
+def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
+    """Frames from the fast scanner, or None when pydicom has to read this file.
+
+    The series fields are computed once per distinct set of raw series values, the volume
+    fields once per distinct set of raw volume values within it (see headers.FILE_KEYWORDS),
+    and only the unique fields are converted for every file.
+    """
+    plain = is_plain_file(path)
+    try:
+        with open(path, "rb") if plain else open_source(path, 4 * memory_cap) as fp:
+            size = os.fstat(fp.fileno()).st_size if plain else fp.seek(0, os.SEEK_END)
+            fp.seek(0)
+            scan = scan_file(fp, size)
+        ds = ScannedDataset(scan)
+        pixel_offset = None
+        if "Rows" in ds or "Columns" in ds:
+            ts = str(ds.file_meta.TransferSyntaxUID or "")[:256]  # as headers._s
+            pixel_offset = pixel_data_offset(
+                path, scan.stop, scan.after, ts, scan.size if plain else None
+            )
+        key = (memory_cap, *scan.values_key(_SERIES_TAGS))
+        entry = _SERIES_MEMO.get(key)
+        if entry is None:
+            base = series_fields(path, ScannedDataset(scan, hidden=_NOT_SERIES), memory_cap)
+            if "MOSAIC" in base.image_type:
+                return None  # needs the CSA header: pydicom
+            if len(_SERIES_MEMO) >= _MAX_SERIES:
+                _SERIES_MEMO.clear()
+            _SERIES_MEMO[key] = entry = (base, {})
+        template, volumes = entry
+        fh = FrameHeader(*_FIELDS_OF(template))
+        fh.extras = dict(template.extras)
+        vkey = scan.raw_values(_VOLUME_TAGS)
+        volume = volumes.get(vkey)
+        if volume is None:
+            set_volume_fields(fh, ScannedDataset(scan, hidden=_FILE_TAGS))
+            if len(volumes) >= _MAX_VOLUMES:
+                volumes.clear()
+            volumes[vkey] = volume = _VOLUME_OF(fh)
+        else:
+            for name, value in zip(VOLUME_FIELDS, volume, strict=True):
+                setattr(fh, name, value)
+        set_unique_fields(fh, path, ds, pixel_offset)
+    except Exception:  # Fallback, or an error pydicom should report in its own words
+        return None
+    return [fh]

@@ -1,0 +1,134 @@
+"""Frames of multi-frame objects: enhanced objects (functional groups) and Siemens mosaics.
+
+Split from dicom.headers, which calls these for the objects that need them; both read the
+whole header with pydicom (the fast scanner hands these objects over).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+from pydicom.dataset import Dataset
+
+from dicom.headers import FrameHeader, _cs, _f, _first_item, _floats, _group_value, _i, _s
+
+
+def mosaic_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
+    """A Siemens mosaic's tiles, or the mosaic as one frame when its CSA header says nothing."""
+    mosaic = _mosaic_tiles(ds)
+    if mosaic is None:
+        return [base]
+    return _mosaic_frames(base, ds, *mosaic)
+
+
+def _mosaic_tiles(ds: Dataset) -> tuple[int, tuple[float, float, float]] | None:
+    """Number of slices in a Siemens mosaic and the slice normal, from the CSA image header."""
+    if "MOSAIC" not in _cs(ds.get("ImageType")):
+        return None
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nibabel warns that its DICOM readers are experimental
+        from nibabel.nicom import csareader
+
+    csa = csareader.get_csa_header(ds, "image")
+    if csa is None:
+        return None
+    n = csareader.get_n_mosaic(csa)
+    normal = csareader.get_slice_normal(csa)
+    if not n or normal is None:
+        return None
+    return int(n), (float(normal[0]), float(normal[1]), float(normal[2]))
+
+
+def enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
+    shared = _first_item(ds, "SharedFunctionalGroupsSequence")
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
+    frames: list[FrameHeader] = []
+    for i in range(base.number_of_frames):
+        fg = per_frame[i] if i < len(per_frame) else None
+
+        def gv(seq: str, attr: str, _fg: Dataset | None = fg) -> Any:
+            return _group_value(_fg, shared, seq, attr)
+
+        fr = replace(base, frame=i, extras=dict(base.extras))
+        fr.position = _floats(gv("PlanePositionSequence", "ImagePositionPatient"), 3)
+        fr.orientation = _floats(gv("PlaneOrientationSequence", "ImageOrientationPatient"), 6)
+        fr.pixel_spacing = _floats(gv("PixelMeasuresSequence", "PixelSpacing"), 2)
+        fr.slice_thickness = _f(gv("PixelMeasuresSequence", "SliceThickness"))
+        sbs = _f(gv("PixelMeasuresSequence", "SpacingBetweenSlices"))
+        fr.spacing_between_slices = sbs if sbs is not None else base.spacing_between_slices
+        slope = _f(gv("PixelValueTransformationSequence", "RescaleSlope"))
+        inter = _f(gv("PixelValueTransformationSequence", "RescaleIntercept"))
+        fr.rescale_slope = slope if slope is not None else base.rescale_slope
+        fr.rescale_intercept = inter if inter is not None else base.rescale_intercept
+        te = _f(gv("MREchoSequence", "EffectiveEchoTime"))
+        fr.echo_time = te if te is not None else base.echo_time
+        tr = _f(gv("MRTimingAndRelatedParametersSequence", "RepetitionTime"))
+        fr.repetition_time = tr if tr is not None else base.repetition_time
+        fa = _f(gv("MRTimingAndRelatedParametersSequence", "FlipAngle"))
+        fr.flip_angle = fa if fa is not None else base.flip_angle
+        ti = _f(gv("MRModifierSequence", "InversionTimes"))
+        fr.inversion_time = ti if ti is not None else base.inversion_time
+        ft = _cs(
+            gv("MRImageFrameTypeSequence", "FrameType")
+            or gv("CTImageFrameTypeSequence", "FrameType")
+        )
+        fr.frame_type = ft
+        b = _f(gv("MRDiffusionSequence", "DiffusionBValue"))
+        if b is not None:
+            fr.b_value = b
+            grad = _first_item(
+                _first_item(fg, "MRDiffusionSequence"), "DiffusionGradientDirectionSequence"
+            )
+            fr.direction = (
+                _floats(grad.get("DiffusionGradientOrientation"), 3) if grad is not None else None
+            )
+        tpi = _i(gv("FrameContentSequence", "TemporalPositionIndex"))
+        if tpi is not None:
+            fr.temporal_index = tpi
+        stack_id = gv("FrameContentSequence", "StackID")
+        if stack_id is not None:
+            fr.extras["stack_id"] = _s(stack_id, 16)
+        wc = _f(gv("FrameVOILUTSequence", "WindowCenter"))
+        ww = _f(gv("FrameVOILUTSequence", "WindowWidth"))
+        if wc is not None and ww:
+            fr.window = (wc, ww)
+        frames.append(fr)
+    return frames
+
+
+def _mosaic_frames(
+    base: FrameHeader, ds: Dataset, n: int, normal: tuple[float, float, float]
+) -> list[FrameHeader]:
+    """Expand a Siemens mosaic into its tiles, with the true position of each slice."""
+    if base.orientation is None or base.position is None or base.pixel_spacing is None:
+        return [base]
+    tiles_per_side = math.ceil(math.sqrt(n))
+    rows, cols = base.rows // tiles_per_side, base.cols // tiles_per_side
+    row_dir = np.array(base.orientation[:3])
+    col_dir = np.array(base.orientation[3:])
+    dr, dc = base.pixel_spacing
+    # IPP of a mosaic is the corner of the whole mosaic; shift to the corner of the first tile.
+    offset = (base.cols - cols) / 2.0 * dc * row_dir + (base.rows - rows) / 2.0 * dr * col_dir
+    first = np.array(base.position) + offset
+    step = base.spacing_between_slices or base.slice_thickness or 1.0
+    nvec = np.array(normal)
+    frames = []
+    for k in range(n):
+        pos = first + k * step * nvec
+        frames.append(
+            replace(
+                base,
+                frame=k,
+                extras={},
+                rows=rows,
+                cols=cols,
+                position=(float(pos[0]), float(pos[1]), float(pos[2])),
+                mosaic_slices=n,
+            )
+        )
+    return frames

@@ -1,0 +1,263 @@
+"""Render a case's DICOM study into the images a model is shown, through a content-keyed cache.
+
+What is rendered (a :class:`RenderPlan`): one labelled montage per clinical series (evenly spaced
+axial slices, radiological convention) for the diagnostic families, and one single slice for
+NeuroVLM-style classification (the series that shows the case's main lesion best, at the slice
+nearest its centre; the middle of the head for a normal case). The cache key is the hash of the
+study's bytes, the plan and the renderer's source, so a second run reuses the PNGs and a changed
+study or renderer renders afresh. Every PNG is re-hashed when it is read back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from dicom.records import RenderedImage
+from evaluation.errors import DatasetError
+from evaluation.records import Case, ImageRef
+
+MONTAGE_CLASSES = ("FLAIR", "DWI", "ADC", "T1C", "T2", "T1", "SWI", "T2STAR", "CT", "PD", "TRACE")
+CLASSIFICATION_PREFERENCE = ("FLAIR", "T1C", "T2", "T1", "CT")
+_MAX_STUDY_BYTES = 4 * 1024**3
+
+
+class RenderPlan(BaseModel):
+    """How a study becomes images; part of the cache key."""
+
+    montage_slices: int = 12
+    columns: int = 4
+    tile_size: int = 256
+    max_series: int = 8
+    classification_slice: bool = True
+    candidate_slices: int = 24  # singles rendered to choose the classification slice from
+
+
+class RenderedStudy(BaseModel):
+    key: str
+    images: list[ImageRef]
+    burned_in_series: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
+def _renderer_version() -> str:
+    import dicom.render as render_module
+
+    return hashlib.sha256(Path(render_module.__file__).read_bytes()).hexdigest()[:16]
+
+
+def study_digest(path: Path) -> str:
+    """sha256 over the relative names and bytes of every file of a study (folder, zip or file)."""
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    total = 0
+    for f in files:
+        total += f.stat().st_size
+        if total > _MAX_STUDY_BYTES:
+            raise DatasetError(f"study {path} is larger than {_MAX_STUDY_BYTES >> 30} GiB")
+        rel = f.name if path.is_file() else str(f.relative_to(path))
+        h.update(rel.encode("utf-8", "surrogateescape") + b"\0")
+        with f.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cached(folder: Path) -> RenderedStudy | None:
+    meta = folder / "rendered.json"
+    if not meta.exists():
+        return None
+    try:
+        study = RenderedStudy.model_validate_json(meta.read_text())
+    except ValueError:
+        return None
+    for img in study.images:
+        p = Path(img.path)
+        if not p.exists() or _sha256_file(p) != img.sha256:
+            return None  # damaged cache entry: render again
+    return study
+
+
+def render_study(
+    study: Path,
+    case: Case,
+    cache_dir: Path,
+    plan: RenderPlan | None = None,
+    memory_cap: int | None = None,
+) -> RenderedStudy:
+    """Images of ``study`` for ``case`` (rendered now, or read back from the cache)."""
+    plan = plan or RenderPlan()
+    if not study.exists():
+        raise DatasetError(f"case {case.case_id}: study not found at {study}")
+    lesion_z = _main_lesion_z(case)
+    key_src = json.dumps(
+        {
+            "study": study_digest(study),
+            "plan": plan.model_dump(),
+            "renderer": _renderer_version(),
+            "lesion_z": lesion_z,
+        },
+        sort_keys=True,
+    )
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:32]
+    folder = cache_dir / "renders" / key
+    hit = _cached(folder)
+    if hit is not None:
+        return hit
+    tmp = folder.with_name(f"{key}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    result = _render(study, case, tmp, plan, lesion_z, memory_cap)
+    # Point the refs at the final folder, then publish atomically.
+    for img in result.images:
+        img.path = str(folder / Path(img.path).name)
+    result.key = key
+    (tmp / "rendered.json").write_text(result.model_dump_json(indent=2))
+    if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, folder)
+    return result
+
+
+def _main_lesion_z(case: Case) -> float | None:
+    gt = case.ground_truth
+    if gt is None or not gt.lesions:
+        return None
+    biggest = max(gt.lesions, key=lambda les: les.size_mm or 0.0)
+    return float(biggest.center_mm[2]) if biggest.center_mm else None
+
+
+def _classification_series(case: Case, classes: list[str]) -> str | None:
+    gt = case.ground_truth
+    visible: list[str] = []
+    if gt is not None and gt.lesions:
+        biggest = max(gt.lesions, key=lambda les: les.size_mm or 0.0)
+        visible = [s.upper() for s in biggest.visible_on]
+    for pref in CLASSIFICATION_PREFERENCE:
+        if pref in classes and (not visible or pref in visible):
+            return pref
+    for pref in CLASSIFICATION_PREFERENCE:
+        if pref in classes:
+            return pref
+    return classes[0] if classes else None
+
+
+def _render(
+    study: Path,
+    case: Case,
+    out: Path,
+    plan: RenderPlan,
+    lesion_z: float | None,
+    memory_cap: int | None,
+) -> RenderedStudy:
+    from dicom.errors import ImagingError
+    from dicom.headers import DEFAULT_MEMORY_CAP
+    from dicom.index import index_path
+    from dicom.render import CLINICAL_CLASSES, RenderOptions, render_path
+
+    cap = memory_cap or DEFAULT_MEMORY_CAP
+    try:
+        index = index_path(study, memory_cap=cap)
+    except (ImagingError, OSError) as exc:
+        raise DatasetError(f"case {case.case_id}: cannot index study {study}: {exc}") from exc
+    clinical = [s for s in index.series if s.renderable and s.series_class in CLINICAL_CLASSES]
+    burned = sorted({s.series_uid for s in clinical if s.burned_in_annotation})
+    by_class = {s.series_uid: s.series_class.value for s in clinical}
+    modality = {s.series_uid: ("CT" if s.modality == "CT" else "MR") for s in clinical}
+    options = RenderOptions(
+        n_slices=plan.montage_slices,
+        tile_size=plan.tile_size,
+        columns=plan.columns,
+        montage=True,
+        singles=False,
+        memory_cap=cap,
+    )
+    manifest = render_path(study, out, options, index=index)
+    warnings = list(manifest.warnings) + [e.message for e in manifest.errors]
+    ranked = sorted(
+        manifest.images,
+        key=lambda i: (
+            MONTAGE_CLASSES.index(i.series_class) if i.series_class in MONTAGE_CLASSES else 99
+        ),
+    )
+    keep = {id(i) for i in ranked[: plan.max_series]}
+    images = [_ref(out, i, modality) for i in manifest.images if id(i) in keep]
+    if plan.classification_slice and clinical:
+        wanted = _classification_series(case, sorted(set(by_class.values())))
+        target = next((s for s in clinical if s.series_class.value == wanted), None)
+        if target is not None:
+            single_opts = RenderOptions(
+                n_slices=plan.candidate_slices,
+                tile_size=plan.tile_size,
+                montage=False,
+                singles=True,
+                memory_cap=cap,
+            )
+            try:
+                singles = render_path(
+                    study, out / "singles", single_opts, series_uid=target.series_uid, index=index
+                )
+            except ImagingError as exc:
+                warnings.append(f"classification slice not rendered: {exc}")
+            else:
+                pick = _pick_slice(singles.images, lesion_z)
+                if pick is not None:
+                    src = out / "singles" / pick.file
+                    dst = out / f"classification_{pick.file}"
+                    shutil.copyfile(src, dst)
+                    pick.file = dst.name
+                    images.append(_ref(out, pick, modality))
+            shutil.rmtree(out / "singles", ignore_errors=True)
+    if not images:
+        raise DatasetError(
+            f"case {case.case_id}: nothing could be rendered from {study}: "
+            + ("; ".join(warnings[:3]) or "no clinical series found")
+        )
+    return RenderedStudy(key="", images=images, burned_in_series=burned, warnings=warnings)
+
+
+def _pick_slice(images: list[RenderedImage], lesion_z: float | None) -> RenderedImage | None:
+    slices = [i for i in images if i.slice_positions_mm]
+    if not slices:
+        return None
+    if lesion_z is None:
+        return slices[len(slices) // 2]
+    return min(slices, key=lambda i: abs(i.slice_positions_mm[0] - lesion_z))
+
+
+def _ref(folder: Path, img: RenderedImage, modality: dict[str, str]) -> ImageRef:
+    plane = img.orientation.split(",")[0].strip() if img.orientation else None
+    if plane not in ("axial", "sagittal", "coronal"):
+        plane = None
+    pos = img.slice_positions_mm
+    if img.kind == "montage" and pos:
+        where = f"{len(pos)} slices, {_mm(pos[0])} to {_mm(pos[-1])}"
+        label = f"{img.label}; {plane or 'native'} montage, {where}; patient right on image left"
+    else:
+        label = img.label
+    return ImageRef(
+        path=str(folder / img.file),
+        sha256=img.sha256,
+        label=label,
+        series_class=img.series_class,
+        modality=modality.get(img.series_uid),
+        plane=plane,
+        slice_positions_mm=pos,
+        kind=img.kind,
+        window=img.window,
+        series_uid=img.series_uid,
+    )
+
+
+def _mm(z: float) -> str:
+    return f"{'S' if z >= 0 else 'I'} {abs(z):.0f} mm"

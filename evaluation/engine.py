@@ -1,0 +1,126 @@
+"""The public entry points of the evaluation engine: start, resume and re-score a run.
+
+    config = RunConfig(dataset=DatasetSpec(path="suite"), models=resolve_specs(["reference/image-rules"]))
+    stats = asyncio.run(start_run(config, Path("out/runs/r1"), cache_dir=Path("out/cache")))
+
+A run folder holds ``run.sqlite`` (the store, the truth) and ``config.json`` (a readable copy of
+the configuration). Resume reloads the dataset the run recorded and refuses one whose content
+hash changed; every stored response is reused, so only missing or failed calls are made.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from evaluation.datasets import Dataset, load_dataset
+from evaluation.errors import StoreError
+from evaluation.prompts import default_prompts
+from evaluation.runconfig import RunConfig, code_version, package_versions
+from evaluation.runner import Runner
+from evaluation.scoring_bridge import rescore_run
+from evaluation.store import STORE_FILE, RunStore
+from evaluation.units import RunStats
+
+log = logging.getLogger(__name__)
+Progress = Callable[[RunStats], None]
+
+
+def _cache(config: RunConfig, cache_dir: Path | None) -> Path:
+    return Path(config.cache_dir) if config.cache_dir else (cache_dir or Path("out/cache"))
+
+
+def open_dataset(config: RunConfig, cache_dir: Path | None = None) -> Dataset:
+    return load_dataset(config.dataset, _cache(config, cache_dir))
+
+
+async def start_run(
+    config: RunConfig,
+    run_dir: Path,
+    *,
+    cache_dir: Path | None = None,
+    dataset: Dataset | None = None,
+    on_progress: Progress | None = None,
+    score: bool = True,
+) -> RunStats:
+    """Create the run folder and store, record the configuration, and run every unit."""
+    if (run_dir / STORE_FILE).exists():
+        raise StoreError(f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`")
+    dataset = dataset or open_dataset(config, cache_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    store = RunStore(run_dir, create=True, durable=config.durable)
+    try:
+        prompts = default_prompts()
+        store.init_run(
+            config.run_id,
+            config.model_dump(mode="json"),
+            dataset_name=dataset.name,
+            dataset_kind=dataset.kind,
+            dataset_hash=dataset.hash,
+            prompt_version=prompts.version,
+            code_version=code_version(),
+            packages=package_versions(),
+        )
+        (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
+        runner = Runner(
+            config, dataset, store, prompts=prompts, on_progress=on_progress, score=score
+        )
+        return await runner.run()
+    finally:
+        store.close()
+
+
+def load_config(run_dir: Path) -> tuple[RunConfig, dict[str, object]]:
+    store = RunStore(run_dir)
+    try:
+        row = store.run_row()
+    finally:
+        store.close()
+    return RunConfig.model_validate(row["config"]), row
+
+
+async def resume_run(
+    run_dir: Path,
+    *,
+    cache_dir: Path | None = None,
+    api_base: str | None = None,
+    on_progress: Progress | None = None,
+    allow_changed_dataset: bool = False,
+    score: bool = True,
+) -> RunStats:
+    """Continue a run: stored responses are reused, missing and failed calls are made."""
+    config, row = load_config(run_dir)
+    if api_base:
+        for spec in config.models:
+            if spec.kind == "litellm":
+                spec.api_base = api_base
+    dataset = open_dataset(config, cache_dir)
+    if dataset.hash != row["dataset_hash"] and not allow_changed_dataset:
+        raise StoreError(
+            f"the dataset changed since the run started (hash {str(row['dataset_hash'])[:12]} -> "
+            f"{dataset.hash[:12]}); resume would mix two datasets"
+        )
+    store = RunStore(run_dir, durable=config.durable)
+    try:
+        runner = Runner(config, dataset, store, on_progress=on_progress, score=score)
+        return await runner.run()
+    finally:
+        store.close()
+
+
+def rescore(
+    run_dir: Path, *, cache_dir: Path | None = None, bertscore: bool | None = None
+) -> dict[str, int]:
+    """Re-parse and re-score every stored response (never calls a model)."""
+    config, row = load_config(run_dir)
+    dataset = open_dataset(config, cache_dir)
+    if dataset.hash != row["dataset_hash"]:
+        log.warning("dataset content changed since the run: scores use the current ground truth")
+    store = RunStore(run_dir)
+    try:
+        return rescore_run(
+            store, dataset, bertscore=config.bertscore if bertscore is None else bertscore
+        )
+    finally:
+        store.close()

@@ -1,0 +1,100 @@
+"""Export a run: one record per case x task x model x sample, with its answer and its scores.
+
+JSON Lines keeps the nesting (turns, answer, scores by name, error label); Parquet flattens it
+(one ``score.<name>`` column per scorer, nested parts as JSON strings). Reading the store only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from evaluation.errors import StoreError
+from evaluation.store import RunStore, sample_id
+
+
+def records(store: RunStore) -> Iterator[dict[str, Any]]:
+    run = store.run_row()
+    responses = store.responses()
+    scores = store.scores()
+    labels = store.error_labels()
+    for row in store.samples():
+        sid = sample_id(row["case_id"], row["task"], row["model"], row["sample"])
+        turns = []
+        totals: dict[str, float] = {}
+        graders = {
+            t["grader"]: (responses[t["cache_key"]].text if t["cache_key"] in responses else None)
+            for t in row["turns"]
+            if "grader" in t
+        }
+        for t in (t for t in row["turns"] if "grader" not in t):
+            out = responses.get(t["cache_key"])
+            entry = {**t, "response_text": out.text if out else None}
+            if out is not None:
+                for name in ("prompt_tokens", "completion_tokens", "cost_usd", "latency_s"):
+                    value = getattr(out, name)
+                    entry[name] = value
+                    if value is not None:
+                        totals[name] = totals.get(name, 0) + value
+            turns.append(entry)
+        parsed = row["parsed"] or {}
+        answer = parsed.get("answer")
+        label = labels.get(sid)
+        yield {
+            "run_id": run["run_id"],
+            "dataset_hash": run["dataset_hash"],
+            "case_id": row["case_id"],
+            "task": row["task"],
+            "family": row["family"],
+            "model": row["model"],
+            "sample": row["sample"],
+            "status": row["status"],
+            "parse_error": row["parse_error"] or None,
+            "final_diagnosis": (answer or {}).get("final_diagnosis"),
+            "answer": answer,
+            "response_text": turns[-1]["response_text"] if turns else None,
+            "turns": turns,
+            "grader_replies": graders or None,
+            "image_hashes": row["image_hashes"],
+            "scores": {s.scorer: s.value for s in scores.get(sid, [])},
+            "score_explanations": {s.scorer: s.explanation for s in scores.get(sid, [])},
+            "error_label": label.model_dump(mode="json") if label else None,
+            "prompt_tokens": totals.get("prompt_tokens"),
+            "completion_tokens": totals.get("completion_tokens"),
+            "cost_usd": totals.get("cost_usd"),
+            "latency_s": totals.get("latency_s"),
+        }
+
+
+def _flat(rec: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in rec.items() if k not in ("scores", "score_explanations")}
+    for k in ("answer", "turns", "image_hashes", "error_label", "grader_replies"):
+        out[k] = json.dumps(rec[k]) if rec[k] is not None else None
+    out["error_category"] = (rec["error_label"] or {}).get("category")
+    for name, value in rec["scores"].items():
+        out[f"score.{name}"] = value
+    return out
+
+
+def export_run(store: RunStore, out: Path) -> int:
+    """Write the run to ``out`` (.jsonl or .parquet); returns the number of records."""
+    rows = list(records(store))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    suffix = out.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        with out.open("w", encoding="utf-8") as fh:
+            for r in rows:
+                fh.write(json.dumps(r, ensure_ascii=False) + "\n")
+    elif suffix == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        flat = [_flat(r) for r in rows]
+        columns = sorted({k for r in flat for k in r}, key=lambda k: (k.startswith("score."), k))
+        table = pa.Table.from_pylist([{c: r.get(c) for c in columns} for r in flat])
+        pq.write_table(table, out)
+    else:
+        raise StoreError(f"export to {out}: use a .jsonl or .parquet file name")
+    return len(rows)

@@ -1,0 +1,54 @@
+"""Model adapters: the registry that turns a :class:`ModelSpec` into a ``ModelAdapter``.
+
+Built in, with no key and no network (baselines, not vision-language models):
+``reference/text-prior`` (the record alone), ``reference/image-rules`` (classical image
+analysis) and ``replay:PATH`` (answers from a file). Any other name is a litellm model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evaluation.models.spec import (
+    BUILTIN,
+    REFERENCE_IMAGE,
+    REFERENCE_TEXT,
+    REPLAY,
+    ModelSpec,
+    load_models_file,
+    resolve_specs,
+)
+from evaluation.records import ModelAdapter
+
+__all__ = [
+    "BUILTIN",
+    "ModelSpec",
+    "create_model",
+    "load_models_file",
+    "resolve_specs",
+]
+
+
+def create_model(spec: ModelSpec) -> ModelAdapter:
+    """The adapter for a spec (litellm is imported only when a litellm model is used)."""
+    kind = spec.kind
+    if kind == REFERENCE_TEXT:
+        from evaluation.models.reference_text import TextPriorModel
+
+        return TextPriorModel(spec.name)
+    if kind == REFERENCE_IMAGE:
+        from evaluation.models.reference_image import ImageRulesModel
+
+        return ImageRulesModel(spec.name)
+    if kind == REPLAY:
+        from evaluation.models.replay import ReplayModel
+
+        path, _, model = (spec.replay_file or "").partition("#")
+        return ReplayModel(spec.name, Path(path), model or None)
+    from evaluation.models.litellm_adapter import LiteLLMAdapter
+
+    if spec.processes:
+        from evaluation.models.call_pool import CallPool
+
+        return LiteLLMAdapter(spec, pool=CallPool(spec.processes))
+    return LiteLLMAdapter(spec)

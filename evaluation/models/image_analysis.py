@@ -1,0 +1,222 @@
+"""Classical analysis of rendered slices: asymmetric signal against the mirror hemisphere.
+
+For each tile of a montage (or a single slice) the head is segmented, the midline taken as the
+centre of the head, and the slice compared with its left-right mirror image. Regions much
+brighter than their mirror (FLAIR, T2, DWI, T1C, CT: hyper) or much darker (ADC, CT: hypo)
+become blobs with a side, a rough region and a size. Images are radiological: a blob on the
+image LEFT is in the patient's RIGHT hemisphere. Overlay text (yellow marks) is ignored.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import ndimage
+
+HEAD_WIDTH_MM = 140.0  # typical biparietal width: converts pixels to mm without a header
+_TILE_SIZES = (512, 384, 320, 256, 192, 160, 128)
+_SEQ_WORDS = (
+    ("T1C", r"\bT1C\b|post[- ]?contrast|\+C\b|T1C\+"),
+    ("FLAIR", r"\bFLAIR\b"),
+    ("ADC", r"\bADC\b"),
+    ("DWI", r"\bDWI\b|\bTRACE\b|\bb=\s*\d{3,4}"),
+    ("SWI", r"\bSWI\b|\bT2STAR\b|T2\*"),
+    ("CT", r"\bCT\b"),
+    ("T2", r"\bT2\b"),
+    ("T1", r"\bT1\b"),
+)
+
+
+@dataclass
+class Blob:
+    sequence: str
+    kind: str  # "hyper" | "hypo"
+    side: str  # patient side: "left" | "right" | "midline"
+    region: str
+    diameter_mm: float
+    area_frac: float  # of the brain area in that tile
+    contrast: float  # mean difference to the mirror, in grey levels
+    ring: bool
+    z_mm: float | None
+    peripheral: bool
+
+
+def sequence_of(label: str) -> str | None:
+    for name, pattern in _SEQ_WORDS:
+        if re.search(pattern, label, re.I):
+            return name
+    return None
+
+
+def plane_of(label: str) -> str | None:
+    m = re.search(r"\b(axial|sagittal|coronal)\b", label, re.I)
+    return m.group(1).lower() if m else None
+
+
+def decode(png: bytes) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as im:
+        return np.asarray(im.convert("RGB"), dtype=np.uint8)
+
+
+def _grey(rgb: np.ndarray) -> np.ndarray:
+    r, g, b = (rgb[..., i].astype(np.int16) for i in range(3))
+    overlay = (r - b > 60) & (g - b > 60)  # the yellow R/L and position marks
+    grey = rgb.mean(axis=2).astype(np.float32)
+    grey[ndimage.maximum_filter(overlay, size=5)] = 0
+    if grey.shape[0] >= 160 and grey.shape[1] >= 160:
+        # Half resolution: plenty for lesions of a few mm, and four times less work.
+        grey = grey[: grey.shape[0] // 2 * 2, : grey.shape[1] // 2 * 2]
+        grey = grey.reshape(grey.shape[0] // 2, 2, grey.shape[1] // 2, 2).mean(axis=(1, 3))
+    return grey
+
+
+def tiles(rgb: np.ndarray, montage: bool) -> list[np.ndarray]:
+    """Tiles of a montage (header bar above a grid of square tiles), or the one slice."""
+    h, w = rgb.shape[:2]
+    if montage:
+        for size in _TILE_SIZES:
+            bar = max(24, size // 8)
+            if w % size == 0 and h > bar and (h - bar) % size == 0:
+                rows, cols = (h - bar) // size, w // size
+                found = [
+                    rgb[bar + r * size : bar + (r + 1) * size, c * size : (c + 1) * size]
+                    for r in range(rows)
+                    for c in range(cols)
+                ]
+                return [t for t in found if t.max() > 0]  # skip empty grid cells
+    if h > w:  # single slice with a header bar on top
+        return [rgb[h - w :, :]]
+    return [rgb]
+
+
+def tile_positions(label: str, n: int) -> list[float | None]:
+    """Slice positions of a montage's tiles from its label ("..., S 10 mm to S 80 mm")."""
+    m = re.search(r"([SI]) (\d+(?:\.\d+)?) mm to ([SI]) (\d+(?:\.\d+)?) mm", label)
+    if m and n > 1:
+        a = float(m.group(2)) * (1 if m.group(1) == "S" else -1)
+        b = float(m.group(4)) * (1 if m.group(3) == "S" else -1)
+        return [float(v) for v in np.linspace(a, b, n)]
+    m = re.search(r"\b([SI]) (\d+(?:\.\d+)?) mm", label)
+    if m and n == 1:
+        return [float(m.group(2)) * (1 if m.group(1) == "S" else -1)]
+    return [None] * n
+
+
+def _region(y: float, x: float, z: float | None) -> tuple[str, bool]:
+    """Rough region from the blob's place in the head: y 0=anterior..1, x 0=midline..1=lateral."""
+    peripheral = x > 0.78 or y < 0.08 or y > 0.92
+    if z is not None and z < -15:
+        if y > 0.62:
+            return ("cerebellum" if x > 0.15 else "brainstem"), peripheral
+        return "temporal", peripheral
+    if x < 0.4 and 0.3 < y < 0.72:
+        if z is not None and z < 15:
+            return "basal ganglia", peripheral
+        return "periventricular white matter", peripheral
+    if y < 0.36:
+        return "frontal", peripheral
+    if y > 0.72:
+        return "occipital", peripheral
+    if z is not None and z < 25 and x > 0.55:
+        return "temporal", peripheral
+    return "parietal", peripheral
+
+
+def analyse_tile(grey: np.ndarray, sequence: str | None, z: float | None) -> list[Blob]:
+    if grey.max() <= 0:
+        return []
+    positive = grey[grey > 0]
+    head = grey > 0.12 * float(np.percentile(positive, 99))
+    head = ndimage.binary_fill_holes(ndimage.binary_opening(head))
+    lab, n = ndimage.label(head)
+    if n == 0:
+        return []
+    sizes = ndimage.sum(head, lab, range(1, n + 1))
+    head = lab == (int(np.argmax(sizes)) + 1)
+    rows, cols = np.nonzero(head)
+    r0, r1, c0, c1 = rows.min(), rows.max(), cols.min(), cols.max()
+    width = max(1, c1 - c0)
+    if width < 16 or (r1 - r0) < 16:
+        return []
+    # The brain without scalp and skull: the head eroded by ~1/18 of its width.
+    brain = ndimage.distance_transform_cdt(head, metric="chessboard") > max(2, width // 18)
+    if brain.sum() < 100:
+        return []
+    mid = (c0 + c1) / 2.0
+    smooth = ndimage.gaussian_filter(grey, 1.0)
+    cols_idx = np.clip(
+        np.round(2 * mid - np.arange(grey.shape[1])).astype(int), 0, grey.shape[1] - 1
+    )
+    mirror = smooth[:, cols_idx]
+    both = brain & brain[:, cols_idx]
+    diff = np.where(both, smooth - mirror, 0.0)
+    vals = smooth[both]
+    if vals.size < 100:
+        return []  # the head is too far off-centre to be mirrored
+    spread = float(np.percentile(vals, 90) - np.percentile(vals, 10)) or 1.0
+    # Noise of the left-right difference (robust): noisy sequences (DWI) need a higher bar.
+    d = diff[both]
+    noise = 1.4826 * float(np.median(np.abs(d - np.median(d))))
+    bar = max(0.3 * spread, 4.0 * noise)
+    kinds = []
+    seq = sequence or "UNKNOWN"
+    if seq in ("FLAIR", "T2", "DWI", "T1C", "CT", "UNKNOWN"):
+        kinds.append(("hyper", (diff > bar) & (smooth > np.percentile(vals, 70))))
+    if seq in ("ADC", "CT", "SWI"):
+        kinds.append(("hypo", (diff < -bar) & (smooth < np.percentile(vals, 35))))
+    mm_per_px = HEAD_WIDTH_MM / width
+    brain_area = float(brain.sum())
+    out: list[Blob] = []
+    for kind, raw in kinds:
+        mask = ndimage.binary_opening(raw)
+        lab, n = ndimage.label(mask)
+        if n == 0:
+            continue
+        areas = np.bincount(lab.ravel())
+        keep = [k for k in range(1, n + 1) if areas[k] >= max(5, 0.0015 * brain_area)]
+        if not keep:
+            continue
+        filled_lab, _ = ndimage.label(ndimage.binary_fill_holes(mask))
+        filled_areas = np.bincount(filled_lab.ravel())
+        centres = ndimage.center_of_mass(mask, lab, keep)
+        means = ndimage.mean(np.abs(diff), lab, keep)
+        for k, (cy, cx), contrast in zip(keep, centres, means, strict=True):
+            area = int(areas[k])
+            rr, cc = np.nonzero(lab == k)
+            filled = int(filled_areas[filled_lab[rr[0], cc[0]]])
+            x_rel = abs(cx - mid) / (width / 2)
+            y_rel = (cy - r0) / max(1, r1 - r0)
+            side = "midline" if x_rel < 0.06 else ("right" if cx < mid else "left")
+            region, peripheral = _region(y_rel, x_rel, z)
+            out.append(
+                Blob(
+                    sequence=seq,
+                    kind=kind,
+                    side=side,
+                    region=region,
+                    diameter_mm=round(2 * float(np.sqrt(filled / np.pi)) * mm_per_px, 1),
+                    area_frac=area / brain_area,
+                    contrast=float(contrast),
+                    ring=filled > 1.4 * area and filled > 10,
+                    z_mm=z,
+                    peripheral=peripheral,
+                )
+            )
+    return out
+
+
+def analyse_image(png: bytes, label: str, kind: str) -> tuple[str | None, list[Blob]]:
+    """(sequence, blobs) of one image part."""
+    seq = sequence_of(label)
+    rgb = decode(png)
+    parts = tiles(rgb, montage=(kind == "montage" or "montage" in label.lower()))
+    zs = tile_positions(label, len(parts))
+    blobs: list[Blob] = []
+    for tile, z in zip(parts, zs, strict=True):
+        blobs.extend(analyse_tile(_grey(tile), seq, z))
+    return seq, blobs

@@ -1,0 +1,140 @@
+"""Model specifications: a name in the run, the litellm model behind it, and how to reach it.
+
+A spec comes from ``--model NAME`` (plus ``--api-base``/``--api-key-env``) or from a models
+file (YAML or JSON)::
+
+    models:
+      - name: gpt-4o
+        model: openai/gpt-4o
+        api_key_env: OPENAI_API_KEY
+      - name: medgemma
+        model: hosted_vllm/google/medgemma-27b-it
+        api_base: http://gpu-box:8000/v1
+        concurrency: 4
+
+The key itself is never written anywhere: a spec names the environment variable holding it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from evaluation.errors import ModelConfigError
+
+REFERENCE_TEXT = "reference/text-prior"
+REFERENCE_IMAGE = "reference/image-rules"
+REPLAY = "replay"
+BUILTIN = (REFERENCE_TEXT, REFERENCE_IMAGE)
+
+
+class ModelSpec(BaseModel):
+    name: str  # how the model is called in the run (unique)
+    model: str | None = None  # litellm model name; default: ``name``
+    api_base: str | None = None
+    api_key_env: str | None = None  # environment variable holding the key
+    concurrency: int = Field(default=8, ge=1, le=1024)
+    max_retries: int = Field(default=5, ge=0, le=50)
+    backoff_base_s: float = Field(default=1.0, ge=0)
+    backoff_max_s: float = Field(default=60.0, ge=0)
+    timeout_s: float | None = None  # per call; default: the run's GenerateConfig
+    temperature: float | None = None  # overrides the run's decoding for this model
+    top_p: float | None = None
+    max_tokens: int | None = None
+    drop_params: bool = True  # let litellm drop parameters a model does not accept
+    processes: int = Field(default=0, ge=0, le=64)  # >0: litellm calls in N worker processes
+    replay_file: str | None = None  # for ``replay``
+    extra: dict[str, Any] = Field(default_factory=dict)  # passed to litellm.acompletion
+
+    @property
+    def litellm_model(self) -> str:
+        return self.model or self.name
+
+    @property
+    def kind(self) -> str:
+        m = self.litellm_model
+        if m in BUILTIN:
+            return m
+        if m == REPLAY or m.startswith(REPLAY + ":"):
+            return REPLAY
+        return "litellm"
+
+    @property
+    def is_local(self) -> bool:
+        """Runs in this process (reference models, replay): nothing leaves."""
+        return self.kind != "litellm"
+
+    def identity(self) -> dict[str, Any]:
+        """What makes two specs the same model for the cache key (not endpoint, not key)."""
+        return {
+            "name": self.name,
+            "model": self.litellm_model,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "extra": self.extra,
+        }
+
+
+def load_models_file(path: Path) -> dict[str, ModelSpec]:
+    """Specs of a models file, by name."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ModelConfigError(f"models file {path}: {exc}") from exc
+    entries = data.get("models") if isinstance(data, dict) else data
+    if isinstance(entries, dict):
+        entries = [{"name": k, **(v or {})} for k, v in entries.items()]
+    if not isinstance(entries, list):
+        raise ModelConfigError(f"models file {path}: expected a 'models' list or mapping")
+    out: dict[str, ModelSpec] = {}
+    for n, entry in enumerate(entries):
+        try:
+            spec = ModelSpec.model_validate(entry)
+        except ValidationError as exc:
+            raise ModelConfigError(
+                f"models file {path}, entry {n + 1}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+            ) from exc
+        if spec.name in out:
+            raise ModelConfigError(f"models file {path}: model {spec.name!r} listed twice")
+        out[spec.name] = spec
+    return out
+
+
+def resolve_specs(
+    names: list[str],
+    *,
+    models_file: Path | None = None,
+    api_base: str | None = None,
+    api_key_env: str | None = None,
+    concurrency: int | None = None,
+    processes: int | None = None,
+) -> list[ModelSpec]:
+    """Specs for ``--model`` names: from the models file when listed there, else by name."""
+    known = load_models_file(models_file) if models_file else {}
+    specs: list[ModelSpec] = []
+    for name in names:
+        if name in known:
+            spec = known[name].model_copy()
+        elif name.startswith(REPLAY + ":"):
+            spec = ModelSpec(name=name, model=REPLAY, replay_file=name.split(":", 1)[1])
+        else:
+            spec = ModelSpec(name=name)
+        if spec.kind == "litellm":
+            if api_base and not spec.api_base:
+                spec.api_base = api_base
+            if api_key_env and not spec.api_key_env:
+                spec.api_key_env = api_key_env
+        if concurrency and name not in known:
+            spec.concurrency = concurrency
+        if processes and name not in known and spec.kind == "litellm":
+            spec.processes = processes
+        if spec.kind == REPLAY and not spec.replay_file:
+            raise ModelConfigError(f"model {name!r}: replay needs a file (replay:PATH)")
+        specs.append(spec)
+    if len({s.name for s in specs}) != len(specs):
+        raise ModelConfigError("the same model is named twice")
+    return specs

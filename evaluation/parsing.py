@@ -1,0 +1,222 @@
+"""Answer parsing: find the JSON object in a model's reply and validate it against the schema.
+
+The JSON may sit in a fenced block or in prose; reasoning traces (``<think>...</think>``) are
+skipped. The object is validated against the family's answer schema (JSON Schema file of the
+prompt set), with the keys the family requires, then built into the typed record. A reply with
+no valid object is a FORMAT_FAILURE: stored, counted, never scored as a wrong answer. A reply
+that declines is a REFUSAL. Small, unambiguous repairs are made and listed in ``repairs``
+(a number given for a string field, "60%" for 0.6, "MRI" spelled "mri").
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import Any
+
+import jsonschema
+from pydantic import BaseModel, Field, ValidationError
+
+from evaluation.prompts import PromptSet, default_prompts
+from evaluation.records import Answer, ClassificationAnswer, ParseStatus, TaskFamily
+from evaluation.tasks import REQUIRED_KEYS, schema_name
+
+MAX_REPLY_CHARS = 400_000
+MAX_CANDIDATES = 200
+_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
+_THINK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.S | re.I)
+_REFUSAL = re.compile(
+    r"\b(I can(?:'|no)t (?:help|assist|provide|comply)|I'm (?:not able|unable) to|I am unable to|"
+    r"I (?:must|have to) decline|cannot provide (?:a )?(?:medical )?diagnos[ie]s|"
+    r"not able to (?:provide|give) (?:a )?(?:medical )?diagnos[ie]s)",
+    re.I,
+)
+_CLASS_ENUMS: dict[str, dict[str, str]] = {
+    "modality": {"ct": "CT", "mri": "MRI", "mr": "MRI"},
+    "specialized_sequence": {
+        "flair": "FLAIR",
+        "t1": "T1",
+        "t2": "T2",
+        "t1c+": "T1C+",
+        "t1c": "T1C+",
+        "t1+c": "T1C+",
+        "t1 post-contrast": "T1C+",
+    },
+    "plane": {"axial": "axial", "sagittal": "sagittal", "coronal": "coronal"},
+    "diagnosis_name": {
+        "tumor": "tumor",
+        "tumour": "tumor",
+        "stroke": "stroke",
+        "multiple sclerosis": "multiple sclerosis",
+        "ms": "multiple sclerosis",
+        "normal": "normal",
+        "other abnormalities": "other abnormalities",
+        "other abnormality": "other abnormalities",
+        "other": "other abnormalities",
+    },
+    "diagnosis_detailed": {"ischaemic": "ischemic", "haemorrhagic": "hemorrhagic"},
+}
+_UNIT_FIELDS = ("confidence", "likelihood", "severity_score", "diagnosis_confidence")
+
+
+class ParsedAnswer(BaseModel):
+    status: ParseStatus
+    answer: Answer | ClassificationAnswer | None = None
+    data: dict[str, Any] | None = None  # the JSON object found (after repairs)
+    error: str = ""  # why it failed, for a format failure
+    missing_fields: list[str] = Field(default_factory=list)
+    repairs: list[str] = Field(default_factory=list)
+
+
+def json_candidates(text: str) -> list[dict[str, Any]]:
+    """JSON objects in a reply: fenced blocks first, then objects found in the prose."""
+    text = _THINK.sub(" ", text[:MAX_REPLY_CHARS])
+    found: list[dict[str, Any]] = []
+    for m in _FENCE.finditer(text):
+        try:
+            obj = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+    decoder = json.JSONDecoder()
+    starts = [m.start() for m in re.finditer(r"\{", text)][:MAX_CANDIDATES]
+    end = -1
+    for pos in starts:
+        if pos < end:
+            continue  # inside an object already taken
+        try:
+            obj, stop = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+            end = stop
+    return found
+
+
+@lru_cache(maxsize=8)
+def _validator(prompts: PromptSet, name: str, required: tuple[str, ...]) -> Any:
+    schema = dict(prompts.schema(name))
+    schema["required"] = list(required)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def _unit(value: Any, where: str, repairs: list[str]) -> Any:
+    if isinstance(value, str):
+        s = value.strip().rstrip("%").strip()
+        try:
+            number = float(s)
+        except ValueError:
+            return value
+        repairs.append(f"{where}: text {value!r} read as a number")
+        value = number / 100 if value.strip().endswith("%") else number
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 1 < value <= 100:
+        repairs.append(f"{where}: {value} read as a percentage")
+        return value / 100
+    return value
+
+
+def _list(data: dict[str, Any], key: str) -> list[Any]:
+    value = data.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _repair_answer(data: dict[str, Any], repairs: list[str]) -> dict[str, Any]:
+    if "confidence" in data:
+        data["confidence"] = _unit(data["confidence"], "confidence", repairs)
+    for n, seq in enumerate(_list(data, "sequences_identified")):
+        if isinstance(seq, dict) and isinstance(seq.get("image"), (int, float)):
+            seq["image"] = str(seq["image"])
+            repairs.append(f"sequences_identified[{n}].image: number read as text")
+    differential = _list(data, "differential")
+    for n, item in enumerate(differential):
+        if isinstance(item, str):
+            differential[n] = item = {"diagnosis": item}
+            repairs.append(f"differential[{n}]: a bare name read as a diagnosis")
+        if not isinstance(item, dict):
+            continue
+        if "likelihood" in item:
+            item["likelihood"] = _unit(item["likelihood"], f"differential[{n}].likelihood", repairs)
+        for key in ("evidence_for", "evidence_against"):
+            if isinstance(item.get(key), str):
+                item[key] = [item[key]]
+    for item in _list(data, "findings"):
+        if isinstance(item, dict) and isinstance(item.get("size_mm"), str):
+            m = re.match(r"\s*(\d+(?:\.\d+)?)", item["size_mm"])
+            if m:
+                item["size_mm"] = float(m.group(1))
+                repairs.append("findings.size_mm: text read as a number")
+    if isinstance(data.get("next_steps"), str):
+        data["next_steps"] = [data["next_steps"]]
+    return data
+
+
+def _repair_classification(data: dict[str, Any], repairs: list[str]) -> dict[str, Any]:
+    for key, table in _CLASS_ENUMS.items():
+        value = data.get(key)
+        if isinstance(value, str):
+            low = value.strip().lower()
+            if low in ("", "null", "none", "n/a", "unknown"):
+                data[key] = None
+                repairs.append(f"{key}: {value!r} read as null")
+            elif low in table and table[low] != value:
+                data[key] = table[low]
+                repairs.append(f"{key}: {value!r} read as {table[low]!r}")
+            elif key == "diagnosis_detailed" and low != value:
+                data[key] = low
+    for key in ("severity_score", "diagnosis_confidence", "severity_confidence"):
+        if key in data:
+            data[key] = _unit(data[key], key, repairs)
+    return data
+
+
+def parse_answer(
+    text: str,
+    family: TaskFamily,
+    *,
+    refusal: bool = False,
+    error: str | None = None,
+    prompts: PromptSet | None = None,
+) -> ParsedAnswer:
+    """Status and typed answer of one reply (``refusal``/``error`` come from the model call)."""
+    if error:
+        return ParsedAnswer(status=ParseStatus.ERROR, error=error)
+    if refusal:
+        return ParsedAnswer(status=ParseStatus.REFUSAL, error="the provider reported a refusal")
+    prompts = prompts or default_prompts()
+    name = schema_name(family)
+    validator = _validator(prompts, name, REQUIRED_KEYS[family])
+    last_error = "no JSON object found in the reply"
+    for candidate in reversed(json_candidates(text)):  # the final object is the answer
+        repairs: list[str] = []
+        data = json.loads(json.dumps(candidate))  # a private copy to repair
+        data = (
+            _repair_classification(data, repairs)
+            if family is TaskFamily.CLASSIFICATION
+            else _repair_answer(data, repairs)
+        )
+        errors = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
+        if errors:
+            e = errors[0]
+            where = "/".join(str(p) for p in e.path) or "(top level)"
+            last_error = f"schema: {where}: {e.message[:200]}"
+            continue
+        try:
+            answer: Answer | ClassificationAnswer = (
+                ClassificationAnswer.model_validate(data)
+                if family is TaskFamily.CLASSIFICATION
+                else Answer.model_validate(data)
+            )
+        except ValidationError as exc:
+            last_error = f"record: {exc.errors()[0]['msg'][:200]}"
+            continue
+        required = prompts.schema(name).get("required", [])
+        missing = [k for k in required if k not in data]
+        return ParsedAnswer(
+            status=ParseStatus.OK, answer=answer, data=data, missing_fields=missing, repairs=repairs
+        )
+    if _REFUSAL.search(text[:4000]) and not json_candidates(text):
+        return ParsedAnswer(status=ParseStatus.REFUSAL, error="the reply declines to answer")
+    return ParsedAnswer(status=ParseStatus.FORMAT_FAILURE, error=last_error)

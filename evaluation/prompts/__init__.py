@@ -1,0 +1,128 @@
+"""Versioned prompt templates (Jinja2) and answer schemas, and how a rendered prompt becomes parts.
+
+Each template starts with ``{# version: NAME-N #}``; the versions of every template and schema,
+and a hash of their exact bytes, are recorded with every run (``PromptSet.version``), and every
+request stores the hash of its own rendered text. A template places an image with the marker
+``[[image:N]]`` on a line of its own; :func:`to_parts` splits the rendered text at the markers
+and interleaves the image parts in that order. Untrusted text (record, note, questions, labels)
+goes through the ``neutral`` filter, which defuses markers and control characters, so a note
+cannot smuggle an image reference or a fake instruction block in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from functools import cached_property, lru_cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from evaluation.errors import PromptError
+from evaluation.records import ImagePart, TextPart
+
+TEMPLATE_DIR = Path(__file__).parent / "templates"
+SCHEMA_DIR = Path(__file__).parent / "schemas"
+_VERSION = re.compile(r"\{#\s*version:\s*([\w.-]+)\s*#\}")
+_MARKER = re.compile(r"^\[\[image:(\d+)\]\]$", re.M)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def neutral(value: Any) -> str:
+    """Untrusted text made inert for a template: no image markers, no control characters."""
+    text = _CONTROL.sub(" ", str(value)) if value is not None else ""
+    return text.replace("[[", "[ [").replace("]]", "] ]")
+
+
+class PromptSet:
+    """The templates and schemas of one prompt directory (the built-in one by default)."""
+
+    def __init__(self, template_dir: Path | None = None, schema_dir: Path | None = None) -> None:
+        self.template_dir = Path(template_dir or TEMPLATE_DIR)
+        self.schema_dir = Path(schema_dir or SCHEMA_DIR)
+        if not self.template_dir.is_dir():
+            raise PromptError(f"prompt template folder not found: {self.template_dir}")
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(self.template_dir)),
+            undefined=jinja2.StrictUndefined,
+            autoescape=False,  # plain text prompts, not HTML; untrusted text goes via `neutral`
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=False,
+        )
+        self.env.filters["neutral"] = neutral
+
+    def render(self, name: str, **context: Any) -> str:
+        try:
+            text = self.env.get_template(name).render(**context)
+        except jinja2.TemplateNotFound as exc:
+            raise PromptError(f"prompt template {name!r} not found in {self.template_dir}") from exc
+        except jinja2.UndefinedError as exc:
+            raise PromptError(f"prompt template {name!r}: {exc}") from exc
+        # Collapse runs of blank lines left by conditional blocks.
+        return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+    def schema(self, name: str) -> dict[str, Any]:
+        path = self.schema_dir / f"{name}.schema.json"
+        try:
+            loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise PromptError(f"answer schema {name!r} not found at {path}") from exc
+        return loaded
+
+    def schema_text(self, name: str) -> str:
+        return json.dumps(self.schema(name), separators=(",", ":"))
+
+    @cached_property
+    def versions(self) -> dict[str, str]:
+        """Template/schema file name -> declared version (or the file's short hash)."""
+        out = {}
+        for path in sorted([*self.template_dir.glob("*.j2"), *self.schema_dir.glob("*.json")]):
+            text = path.read_text(encoding="utf-8")
+            m = _VERSION.search(text)
+            if m:
+                out[path.name] = m.group(1)
+            else:
+                sid = json.loads(text).get("$id") if path.suffix == ".json" else None
+                out[path.name] = sid or hashlib.sha256(text.encode()).hexdigest()[:12]
+        return out
+
+    @cached_property
+    def version(self) -> str:
+        """One string for the whole set: a hash of every template and schema byte."""
+        h = hashlib.sha256()
+        for path in sorted([*self.template_dir.glob("*.j2"), *self.schema_dir.glob("*.json")]):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        return "prompts-" + h.hexdigest()[:16]
+
+
+def to_parts(text: str, images: list[ImagePart]) -> list[TextPart | ImagePart]:
+    """Split rendered text at ``[[image:N]]`` markers (1-based) and interleave the images."""
+    parts: list[TextPart | ImagePart] = []
+    pos = 0
+    used = set()
+    for m in _MARKER.finditer(text):
+        n = int(m.group(1))
+        if not 1 <= n <= len(images):
+            raise PromptError(f"template refers to image {n}, but {len(images)} were given")
+        chunk = text[pos : m.start()].strip("\n")
+        if chunk.strip():
+            parts.append(TextPart(text=chunk))
+        parts.append(images[n - 1])
+        used.add(n)
+        pos = m.end()
+    tail = text[pos:].strip("\n")
+    if tail.strip():
+        parts.append(TextPart(text=tail))
+    if len(used) != len(images):
+        missing = sorted(set(range(1, len(images) + 1)) - used)
+        raise PromptError(f"template did not place images {missing}")
+    return parts
+
+
+@lru_cache(maxsize=1)
+def default_prompts() -> PromptSet:
+    """The built-in prompt set (loaded once)."""
+    return PromptSet()

@@ -1,0 +1,153 @@
+"""A report folder: per-case checklists (JSON, HTML, PDF) and the run summary (JSON, HTML, PDF).
+
+Layout (what ``neurosandbox report`` writes and the gateway's review pages read)::
+
+    rundata.json             the run as read (RunData): the summary is rebuilt from it
+    checklist.schema.json    JSON Schema of the checklist files
+    summary.json|html|pdf
+    cases/<slug>.json|html|pdf
+    images/<sha256>.png      the images the checklists show, by content hash
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from evaluation.reports.checklist import build_checklist, image_path
+from evaluation.reports.html import ImageLoader, render_checklist, render_summary
+from evaluation.reports.loader import RUNDATA_FILE, save_run
+from evaluation.reports.model import CaseChecklist, checklist_schema
+from evaluation.reports.pdf import PdfError, html_file_to_pdf
+from evaluation.reports.plots import all_plots
+from evaluation.reports.reviews import CaseReview
+from evaluation.reports.rundata import RunData
+from evaluation.reports.summary import SummaryReport, build_summary, case_slug
+
+_SHA = frozenset("0123456789abcdef")
+
+
+class ReportIndex(BaseModel):
+    out: str
+    summary_html: str
+    summary_pdf: str | None = None
+    cases: dict[str, str] = Field(default_factory=dict)  # case id -> checklist HTML
+    pdfs: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
+def bundle_images(out: Path) -> ImageLoaderFactory:
+    """Image loaders that read a bundle's ``images/<sha256>.png`` copies."""
+
+    def factory(cl: CaseChecklist) -> ImageLoader:
+        def load(index: int) -> bytes | None:
+            img = next((i for i in cl.images if i.index == index), None)
+            h = img.file_sha256 if img else None
+            if not h or len(h) != 64 or not set(h) <= _SHA:
+                return None
+            p = out / "images" / f"{h}.png"
+            return p.read_bytes() if p.is_file() else None
+
+        return load
+
+    return factory
+
+
+ImageLoaderFactory = Callable[[CaseChecklist], ImageLoader]
+
+
+def load_checklist(out: Path, slug: str) -> CaseChecklist:
+    return CaseChecklist.model_validate_json((out / "cases" / f"{slug}.json").read_bytes())
+
+
+def load_checklists(out: Path, run: RunData) -> list[CaseChecklist]:
+    return [load_checklist(out, case_slug(c.case_id)) for c in run.cases]
+
+
+def _copy_images(run: RunData, checklists: list[CaseChecklist], out: Path) -> None:
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    for case, cl in zip(run.cases, checklists, strict=True):
+        for ref, item in zip(case.images, cl.images, strict=True):
+            if item.file_sha256 is None:
+                continue
+            dst = out / "images" / f"{item.file_sha256}.png"
+            if not dst.exists():
+                shutil.copyfile(image_path(case, ref.path, run.case_roots.get(case.case_id)), dst)
+
+
+def write_summary(
+    out: Path, report: SummaryReport, *, pdf: bool = True
+) -> tuple[Path, Path | None]:
+    """Write (or rewrite, e.g. after reviews) the summary files of a report folder."""
+    plots = all_plots(report)
+    (out / "summary.json").write_text(report.model_dump_json(indent=2))
+    html = out / "summary.html"
+    html.write_text(render_summary(report, plots))
+    if not pdf:
+        return html, None
+    printable = out / ".summary.print.html"
+    printable.write_text(render_summary(report, plots, print_mode=True))
+    try:
+        return html, html_file_to_pdf(printable, out / "summary.pdf")
+    finally:
+        printable.unlink(missing_ok=True)
+
+
+def write_report(
+    run: RunData,
+    out: Path,
+    *,
+    pdf: bool = True,
+    reviews: list[CaseReview] | None = None,
+    workers: int = 2,
+) -> ReportIndex:
+    """Write the checklists and the summary of ``run`` into ``out``."""
+    out = Path(out)
+    (out / "cases").mkdir(parents=True, exist_ok=True)
+    save_run(run, out / RUNDATA_FILE)
+    (out / "checklist.schema.json").write_text(json.dumps(checklist_schema(), indent=2))
+    checklists = [
+        build_checklist(
+            c, run.samples_of(c.case_id), run_id=run.run_id, case_root=run.case_roots.get(c.case_id)
+        )
+        for c in run.cases
+    ]
+    _copy_images(run, checklists, out)
+    loaders = bundle_images(out)
+    index = ReportIndex(out=str(out), summary_html=str(out / "summary.html"))
+    jobs: list[tuple[Path, Path]] = []
+    for cl in checklists:
+        slug = case_slug(cl.case_id)
+        (out / "cases" / f"{slug}.json").write_text(cl.model_dump_json(indent=2))
+        html = out / "cases" / f"{slug}.html"
+        html.write_text(render_checklist(cl, loaders(cl), summary_href="../summary.html"))
+        index.cases[cl.case_id] = str(html)
+        if pdf:
+            printable = out / "cases" / f".{slug}.print.html"
+            printable.write_text(render_checklist(cl, loaders(cl), print_mode=True))
+            jobs.append((printable, out / "cases" / f"{slug}.pdf"))
+    report = build_summary(run, reviews or [], checklists)
+    plots = all_plots(report)
+    (out / "summary.json").write_text(report.model_dump_json(indent=2))
+    (out / "summary.html").write_text(render_summary(report, plots))
+    if pdf:
+        printable = out / ".summary.print.html"
+        printable.write_text(render_summary(report, plots, print_mode=True))
+        jobs.append((printable, out / "summary.pdf"))
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futures = {pool.submit(html_file_to_pdf, src, dst): (src, dst) for src, dst in jobs}
+            for fut, (src, dst) in futures.items():
+                try:
+                    index.pdfs.append(str(fut.result()))
+                except PdfError as exc:
+                    index.warnings.append(f"{dst.name}: {exc}")
+                finally:
+                    src.unlink(missing_ok=True)
+        if (out / "summary.pdf").exists():
+            index.summary_pdf = str(out / "summary.pdf")
+    return index

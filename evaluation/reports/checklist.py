@@ -1,0 +1,391 @@
+"""Build the per-case checklist from a case, its samples, their parsed answers and raw text."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from datetime import UTC, datetime
+from pathlib import Path
+
+from evaluation.ehr import ehr_text, identifying_terms, note_from_bundle
+from evaluation.phi import scrub_text
+from evaluation.records import Answer, Case, ClassificationAnswer
+from evaluation.reports.flags import answer_flags
+from evaluation.reports.model import (
+    AnswerChecklist,
+    CaseChecklist,
+    DifferentialRow,
+    ErrorItem,
+    FindingItem,
+    Flag,
+    FlagKind,
+    ImageItem,
+    LesionItem,
+    Mark,
+    SamplesOutcome,
+    ScoreRow,
+    SequenceItem,
+    TextItem,
+    TruthSummary,
+    UsageRow,
+)
+from evaluation.reports.rundata import FULL_INPUT, SampleResult
+from evaluation.scoring import anatomy as A
+from evaluation.scoring.lesions import LesionMatchResult
+from evaluation.scoring.recognition import resolve_image
+from evaluation.scoring.sample import final_diagnosis
+from evaluation.scoring.scored import case_modality
+
+LOW_CONFIDENCE = 0.5
+MAX_RAW_CHARS = 20_000
+MAX_IMAGE_BYTES = 64 * 1024 * 1024
+_ZERO_REF = re.compile(r"^\s*(image\s*#?\s*)?0\s*$", re.I)
+_FINDING_MARKS = {
+    "matched": Mark.MATCHED,
+    "near": Mark.NEAR,
+    "hallucinated": Mark.HALLUCINATED,
+    "unlocalised": Mark.UNLOCALISED,
+    "negative": Mark.NEGATIVE,
+}
+_LESION_MARKS = {"detected": Mark.MATCHED, "near": Mark.NEAR, "missed": Mark.MISSED}
+
+
+def answer_label(a: AnswerChecklist) -> str:
+    """How a page names an answer: model (family[, ablation])."""
+    extra = "" if a.ablation == FULL_INPUT else f", {a.ablation} only"
+    return f"{a.model} ({a.family}{extra})"
+
+
+def answer_key(s: SampleResult) -> str:
+    sc = s.scored
+    key = f"{sc.model}::{sc.family.value}::{sc.sample_index}"
+    return key if s.ablation == FULL_INPUT else f"{key}::{s.ablation}"
+
+
+def image_path(case: Case, path: str, case_root: str | Path | None) -> Path:
+    p = Path(path)
+    if p.is_absolute():
+        return p
+    root = case_root or case.root
+    return Path(root) / p if root else p
+
+
+def _file_sha256(path: Path) -> str | None:
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_IMAGE_BYTES:
+            return None
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _images(case: Case, root: str | Path | None, sent: set[str] | None) -> list[ImageItem]:
+    out = []
+    for i, ref in enumerate(case.images, start=1):
+        found = _file_sha256(image_path(case, ref.path, root))
+        out.append(
+            ImageItem(
+                index=i,
+                path=ref.path,
+                label=ref.label,
+                sha256=ref.sha256,
+                file_sha256=found,
+                verified=None if found is None else found == ref.sha256,
+                series_class=ref.series_class,
+                modality=ref.modality,
+                plane=ref.plane,
+                kind=ref.kind,
+                window=ref.window,
+                sent=None if sent is None else ref.sha256 in sent,
+            )
+        )
+    return out
+
+
+def _truth(case: Case) -> TruthSummary | None:
+    gt = case.ground_truth
+    if gt is None:
+        return None
+    return TruthSummary(
+        diagnosis=gt.final_diagnosis.name,
+        icd10=gt.final_diagnosis.icd10,
+        group=gt.final_diagnosis.group.value if gt.final_diagnosis.group else None,
+        difficulty=gt.difficulty.value,
+        synonyms=gt.synonyms,
+        differential=[d.name for d in gt.differential],
+        key_findings=gt.key_findings,
+        rationale=gt.rationale,
+        normal_control=gt.is_normal,
+    )
+
+
+def _sequences(case: Case, s: SampleResult) -> list[SequenceItem]:
+    ans = s.answer
+    score = s.scored.score("sequence_recognition")
+    checked = score is not None and score.value is not None
+    if isinstance(ans, ClassificationAnswer):
+        if ans.specialized_sequence is None:
+            return []
+        mark = Mark.NOT_CHECKED if not checked else (Mark.CORRECT if score.value else Mark.WRONG)  # type: ignore[union-attr]
+        headers = sorted({i.series_class for i in case.images if i.series_class})
+        return [
+            SequenceItem(
+                item_id="seq.1",
+                stated=ans.specialized_sequence,
+                header_class=", ".join(headers) or None,
+                mark=mark,
+            )
+        ]
+    if not isinstance(ans, Answer):
+        return []
+    zero = any(x.image is not None and _ZERO_REF.match(x.image) for x in ans.sequences_identified)
+    header_set = {A.EQUIVALENT_SEQUENCES.get(c, c) for i in case.images if (c := i.series_class)}
+    items = []
+    for n, x in enumerate(ans.sequences_identified, start=1):
+        img = resolve_image(x.image, case.images, zero)
+        stated = A.sequence_class(x.sequence)
+        if not checked:
+            mark = Mark.NOT_CHECKED
+        elif img is not None and img.series_class:
+            mark = Mark.CORRECT if A.same_sequence(stated, img.series_class) else Mark.WRONG
+        else:
+            known = stated is not None and A.EQUIVALENT_SEQUENCES.get(stated, stated) in header_set
+            mark = Mark.CORRECT if known else Mark.WRONG
+        items.append(
+            SequenceItem(
+                item_id=f"seq.{n}",
+                stated=x.sequence,
+                image_ref=x.image,
+                image_label=img.label if img else None,
+                header_class=img.series_class if img else None,
+                mark=mark,
+            )
+        )
+    return items
+
+
+def _lesion_match(s: SampleResult) -> LesionMatchResult | None:
+    sc = s.scored.score("lesion_f1")
+    if sc is None or "match" not in sc.details:
+        return None
+    return LesionMatchResult.model_validate(sc.details["match"])
+
+
+def _findings(case: Case, ans: Answer, match: LesionMatchResult | None) -> list[FindingItem]:
+    by_index = {f.index: f for f in match.findings} if match else {}
+    items = []
+    for i, f in enumerate(ans.findings):
+        m = by_index.get(i)
+        notes = [f"{lid}: {', '.join(kinds)}" for lid, kinds in (m.near.items() if m else [])]
+        notes += m.description_errors if m else []
+        items.append(
+            FindingItem(
+                item_id=f"finding.{i + 1}",
+                index=i + 1,
+                description=f.description,
+                sequence=f.sequence,
+                hemisphere=f.hemisphere,
+                region=f.region,
+                signal=f.signal,
+                size_mm=f.size_mm,
+                enhancement=f.enhancement,
+                mark=_FINDING_MARKS.get(m.status, Mark.NOT_CHECKED) if m else Mark.NOT_CHECKED,
+                lesion_ids=m.lesions if m else [],
+                note="; ".join(notes),
+            )
+        )
+    return items
+
+
+def _lesions(case: Case, match: LesionMatchResult | None) -> list[LesionItem]:
+    gt = case.ground_truth
+    if gt is None:
+        return []
+    outcomes = {o.lesion_id: o for o in match.lesions} if match else {}
+    items = []
+    for lesion in gt.lesions:
+        o = outcomes.get(lesion.id)
+        note = ", ".join(o.near_kinds + o.description_errors) if o else ""
+        items.append(
+            LesionItem(
+                item_id=f"lesion.{lesion.id}",
+                id=lesion.id,
+                type=lesion.type,
+                hemisphere=lesion.hemisphere.value,
+                region=lesion.region,
+                lobe=lesion.lobe,
+                size_mm=lesion.size_mm,
+                visible_on=lesion.visible_on,
+                mark=_LESION_MARKS.get(o.status, Mark.NOT_CHECKED) if o else Mark.NOT_CHECKED,
+                findings=[n + 1 for n in o.findings] if o else [],
+                note=note,
+            )
+        )
+    return items
+
+
+def _differential(s: SampleResult, ans: Answer) -> list[DifferentialRow]:
+    sc = s.scored.score("differential_rank")
+    rank = sc.details.get("rank") if sc is not None else None
+    levels: list[str] = list(sc.details.get("levels", [])) if sc is not None else []
+    rows, n = [], 0
+    for i, d in enumerate(ans.differential, start=1):
+        level = None
+        if d.diagnosis.strip():
+            level = levels[n] if n < len(levels) else None
+            n += 1
+        rows.append(
+            DifferentialRow(
+                item_id=f"dx.{i}",
+                rank=i,
+                diagnosis=d.diagnosis,
+                icd10=d.icd10,
+                likelihood=d.likelihood,
+                evidence_for=d.evidence_for,
+                evidence_against=d.evidence_against,
+                mark=Mark.CORRECT if rank is not None and n == rank and level else Mark.NOT_CHECKED,
+                level=level,
+            )
+        )
+    return rows
+
+
+def _verdict(value: float | None) -> Mark:
+    if value is None:
+        return Mark.NOT_CHECKED
+    return Mark.CORRECT if value >= 1 else Mark.WRONG
+
+
+def _answer(case: Case, s: SampleResult, others: list[SampleResult], low: float) -> AnswerChecklist:
+    sc = s.scored
+    raw = s.text or ""
+    a = AnswerChecklist(
+        key=answer_key(s),
+        model=sc.model,
+        family=sc.family.value,
+        sample_index=sc.sample_index,
+        ablation=s.ablation,
+        status=sc.status,
+        raw_text=raw[:MAX_RAW_CHARS],
+        raw_truncated=len(raw) > MAX_RAW_CHARS,
+        scores=[
+            ScoreRow(scorer=x.scorer, value=x.value, explanation=x.explanation) for x in sc.scores
+        ],
+        usage=UsageRow(
+            prompt_tokens=sc.prompt_tokens,
+            completion_tokens=sc.completion_tokens,
+            cost_usd=sc.cost_usd,
+            latency_s=sc.latency_s,
+        ),
+    )
+    a.sequences = _sequences(case, s)
+    ans = s.answer
+    if isinstance(ans, Answer):
+        match = _lesion_match(s)
+        a.findings = _findings(case, ans, match)
+        a.lesions = _lesions(case, match)
+        a.differential = _differential(s, ans)
+        dm = sc.score("diagnosis_match")
+        a.final_diagnosis = TextItem(
+            item_id="final",
+            label="Final diagnosis",
+            text=final_diagnosis(ans) or "",
+            mark=_verdict(dm.value if dm else None),
+            note=dm.explanation if dm else "",
+        )
+        a.confidence = TextItem(item_id="confidence", label="Confidence", value=ans.confidence)
+        bs = sc.score("bertscore")
+        a.rationale = TextItem(
+            item_id="rationale",
+            label="Rationale",
+            text=ans.rationale,
+            value=bs.value if bs else None,
+            note=bs.explanation if bs else "",
+        )
+        a.next_steps = ans.next_steps
+    elif isinstance(ans, ClassificationAnswer):
+        a.fields = {k: v for k, v in ans.model_dump(mode="json").items()}
+        cc = sc.score("classification_correct")
+        stated = " / ".join(x for x in (ans.diagnosis_name, ans.diagnosis_detailed) if x)
+        a.final_diagnosis = TextItem(
+            item_id="final",
+            label="Diagnosis class",
+            text=stated,
+            mark=_verdict(cc.value if cc else None),
+            note=cc.explanation if cc else "",
+        )
+        a.confidence = TextItem(
+            item_id="confidence", label="Confidence", value=ans.diagnosis_confidence
+        )
+    else:
+        a.lesions = _lesions(case, None)
+    err = sc.effective_error
+    if err is not None:
+        a.error = ErrorItem(
+            category=err.category,
+            sub_labels=err.sub_labels,
+            evidence=err.evidence,
+            assigned_by=err.assigned_by,
+        )
+    if others:
+        a.samples = SamplesOutcome(
+            n=len(others),
+            n_correct=sum(o.scored.correct == 1.0 for o in others),
+            n_unscored=sum(o.scored.correct is None for o in others),
+            final_diagnoses=[(o.scored.ranked_differential or ["(none)"])[0] for o in others][:20],
+        )
+    a.flags = answer_flags(case, a, s, low)
+    return a
+
+
+def reviewed_samples(samples: list[SampleResult]) -> list[tuple[SampleResult, list[SampleResult]]]:
+    """Per (model, family, ablation): the answer a clinician reviews (the first sample, last
+    turn) and all samples of that group, in a stable order."""
+    groups: dict[tuple[str, str, str], list[SampleResult]] = defaultdict(list)
+    for s in samples:
+        groups[(s.scored.model, s.scored.family.value, s.ablation)].append(s)
+    out = []
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2] != FULL_INPUT, k[2])):
+        group = sorted(groups[key], key=lambda s: (s.scored.sample_index, -(s.turn or 0)))
+        out.append((group[0], group))
+    return out
+
+
+def build_checklist(
+    case: Case,
+    samples: list[SampleResult],
+    *,
+    run_id: str,
+    case_root: str | Path | None = None,
+    low_confidence: float = LOW_CONFIDENCE,
+    now: datetime | None = None,
+) -> CaseChecklist:
+    """The checklist of one case: images, record, truth and one section per reviewed answer."""
+    chosen = reviewed_samples(samples)
+    sent_lists = [s.images_sent for s, _ in chosen if s.images_sent is not None]
+    sent = {h for lst in sent_lists for h in lst} if sent_lists else None
+    note = case.note or note_from_bundle(case.ehr)
+    note, redactions = scrub_text(note, identifying_terms(case.ehr)) if note else ("", {})
+    answers = [_answer(case, s, group, low_confidence) for s, group in chosen]
+    seen: dict[FlagKind, list[str]] = {}
+    for a in answers:
+        for f in a.flags:
+            seen.setdefault(f.kind, []).append(f"{answer_label(a)}: {f.detail}")
+    return CaseChecklist(
+        run_id=run_id,
+        case_id=case.case_id,
+        patient_id=case.patient_id,
+        generated_at=(now or datetime.now(UTC)).isoformat(timespec="seconds"),
+        source=case.provenance.source,
+        dataset=case.provenance.dataset,
+        study_uids=case.provenance.study_uids,
+        modality=case_modality(case),
+        images=_images(case, case_root, sent),
+        ehr_summary=ehr_text(case.ehr),
+        note=note,
+        note_redactions=redactions,
+        truth=_truth(case),
+        answers=answers,
+        flags=[Flag(kind=k, detail="; ".join(v)[:600]) for k, v in seen.items()],
+    )

@@ -1,0 +1,59 @@
+"""``neurosandbox report RUNDIR``: checklists and the run summary of a run, as files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+console = Console(stderr=True)
+
+
+def report_command(
+    rundir: Annotated[Path, typer.Argument(help="a run folder (or its rundata.json)")],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="output folder; default DATA_DIR/reports/<run id>, where the gateway's review pages find it"
+        ),
+    ] = None,
+    pdf: Annotated[
+        bool, typer.Option("--pdf/--no-pdf", help="also print PDFs with Chromium")
+    ] = True,
+    reviews: Annotated[
+        Path | None,
+        typer.Option(
+            help="review log (reviews.sqlite) to feed back; default DATA_DIR/reviews.sqlite if present"
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(min=1, max=8, help="Chromium processes at once")] = 2,
+) -> None:
+    """Write per-case checklists (JSON, HTML, PDF) and the run summary (JSON, HTML, PDF)."""
+    from evaluation.reports.bundle import write_report
+    from evaluation.reports.loader import RunLoadError, load_run
+    from evaluation.reports.reviews import ReviewStore
+    from evaluation.reports.summary import case_slug
+    from gateway.settings import get_settings
+
+    settings = get_settings()
+    try:
+        run = load_run(rundir)
+    except (RunLoadError, OSError, NotImplementedError) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    target = out or settings.data_dir / "reports" / case_slug(run.run_id)
+    log = reviews or settings.data_dir / "reviews.sqlite"
+    feedback = ReviewStore(log).reviews(run.run_id) if log.is_file() else []
+    index = write_report(run, target, pdf=pdf, reviews=feedback, workers=workers)
+    for w in index.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    console.print(
+        f"{len(index.cases)} checklists, summary: {escape(index.summary_html)}"
+        + (f", {len(index.pdfs)} PDFs" if pdf else "")
+        + (f"; {len(feedback)} reviews fed back" if feedback else "")
+    )
+    if pdf and index.warnings:
+        raise typer.Exit(1)

@@ -1,0 +1,183 @@
+"""HTML pages of the reports: checklists, the run summary, the review pages (Jinja2).
+
+Autoescaping is on for every template and every string: case ids, DICOM labels, the record, the
+note and model output are hostile. Pages carry a Content-Security-Policy that allows no script
+at all (the image viewer is CSS ``:target``), only this page's own stylesheet (by hash) and
+inline ``data:`` images, so the page works the same from a file, from the gateway and in print.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from PIL import Image
+
+from evaluation.records import ErrorCategory
+from evaluation.reports.model import FLAG_TITLES, CaseChecklist
+from evaluation.reports.reviews import CaseReview
+from evaluation.reports.summary import SummaryReport
+
+TEMPLATES = Path(__file__).with_name("templates")
+THUMB_PX = 320
+MAX_PIXELS = 40_000_000
+ImageLoader = Callable[[int], bytes | None]  # checklist image index (1-based) -> PNG bytes
+
+
+@lru_cache(maxsize=1)
+def env() -> Environment:
+    e = Environment(
+        loader=FileSystemLoader(str(TEMPLATES)),
+        autoescape=True,  # every template, whatever its name
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    return e
+
+
+@lru_cache(maxsize=1)
+def css() -> str:
+    return (TEMPLATES / "style.css").read_text()
+
+
+def csp(form_action: str = "'self'") -> str:
+    """No scripts, no fetches, no frames; this page's stylesheet and data: images only."""
+    digest = base64.b64encode(hashlib.sha256(css().encode()).digest()).decode()
+    return (
+        "default-src 'none'; script-src 'none'; object-src 'none'; base-uri 'none'; "
+        f"style-src 'sha256-{digest}'; img-src data:; form-action {form_action}"
+    )
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def thumbnail(png: bytes, px: int = THUMB_PX) -> bytes | None:
+    """A small PNG of an image (None when it cannot be decoded or is absurdly large)."""
+    try:
+        with Image.open(io.BytesIO(png)) as im:
+            if im.width * im.height > MAX_PIXELS:
+                return None
+            im.thumbnail((px, px))
+            buf = io.BytesIO()
+            im.save(buf, format="PNG")
+            return buf.getvalue()
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return None
+
+
+@dataclass
+class ReviewView:
+    """What the review controls of a page need to know about the signed-in reviewer."""
+
+    me: str
+    csrf: str
+    post_url: str  # the case's POST prefix
+    queue_url: str
+    summary_url: str
+    logout_url: str
+    mine: CaseReview | None = None
+    others: list[CaseReview] = field(default_factory=list)
+    can_reissue: bool = False
+
+    @property
+    def editable(self) -> bool:
+        return self.mine is None or self.mine.signed_off_at is None
+
+    def shows(self, answer_key: str, item_id: str) -> bool:
+        """Whether an item has review controls or verdicts to show."""
+        return self.editable or any(
+            r.verdict(answer_key, item_id) for r in [self.mine, *self.others] if r
+        )
+
+    @property
+    def signed_by(self) -> list[str]:
+        return [r.reviewer for r in [self.mine, *self.others] if r and r.signed_off_at]
+
+
+def _base(rv: ReviewView | None, print_mode: bool, message: str, error: bool) -> dict[str, Any]:
+    return {
+        "css": css(),
+        "csp": csp(),
+        "rv": rv,
+        "print": print_mode,
+        "message": message,
+        "message_error": error,
+    }
+
+
+def render_checklist(
+    checklist: CaseChecklist,
+    images: ImageLoader,
+    *,
+    review: ReviewView | None = None,
+    print_mode: bool = False,
+    summary_href: str | None = None,
+    message: str = "",
+    message_error: bool = False,
+) -> str:
+    thumbs: dict[int, dict[str, str]] = {}
+    for img in checklist.images:
+        png = images(img.index)
+        small = thumbnail(png) if png else None
+        if png and small:
+            thumbs[img.index] = {"thumb": data_uri(small), "full": data_uri(png)}
+    return (
+        env()
+        .get_template("checklist.html.j2")
+        .render(
+            c=checklist,
+            thumbs=thumbs,
+            flag_titles={k.value: v for k, v in FLAG_TITLES.items()},
+            categories=[c.value for c in ErrorCategory],
+            summary_href=summary_href,
+            **_base(review, print_mode, message, message_error),
+        )
+    )
+
+
+def render_summary(
+    report: SummaryReport,
+    plots: dict[str, bytes],
+    *,
+    case_href: Callable[[str], str] = lambda slug: f"cases/{slug}.html",
+    review: ReviewView | None = None,
+    print_mode: bool = False,
+) -> str:
+    return (
+        env()
+        .get_template("summary.html.j2")
+        .render(
+            r=report,
+            plots={k: data_uri(v) for k, v in plots.items()},
+            case_href=case_href,
+            config_json=json.dumps(report.config, indent=2, default=str)[:20000],
+            **_base(review, print_mode, "", False),
+        )
+    )
+
+
+def render_page(
+    template: str,
+    *,
+    review: ReviewView | None = None,
+    message: str = "",
+    message_error: bool = False,
+    **context: Any,
+) -> str:
+    """Any other page (login, run list, queue)."""
+    return (
+        env()
+        .get_template(template)
+        .render(**context, **_base(review, False, message, message_error))
+    )

@@ -1,0 +1,56 @@
+"""Read a run into ``RunData``: a report bundle's ``rundata.json``, or the engine's run store.
+
+This is the one module that knows the run store's layout; everything else takes ``RunData``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from evaluation.reports.rundata import RunData
+
+RUNDATA_FILE = "rundata.json"
+MAX_RUNDATA_BYTES = 512 * 1024 * 1024
+
+
+class RunLoadError(ValueError):
+    """The folder holds no readable run (neither a report bundle nor an engine run store)."""
+
+
+def save_run(run: RunData, path: Path) -> Path:
+    """Write ``run`` as JSON (atomically: temp file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(run.model_dump_json(), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def _read_rundata(path: Path) -> RunData:
+    if path.stat().st_size > MAX_RUNDATA_BYTES:
+        raise RunLoadError(f"{path} is larger than {MAX_RUNDATA_BYTES >> 20} MiB")
+    try:
+        return RunData.model_validate_json(path.read_bytes())
+    except (ValidationError, json.JSONDecodeError) as exc:
+        raise RunLoadError(f"{path}: not a NeuroSandbox run ({str(exc)[:300]})") from exc
+
+
+def load_run(rundir: Path) -> RunData:
+    """The run in ``rundir``: a ``rundata.json`` (file or folder holding one), else the store."""
+    rundir = Path(rundir)
+    if rundir.is_file() and rundir.suffix == ".json":
+        return _read_rundata(rundir)
+    if (rundir / RUNDATA_FILE).is_file():
+        return _read_rundata(rundir / RUNDATA_FILE)
+    from evaluation.reports.storeread import find_store, run_from_store
+
+    store = find_store(rundir)
+    if store is not None:
+        return run_from_store(store)
+    raise RunLoadError(
+        f"{rundir}: no {RUNDATA_FILE} and no evaluation run store found; "
+        "give the folder of a run (`neurosandbox eval ... --out RUNDIR`) or of a report"
+    )

@@ -1,0 +1,298 @@
+"""The summary's plots as PNG bytes (matplotlib, Agg, no pyplot state: safe in a server).
+
+Every label may come from a model name or a dataset: mathtext is off, labels are shortened.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from evaluation.reports.summary import SummaryReport
+from evaluation.scoring.stats import Estimate
+
+matplotlib.use("Agg")
+RC: dict[str, Any] = {"text.parse_math": False, "font.family": "DejaVu Sans", "font.size": 9}
+CATEGORY_COLOURS = {
+    "perceptual": "#d95f02",
+    "reasoning": "#7570b3",
+    "knowledge_gap": "#e7298a",
+    "grounding": "#66a61e",
+    "visual_hallucination": "#e6ab02",
+    "format_failure": "#666666",
+    "refusal": "#a6761d",
+}
+PALETTE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666"]
+
+
+def _short(text: str, n: int = 28) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _png(fig: Figure) -> bytes:
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _err(e: Estimate | None) -> tuple[float, float, float] | None:
+    if e is None or e.value is None:
+        return None
+    lo = e.low if e.low is not None else e.value
+    hi = e.high if e.high is not None else e.value
+    return e.value, max(0.0, e.value - lo), max(0.0, hi - e.value)
+
+
+def leaderboard(r: SummaryReport) -> bytes | None:
+    rows = r.summary.leaderboard
+    if not rows:
+        return None
+    metrics: list[tuple[str, Callable[..., Estimate | None]]] = [
+        ("accuracy", lambda x: x.accuracy),
+        ("strict accuracy", lambda x: x.strict_accuracy),
+    ]
+    for k in r.summary.ks:
+        metrics.append((f"sampled pass@{k}", lambda x, k=k: x.sampled_pass_at.get(str(k))))
+        metrics.append((f"ranked pass@{k}", lambda x, k=k: x.ranked_pass_at.get(str(k))))
+    metrics.append(("lesion F1", lambda x: x.lesions.f1_mean if x.lesions else None))
+    metrics = [(n, g) for n, g in metrics if any(_err(g(x)) for x in rows)]
+    fig = Figure(figsize=(7.5, 0.9 + 0.55 * len(rows) * max(1, len(metrics)) / 2.2))
+    ax = fig.add_subplot()
+    step = 0.8 / max(1, len(metrics))
+    for j, (name, get) in enumerate(metrics):
+        ys, xs, lo, hi = [], [], [], []
+        for i, row in enumerate(rows):
+            e = _err(get(row))
+            if e is None:
+                continue
+            ys.append(i - 0.4 + step * (j + 0.5))
+            xs.append(e[0])
+            lo.append(e[1])
+            hi.append(e[2])
+        ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o", capsize=3, label=name, color=PALETTE[j % 8])
+    ax.set_yticks(range(len(rows)), [_short(x.model) for x in rows])
+    ax.invert_yaxis()
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlabel("proportion (95% bootstrap CI over patients)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title("Leaderboard")
+    return _png(fig)
+
+
+def breakdowns(r: SummaryReport) -> bytes | None:
+    rows = r.summary.breakdowns
+    dims = [
+        d
+        for d in ("family", "disease_group", "difficulty", "modality")
+        if any(x.dimension == d for x in rows)
+    ]
+    if not dims:
+        return None
+    models = r.models
+    fig = Figure(figsize=(9, 3.0 * ((len(dims) + 1) // 2)))
+    for n, dim in enumerate(dims):
+        ax = fig.add_subplot((len(dims) + 1) // 2, 2, n + 1)
+        keys = sorted({x.key for x in rows if x.dimension == dim})
+        width = 0.8 / max(1, len(models))
+        for j, m in enumerate(models):
+            xs, vals, lo, hi = [], [], [], []
+            for i, k in enumerate(keys):
+                row = next(
+                    (x for x in rows if x.dimension == dim and x.key == k and x.model == m), None
+                )
+                e = _err(row.accuracy) if row else None
+                if e is None:
+                    continue
+                xs.append(i - 0.4 + width * (j + 0.5))
+                vals.append(e[0])
+                lo.append(e[1])
+                hi.append(e[2])
+            bars = ax.bar(
+                xs, vals, width, yerr=[lo, hi], capsize=2, label=_short(m, 20), color=PALETTE[j % 8]
+            )
+            ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)  # a 0.00 bar is still seen
+        ax.set_xticks(range(len(keys)), [_short(k, 16) for k in keys], rotation=20, ha="right")
+        ax.set_ylim(0, 1.12)
+        ax.set_title(f"accuracy by {dim.replace('_', ' ')}")
+        ax.grid(axis="y", alpha=0.3)
+        if n == 0:
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def errors(r: SummaryReport) -> bytes | None:
+    data = {m: v.get("categories", {}) for m, v in r.summary.errors.items()}
+    if not any(data.values()):
+        return None
+    cats = [c for c in CATEGORY_COLOURS if any(c in v for v in data.values())]
+    models = list(data)
+    fig = Figure(figsize=(7.5, 0.8 + 0.45 * len(models)))
+    ax = fig.add_subplot()
+    left = np.zeros(len(models))
+    for c in cats:
+        vals = np.array([data[m].get(c, 0) for m in models], dtype=float)
+        ax.barh(
+            range(len(models)),
+            vals,
+            left=left,
+            color=CATEGORY_COLOURS[c],
+            label=c.replace("_", " "),
+        )
+        for i, v in enumerate(vals):
+            if v:
+                ax.text(left[i] + v / 2, i, str(int(v)), ha="center", va="center", fontsize=7)
+        left += vals
+    ax.set_yticks(range(len(models)), [_short(m) for m in models])
+    ax.invert_yaxis()
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("answers with an error (clinician labels replace automatic ones once signed off)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.set_title("Error taxonomy")
+    return _png(fig)
+
+
+def reliability(r: SummaryReport) -> bytes | None:
+    rows = [x for x in r.summary.leaderboard if any(b.count for b in x.reliability)]
+    if not rows:
+        return None
+    fig = Figure(figsize=(5.2, 4.2))
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], ls="--", color="#999999", lw=1, label="perfect calibration")
+    for j, row in enumerate(rows):
+        bins = [
+            b
+            for b in row.reliability
+            if b.count and b.confidence is not None and b.accuracy is not None
+        ]
+        xs = [float(b.confidence or 0.0) for b in bins]
+        ys = [float(b.accuracy or 0.0) for b in bins]
+        sizes = [20 + 8 * b.count for b in bins]
+        ece = f", ECE {row.ece:.2f}" if row.ece is not None else ""
+        ax.plot(xs, ys, "-", color=PALETTE[j % 8], lw=1)
+        ax.scatter(xs, ys, s=sizes, color=PALETTE[j % 8], label=f"{_short(row.model, 22)}{ece}")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("stated confidence (bin mean)")
+    ax.set_ylabel("accuracy in bin")
+    ax.set_title("Reliability diagram (marker size = answers)")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def cost(r: SummaryReport) -> bytes | None:
+    rows = r.summary.leaderboard
+    if not rows or not any(x.cost.prompt_tokens_mean or x.cost.latency_median_s for x in rows):
+        return None
+    names = [_short(x.model, 18) for x in rows]
+    fig = Figure(figsize=(9, 2.8))
+    ax1, ax2, ax3 = fig.subplots(1, 3)
+    pt = [x.cost.prompt_tokens_mean or 0 for x in rows]
+    ct = [x.cost.completion_tokens_mean or 0 for x in rows]
+    ax1.bar(names, pt, color=PALETTE[0], label="prompt")
+    ax1.bar(names, ct, bottom=pt, color=PALETTE[1], label="completion")
+    ax1.set_title("tokens per answer (mean)")
+    ax1.legend(fontsize=7)
+    ax2.bar(names, [x.cost.cost_per_task_usd or 0 for x in rows], color=PALETTE[2])
+    ax2.set_title("cost per answer (USD)")
+    med = [x.cost.latency_median_s or 0 for x in rows]
+    p90 = [max(0.0, (x.cost.latency_p90_s or 0) - m) for x, m in zip(rows, med, strict=True)]
+    ax3.bar(names, med, yerr=[[0] * len(med), p90], capsize=3, color=PALETTE[4])
+    ax3.set_title("latency, s (median, whisker p90)")
+    for ax in (ax1, ax2, ax3):
+        ax.tick_params(axis="x", rotation=20)
+        for t in ax.get_xticklabels():
+            t.set_ha("right")
+    fig.tight_layout()
+    return _png(fig)
+
+
+def ablations(r: SummaryReport) -> bytes | None:
+    rows = r.ablation_rows
+    if not rows:
+        return None
+    models = sorted({x.model for x in rows})
+    abls = sorted({x.ablation for x in rows}, key=lambda a: (a != "both", a))
+    fig = Figure(figsize=(6.5, 3))
+    ax = fig.add_subplot()
+    width = 0.8 / len(abls)
+    for j, a in enumerate(abls):
+        xs, vals, lo, hi = [], [], [], []
+        for i, m in enumerate(models):
+            row = next((x for x in rows if x.model == m and x.ablation == a), None)
+            e = _err(row.accuracy) if row else None
+            if e is None:
+                continue
+            xs.append(i - 0.4 + width * (j + 0.5))
+            vals.append(e[0])
+            lo.append(e[1])
+            hi.append(e[2])
+        label = {"both": "images + text", "images": "images only", "text": "text only"}.get(a, a)
+        bars = ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=label, color=PALETTE[j % 8])
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax.set_xticks(range(len(models)), [_short(m, 20) for m in models])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("accuracy")
+    ax.set_title("Ablations: what the inputs contribute")
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def published(r: SummaryReport) -> bytes | None:
+    p = r.published
+    if not p.rows:
+        return None
+    fig = Figure(figsize=(7.5, 3.0))
+    ax = fig.add_subplot()
+    width = 0.8 / len(p.rows)
+    for j, row in enumerate(p.rows):
+        xs = [i - 0.4 + width * (j + 0.5) for i in range(3)]
+        vals = [v if v is not None else 0 for v in row.pass_at_1]
+        ax.bar(
+            xs,
+            vals,
+            width,
+            color="#bbbbbb" if "clinician" not in row.model.lower() else "#888888",
+            edgecolor=PALETTE[j % 8],
+            hatch="//",
+            label=row.model,
+        )
+    ax.set_xticks(range(3), list(p.levels))
+    ax.set_ylabel("pass@1, %")
+    ax.set_ylim(0, 50)
+    ax.set_title(f"{p.source}: pass@1 — {p.label.upper()}", fontsize=9)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.text(0.01, 0.01, p.label.upper(), fontsize=7, color="#b00020")
+    return _png(fig)
+
+
+PLOTS: dict[str, Callable[[SummaryReport], bytes | None]] = {
+    "leaderboard": leaderboard,
+    "breakdowns": breakdowns,
+    "errors": errors,
+    "reliability": reliability,
+    "cost": cost,
+    "ablations": ablations,
+    "published": published,
+}
+
+
+def all_plots(r: SummaryReport) -> dict[str, bytes]:
+    """Every plot the summary has data for, name -> PNG."""
+    out = {}
+    with matplotlib.rc_context(RC):  # type: ignore[arg-type]
+        for name, fn in PLOTS.items():
+            png = fn(r)
+            if png is not None:
+                out[name] = png
+    return out

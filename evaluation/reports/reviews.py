@@ -1,0 +1,290 @@
+"""Clinician reviews: an append-only SQLite log of who did what, when; state derived from it.
+
+Every action is one row; rows are never updated or deleted (triggers refuse it), so the log is
+the audit trail. The state of a case for a reviewer is the latest row per item; a sign-off
+freezes that reviewer's review of the case (later changes are refused). Summaries count
+signed-off reviews only: work in progress is shown, never counted.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sqlite3
+import threading
+from collections import defaultdict
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from evaluation.records import ErrorCategory, ErrorLabel
+from evaluation.scoring.taxonomy import override_error
+
+MAX_TEXT = 4000
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS review_events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    reviewer TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    case_id TEXT NOT NULL,
+    answer_key TEXT NOT NULL DEFAULT '',
+    item_id TEXT NOT NULL DEFAULT '',
+    action TEXT NOT NULL,
+    verdict TEXT,
+    category TEXT,
+    rating REAL,
+    text TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS review_events_case ON review_events (run_id, case_id);
+CREATE TRIGGER IF NOT EXISTS review_events_no_update BEFORE UPDATE ON review_events
+BEGIN SELECT RAISE(ABORT, 'review_events is append-only'); END;
+CREATE TRIGGER IF NOT EXISTS review_events_no_delete BEFORE DELETE ON review_events
+BEGIN SELECT RAISE(ABORT, 'review_events is append-only'); END;
+"""
+COLUMNS = (
+    "id",
+    "at",
+    "reviewer",
+    "run_id",
+    "case_id",
+    "answer_key",
+    "item_id",
+    "action",
+    "verdict",
+    "category",
+    "rating",
+    "text",
+)
+
+
+class Action(StrEnum):
+    ITEM = "item"  # verdict on one checklist item (+ correction text)
+    DIAGNOSIS = "diagnosis"  # the clinician's diagnosis of the case (text)
+    ERROR = "error_category"  # override of an answer's error category (+ evidence text)
+    RATING = "rating"  # the clinician's 0-5 rating of an answer (grader calibration)
+    COMMENT = "comment"
+    SIGNOFF = "signoff"
+    REISSUE = "reissue"  # the verified report was stored in PACS (text: SOP Instance UID)
+
+
+class Verdict(StrEnum):
+    ACCEPT = "accept"
+    REJECT = "reject"
+    CORRECT = "correct"
+
+
+class ReviewError(ValueError):
+    """A review action that cannot be recorded (signed off already, missing field)."""
+
+
+class ReviewEvent(BaseModel):
+    id: int | None = None
+    at: str = ""
+    reviewer: str
+    run_id: str
+    case_id: str
+    answer_key: str = ""
+    item_id: str = ""
+    action: Action
+    verdict: Verdict | None = None
+    category: ErrorCategory | None = None
+    rating: float | None = Field(default=None, ge=0, le=5)
+    text: str = ""
+
+
+class ItemState(BaseModel):
+    verdict: Verdict
+    text: str = ""
+    at: str
+
+
+class CaseReview(BaseModel):
+    """One reviewer's current review of one case, derived from the log."""
+
+    reviewer: str
+    run_id: str
+    case_id: str
+    items: dict[str, dict[str, ItemState]] = Field(default_factory=dict)  # answer -> item -> state
+    diagnosis: str | None = None
+    errors: dict[str, ErrorLabel] = Field(default_factory=dict)  # answer -> clinician label
+    ratings: dict[str, float] = Field(default_factory=dict)  # answer -> 0..5
+    comments: list[tuple[str, str]] = Field(default_factory=list)  # (at, text)
+    signed_off_at: str | None = None
+    reissued: list[str] = Field(default_factory=list)  # SOP Instance UIDs
+    n_events: int = 0
+
+    def verdict(self, answer_key: str, item_id: str) -> ItemState | None:
+        return self.items.get(answer_key, {}).get(item_id)
+
+
+def fold(events: Iterable[ReviewEvent]) -> dict[tuple[str, str, str], CaseReview]:
+    """(run, case, reviewer) -> that reviewer's review, from events in log order."""
+    out: dict[tuple[str, str, str], CaseReview] = {}
+    for e in events:
+        r = out.setdefault(
+            (e.run_id, e.case_id, e.reviewer),
+            CaseReview(reviewer=e.reviewer, run_id=e.run_id, case_id=e.case_id),
+        )
+        r.n_events += 1
+        if e.action is Action.ITEM and e.verdict is not None:
+            r.items.setdefault(e.answer_key, {})[e.item_id] = ItemState(
+                verdict=e.verdict, text=e.text, at=e.at
+            )
+        elif e.action is Action.DIAGNOSIS:
+            r.diagnosis = e.text or None
+        elif e.action is Action.ERROR and e.category is not None:
+            r.errors[e.answer_key] = override_error(
+                category=e.category,
+                clinician=e.reviewer,
+                evidence=e.text or "clinician override",
+                at=datetime.fromisoformat(e.at),
+            )
+        elif e.action is Action.RATING and e.rating is not None:
+            r.ratings[e.answer_key] = e.rating
+        elif e.action is Action.COMMENT and e.text:
+            r.comments.append((e.at, e.text))
+        elif e.action is Action.SIGNOFF:
+            r.signed_off_at = r.signed_off_at or e.at
+        elif e.action is Action.REISSUE and e.text:
+            r.reissued.append(e.text)
+    return out
+
+
+class ReviewStore:
+    """The review log of one gateway (or one report folder): ``reviews.sqlite``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        with self._connect() as db:
+            db.executescript(_SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        return db
+
+    def append(self, event: ReviewEvent) -> ReviewEvent:
+        """Record one action; refused once the reviewer has signed the case off."""
+        if len(event.text) > MAX_TEXT:
+            raise ReviewError(f"text longer than {MAX_TEXT} characters")
+        if event.action is Action.ITEM and (event.verdict is None or not event.item_id):
+            raise ReviewError("an item verdict needs the item and accept, reject or correct")
+        if (
+            event.action is Action.ITEM
+            and event.verdict is Verdict.CORRECT
+            and not event.text.strip()
+        ):
+            raise ReviewError("a correction needs the corrected text")
+        if event.action is Action.ERROR and event.category is None:
+            raise ReviewError("an error-category override needs the category")
+        if event.action is Action.RATING and event.rating is None:
+            raise ReviewError("a rating needs a value from 0 to 5")
+        at = event.at or datetime.now(UTC).isoformat(timespec="microseconds")
+        with self._lock, self._connect() as db:
+            db.execute("BEGIN IMMEDIATE")
+            signed = db.execute(
+                "SELECT 1 FROM review_events WHERE run_id=? AND case_id=? AND reviewer=? "
+                "AND action='signoff' LIMIT 1",
+                (event.run_id, event.case_id, event.reviewer),
+            ).fetchone()
+            if signed and event.action is not Action.REISSUE:
+                db.execute("ROLLBACK")
+                raise ReviewError(
+                    f"{event.reviewer} has signed off case {event.case_id!r}; the review is final"
+                )
+            if event.action is Action.REISSUE and not signed:
+                db.execute("ROLLBACK")
+                raise ReviewError("only a signed-off case can be re-issued to PACS")
+            cur = db.execute(
+                f"INSERT INTO review_events ({', '.join(COLUMNS[1:])}) VALUES ({', '.join('?' * (len(COLUMNS) - 1))})",
+                (
+                    at,
+                    event.reviewer,
+                    event.run_id,
+                    event.case_id,
+                    event.answer_key,
+                    event.item_id,
+                    event.action.value,
+                    event.verdict.value if event.verdict else None,
+                    event.category.value if event.category else None,
+                    event.rating,
+                    event.text,
+                ),
+            )
+            db.execute("COMMIT")
+        return event.model_copy(update={"id": cur.lastrowid, "at": at})
+
+    def events(self, run_id: str | None = None, case_id: str | None = None) -> list[ReviewEvent]:
+        sql, args = "SELECT * FROM review_events", []
+        where = []
+        if run_id is not None:
+            where.append("run_id=?")
+            args.append(run_id)
+        if case_id is not None:
+            where.append("case_id=?")
+            args.append(case_id)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        with self._connect() as db:
+            db.row_factory = sqlite3.Row
+            rows = db.execute(sql + " ORDER BY id", args).fetchall()
+        return [ReviewEvent.model_validate(dict(r)) for r in rows]
+
+    def reviews(self, run_id: str, case_id: str | None = None) -> list[CaseReview]:
+        return list(fold(self.events(run_id, case_id)).values())
+
+    def version(self, run_id: str) -> int:
+        """The id of the run's latest event (0 when none): changes whenever a review does."""
+        with self._connect() as db:
+            row = db.execute(
+                "SELECT COALESCE(MAX(id), 0) FROM review_events WHERE run_id=?", (run_id,)
+            ).fetchone()
+        return int(row[0])
+
+
+def signed_off(reviews: Iterable[CaseReview]) -> list[CaseReview]:
+    return [r for r in reviews if r.signed_off_at is not None]
+
+
+def by_case(reviews: Iterable[CaseReview]) -> dict[str, list[CaseReview]]:
+    out: dict[str, list[CaseReview]] = defaultdict(list)
+    for r in reviews:
+        out[r.case_id].append(r)
+    return out
+
+
+def export_csv(events: Iterable[ReviewEvent]) -> str:
+    """The log as CSV (one row per action); cells that a spreadsheet would run as a formula are
+    prefixed with a quote."""
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(COLUMNS)
+    for e in events:
+        row = e.model_dump(mode="json")
+        w.writerow([_cell(row[c]) for c in COLUMNS])
+    return buf.getvalue()
+
+
+def _cell(value: object) -> object:
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return "" if value is None else value
+
+
+def export_json(events: Iterable[ReviewEvent]) -> str:
+    """The log and the derived per-reviewer reviews, as JSON."""
+    evs = list(events)
+    return json.dumps(
+        {
+            "events": [e.model_dump(mode="json") for e in evs],
+            "reviews": [r.model_dump(mode="json") for r in fold(evs).values()],
+        },
+        indent=2,
+    )

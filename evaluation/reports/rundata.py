@@ -1,0 +1,60 @@
+"""What a report is built from: the cases of a run and every sample with its parsed answer.
+
+``RunData`` is the narrow input of the reports: the engine's run store is read into it by
+``evaluation.reports.loader.load_run``, and tests build one by hand. It is also what a report
+bundle keeps (``rundata.json``), so the review pages never need the store itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from evaluation.records import Answer, Case, ClassificationAnswer
+from evaluation.scoring.scored import ScoredSample
+
+RUNDATA_VERSION = 1
+FULL_INPUT = "both"  # evaluation.tasks.Ablation.BOTH: images and text, the unablated condition
+
+
+class SampleResult(BaseModel):
+    """One model answer to one task of one case: parsed, raw, scored."""
+
+    scored: ScoredSample
+    answer: Answer | ClassificationAnswer | None = None
+    text: str = ""  # the raw model output, exactly as stored
+    ablation: str = FULL_INPUT  # "both", "images" (no text), "text" (no images)
+    images_sent: list[str] | None = None  # sha256 of the images in the prompt, when recorded
+    turn: int | None = None  # multi-turn: the turn this answer closes
+
+
+class RunData(BaseModel):
+    """The cases and samples of one run, with where each case's image files live."""
+
+    version: int = RUNDATA_VERSION
+    run_id: str
+    title: str = ""
+    created_at: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)  # models, tasks, decoding, seeds
+    code_version: str | None = None
+    cases: list[Case] = Field(default_factory=list)
+    case_roots: dict[str, str] = Field(default_factory=dict)  # case id -> folder of its images
+    samples: list[SampleResult] = Field(default_factory=list)
+
+    def case(self, case_id: str) -> Case:
+        for c in self.cases:
+            if c.case_id == case_id:
+                return c
+        raise KeyError(case_id)
+
+    def samples_of(self, case_id: str) -> list[SampleResult]:
+        return [s for s in self.samples if s.scored.case_id == case_id]
+
+    @property
+    def models(self) -> list[str]:
+        return sorted({s.scored.model for s in self.samples})
+
+    @property
+    def ablations(self) -> list[str]:
+        return sorted({s.ablation for s in self.samples})

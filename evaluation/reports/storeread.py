@@ -1,0 +1,112 @@
+"""The evaluation engine's run folder (``run.sqlite`` + its dataset) read into ``RunData``.
+
+The dataset is reopened as the run recorded it (``evaluation.engine.open_dataset``: the render
+cache makes that cheap after the run); a changed dataset is reported, not refused, because the
+report shows the truth it scores against. Answers, raw text and scored samples come from the
+store; nothing calls a model or re-scores.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from evaluation.records import Answer, ClassificationAnswer, ParseStatus, TaskFamily
+from evaluation.reports.rundata import RunData, SampleResult
+from evaluation.scoring.scored import ScoredSample, case_modality
+
+
+def find_store(rundir: Path) -> Path | None:
+    """The engine's store in ``rundir``, if there is one."""
+    from evaluation.store import STORE_FILE
+
+    path = Path(rundir) / STORE_FILE
+    return path if path.is_file() else None
+
+
+def _scored_json(store_file: Path) -> dict[str, str]:
+    """sample_id -> ScoredSample JSON (read-only; the store's public API does not key these)."""
+    db = sqlite3.connect(f"{store_file.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return dict(db.execute("SELECT sample_id, scored_json FROM scored_samples").fetchall())
+    finally:
+        db.close()
+
+
+def _parsed(row: dict[str, Any], family: TaskFamily) -> Answer | ClassificationAnswer | None:
+    raw = (row.get("parsed") or {}).get("answer")
+    if raw is None:
+        return None
+    model = ClassificationAnswer if family is TaskFamily.CLASSIFICATION else Answer
+    return model.model_validate(raw)
+
+
+def run_from_store(store_file: Path, cache_dir: Path | None = None) -> RunData:
+    """Every sample of the run with its case, parsed answer, raw reply and scores."""
+    from evaluation.engine import load_config, open_dataset
+    from evaluation.store import RunStore
+
+    rundir = store_file.parent
+    config, row = load_config(rundir)
+    dataset = open_dataset(config, cache_dir)
+    warnings = list(dataset.warnings)
+    if dataset.hash != row["dataset_hash"]:
+        warnings.append("the dataset changed since the run; the report shows today's truth")
+    store = RunStore(rundir)
+    try:
+        rows = store.samples()
+        responses = store.responses()
+    finally:
+        store.close()
+    scored = _scored_json(store_file)
+    cases = {c.case_id: c for c in dataset.cases}
+    samples: list[SampleResult] = []
+    for r in rows:
+        case = cases.get(r["case_id"])
+        if case is None:
+            warnings.append(f"case {r['case_id']!r} of the run is not in the dataset any more")
+            continue
+        family = TaskFamily(r["family"])
+        turns = r["turns"]
+        last = responses.get(turns[-1]["cache_key"]) if turns else None
+        sid = r["sample_id"]
+        if sid in scored:
+            sc = ScoredSample.model_validate_json(scored[sid])
+        else:  # an error, or a case without ground truth: counted, never scored
+            gt = case.ground_truth
+            sc = ScoredSample(
+                run_id=row["run_id"],
+                case_id=case.case_id,
+                patient_id=case.patient_id or case.case_id,
+                model=r["model"],
+                family=family,
+                sample_index=r["sample"],
+                difficulty=gt.difficulty if gt else None,
+                disease_group=gt.final_diagnosis.group if gt else None,
+                modality=case_modality(case),
+                status=ParseStatus(r["status"]),
+            )
+        samples.append(
+            SampleResult(
+                scored=sc,
+                answer=_parsed(r, family),
+                text=last.text if last is not None else "",
+                ablation=config.ablation.value,
+                images_sent=list(r["image_hashes"]),
+                turn=len(turns) - 1 if turns else None,
+            )
+        )
+    cfg: dict[str, Any] = row["config"] if isinstance(row["config"], dict) else {}
+    used = {s.scored.case_id for s in samples}
+    run_cases = [c for c in dataset.cases if c.case_id in used]
+    return RunData(
+        run_id=str(row["run_id"]),
+        title=f"{dataset.name} ({dataset.kind})",
+        created_at=str(row["created_at"]),
+        config={**cfg, "status": row["status"], "warnings": warnings[:50]},
+        code_version=row.get("code_version"),
+        cases=run_cases,
+        case_roots={c.case_id: str(c.root) for c in run_cases if c.root},
+        samples=samples,
+    )

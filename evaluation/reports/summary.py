@@ -1,0 +1,184 @@
+"""The run summary: the scoring package's ``RunSummary`` over the full-input samples (with the
+signed-off clinicians' error labels), ablations, reviews, the case list, published context."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from evaluation.reports.agreement import ReviewStats, apply_overrides, review_stats
+from evaluation.reports.checklist import answer_label, build_checklist
+from evaluation.reports.model import CaseChecklist
+from evaluation.reports.published import PublishedBenchmark, neural_medbench
+from evaluation.reports.reviews import CaseReview
+from evaluation.reports.rundata import FULL_INPUT, RunData
+from evaluation.scoring import RunSummary, summarise
+from evaluation.scoring.stats import DEFAULT_BOOT, Estimate, bootstrap_mean
+
+SUMMARY_VERSION = 1
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def case_slug(case_id: str) -> str:
+    """A file and URL name for a case id (ids come from datasets: never trusted as paths)."""
+    safe = _UNSAFE.sub("_", case_id).strip("._")[:60]
+    if safe != case_id or not safe:
+        safe = f"{safe or 'case'}-{hashlib.sha256(case_id.encode()).hexdigest()[:8]}"
+    return safe
+
+
+class AblationRow(BaseModel):
+    model: str
+    ablation: str  # both | images | text
+    n_samples: int
+    accuracy: Estimate
+
+
+class AnswerRow(BaseModel):
+    key: str
+    model: str
+    family: str
+    label: str
+    correct: bool | None
+    error: str | None
+
+
+class CaseRow(BaseModel):
+    case_id: str
+    slug: str
+    truth: str | None = None
+    difficulty: str | None = None
+    group: str | None = None
+    flags: list[str] = Field(default_factory=list)
+    answers: list[AnswerRow] = Field(default_factory=list)
+    signed_off_by: list[str] = Field(default_factory=list)
+    in_review_by: list[str] = Field(default_factory=list)
+
+
+class SummaryReport(BaseModel):
+    kind: Literal["neurosandbox.run_summary"] = "neurosandbox.run_summary"
+    version: int = SUMMARY_VERSION
+    run_id: str
+    title: str = ""
+    created_at: str | None = None
+    generated_at: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    code_version: str | None = None
+    n_cases: int
+    n_samples: int
+    models: list[str]
+    families: list[str]
+    ablations: list[str]
+    summary: RunSummary
+    ablation_rows: list[AblationRow] = Field(default_factory=list)
+    reviews: ReviewStats
+    published: PublishedBenchmark
+    cases: list[CaseRow] = Field(default_factory=list)
+
+
+def _ablations(run: RunData, n_boot: int) -> list[AblationRow]:
+    groups: dict[tuple[str, str], list[tuple[float, str]]] = defaultdict(list)
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for s in run.samples:
+        key = (s.scored.model, s.ablation)
+        counts[key] += 1
+        if (c := s.scored.correct) is not None:
+            groups[key].append((c, s.scored.patient_id))
+    ablated = {m for m, a in counts if a != FULL_INPUT}
+    rows = []
+    for key in sorted(k for k in counts if k[0] in ablated):
+        vals = groups.get(key, [])
+        rows.append(
+            AblationRow(
+                model=key[0],
+                ablation=key[1],
+                n_samples=counts[key],
+                accuracy=bootstrap_mean([v for v, _ in vals], [c for _, c in vals], n_boot=n_boot),
+            )
+        )
+    return rows
+
+
+def _case_rows(checklists: list[CaseChecklist], reviews: list[CaseReview]) -> list[CaseRow]:
+    rows = []
+    for cl in checklists:
+        mine = [r for r in reviews if r.case_id == cl.case_id]
+        clinician = {
+            key: max(labels, key=lambda lab: lab.assigned_at or "").category.value
+            for key in {k for r in mine if r.signed_off_at for k in r.errors}
+            if (labels := [r.errors[key] for r in mine if r.signed_off_at and key in r.errors])
+        }
+        rows.append(
+            CaseRow(
+                case_id=cl.case_id,
+                slug=case_slug(cl.case_id),
+                truth=cl.truth.diagnosis if cl.truth else None,
+                difficulty=cl.truth.difficulty if cl.truth else None,
+                group=cl.truth.group if cl.truth else None,
+                flags=[f.kind.value for f in cl.flags],
+                answers=[
+                    AnswerRow(
+                        key=a.key,
+                        model=a.model,
+                        family=a.family,
+                        label=answer_label(a),
+                        correct=None
+                        if a.final_diagnosis is None
+                        or a.final_diagnosis.mark.value == "not_checked"
+                        else a.final_diagnosis.mark.value == "correct",
+                        error=clinician.get(a.key, a.error.category.value if a.error else None),
+                    )
+                    for a in cl.answers
+                ],
+                signed_off_by=sorted(r.reviewer for r in mine if r.signed_off_at),
+                in_review_by=sorted(r.reviewer for r in mine if not r.signed_off_at),
+            )
+        )
+    return rows
+
+
+def build_summary(
+    run: RunData,
+    reviews: list[CaseReview] | None = None,
+    checklists: list[CaseChecklist] | None = None,
+    *,
+    n_boot: int = DEFAULT_BOOT,
+    now: datetime | None = None,
+) -> SummaryReport:
+    """The run summary; signed-off reviews replace error labels and add agreement figures."""
+    reviews = reviews or []
+    if checklists is None:
+        checklists = [
+            build_checklist(
+                c,
+                run.samples_of(c.case_id),
+                run_id=run.run_id,
+                case_root=run.case_roots.get(c.case_id),
+            )
+            for c in run.cases
+        ]
+    scored = apply_overrides(run, reviews)
+    full = [sc for s, sc in zip(run.samples, scored, strict=True) if s.ablation == FULL_INPUT]
+    return SummaryReport(
+        run_id=run.run_id,
+        title=run.title,
+        created_at=run.created_at,
+        generated_at=(now or datetime.now(UTC)).isoformat(timespec="seconds"),
+        config=run.config,
+        code_version=run.code_version,
+        n_cases=len(run.cases),
+        n_samples=len(run.samples),
+        models=run.models,
+        families=sorted({s.scored.family.value for s in run.samples}),
+        ablations=run.ablations,
+        summary=summarise(full, n_boot=n_boot),
+        ablation_rows=_ablations(run, n_boot) if len(run.ablations) > 1 else [],
+        reviews=review_stats(run, reviews),
+        published=neural_medbench(),
+        cases=_case_rows(checklists, reviews),
+    )

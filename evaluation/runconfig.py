@@ -1,0 +1,85 @@
+"""The configuration of a run (what resume rebuilds the run from) and the versions it records."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import uuid
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from evaluation.datasets import DatasetSpec
+from evaluation.models.spec import ModelSpec
+from evaluation.phi import PHIPolicy
+from evaluation.records import GenerateConfig, TaskFamily
+from evaluation.tasks import DEFAULT_MAX_IMAGES, Ablation
+
+PACKAGES = (
+    "neurosandbox",
+    "litellm",
+    "openai",
+    "pydantic",
+    "pydicom",
+    "numpy",
+    "jinja2",
+    "jsonschema",
+    "pillow",
+    "scipy",
+    "bert-score",
+    "torch",
+)
+# Neural-MedBench decoding: zero-shot, temperature 0.7, top_p 0.95.
+DEFAULT_GENERATE = GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=2048)
+
+
+class RunConfig(BaseModel):
+    run_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    dataset: DatasetSpec
+    models: list[ModelSpec]
+    tasks: list[TaskFamily] | None = None  # None = every task a case offers
+    samples: int = Field(default=1, ge=1, le=100)
+    ablation: Ablation = Ablation.BOTH
+    generate: GenerateConfig = Field(default_factory=lambda: DEFAULT_GENERATE.model_copy())
+    seed: int | None = None  # sample i is decoded with seed + i
+    max_images: int = Field(default=DEFAULT_MAX_IMAGES, ge=0, le=64)
+    phi: PHIPolicy = Field(default_factory=PHIPolicy)
+    bertscore: bool = True
+    graders: list[ModelSpec] = Field(default_factory=list)  # rubric graders (LLM judges)
+    grader_generate: GenerateConfig = Field(
+        default_factory=lambda: GenerateConfig(temperature=0.0, max_tokens=800, json_mode=True)
+    )
+    cache_dir: str | None = None  # render cache (None: settings)
+    durable: bool = False  # fsync every commit (power-loss safe)
+
+    def seed_for(self, sample: int) -> int | None:
+        return None if self.seed is None else self.seed + sample
+
+
+def code_version() -> str:
+    """``git describe`` of the checkout when there is one, else the package version."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        if out.returncode == 0 and out.stdout.strip():
+            return "git:" + out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "neurosandbox " + package_versions().get("neurosandbox", "unknown")
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return out

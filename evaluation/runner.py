@@ -1,0 +1,406 @@
+"""The async runner: every (case, task, model, sample) through prompt, PHI gate, model, store, score.
+
+Per model a pool of workers takes units from its queue; the model adapter's own limiter caps the
+calls in flight (and backs off on 429s). Each call is keyed by a hash of what is sent (model
+identity, decoding, sample index, turn, text and image hashes); a key whose response is in the
+store is never called again, which is what makes resume free and re-scoring model-free. The
+order of events for one call: request + audit committed -> call -> response committed ->
+parse -> (later, off the event loop) score and error label committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
+
+from evaluation.datasets import Dataset, ImageStore
+from evaluation.errors import StoreError
+from evaluation.models import create_model
+from evaluation.models.context import RequestContext, current_request
+from evaluation.models.spec import ModelSpec
+from evaluation.parsing import ParsedAnswer, parse_answer
+from evaluation.phi import PHIGate, audit_record
+from evaluation.prompts import PromptSet, default_prompts
+from evaluation.records import (
+    Case,
+    GenerateConfig,
+    ImagePart,
+    Message,
+    ModelAdapter,
+    ModelOutput,
+    ParseStatus,
+    TaskFamily,
+    TextPart,
+)
+from evaluation.requests import cache_key, prompt_hash, request_record
+from evaluation.runconfig import RunConfig
+from evaluation.scoring_bridge import ScoringBridge, parsed_record, total_output
+from evaluation.store import RunStore
+from evaluation.store_writes import (
+    failure_statements,
+    request_statements,
+    response_statements,
+    sample_statements,
+    score_statements,
+)
+from evaluation.tasks import Turns, build_turns, plan_tasks
+from evaluation.units import Call, RunStats, Unit, shown_case
+
+log = logging.getLogger(__name__)
+GRADED = {TaskFamily.DIFFERENTIAL, TaskFamily.RATIONALE, TaskFamily.MULTITURN, TaskFamily.LESION}
+_DONE = {ParseStatus.OK.value, ParseStatus.FORMAT_FAILURE.value, ParseStatus.REFUSAL.value}
+
+
+def _score_executor(config: RunConfig) -> Executor:
+    """Scoring off the event loop: a thread, or a process when litellm calls run in processes
+    (a run big enough to be CPU-bound; scoring then uses another core too)."""
+    if any(s.processes for s in config.models):
+        import multiprocessing as mp
+
+        return ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="score")
+
+
+class Runner:
+    def __init__(
+        self,
+        config: RunConfig,
+        dataset: Dataset,
+        store: RunStore,
+        *,
+        adapters: dict[str, ModelAdapter] | None = None,
+        prompts: PromptSet | None = None,
+        on_progress: Callable[[RunStats], None] | None = None,
+        score: bool = True,
+    ) -> None:
+        self.config = config
+        self.dataset = dataset
+        self.store = store
+        self.prompts = prompts or default_prompts()
+        self._owns_adapters = adapters is None
+        self.adapters = adapters or {s.name: create_model(s) for s in config.models}
+        self.graders = {s.name: create_model(s) for s in config.graders}
+        self.gate = PHIGate(config.phi)
+        self.images = ImageStore()
+        self.stats = RunStats()
+        self.on_progress = on_progress
+        self.scoring = ScoringBridge(bertscore=config.bertscore) if score else None
+        self._cached: dict[str, ModelOutput] = {}
+        self._turns: OrderedDict[tuple[str, str], Turns] = OrderedDict()
+        self._score_pool: Executor = _score_executor(config)
+        self._score_tasks: set[asyncio.Future[None]] = set()
+        self._commit = store.committer().submit
+        self._left: dict[str, int] = {}  # units not yet done, per case
+
+    # ------------------------------------------------------------------ plan
+
+    def units(self) -> list[Unit]:
+        families = set(self.config.tasks) if self.config.tasks else None
+        out = []
+        for case in self.dataset.cases:
+            for item in plan_tasks(case, families):
+                for s in range(self.config.samples):
+                    for spec in self.config.models:
+                        out.append(Unit(case, item, spec, s))
+        return out
+
+    def _progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.stats)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> RunStats:
+        self._cached = self.store.responses()
+        done = {
+            (r["case_id"], r["task"], r["model"], r["sample"])
+            for r in self.store.samples()
+            if r["status"] in _DONE
+        }
+        units = self.units()
+        self.stats.units_total = len(units)
+        self._left = {}
+        for u in units:
+            self._left[u.case.case_id] = self._left.get(u.case.case_id, 0) + 1
+        self.stats.cases_total = len(self._left)
+        queues: dict[str, asyncio.Queue[Unit]] = {
+            s.name: asyncio.Queue() for s in self.config.models
+        }
+        for u in units:
+            if (u.case.case_id, u.item.key, u.spec.name, u.sample) in done:
+                self._unit_done(u)
+                continue
+            queues[u.spec.name].put_nowait(u)
+        self._progress()
+        self.store.set_status("running")
+        workers = []
+        for spec in self.config.models:
+            n = spec.concurrency + 2 if spec.kind == "litellm" else 2
+            workers += [asyncio.create_task(self._worker(queues[spec.name])) for _ in range(n)]
+        try:
+            await asyncio.gather(*workers)
+            if self._score_tasks:
+                await asyncio.gather(*self._score_tasks)
+        finally:
+            for w in workers:
+                w.cancel()
+            self._score_pool.shutdown(wait=True, cancel_futures=False)
+            if self._owns_adapters:
+                for adapter in [*self.adapters.values(), *self.graders.values()]:
+                    close = getattr(adapter, "close", None)
+                    if callable(close):
+                        close()
+        counts = self.store.counts()
+        self.store.set_status("complete" if counts.get("samples_error", 0) == 0 else "incomplete")
+        self._progress()
+        return self.stats
+
+    async def _worker(self, queue: asyncio.Queue[Unit]) -> None:
+        while True:
+            try:
+                unit = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            try:
+                await self._unit(unit)
+            except StoreError:
+                raise
+            except Exception as exc:  # one bad unit must not stop the run
+                log.exception("unit %s/%s failed", unit.case.case_id, unit.item.key)
+                await self._record_error(unit, [], [], f"{type(exc).__name__}: {exc}")
+            self._unit_done(unit)
+            self._progress()
+
+    def _unit_done(self, unit: Unit) -> None:
+        self.stats.units_done += 1
+        self._left[unit.case.case_id] -= 1
+        if self._left[unit.case.case_id] == 0:
+            self.stats.cases_done += 1
+
+    def _turns_for(self, unit: Unit) -> Turns:
+        key = (unit.case.case_id, unit.item.key)
+        hit = self._turns.get(key)
+        if hit is None:
+            hit = build_turns(
+                unit.case,
+                unit.item,
+                self.prompts,
+                self.images,
+                ablation=self.config.ablation,
+                max_images=self.config.max_images,
+            )
+            self._turns[key] = hit
+            if len(self._turns) > 64:
+                self._turns.popitem(last=False)
+        return hit
+
+    async def _unit(self, unit: Unit) -> None:
+        case, item, spec, s = unit.case, unit.item, unit.spec, unit.sample
+        cfg = self.config.generate.model_copy(update={"seed": self.config.seed_for(s)})
+        turns = self._turns_for(unit)
+        adapter = self.adapters[spec.name]
+        messages: list[Message] = [turns.system]
+        record: list[dict[str, Any]] = []
+        shown: list[str] = []
+        parsed: ParsedAnswer | None = None
+        outputs: list[ModelOutput] = []
+        for t, user in enumerate(turns.turns, start=1):
+            messages.append(user)
+            shown += [h for h in turns.images_per_turn[t - 1] if h not in shown]
+            call = Call(case, item.key, item.family.value, spec, s, t)
+            key, output = await self._call(call, adapter, messages, cfg)
+            if output.error:
+                record.append(
+                    {"turn": t, "cache_key": key, "status": "error", "error": output.error}
+                )
+                await self._record_error(unit, record, shown, output.error)
+                return
+            outputs.append(output)
+            parsed = parse_answer(
+                output.text, item.family, refusal=output.refusal, prompts=self.prompts
+            )
+            record.append({"turn": t, "cache_key": key, "status": parsed.status.value})
+            messages.append(
+                Message(role="assistant", content=[TextPart(text=output.text or "(no answer)")])
+            )
+        assert parsed is not None and outputs
+        await self._finish(unit, parsed, total_output(outputs), record, shown)
+
+    async def _call(
+        self, call: Call, adapter: ModelAdapter, messages: list[Message], cfg: GenerateConfig
+    ) -> tuple[str, ModelOutput]:
+        """One model call through the PHI gate, keyed, audited and stored (or reused)."""
+        spec, case = call.spec, call.case
+        outbound, gate = self.gate.prepare(messages, case, spec.api_base, local=spec.is_local)
+        key = cache_key(spec, cfg, call.sample, call.turn, outbound)
+        cached = self._cached.get(key)
+        if cached is not None:
+            self.stats.cached += 1
+            return key, cached
+        endpoint = spec.api_base or ("local" if spec.is_local else f"provider:{spec.litellm_model}")
+        sent = [p.sha256 for m in outbound for p in m.content if isinstance(p, ImagePart)]
+        audit = audit_record(
+            outbound, gate, model=spec.name, endpoint=endpoint, case_id=case.case_id, cache_key=key
+        )
+        await self._commit(
+            request_statements(
+                key,
+                case_id=case.case_id,
+                task=call.task,
+                family=call.family,
+                model=spec.name,
+                sample=call.sample,
+                turn=call.turn,
+                image_hashes=sent,
+                prompt_hash=prompt_hash(outbound),
+                request=request_record(outbound, spec, cfg),
+                audit=audit,
+            )
+        )
+        ctx = RequestContext(
+            case_id=case.case_id,
+            task=call.task,
+            family=call.family,
+            sample=call.sample,
+            turn=call.turn,
+            cache_key=key,
+        )
+        token = current_request.set(ctx)
+        try:
+            output = await adapter.generate(outbound, cfg)
+        finally:
+            current_request.reset(token)
+        self.stats.calls += 1
+        if output.error:
+            await self._commit(failure_statements(key, spec.name, output))
+            return key, output
+        # Committed (on disk) before anything parses or scores it.
+        await self._commit(response_statements(key, spec.name, output))
+        self._cached[key] = output
+        self.stats.cost_usd += output.cost_usd or 0.0
+        self.stats.prompt_tokens += output.prompt_tokens or 0
+        self.stats.completion_tokens += output.completion_tokens or 0
+        return key, output
+
+    async def _grade(
+        self, unit: Unit, case: Case, answer: str
+    ) -> tuple[dict[str, str | None], list[dict[str, Any]]]:
+        """Every grader's reply to one answer (stored like any call, so rescoring reuses it)."""
+        from evaluation.scoring.rubric import grader_messages
+
+        messages = grader_messages(case, unit.item.family, answer)
+        task = f"{unit.item.key}/grade:{unit.spec.name}"
+
+        async def one(spec: ModelSpec) -> tuple[str, ModelOutput]:
+            call = Call(case, task, "grader", spec, unit.sample, 1)
+            return await self._call(
+                call, self.graders[spec.name], messages, self.config.grader_generate
+            )
+
+        results = await asyncio.gather(*(one(g) for g in self.config.graders))
+        replies = {
+            g.name: (None if out.error else out.text)
+            for g, (_, out) in zip(self.config.graders, results, strict=True)
+        }
+        records = [
+            {"grader": g.name, "cache_key": key}
+            for g, (key, _) in zip(self.config.graders, results, strict=True)
+        ]
+        return replies, records
+
+    async def _record_error(
+        self, unit: Unit, record: list[dict[str, Any]], shown: list[str], error: str
+    ) -> None:
+        self.stats.errors += 1
+        _, statements = sample_statements(
+            case_id=unit.case.case_id,
+            task=unit.item.key,
+            family=unit.item.family.value,
+            model=unit.spec.name,
+            sample=unit.sample,
+            status=ParseStatus.ERROR.value,
+            turns=record,
+            parsed=None,
+            parse_error=error[:2000],
+            image_hashes=shown,
+        )
+        await self._commit(statements)
+
+    async def _finish(
+        self,
+        unit: Unit,
+        parsed: ParsedAnswer,
+        output: ModelOutput,
+        record: list[dict[str, Any]],
+        shown: list[str],
+    ) -> None:
+        if parsed.status is ParseStatus.FORMAT_FAILURE:
+            self.stats.format_failures += 1
+        elif parsed.status is ParseStatus.REFUSAL:
+            self.stats.refusals += 1
+        sid, statements = sample_statements(
+            case_id=unit.case.case_id,
+            task=unit.item.key,
+            family=unit.item.family.value,
+            model=unit.spec.name,
+            sample=unit.sample,
+            status=parsed.status.value,
+            turns=record,
+            parsed=parsed_record(parsed),
+            parse_error=parsed.error,
+            image_hashes=shown,
+        )
+        await self._commit(statements)
+        if self.scoring is None or unit.case.ground_truth is None:
+            return
+        case = shown_case(unit.case, shown)
+        extra = []
+        if self.graders and parsed.status is ParseStatus.OK and unit.item.family in GRADED:
+            replies, grader_records = await self._grade(unit, case, output.text)
+            from evaluation.scoring.rubric import rubric_from_outputs
+
+            extra.append(rubric_from_outputs(replies))
+            _, statements = sample_statements(
+                case_id=unit.case.case_id,
+                task=unit.item.key,
+                family=unit.item.family.value,
+                model=unit.spec.name,
+                sample=unit.sample,
+                status=parsed.status.value,
+                turns=record + grader_records,
+                parsed=parsed_record(parsed),
+                parse_error=parsed.error,
+                image_hashes=shown,
+            )
+            await self._commit(statements)
+        fut = asyncio.get_running_loop().run_in_executor(
+            self._score_pool,
+            self.scoring.score,
+            case,
+            unit.item.family,
+            unit.spec.name,
+            parsed,
+            output,
+            unit.sample,
+            self.config.run_id,
+            extra,
+        )
+
+        async def store_scores() -> None:
+            try:
+                scores, label, scored = await fut
+            except Exception as exc:
+                self.stats.scoring_errors += 1
+                if self.stats.scoring_errors == 1:
+                    log.warning("scoring failed (run `runs rescore` later): %s", exc)
+                return
+            await self._commit(score_statements(sid, scores, label, scored))
+            self.stats.scored += 1
+
+        task = asyncio.ensure_future(store_scores())
+        self._score_tasks.add(task)
+        task.add_done_callback(self._score_tasks.discard)

@@ -1,0 +1,176 @@
+"""How the engine calls ``evaluation.scoring`` (imported lazily: it loads BERTScore and lexicons).
+
+``ScoringBridge.score`` turns one parsed sample into (scores, error label, ScoredSample JSON);
+``rescore_run`` re-parses every stored response and scores it again, never calling a model;
+``summary`` builds the scoring package's RunSummary from the stored scored samples.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from evaluation.datasets import Dataset
+from evaluation.parsing import ParsedAnswer, parse_answer
+from evaluation.prompts import PromptSet, default_prompts
+from evaluation.records import Case, ErrorLabel, ModelOutput, ParseStatus, Score, TaskFamily
+from evaluation.store import RunStore, sample_id
+from evaluation.units import shown_case
+
+log = logging.getLogger(__name__)
+
+
+class ScoringUnavailable(RuntimeError):
+    """evaluation.scoring is not installed or failed to import."""
+
+
+def _scoring() -> Any:
+    try:
+        import evaluation.scoring as scoring
+    except Exception as exc:  # the scoring package is optional at import time
+        raise ScoringUnavailable(f"evaluation.scoring cannot be imported: {exc}") from exc
+    return scoring
+
+
+def warm() -> None:
+    """Import the scoring package (in a scoring worker process, before the timed part)."""
+    _scoring()
+
+
+class ScoringBridge:
+    def __init__(self, bertscore: bool = True) -> None:
+        self.bertscore = bertscore
+
+    def score(
+        self,
+        case: Case,
+        family: TaskFamily,
+        model: str,
+        parsed: ParsedAnswer,
+        output: ModelOutput,
+        sample: int,
+        run_id: str | None,
+        extra_scores: list[Score] | None = None,
+    ) -> tuple[list[Score], ErrorLabel | None, str]:
+        scoring = _scoring()
+        scored = scoring.make_scored_sample(
+            case,
+            family,
+            model,
+            parsed.status,
+            parsed.answer,
+            output.text,
+            sample_index=sample,
+            output=output,
+            run_id=run_id,
+            bertscore=self.bertscore,
+            extra_scores=extra_scores,
+        )
+        return list(scored.scores), scored.error, scored.model_dump_json()
+
+
+def total_output(outputs: list[ModelOutput]) -> ModelOutput:
+    """One output for a whole conversation: the last text, summed tokens, cost and latency."""
+    last = outputs[-1]
+
+    def total(name: str) -> Any:
+        values = [getattr(o, name) for o in outputs if getattr(o, name) is not None]
+        return sum(values) if values else None
+
+    return last.model_copy(
+        update={
+            "prompt_tokens": total("prompt_tokens"),
+            "completion_tokens": total("completion_tokens"),
+            "cost_usd": total("cost_usd"),
+            "latency_s": total("latency_s"),
+            "retries": sum(o.retries for o in outputs),
+        }
+    )
+
+
+def rescore_run(
+    store: RunStore,
+    dataset: Dataset,
+    *,
+    bertscore: bool = True,
+    prompts: PromptSet | None = None,
+) -> dict[str, int]:
+    """Parse every stored final response again and score it; no model is ever called."""
+    prompts = prompts or default_prompts()
+    bridge = ScoringBridge(bertscore=bertscore)
+    run_id = store.run_row()["run_id"]
+    cases = {c.case_id: c for c in dataset.cases}
+    responses = store.responses()
+    counts = {"rescored": 0, "unscored": 0, "missing_case": 0, "errors": 0}
+    for row in store.samples():
+        if row["status"] == ParseStatus.ERROR.value:
+            counts["errors"] += 1
+            continue
+        case = cases.get(row["case_id"])
+        if case is None:
+            counts["missing_case"] += 1
+            continue
+        family = TaskFamily(row["family"])
+        turns = [t for t in row["turns"] if "grader" not in t]
+        graders = [t for t in row["turns"] if "grader" in t]
+        outputs = [responses[t["cache_key"]] for t in turns if t["cache_key"] in responses]
+        if len(outputs) != len(turns) or not outputs:
+            counts["errors"] += 1
+            continue
+        final = outputs[-1]
+        parsed = parse_answer(final.text, family, refusal=final.refusal, prompts=prompts)
+        sid = store.record_sample(
+            case_id=row["case_id"],
+            task=row["task"],
+            family=row["family"],
+            model=row["model"],
+            sample=row["sample"],
+            status=parsed.status.value,
+            turns=row["turns"],
+            parsed=parsed_record(parsed),
+            parse_error=parsed.error,
+            image_hashes=row["image_hashes"],
+        )
+        assert sid == sample_id(row["case_id"], row["task"], row["model"], row["sample"])
+        if case.ground_truth is None:
+            counts["unscored"] += 1
+            continue
+        extra = []
+        if graders and parsed.status is ParseStatus.OK:
+            from evaluation.scoring.rubric import rubric_from_outputs
+
+            replies = {
+                t["grader"]: (
+                    responses[t["cache_key"]].text if t["cache_key"] in responses else None
+                )
+                for t in graders
+            }
+            extra.append(rubric_from_outputs(replies))
+        scores, label, scored = bridge.score(
+            shown_case(case, row["image_hashes"]),
+            family,
+            row["model"],
+            parsed,
+            total_output(outputs),
+            row["sample"],
+            run_id,
+            extra,
+        )
+        store.record_scores(sid, scores, label, scored)
+        counts["rescored"] += 1
+    return counts
+
+
+def parsed_record(parsed: ParsedAnswer) -> dict[str, Any]:
+    out = parsed.model_dump(mode="json", exclude={"answer"})
+    out["answer"] = parsed.answer.model_dump(mode="json") if parsed.answer else None
+    return out
+
+
+def summary(store: RunStore) -> Any:
+    """The scoring package's RunSummary of a run (None when nothing is scored)."""
+    scoring = _scoring()
+    samples = [scoring.ScoredSample.model_validate_json(j) for j in store.scored_samples()]
+    if not samples:
+        return None
+    return scoring.summarise(samples)

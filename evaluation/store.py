@@ -1,0 +1,341 @@
+"""The run store: one SQLite file (WAL) per run, the single source of truth of the run.
+
+Tables: ``run`` (config, dataset hash, code and package versions, status), ``requests`` (every
+model call: cache key, case, task, model, sample, turn, image hashes, prompt hash, the request
+without image bytes), ``responses`` (raw text and the ModelOutput, committed as soon as the call
+returns and before anything parses or scores it), ``failures`` (calls that failed after their
+retries; resume tries them again), ``samples`` (parse status and parsed answer per case x task x
+model x sample), ``scores`` and ``error_labels``, and ``audit`` (every outbound payload).
+
+Every write is its own committed transaction, so a ``kill -9`` loses at most the call that was
+in flight. ``synchronous=NORMAL`` survives a killed process (the commit is in the WAL); pass
+``durable=True`` for ``FULL`` (also survives power loss, at an fsync per commit).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from evaluation.errors import StoreError
+from evaluation.phi import AuditRecord
+from evaluation.records import ErrorLabel, ModelOutput, Score
+from evaluation.store_writes import (
+    GroupCommitter,
+    Statements,
+    failure_statements,
+    now,
+    request_statements,
+    response_statements,
+    sample_id,  # noqa: F401 (re-exported: the id of a case x task x model x sample)
+    sample_statements,
+    score_statements,
+)
+
+STORE_VERSION = 1
+STORE_FILE = "run.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS run (
+    run_id TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    status TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    dataset_name TEXT,
+    dataset_kind TEXT,
+    dataset_hash TEXT NOT NULL,
+    prompt_version TEXT,
+    code_version TEXT,
+    packages_json TEXT
+);
+CREATE TABLE IF NOT EXISTS requests (
+    cache_key TEXT PRIMARY KEY,
+    case_id TEXT NOT NULL,
+    task TEXT NOT NULL,
+    family TEXT NOT NULL,
+    model TEXT NOT NULL,
+    sample INTEGER NOT NULL,
+    turn INTEGER NOT NULL,
+    image_hashes TEXT NOT NULL,
+    prompt_hash TEXT NOT NULL,
+    request_json TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS responses (
+    cache_key TEXT PRIMARY KEY REFERENCES requests(cache_key),
+    model TEXT NOT NULL,
+    text TEXT NOT NULL,
+    output_json TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS failures (
+    id INTEGER PRIMARY KEY,
+    cache_key TEXT NOT NULL,
+    model TEXT NOT NULL,
+    error TEXT NOT NULL,
+    output_json TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS samples (
+    sample_id TEXT PRIMARY KEY,
+    case_id TEXT NOT NULL,
+    task TEXT NOT NULL,
+    family TEXT NOT NULL,
+    model TEXT NOT NULL,
+    sample INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    turns_json TEXT NOT NULL,
+    parsed_json TEXT,
+    parse_error TEXT,
+    image_hashes TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS scores (
+    sample_id TEXT NOT NULL REFERENCES samples(sample_id),
+    scorer TEXT NOT NULL,
+    value REAL,
+    explanation TEXT NOT NULL,
+    details_json TEXT NOT NULL,
+    scored_at TEXT NOT NULL,
+    PRIMARY KEY (sample_id, scorer)
+);
+CREATE TABLE IF NOT EXISTS error_labels (
+    sample_id TEXT PRIMARY KEY REFERENCES samples(sample_id),
+    label_json TEXT NOT NULL,
+    scored_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS scored_samples (
+    sample_id TEXT PRIMARY KEY REFERENCES samples(sample_id),
+    scored_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY,
+    time TEXT NOT NULL,
+    model TEXT NOT NULL,
+    endpoint TEXT NOT NULL,
+    case_id TEXT NOT NULL,
+    cache_key TEXT NOT NULL,
+    remote INTEGER NOT NULL,
+    deidentified INTEGER NOT NULL,
+    record_json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS samples_model ON samples(model);
+CREATE INDEX IF NOT EXISTS failures_key ON failures(cache_key);
+"""
+
+
+class RunStore:
+    """One run's SQLite file. Thread-safe (one connection, one lock); writes commit at once."""
+
+    def __init__(self, path: Path, *, create: bool = False, durable: bool = False) -> None:
+        path = Path(path)
+        if path.is_dir() or path.suffix != ".sqlite":
+            path = path / STORE_FILE
+        if not path.exists() and not create:
+            raise StoreError(f"no run store at {path} (is this a run folder?)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._lock = threading.RLock()
+        self._committer: GroupCommitter | None = None
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+            self._db.execute("PRAGMA busy_timeout=10000")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path}: not a usable run store: {exc}") from exc
+        version = self._one("SELECT value FROM meta WHERE key='store_version'")
+        if version is None:
+            self._exec("INSERT INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
+        elif int(version[0]) != STORE_VERSION:
+            raise StoreError(f"{path}: store version {version[0]}, this code reads {STORE_VERSION}")
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> None:
+        with self._lock:
+            self._db.execute(sql, args)
+
+    def _tx(self, statements: Statements) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, args in statements:
+                    self._db.execute(sql, args)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _one(self, sql: str, args: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+        with self._lock:
+            row: tuple[Any, ...] | None = self._db.execute(sql, args).fetchone()
+            return row
+
+    def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, args).fetchall())
+
+    @property
+    def lock(self) -> threading.RLock:
+        return self._lock
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        return self._db
+
+    def committer(self) -> GroupCommitter:
+        """The group-commit writer (started on first use, stopped by ``close``)."""
+        if self._committer is None:
+            self._committer = GroupCommitter(self)
+        return self._committer
+
+    def close(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
+            self._committer = None
+        with self._lock:
+            self._db.close()
+
+    # ------------------------------------------------------------------ run
+
+    def init_run(
+        self,
+        run_id: str,
+        config: dict[str, Any],
+        *,
+        dataset_name: str,
+        dataset_kind: str,
+        dataset_hash: str,
+        prompt_version: str,
+        code_version: str,
+        packages: dict[str, str],
+    ) -> None:
+        if self._one("SELECT run_id FROM run") is not None:
+            raise StoreError(f"{self.path} already holds a run: use `runs resume`")
+        t = now()
+        self._exec(
+            "INSERT INTO run VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                run_id,
+                t,
+                t,
+                "running",
+                json.dumps(config),
+                dataset_name,
+                dataset_kind,
+                dataset_hash,
+                prompt_version,
+                code_version,
+                json.dumps(packages),
+            ),
+        )
+
+    def run_row(self) -> dict[str, Any]:
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM run")
+            row = cur.fetchone()
+            names = [d[0] for d in cur.description]
+        if row is None:
+            raise StoreError(f"{self.path}: no run recorded")
+        out = dict(zip(names, row, strict=True))
+        out["config"] = json.loads(out.pop("config_json"))
+        out["packages"] = json.loads(out.pop("packages_json") or "{}")
+        return out
+
+    def set_status(self, status: str) -> None:
+        self._exec("UPDATE run SET status=?, updated_at=?", (status, now()))
+
+    # ------------------------------------------------------------------ writes
+
+    def commit(self, statements: Statements) -> None:
+        """Run statements in one committed transaction (see ``store_writer`` for group commit)."""
+        self._tx(statements)
+
+    def record_request(self, cache_key: str, **kw: Any) -> None:
+        self._tx(request_statements(cache_key, **kw))
+
+    def record_response(self, cache_key: str, model: str, output: ModelOutput) -> None:
+        self._tx(response_statements(cache_key, model, output))
+
+    def record_failure(self, cache_key: str, model: str, output: ModelOutput) -> None:
+        self._tx(failure_statements(cache_key, model, output))
+
+    def record_sample(self, **kw: Any) -> str:
+        sid, statements = sample_statements(**kw)
+        self._tx(statements)
+        return sid
+
+    def record_scores(
+        self,
+        sid: str,
+        scores: list[Score],
+        label: ErrorLabel | None,
+        scored_json: str | None = None,
+    ) -> None:
+        """Scores and error label of a sample, replacing earlier ones (one transaction)."""
+        self._tx(score_statements(sid, scores, label, scored_json))
+
+    # ------------------------------------------------------------------ reads
+
+    def responses(self) -> dict[str, ModelOutput]:
+        """Every stored response by cache key (what resume and rescore reuse)."""
+        return {
+            k: ModelOutput.model_validate_json(v)
+            for k, v in self._all("SELECT cache_key, output_json FROM responses")
+        }
+
+    def samples(self) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM samples ORDER BY case_id, task, model, sample")
+            names = [d[0] for d in cur.description]
+            rows = cur.fetchall()
+        out = []
+        for row in rows:
+            r = dict(zip(names, row, strict=True))
+            r["turns"] = json.loads(r.pop("turns_json"))
+            r["parsed"] = json.loads(r.pop("parsed_json")) if r["parsed_json"] else None
+            r["image_hashes"] = json.loads(r["image_hashes"])
+            out.append(r)
+        return out
+
+    def scores(self) -> dict[str, list[Score]]:
+        out: dict[str, list[Score]] = {}
+        for sid, scorer, value, expl, details in self._all(
+            "SELECT sample_id, scorer, value, explanation, details_json FROM scores"
+        ):
+            out.setdefault(sid, []).append(
+                Score(scorer=scorer, value=value, explanation=expl, details=json.loads(details))
+            )
+        return out
+
+    def error_labels(self) -> dict[str, ErrorLabel]:
+        return {
+            sid: ErrorLabel.model_validate_json(j)
+            for sid, j in self._all("SELECT sample_id, label_json FROM error_labels")
+        }
+
+    def scored_samples(self) -> list[str]:
+        """ScoredSample JSON of every scored sample (what summaries are built from)."""
+        return [
+            j for (j,) in self._all("SELECT scored_json FROM scored_samples ORDER BY sample_id")
+        ]
+
+    def counts(self) -> dict[str, int]:
+        keys = ("requests", "responses", "failures", "samples", "scores", "audit")
+        out = {k: int(self._one(f"SELECT COUNT(*) FROM {k}")[0]) for k in keys}  # type: ignore[index]
+        for status, n in self._all("SELECT status, COUNT(*) FROM samples GROUP BY status"):
+            out[f"samples_{status}"] = int(n)
+        return out
+
+    def audit(self) -> Iterator[AuditRecord]:
+        for (j,) in self._all("SELECT record_json FROM audit ORDER BY id"):
+            yield AuditRecord.model_validate_json(j)

@@ -1,0 +1,53 @@
+"""The units of a run: one (case, task, model, sample), one model call, and the run's counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from evaluation.models.spec import ModelSpec
+from evaluation.records import Case, ImageRef
+from evaluation.tasks import TaskItem
+
+
+class RunStats(BaseModel):
+    cases_total: int = 0
+    cases_done: int = 0  # cases whose every unit is done
+    units_total: int = 0
+    units_done: int = 0
+    calls: int = 0  # model calls made now
+    cached: int = 0  # responses reused from the store
+    errors: int = 0  # samples whose call failed after retries
+    format_failures: int = 0
+    refusals: int = 0
+    scored: int = 0
+    scoring_errors: int = 0
+    cost_usd: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class Call:
+    case: Case
+    task: str
+    family: str
+    spec: ModelSpec
+    sample: int
+    turn: int
+
+
+@dataclass
+class Unit:
+    case: Case
+    item: TaskItem
+    spec: ModelSpec
+    sample: int
+
+
+def shown_case(case: Case, shown: list[str]) -> Case:
+    """The case as the scorer must see it: the images the model was shown, in that order."""
+    by_hash: dict[str, ImageRef] = {i.sha256: i for i in case.images}
+    images = [by_hash[h] for h in shown if h in by_hash]
+    return case.model_copy(update={"images": images})

@@ -1,0 +1,33 @@
+"""What the API's routers share: settings, the Orthanc client, stores and the pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.audit import AuditLog
+from gateway.auth import TokenStore
+from gateway.orthanc import OrthancClient
+from gateway.pipeline import StudyPipeline
+from gateway.runs import RunStore
+from gateway.settings import Settings
+
+
+@dataclass
+class GatewayContext:
+    settings: Settings
+    orthanc: OrthancClient
+    runs: RunStore
+    audit: AuditLog
+    tokens: TokenStore
+    pipeline: StudyPipeline | None = None  # None: the API can read but not start evaluations
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GatewayContext:
+        data = settings.data_dir
+        return cls(
+            settings=settings,
+            orthanc=OrthancClient.from_settings(settings),
+            runs=RunStore(data),
+            audit=AuditLog(data / "audit.jsonl"),
+            tokens=TokenStore(data / "secret" / "tokens.json"),
+        )

@@ -1,0 +1,70 @@
+"""Dependencies: the shared context and bearer-token authentication with roles."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import Depends, HTTPException, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+
+from gateway.api.context import GatewayContext
+from gateway.auth import Role, TokenRecord
+
+_bearer = HTTPBearer(auto_error=False, description="a token from `neurosandbox tokens create`")
+
+
+def get_ctx(request: Request) -> GatewayContext:
+    ctx: GatewayContext = request.app.state.ctx
+    return ctx
+
+
+Ctx = Annotated[GatewayContext, Depends(get_ctx)]
+
+
+def _unauthorized(why: str) -> HTTPException:
+    return HTTPException(
+        status.HTTP_401_UNAUTHORIZED, detail=why, headers={"WWW-Authenticate": "Bearer"}
+    )
+
+
+def require_token(
+    request: Request,
+    ctx: Ctx,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> TokenRecord:
+    if creds is None or creds.scheme.lower() != "bearer":
+        raise _unauthorized("a bearer token is required")
+    rec = ctx.tokens.verify(creds.credentials)
+    if rec is None:
+        raise _unauthorized("invalid or revoked token")
+    request.state.actor = rec.id
+    return rec
+
+
+def require_admin(token: Annotated[TokenRecord, Depends(require_token)]) -> TokenRecord:
+    if token.role is not Role.ADMIN:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="this needs an admin token")
+    return token
+
+
+Token = Annotated[TokenRecord, Depends(require_token)]
+Admin = Annotated[TokenRecord, Depends(require_admin)]
+
+
+class ErrorBody(BaseModel):
+    detail: str
+
+
+def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the error codes a route may answer."""
+    text = {
+        400: "bad request",
+        401: "missing, invalid or revoked bearer token",
+        403: "the token's role may not do this",
+        404: "not found",
+        413: "request body too large",
+        502: "Orthanc failed or is unreachable",
+        503: "the evaluation worker is not running",
+    }
+    return {c: {"model": ErrorBody, "description": text[c]} for c in codes}

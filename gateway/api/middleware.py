@@ -1,0 +1,126 @@
+"""ASGI middleware: request body size limit, access log without PHI, metrics, audit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.audit import AuditLog
+from gateway.metrics import METRICS
+
+log = logging.getLogger("gateway.api")
+QUIET_PATHS = {"/health", "/metrics"}  # not audited (scraped every few seconds)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_json(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    """Refuse request bodies over ``max_bytes`` (413), by header and by counting the stream."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.max_bytes
+                except ValueError:
+                    await _send_json(send, 400, "invalid Content-Length")
+                    return
+                if too_big:
+                    await _send_json(send, 413, f"request body over {self.max_bytes} bytes")
+                    return
+        seen = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return msg
+
+        async def watch(msg: Message) -> None:
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, limited, watch)
+        except _TooLarge:
+            if not started:
+                await _send_json(send, 413, f"request body over {self.max_bytes} bytes")
+
+
+class AccessLog:
+    """Log method, route template, status and time; count metrics; write the audit trail.
+
+    The route template (``/studies/{study_id}``) is logged, never the concrete path or query.
+    """
+
+    def __init__(self, app: ASGIApp, audit: AuditLog) -> None:
+        self.app, self.audit = app, audit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def watch(msg: Message) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = int(msg["status"])
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            route: Any = scope.get("route")
+            template = getattr(route, "path", None) or "(unmatched)"
+            method = scope.get("method", "")
+            dt = time.perf_counter() - t0
+            METRICS.inc("http_requests_total", route=template, method=method, status=str(status))
+            METRICS.inc("http_request_seconds_sum", dt, route=template)
+            log.info("%s %s -> %d (%.0f ms)", method, template, status, dt * 1000)
+            if template not in QUIET_PATHS:
+                state = scope.get("state") or {}
+                actor = state.get("actor", "anonymous")
+                target = _target(scope)
+                self.audit.write(actor, f"{method} {template}", target, str(status))
+
+
+def _target(scope: Scope) -> str:
+    """The opaque ids of the request (run id, Orthanc study id), not free text."""
+    params = scope.get("path_params") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(params.items()) if k in ("run_id", "study_id"))[
+        :200
+    ]

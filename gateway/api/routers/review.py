@@ -1,0 +1,378 @@
+"""The clinician review pages (reviewer role): sign in, queue, checklist with per-item verdicts,
+diagnosis, error-category override, rating, comment, sign-off, re-issue to PACS; the live run
+summary; the review log as CSV and JSON. Every action is appended to the review log."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Annotated
+
+from fastapi import APIRouter, Form, HTTPException, Path, Request, status
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+
+from evaluation.records import ErrorCategory
+from evaluation.reports.html import ReviewView, csp, render_checklist, render_page, render_summary
+from evaluation.reports.pdf import PdfError, pdf_bytes
+from evaluation.reports.reviews import (
+    Action,
+    ReviewError,
+    ReviewEvent,
+    Verdict,
+    export_csv,
+    export_json,
+)
+from gateway.api.deps import Ctx
+from gateway.orthanc import OrthancError
+from gateway.reissue import ReissueError, reissue_case
+from gateway.review_auth import (
+    COOKIE_PATH,
+    LOGIN_COOKIE,
+    SESSION_COOKIE,
+    Reviewer,
+    csrf_ok,
+    identify,
+)
+from gateway.review_service import ReportNotFoundError, ReviewService
+
+BASE = "/review"
+router = APIRouter(prefix=BASE, tags=["review"], include_in_schema=True)
+Report = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
+Slug = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,80}$")]
+Text = Annotated[str, Form(max_length=4000)]
+Csrf = Annotated[str, Form(max_length=200)]
+DONE = {
+    "item": "Verdict saved.",
+    "diagnosis": "Diagnosis saved.",
+    "error": "Error category overridden.",
+    "rating": "Rating saved.",
+    "comment": "Comment added.",
+    "signoff": "Case signed off. Your review is final.",
+    "reissue": "Re-issued to PACS as VERIFIED.",
+}
+_service_lock = threading.Lock()
+
+
+def service(ctx: Ctx, request: Request) -> ReviewService:
+    svc: ReviewService | None = getattr(request.app.state, "review", None)
+    if svc is None:
+        with _service_lock:
+            svc = getattr(request.app.state, "review", None)
+            if svc is None:
+                svc = ReviewService(ctx.settings)
+                request.app.state.review = svc
+    return svc
+
+
+def _headers() -> dict[str, str]:
+    return {
+        "Content-Security-Policy": csp() + "; frame-ancestors 'none'",
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "same-origin",  # no-referrer makes Chromium send Origin: null
+        "Cache-Control": "no-store",
+        "X-Frame-Options": "DENY",
+    }
+
+
+def _html(body: str, code: int = 200) -> HTMLResponse:
+    return HTMLResponse(body, status_code=code, headers=_headers())
+
+
+def _who(ctx: Ctx, request: Request) -> Reviewer | None:
+    return identify(request, ctx.tokens, service(ctx, request).sessions)
+
+
+def _missing(what: str) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no such {what}")
+
+
+def _login_redirect() -> RedirectResponse:
+    return RedirectResponse(f"{BASE}/login", status.HTTP_303_SEE_OTHER)
+
+
+@router.get("/login", response_class=HTMLResponse, summary="Sign-in form")
+def login_form(ctx: Ctx, request: Request) -> HTMLResponse:
+    token = secrets.token_urlsafe(24)
+    resp = _html(render_page("login.html.j2", action=f"{BASE}/login", login_csrf=token))
+    resp.set_cookie(LOGIN_COOKIE, token, max_age=900, path=COOKIE_PATH, httponly=True,
+                    samesite="strict", secure=ctx.settings.review_cookie_secure)  # fmt: skip
+    return resp
+
+
+@router.post("/login", summary="Exchange a reviewer token for a session cookie")
+def login(
+    ctx: Ctx, request: Request, token: Annotated[str, Form(max_length=200)], csrf: Csrf
+) -> Response:
+    expected = request.cookies.get(LOGIN_COOKIE, "")
+    if not expected or not secrets.compare_digest(expected.encode(), csrf.encode()):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="sign-in form expired; reload it")
+    rec = ctx.tokens.verify(token)
+    if rec is None:
+        ctx.audit.write("anonymous", "review login", "", "refused")
+        page = render_page("login.html.j2", action=f"{BASE}/login", login_csrf=expected,
+                           message="Unknown or revoked token.", message_error=True)  # fmt: skip
+        return _html(page, status.HTTP_401_UNAUTHORIZED)
+    sid, _ = service(ctx, request).sessions.create(rec)
+    ctx.audit.write(rec.id, "review login", "", "ok")
+    resp = RedirectResponse(BASE, status.HTTP_303_SEE_OTHER)
+    resp.set_cookie(SESSION_COOKIE, sid, max_age=int(ctx.settings.review_session_hours * 3600),
+                    path=COOKIE_PATH, httponly=True, samesite="strict",
+                    secure=ctx.settings.review_cookie_secure)  # fmt: skip
+    resp.delete_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
+    return resp
+
+
+@router.post("/logout", summary="End the browser session")
+def logout(ctx: Ctx, request: Request, csrf: Csrf = "") -> Response:
+    who = _who(ctx, request)
+    if who is not None and who.session_id and csrf_ok(request, who, csrf):
+        service(ctx, request).sessions.drop(who.session_id)
+    resp = _login_redirect()
+    resp.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH)
+    return resp
+
+
+def _view(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str = "") -> ReviewView:
+    return ReviewView(
+        me=who.name,
+        csrf=who.csrf,
+        post_url=f"{BASE}/runs/{report}/cases/{slug}",
+        queue_url=f"{BASE}/runs/{report}",
+        summary_url=f"{BASE}/runs/{report}/summary",
+        logout_url=f"{BASE}/logout",
+    )
+
+
+@router.get("", response_class=HTMLResponse, summary="Runs with reports to review")
+def reports(ctx: Ctx, request: Request) -> Response:
+    who = _who(ctx, request)
+    if who is None:
+        return _login_redirect()
+    rv = _view(ctx, request, who, "")
+    rv.queue_url = BASE
+    return _html(render_page("reports.html.j2", review=rv, base=BASE,
+                             reports=service(ctx, request).reports()))  # fmt: skip
+
+
+@router.get("/runs/{report}", response_class=HTMLResponse, summary="Queue of a run's cases")
+def queue(ctx: Ctx, request: Request, report: Report) -> Response:
+    who = _who(ctx, request)
+    if who is None:
+        return _login_redirect()
+    svc = service(ctx, request)
+    try:
+        summary = svc.summary(report)
+        run = svc.run(report)
+    except ReportNotFoundError:
+        raise _missing("report") from None
+    reviews = svc.store.reviews(run.run_id)
+    rows = []
+    for c in summary.cases:
+        mine = next((r for r in reviews if r.case_id == c.case_id and r.reviewer == who.name), None)
+        rows.append({
+            "case_id": c.case_id, "slug": c.slug, "truth": c.truth, "difficulty": c.difficulty,
+            "flags": c.flags, "mine_signed": bool(mine and mine.signed_off_at),
+            "mine_started": mine is not None,
+            "others": [f"{r.reviewer} ({'signed off' if r.signed_off_at else 'in progress'})"
+                       for r in reviews if r.case_id == c.case_id and r.reviewer != who.name],
+        })  # fmt: skip
+    rows.sort(key=lambda r: (r["mine_signed"], not r["flags"]))
+    rv = _view(ctx, request, who, report)
+    return _html(render_page("queue.html.j2", review=rv, base=BASE, report=report, run=run,
+                             rows=rows))  # fmt: skip
+
+
+@router.get("/runs/{report}/summary", response_class=HTMLResponse, summary="Live run summary")
+def summary_page(ctx: Ctx, request: Request, report: Report) -> Response:
+    who = _who(ctx, request)
+    if who is None:
+        return _login_redirect()
+    try:
+        summary, plots = service(ctx, request).summary_with_plots(report)
+    except ReportNotFoundError:
+        raise _missing("report") from None
+    rv = _view(ctx, request, who, report)
+    href: Callable[[str], str] = lambda slug: f"{BASE}/runs/{report}/cases/{slug}"  # noqa: E731
+    return _html(render_summary(summary, plots, case_href=href, review=rv))
+
+
+@router.get("/runs/{report}/summary.json", summary="Live run summary (JSON)")
+def summary_json(ctx: Ctx, request: Request, report: Report) -> Response:
+    if _who(ctx, request) is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
+    try:
+        summary = service(ctx, request).summary(report)
+    except ReportNotFoundError:
+        raise _missing("report") from None
+    return Response(summary.model_dump_json(indent=2), media_type="application/json")
+
+
+@router.get("/runs/{report}/summary.pdf", summary="Live run summary (PDF, Chromium)")
+def summary_pdf(ctx: Ctx, request: Request, report: Report) -> Response:
+    if _who(ctx, request) is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
+    try:
+        summary, plots = service(ctx, request).summary_with_plots(report)
+        pdf = pdf_bytes(render_summary(summary, plots, print_mode=True))
+    except ReportNotFoundError:
+        raise _missing("report") from None
+    except PdfError as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(exc)) from None
+    return Response(
+        pdf, media_type="application/pdf", headers={"X-Content-Type-Options": "nosniff"}
+    )
+
+
+@router.get("/runs/{report}/reviews.{fmt}", summary="The run's review log (CSV or JSON)")
+def export(ctx: Ctx, request: Request, report: Report, fmt: str) -> Response:
+    if _who(ctx, request) is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
+    svc = service(ctx, request)
+    try:
+        events = svc.store.events(svc.run(report).run_id)
+    except ReportNotFoundError:
+        raise _missing("report") from None
+    if fmt == "csv":
+        return PlainTextResponse(export_csv(events), media_type="text/csv; charset=utf-8",
+                                 headers={"Content-Disposition": f'attachment; filename="{report}-reviews.csv"'})  # fmt: skip
+    if fmt == "json":
+        return Response(export_json(events), media_type="application/json")
+    raise _missing("export format (csv or json)")
+
+
+def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str,
+               message: str = "", error: bool = False, code: int = 200) -> Response:  # fmt: skip
+    svc = service(ctx, request)
+    try:
+        cl, images = svc.checklist(report, slug)
+        run = svc.run(report)
+    except (ReportNotFoundError, FileNotFoundError):
+        raise _missing("case") from None
+    reviews = svc.store.reviews(run.run_id, cl.case_id)
+    rv = _view(ctx, request, who, report, slug)
+    rv.mine = next((r for r in reviews if r.reviewer == who.name), None)
+    rv.others = [r for r in reviews if r.reviewer != who.name]
+    rv.can_reissue = bool(rv.mine and rv.mine.signed_off_at and cl.study_uids)
+    body = render_checklist(cl, images, review=rv, message=message, message_error=error)
+    return _html(body, code)
+
+
+@router.get(
+    "/runs/{report}/cases/{slug}", response_class=HTMLResponse, summary="Checklist to review"
+)
+def case_page(ctx: Ctx, request: Request, report: Report, slug: Slug, done: str = "") -> Response:
+    who = _who(ctx, request)
+    if who is None:
+        return _login_redirect()
+    return _case_page(ctx, request, who, report, slug, DONE.get(done, ""))
+
+
+def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: str,
+         make: Callable[[Reviewer, str, str], ReviewEvent]) -> Response:  # fmt: skip
+    who = _who(ctx, request)
+    if who is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
+    if not csrf_ok(request, who, csrf):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="CSRF check failed; reload the page")
+    svc = service(ctx, request)
+    try:
+        run_id = svc.run(report).run_id
+        case_id = svc.case_id(report, slug)
+    except ReportNotFoundError:
+        raise _missing("case") from None
+    try:
+        event = svc.store.append(make(who, run_id, case_id))
+    except (ReviewError, ValueError) as exc:
+        return _case_page(ctx, request, who, report, slug, f"Not recorded: {exc}", True, 409)
+    ctx.audit.write(who.token_id, f"review {event.action.value}", f"run={run_id}", "ok")
+    url = f"{BASE}/runs/{report}/cases/{slug}?done={code}"
+    return RedirectResponse(url, status.HTTP_303_SEE_OTHER)
+
+
+def _event(action: Action, **kw: object) -> Callable[[Reviewer, str, str], ReviewEvent]:
+    def make(who: Reviewer, run_id: str, case_id: str) -> ReviewEvent:
+        return ReviewEvent(reviewer=who.name, run_id=run_id, case_id=case_id, action=action, **kw)
+
+    return make
+
+
+@router.post("/runs/{report}/cases/{slug}/items", summary="Accept, reject or correct an item")
+def post_item(ctx: Ctx, request: Request, report: Report, slug: Slug,
+              answer_key: Annotated[str, Form(max_length=400)],
+              item_id: Annotated[str, Form(max_length=100)], verdict: Annotated[Verdict, Form()],
+              text: Text = "", csrf: Csrf = "") -> Response:  # fmt: skip
+    make = _event(
+        Action.ITEM, answer_key=answer_key, item_id=item_id, verdict=verdict, text=text.strip()
+    )
+    return _act(ctx, request, report, slug, csrf, "item", make)
+
+
+@router.post("/runs/{report}/cases/{slug}/diagnosis", summary="The clinician's diagnosis")
+def post_diagnosis(ctx: Ctx, request: Request, report: Report, slug: Slug, text: Text, csrf: Csrf = "") -> Response:  # fmt: skip
+    return _act(
+        ctx, request, report, slug, csrf, "diagnosis", _event(Action.DIAGNOSIS, text=text.strip())
+    )
+
+
+@router.post("/runs/{report}/cases/{slug}/error", summary="Override an answer's error category")
+def post_error(ctx: Ctx, request: Request, report: Report, slug: Slug,
+               answer_key: Annotated[str, Form(max_length=400)],
+               category: Annotated[ErrorCategory, Form()], text: Text = "", csrf: Csrf = "") -> Response:  # fmt: skip
+    make = _event(Action.ERROR, answer_key=answer_key, category=category, text=text.strip())
+    return _act(ctx, request, report, slug, csrf, "error", make)
+
+
+@router.post("/runs/{report}/cases/{slug}/rating", summary="Rate an answer 0-5")
+def post_rating(ctx: Ctx, request: Request, report: Report, slug: Slug,
+                answer_key: Annotated[str, Form(max_length=400)],
+                rating: Annotated[float, Form(ge=0, le=5)], csrf: Csrf = "") -> Response:  # fmt: skip
+    make = _event(Action.RATING, answer_key=answer_key, rating=rating)
+    return _act(ctx, request, report, slug, csrf, "rating", make)
+
+
+@router.post("/runs/{report}/cases/{slug}/comment", summary="Add a comment")
+def post_comment(ctx: Ctx, request: Request, report: Report, slug: Slug, text: Text, csrf: Csrf = "") -> Response:  # fmt: skip
+    return _act(
+        ctx, request, report, slug, csrf, "comment", _event(Action.COMMENT, text=text.strip())
+    )
+
+
+@router.post("/runs/{report}/cases/{slug}/signoff", summary="Sign the case off (final)")
+def post_signoff(
+    ctx: Ctx, request: Request, report: Report, slug: Slug, csrf: Csrf = ""
+) -> Response:
+    return _act(ctx, request, report, slug, csrf, "signoff", _event(Action.SIGNOFF))
+
+
+@router.post("/runs/{report}/cases/{slug}/reissue", summary="Store the verified report in PACS")
+def post_reissue(
+    ctx: Ctx, request: Request, report: Report, slug: Slug, csrf: Csrf = ""
+) -> Response:
+    who = _who(ctx, request)
+    if who is None:
+        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
+    if not csrf_ok(request, who, csrf):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="CSRF check failed; reload the page")
+    svc = service(ctx, request)
+    try:
+        run = svc.run(report)
+        case_id = svc.case_id(report, slug)
+    except ReportNotFoundError:
+        raise _missing("case") from None
+    mine = next((r for r in svc.store.reviews(run.run_id, case_id) if r.reviewer == who.name), None)
+    if mine is None or mine.signed_off_at is None:
+        return _case_page(
+            ctx, request, who, report, slug, "Sign the case off before re-issuing it.", True, 409
+        )
+    try:
+        uids = reissue_case(ctx.orthanc, run, case_id, mine, ctx.settings.verifying_organization)
+    except (ReissueError, OrthancError) as exc:
+        return _case_page(ctx, request, who, report, slug, f"Not re-issued: {exc}", True, 409)
+    for uid in uids:
+        svc.store.append(ReviewEvent(reviewer=who.name, run_id=run.run_id, case_id=case_id,
+                                     action=Action.REISSUE, text=uid))  # fmt: skip
+    ctx.audit.write(who.token_id, "review reissue", f"run={run.run_id}", f"{len(uids)} SR")
+    return RedirectResponse(
+        f"{BASE}/runs/{report}/cases/{slug}?done=reissue", status.HTTP_303_SEE_OTHER
+    )

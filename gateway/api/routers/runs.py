@@ -1,0 +1,84 @@
+"""Evaluation runs: status and progress, reports (JSON, HTML, PDF), the images shown."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, HTTPException, Path, Query, status
+from fastapi.responses import FileResponse, Response
+
+from evaluation.records import ImageRef
+from gateway.api.deps import Ctx, Token, errors
+from gateway.runs import RunNotFoundError, RunRecord
+
+router = APIRouter(prefix="/runs", tags=["runs"], responses=errors(400, 401, 404, 413))
+RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="run id")]
+_PNG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}\.png$")
+MEDIA = {"json": "application/json", "html": "text/html; charset=utf-8", "pdf": "application/pdf"}
+# The HTML report holds model and DICOM text: no scripts, no remote content.
+CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; frame-ancestors 'none'"
+
+
+def _missing(what: str) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no such {what}")
+
+
+@router.get("", response_model=list[RunRecord], summary="Recent runs, newest first")
+def list_runs(
+    ctx: Ctx, _t: Token, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> list[RunRecord]:
+    return ctx.runs.list(limit=limit)
+
+
+@router.get("/{run_id}", response_model=RunRecord, summary="Status and progress of a run")
+def get_run(ctx: Ctx, _t: Token, run_id: RunId) -> RunRecord:
+    try:
+        return ctx.runs.get(run_id)
+    except RunNotFoundError:
+        raise _missing("run") from None
+
+
+@router.get(
+    "/{run_id}/report.{fmt}",
+    summary="The run's report as JSON, HTML or PDF",
+    responses={200: {"content": {m: {} for m in MEDIA.values()}}},
+    response_class=Response,
+)
+def get_report(ctx: Ctx, _t: Token, run_id: RunId, fmt: Literal["json", "html", "pdf"]) -> Response:
+    try:
+        path = ctx.runs.report_path(run_id, fmt)
+    except RunNotFoundError:
+        raise _missing("report (the run has not finished, or was skipped)") from None
+    headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
+    return FileResponse(path, media_type=MEDIA[fmt], headers=headers)
+
+
+@router.get("/{run_id}/images", response_model=list[ImageRef], summary="Images shown to the models")
+def list_images(ctx: Ctx, _t: Token, run_id: RunId) -> list[ImageRef]:
+    try:
+        report = json.loads(ctx.runs.report_path(run_id, "json").read_text())
+    except RunNotFoundError:
+        raise _missing("report") from None
+    # Paths are relative to the run: images/<name>, served by the route below.
+    return [ImageRef.model_validate(i) for i in report.get("images", [])]
+
+
+@router.get(
+    "/{run_id}/images/{name}",
+    summary="One rendered image (PNG)",
+    responses={200: {"content": {"image/png": {}}}},
+    response_class=Response,
+)
+def get_image(ctx: Ctx, _t: Token, run_id: RunId, name: str) -> Response:
+    if not _PNG.match(name):
+        raise _missing("image")
+    try:
+        folder = ctx.runs.run_dir(run_id) / "images"
+    except RunNotFoundError:
+        raise _missing("run") from None
+    path = folder / name
+    if not path.is_file() or path.resolve().parent != folder.resolve():
+        raise _missing("image")
+    return FileResponse(path, media_type="image/png", headers={"X-Content-Type-Options": "nosniff"})

@@ -1,0 +1,104 @@
+"""Studies in Orthanc: list, detail with series classes, start an evaluation."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, status
+from pydantic import BaseModel, Field
+
+from dicom.records import SequenceClass
+from evaluation.records import TaskFamily
+from gateway.api.deps import Ctx, Token, errors
+from gateway.orthanc import OrthancError, SeriesSummary, StudySummary
+from gateway.routing import CLINICAL, Route
+from gateway.runs import RunRecord
+
+router = APIRouter(prefix="/studies", tags=["studies"], responses=errors(400, 401, 413, 502))
+
+# Orthanc identifiers: five groups of 8 hex digits (a SHA-1 of the DICOM identifiers).
+ORTHANC_ID = r"^[0-9a-f]{8}(-[0-9a-f]{8}){4}$"
+StudyId = Annotated[str, Path(pattern=ORTHANC_ID, description="Orthanc study ID")]
+MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,99}$"
+
+
+class StudyDetail(BaseModel):
+    study: StudySummary
+    series: list[SeriesSummary]
+    runs: list[RunRecord]
+
+
+class EvaluationRequest(BaseModel):
+    models: list[Annotated[str, Field(pattern=MODEL_NAME)]] = Field(
+        default_factory=lambda: ["reference/image-rules"], min_length=1, max_length=10
+    )
+    tasks: list[TaskFamily] = Field(
+        default_factory=lambda: [TaskFamily.DIFFERENTIAL, TaskFamily.LESION],
+        min_length=1,
+        max_length=5,
+    )
+    series_classes: list[SequenceClass] = Field(default_factory=list, max_length=20)
+
+
+class RunCreated(BaseModel):
+    run_id: str
+    status_url: str
+
+
+def orthanc_failure(exc: OrthancError) -> HTTPException:
+    if exc.status == 404:
+        return HTTPException(status.HTTP_404_NOT_FOUND, detail="no such study in Orthanc")
+    return HTTPException(status.HTTP_502_BAD_GATEWAY, detail="Orthanc request failed")
+
+
+@router.get("", response_model=list[StudySummary], summary="Studies in Orthanc")
+def list_studies(
+    ctx: Ctx, _t: Token, limit: Annotated[int, Query(ge=1, le=1000)] = 100
+) -> list[StudySummary]:
+    try:
+        return ctx.orthanc.list_studies()[:limit]
+    except OrthancError as exc:
+        raise orthanc_failure(exc) from None
+
+
+@router.get(
+    "/{study_id}",
+    response_model=StudyDetail,
+    summary="A study with its series classes",
+    responses=errors(404),
+)
+def get_study(ctx: Ctx, _t: Token, study_id: StudyId) -> StudyDetail:
+    try:
+        study = ctx.orthanc.study(study_id)
+        series = ctx.orthanc.list_series(study_id)
+    except OrthancError as exc:
+        raise orthanc_failure(exc) from None
+    return StudyDetail(
+        study=study, series=series, runs=ctx.runs.list(limit=50, study_uid=study.study_uid)
+    )
+
+
+@router.post(
+    "/{study_id}/evaluations",
+    response_model=RunCreated,
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Evaluate a study with the given models and tasks; returns a run id",
+    responses=errors(404, 503),
+)
+def start_evaluation(
+    ctx: Ctx, token: Token, study_id: StudyId, body: EvaluationRequest
+) -> RunCreated:
+    if ctx.pipeline is None:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail="no evaluation worker")
+    try:
+        ctx.orthanc.study(study_id)
+    except OrthancError as exc:
+        raise orthanc_failure(exc) from None
+    route = Route(
+        rule="api",
+        models=list(dict.fromkeys(body.models)),
+        tasks=list(dict.fromkeys(body.tasks)),
+        series_classes=[c.value for c in body.series_classes] or list(CLINICAL),
+    )
+    run_id = ctx.pipeline.request(study_id, route, actor=token.id)
+    return RunCreated(run_id=run_id, status_url=f"/runs/{run_id}")

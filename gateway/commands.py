@@ -1,0 +1,182 @@
+"""Command-line groups of the gateway: ``pacs``, ``tokens`` and ``serve`` (registered in cli.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from gateway.settings import get_settings
+
+console = Console(stderr=True)
+pacs_app = typer.Typer(
+    help="The local Orthanc (Debian package) on loopback ports.", no_args_is_help=True
+)
+tokens_app = typer.Typer(help="API bearer tokens (stored hashed).", no_args_is_help=True)
+
+
+def _fail(message: str, code: int = 1) -> None:
+    console.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(code)
+
+
+@pacs_app.command("up")
+def pacs_up(
+    as_json: Annotated[bool, typer.Option("--json", help="print the endpoints as JSON")] = False,
+) -> None:
+    """Start the local Orthanc (or reuse the running one) and print where everything is."""
+    from gateway.pacs_local import LocalPacs, PacsError
+
+    pacs = LocalPacs(get_settings())
+    try:
+        ep = pacs.up()
+    except PacsError as exc:
+        _fail(str(exc))
+        return
+    if as_json:
+        print(ep.model_dump_json(indent=2))
+    else:
+        console.print(
+            f"Orthanc {ep.orthanc_url} (DICOM {ep.orthanc_aet}@127.0.0.1:{ep.orthanc_dicom_port})"
+        )
+        console.print(f"user {ep.username}, password in {escape(str(ep.password_file))}")
+
+
+@pacs_app.command("down")
+def pacs_down() -> None:
+    """Stop the local Orthanc started from this data folder (by its PID)."""
+    from gateway.pacs_local import LocalPacs
+
+    stopped = LocalPacs(get_settings()).down()
+    console.print("Orthanc stopped" if stopped else "Orthanc was not running")
+
+
+@pacs_app.command("status")
+def pacs_status(
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON for scripts")] = False,
+    show_password: Annotated[
+        bool, typer.Option("--show-password", help="include the password itself in the JSON")
+    ] = False,
+) -> None:
+    """Whether Orthanc runs, and its endpoints: orthanc_url, username, password_file, ports, AEs."""
+    from gateway.pacs_local import LocalPacs, orthanc_password, resolve_endpoints
+
+    settings = get_settings()
+    pacs = LocalPacs(settings)
+    status = pacs.status()
+    status |= resolve_endpoints(settings).model_dump()  # settings override the recorded ports
+    status["running"] = pacs.pid() is not None
+    if show_password:
+        status["password"] = orthanc_password(settings)
+    if as_json:
+        json.dump(status, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return
+    for k, v in status.items():
+        console.print(f"{k:20} {escape(str(v))}")
+    if not status["running"]:
+        raise typer.Exit(3)
+
+
+@pacs_app.command("config")
+def pacs_config(
+    out: Annotated[Path, typer.Option("--out", help="where to write the Orthanc JSON (0600)")],
+    gateway_host: Annotated[
+        str, typer.Option(help="address Orthanc sees the gateway at")
+    ] = "127.0.0.1",
+    plugins: Annotated[
+        str, typer.Option(help="plugin folder or file inside the Orthanc container/host")
+    ] = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so",
+    storage: Annotated[str, typer.Option(help="Orthanc storage folder")] = "/var/lib/orthanc/db",
+    remote_access: Annotated[
+        bool, typer.Option(help="allow REST from other hosts (containers on a private network)")
+    ] = False,
+) -> None:
+    """Render deploy/orthanc/orthanc.json.j2 for another Orthanc (e.g. the compose service).
+
+    The password comes from NEUROSANDBOX_ORTHANC_PASSWORD or NEUROSANDBOX_ORTHANC_PASSWORD_FILE.
+    """
+    from gateway.pacs_local import orthanc_password, render_config, resolve_endpoints, write_secret
+
+    settings = get_settings()
+    ep = resolve_endpoints(settings)
+    password = orthanc_password(settings, ep)
+    if not password:
+        _fail("set NEUROSANDBOX_ORTHANC_PASSWORD_FILE (or NEUROSANDBOX_ORTHANC_PASSWORD)")
+        return
+    config = render_config(
+        name="NeuroSandbox",
+        storage_dir=storage,
+        index_dir=storage,
+        http_port=settings.orthanc_http_port or 8042,
+        dicom_port=ep.orthanc_dicom_port,
+        aet=ep.orthanc_aet,
+        username=ep.username,
+        password=password,
+        remote_access_allowed=remote_access,
+        stable_age=settings.orthanc_stable_age,
+        plugins=[plugins],
+        gateway_aet=ep.gateway_aet,
+        gateway_host=gateway_host,
+        gateway_port=ep.gateway_dicom_port,
+        check_modality_host=True,
+    )
+    write_secret(out, json.dumps(config, indent=2))
+    console.print(f"wrote {escape(str(out))}")
+
+
+@tokens_app.command("create")
+def tokens_create(
+    role: Annotated[str, typer.Option("--role", help="reviewer or admin")] = "reviewer",
+    name: Annotated[str, typer.Option("--name", help="who or what uses it")] = "",
+) -> None:
+    """Create a token; it is printed once (stdout) and stored only as a hash."""
+    from gateway.auth import Role, TokenStore
+
+    try:
+        r = Role(role)
+    except ValueError:
+        _fail(f"--role must be reviewer or admin, not {role!r}", 2)
+        return
+    store = TokenStore(get_settings().data_dir / "secret" / "tokens.json")
+    rec, token = store.create(r, name)
+    console.print(f"token {rec.id} ({rec.role.value}) created; it is shown only now:")
+    print(token)
+
+
+@tokens_app.command("list")
+def tokens_list() -> None:
+    """Token ids, names, roles (never the secrets)."""
+    from gateway.auth import TokenStore
+
+    for rec in TokenStore(get_settings().data_dir / "secret" / "tokens.json").list():
+        state = "revoked" if rec.revoked else "active"
+        print(f"{rec.id}\t{rec.role.value}\t{state}\t{rec.created_at}\t{rec.name}")
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: Annotated[str, typer.Argument(help="token id")]) -> None:
+    """Revoke a token (takes effect at once, also in a running server)."""
+    from gateway.auth import TokenError, TokenStore
+
+    try:
+        TokenStore(get_settings().data_dir / "secret" / "tokens.json").revoke(token_id)
+    except TokenError as exc:
+        _fail(str(exc))
+    console.print(f"token {escape(token_id)} revoked")
+
+
+def serve_command() -> None:
+    """Run the HTTP API and the DICOM node together (settings: NEUROSANDBOX_* variables)."""
+    from gateway.routing import RoutingError
+    from gateway.serve import serve
+
+    try:
+        serve(get_settings())
+    except RoutingError as exc:
+        _fail(str(exc), 2)

@@ -1,0 +1,383 @@
+"""Orthanc client on pyorthanc: list, classify, fetch (streamed, cached) and store instances.
+
+Timeouts suit long calls (archives, moves, uploads of big studies); idempotent requests are
+retried on transport errors and 502/503/504. Series classes come from the imaging core
+(``dicom.index``) run on header-only copies built from the DICOMweb metadata, so no pixel
+data crosses the network to classify a series.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel, Field
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian
+from pyorthanc import Orthanc
+
+from dicom.index import index_path
+from dicom.records import SeriesInfo
+from gateway.cache import InstanceCache, check_uid
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+RETRY_STATUS = {502, 503, 504}
+
+
+class OrthancError(RuntimeError):
+    """Orthanc refused or failed a request (message says which, without credentials)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # HTTP status from Orthanc; None when it could not be reached
+
+
+class StackClass(BaseModel):
+    series_class: str
+    detail: str = ""
+    reason: str = ""
+    confidence: float = 0.0
+    plane: str | None = None
+    n_files: int = 0
+
+
+class SeriesSummary(BaseModel):
+    orthanc_id: str
+    series_uid: str
+    series_number: int | None = None
+    modality: str = ""
+    description: str = ""
+    n_instances: int = 0
+    series_class: str = "UNKNOWN"  # class of the largest stack
+    stacks: list[StackClass] = Field(default_factory=list)
+
+
+class StudySummary(BaseModel):
+    orthanc_id: str
+    study_uid: str
+    patient_orthanc_id: str = ""
+    patient_id: str = ""
+    patient_name: str = ""
+    study_date: str = ""
+    description: str = ""
+    accession_number: str = ""
+    n_series: int = 0
+    is_stable: bool = False
+    last_update: str = ""
+
+
+class PatientSummary(BaseModel):
+    orthanc_id: str
+    patient_id: str = ""
+    patient_name: str = ""
+    birth_date: str = ""
+    sex: str = ""
+    n_studies: int = 0
+
+
+def _int(v: Any) -> int | None:
+    try:
+        return int(str(v).strip())
+    except (TypeError, ValueError):
+        return None
+
+
+class OrthancClient:
+    """One Orthanc server. ``api`` is the underlying ``pyorthanc.Orthanc`` (an httpx.Client)."""
+
+    def __init__(
+        self,
+        url: str,
+        username: str | None,
+        password: str | None,
+        timeout_s: float = 600.0,
+        retries: int = 3,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.retries = retries
+        self.api = Orthanc(
+            self.url,
+            username=username,
+            password=password,
+            timeout=httpx.Timeout(timeout_s, connect=10.0, pool=60.0),
+            transport=httpx.HTTPTransport(retries=retries),  # connection errors only
+        )
+        self._class_cache: dict[tuple[str, str], list[StackClass]] = {}
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> OrthancClient:
+        from gateway.pacs_local import orthanc_password, resolve_endpoints
+
+        ep = resolve_endpoints(settings)
+        return cls(
+            ep.orthanc_url,
+            ep.username,
+            orthanc_password(settings, ep),
+            timeout_s=settings.orthanc_timeout_s,
+        )
+
+    def close(self) -> None:
+        self.api.close()
+
+    # ----------------------------------------------------------------- plumbing
+
+    def _retry(self, what: str, fn: Callable[[], T], idempotent: bool = True) -> T:
+        delay = 0.5
+        for attempt in range(self.retries + 1):
+            try:
+                return fn()
+            except httpx.HTTPStatusError as exc:
+                code = exc.response.status_code
+                if not idempotent or code not in RETRY_STATUS or attempt == self.retries:
+                    raise OrthancError(
+                        f"Orthanc {what}: HTTP {code} {exc.response.text[:200]}", code
+                    ) from None
+            except httpx.TransportError as exc:
+                if not idempotent or attempt == self.retries:
+                    raise OrthancError(
+                        f"Orthanc {what}: {type(exc).__name__} talking to {self.url}"
+                    ) from None
+            log.warning("orthanc %s failed (attempt %d), retrying", what, attempt + 1)
+            time.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        def call() -> Any:
+            r = self.api.get(f"{self.url}{path}", params=params)
+            r.raise_for_status()
+            return r.json()
+
+        return self._retry(f"GET {path.split('?')[0]}", call)
+
+    def system(self) -> dict[str, Any]:
+        return dict(self.get_json("/system"))
+
+    # ----------------------------------------------------------------- listing
+
+    def list_patients(self) -> list[PatientSummary]:
+        out = []
+        for p in self.get_json("/patients", {"expand": ""}):
+            t = p.get("MainDicomTags", {})
+            out.append(
+                PatientSummary(
+                    orthanc_id=p["ID"],
+                    patient_id=t.get("PatientID", ""),
+                    patient_name=t.get("PatientName", ""),
+                    birth_date=t.get("PatientBirthDate", ""),
+                    sex=t.get("PatientSex", ""),
+                    n_studies=len(p.get("Studies", [])),
+                )
+            )
+        return out
+
+    @staticmethod
+    def _study(s: dict[str, Any]) -> StudySummary:
+        t, pt = s.get("MainDicomTags", {}), s.get("PatientMainDicomTags", {})
+        return StudySummary(
+            orthanc_id=s["ID"],
+            study_uid=t.get("StudyInstanceUID", ""),
+            patient_orthanc_id=s.get("ParentPatient", ""),
+            patient_id=pt.get("PatientID", ""),
+            patient_name=pt.get("PatientName", ""),
+            study_date=t.get("StudyDate", ""),
+            description=t.get("StudyDescription", ""),
+            accession_number=t.get("AccessionNumber", ""),
+            n_series=len(s.get("Series", [])),
+            is_stable=bool(s.get("IsStable", False)),
+            last_update=s.get("LastUpdate", ""),
+        )
+
+    def list_studies(self, patient_orthanc_id: str | None = None) -> list[StudySummary]:
+        path = f"/patients/{patient_orthanc_id}/studies" if patient_orthanc_id else "/studies"
+        return [self._study(s) for s in self.get_json(path, {"expand": ""})]
+
+    def study(self, study_id: str) -> StudySummary:
+        return self._study(self.get_json(f"/studies/{study_id}"))
+
+    def find_study(self, study_uid: str) -> str | None:
+        """Orthanc ID of the study with this StudyInstanceUID, or None."""
+        uid = check_uid(study_uid)
+
+        def call() -> Any:
+            r = self.api.post(f"{self.url}/tools/lookup", content=uid)
+            r.raise_for_status()
+            return r.json()
+
+        hits = self._retry("lookup", call)
+        return next((h["ID"] for h in hits if h.get("Type") == "Study"), None)
+
+    def list_series(self, study_id: str, classify: bool = True) -> list[SeriesSummary]:
+        study = self.get_json(f"/studies/{study_id}")
+        study_uid = study.get("MainDicomTags", {}).get("StudyInstanceUID", "")
+        out = []
+        for s in self.get_json(f"/studies/{study_id}/series", {"expand": ""}):
+            t = s.get("MainDicomTags", {})
+            summary = SeriesSummary(
+                orthanc_id=s["ID"],
+                series_uid=t.get("SeriesInstanceUID", ""),
+                series_number=_int(t.get("SeriesNumber")),
+                modality=t.get("Modality", ""),
+                description=t.get("SeriesDescription", ""),
+                n_instances=len(s.get("Instances", [])),
+            )
+            if classify and study_uid and summary.series_uid:
+                key = (s["ID"], s.get("LastUpdate", ""))
+                if key not in self._class_cache:
+                    self._class_cache[key] = self.classify_series(study_uid, summary.series_uid)
+                summary.stacks = self._class_cache[key]
+                if summary.stacks:
+                    summary.series_class = max(summary.stacks, key=lambda c: c.n_files).series_class
+            out.append(summary)
+        out.sort(key=lambda s: (s.series_number is None, s.series_number or 0, s.series_uid))
+        return out
+
+    def series_metadata(self, study_uid: str, series_uid: str) -> list[Dataset]:
+        """Header of every instance of a series (DICOMweb, no bulk data), as pydicom datasets."""
+        path = f"/dicom-web/studies/{check_uid(study_uid)}/series/{check_uid(series_uid)}/metadata"
+        items = self.get_json(path)
+        out = []
+        for item in items:
+            try:
+                out.append(Dataset.from_json(item, bulk_data_uri_handler=lambda *_: b""))
+            except Exception as exc:  # a hostile header: skip it, say so
+                log.warning("series metadata: unreadable instance header skipped (%s)", exc)
+        return out
+
+    def classify_series(self, study_uid: str, series_uid: str) -> list[StackClass]:
+        """Classes of the stacks of one series, from headers only."""
+        datasets = self.series_metadata(study_uid, series_uid)
+        return [_stack_class(s) for s in classify_headers(datasets)]
+
+    # ----------------------------------------------------------------- fetch / store
+
+    def series_instances(self, series_id: str) -> list[tuple[str, str]]:
+        """(Orthanc instance ID, SOPInstanceUID) of every instance of a series."""
+        items = self.get_json(f"/series/{series_id}/instances")
+        return [(i["ID"], i.get("MainDicomTags", {}).get("SOPInstanceUID", "")) for i in items]
+
+    def fetch_instance(self, instance_id: str, sop_uid: str, cache: InstanceCache) -> Path:
+        """Stream one instance into the cache (no-op when cached)."""
+        if cache.has(sop_uid):
+            return cache.path(sop_uid)
+
+        def call() -> Path:
+            with self.api.stream("GET", f"{self.url}/instances/{instance_id}/file") as r:
+                r.raise_for_status()
+                return cache.put_stream(sop_uid, r.iter_bytes(1 << 20))
+
+        return self._retry("GET instance file", call)
+
+    def fetch_series(
+        self, series_id: str, cache: InstanceCache, folder: Path | None = None
+    ) -> list[Path]:
+        """Fetch a series into the cache; optionally hard-link it into ``folder``."""
+        uids = []
+        for iid, sop in self.series_instances(series_id):
+            self.fetch_instance(iid, sop, cache)
+            uids.append(sop)
+        return (
+            cache.link_into(uids, folder) if folder is not None else [cache.path(u) for u in uids]
+        )
+
+    def fetch_study(
+        self,
+        study_id: str,
+        cache: InstanceCache,
+        folder: Path,
+        series_filter: Callable[[SeriesSummary], bool] | None = None,
+    ) -> list[Path]:
+        """Fetch the series of a study a task needs (all by default) into ``folder``."""
+        paths: list[Path] = []
+        for s in self.list_series(study_id, classify=series_filter is not None):
+            if series_filter is None or series_filter(s):
+                paths += self.fetch_series(s.orthanc_id, cache, folder / s.orthanc_id)
+        return paths
+
+    def upload(self, data: bytes | Path) -> str:
+        """Store one instance (POST /instances); returns its Orthanc ID. Idempotent in Orthanc."""
+
+        def call() -> Any:
+            if isinstance(data, Path):
+                with open(data, "rb") as fh:
+                    size = str(data.stat().st_size)
+                    r = self.api.post(
+                        f"{self.url}/instances",
+                        content=fh,
+                        headers={"Content-Type": "application/dicom", "Content-Length": size},
+                    )
+            else:
+                r = self.api.post(
+                    f"{self.url}/instances",
+                    content=data,
+                    headers={"Content-Type": "application/dicom"},
+                )
+            r.raise_for_status()
+            return r.json()
+
+        res = self._retry("POST /instances", call)
+        if isinstance(res, list):  # a zip upload answers a list; we send single instances
+            res = res[0]
+        return str(res["ID"])
+
+    def upload_many(self, paths: Iterable[Path]) -> list[str]:
+        return [self.upload(p) for p in paths]
+
+    def delete_instance(self, instance_id: str) -> None:
+        def call() -> None:
+            self.api.delete(f"{self.url}/instances/{instance_id}").raise_for_status()
+
+        self._retry("DELETE instance", call)
+
+    def changes(self, since: int, limit: int = 100) -> tuple[list[dict[str, Any]], int, bool]:
+        """A page of Orthanc's /changes feed: (changes, last sequence number, done)."""
+        res = self.get_json("/changes", {"since": since, "limit": limit})
+        return list(res.get("Changes", [])), int(res.get("Last", since)), bool(res.get("Done"))
+
+    def instance_metadata(self, instance_id: str) -> dict[str, str]:
+        return dict(self.get_json(f"/instances/{instance_id}/metadata", {"expand": ""}))
+
+    def study_instances(self, study_id: str) -> list[dict[str, Any]]:
+        """Every instance of a study (ID, SOPInstanceUID, series ID)."""
+        return list(self.get_json(f"/studies/{study_id}/instances"))
+
+
+def classify_headers(datasets: list[Dataset]) -> list[SeriesInfo]:
+    """Run the imaging core's index on header-only copies of ``datasets``."""
+    with tempfile.TemporaryDirectory(prefix="nsbx-headers-") as tmp:
+        for n, ds in enumerate(datasets):
+            ds = _header_only(ds)
+            ds.save_as(Path(tmp) / f"{n:06d}.dcm", enforce_file_format=True)
+        return index_path(tmp, workers=1).series
+
+
+def _header_only(ds: Dataset) -> Dataset:
+    """A dataset the index can read: file meta, and an empty Pixel Data element for images."""
+    ds = ds.copy()
+    for tag in [e.tag for e in ds if e.tag.group >= 0x7FE0 or e.tag.element == 0x0000]:
+        del ds[tag]
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = ds.get("SOPClassUID", "1.2.840.10008.5.1.4.1.1.7")
+    meta.MediaStorageSOPInstanceUID = ds.get("SOPInstanceUID", "1.2.3")
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.file_meta = meta
+    if "Rows" in ds and "Columns" in ds:
+        ds.add_new(0x7FE00010, "OW", b"")
+    return ds
+
+
+def _stack_class(s: SeriesInfo) -> StackClass:
+    return StackClass(
+        series_class=s.series_class.value,
+        detail=s.detail,
+        reason=s.reason,
+        confidence=s.confidence,
+        plane=s.plane.value if s.plane else None,
+        n_files=s.n_files,
+    )

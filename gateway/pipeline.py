@@ -1,0 +1,376 @@
+"""What happens to a complete study: store, route, evaluate, write back (SR + PDF), record.
+
+The evaluation itself sits behind the narrow ``Evaluator`` protocol: a study folder and a
+``Route`` in, an ``EvaluationResult`` (per-case answers, findings, scores, the checklist PDF)
+out. ``gateway.default_evaluator.DefaultEvaluator`` is the built-in one; the evaluation engine
+plugs in by implementing the same protocol and passing it to ``StudyPipeline``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import pydicom
+from pydantic import BaseModel, Field
+
+from dicom.index import index_path
+from evaluation.records import Answer, Finding, ImageRef, ParseStatus, Score, TaskFamily
+from gateway.audit import AuditLog
+from gateway.cache import InstanceCache, check_uid
+from gateway.metrics import METRICS
+from gateway.orthanc import OrthancClient
+from gateway.routing import Route, Router, StudyFacts
+from gateway.runs import RunRecord, RunStatus, RunStore
+from gateway.scp import ReceivedStudy, uid_key
+from gateway.sr import build_pdf, build_sr, evidence_from_files, model_of, series_uid_for
+
+log = logging.getLogger(__name__)
+
+
+class CaseResult(BaseModel):
+    """One model's answer to one task on the study."""
+
+    case_id: str
+    model: str
+    task: TaskFamily
+    answer: Answer | None = None
+    final_diagnosis: str | None = None
+    findings: list[Finding] = Field(default_factory=list)
+    scores: list[Score] = Field(default_factory=list)
+    parse_status: ParseStatus = ParseStatus.OK
+    error: str | None = None
+
+
+class EvaluationResult(BaseModel):
+    evaluator: str
+    study_uid: str
+    route: Route
+    cases: list[CaseResult] = Field(default_factory=list)
+    images: list[ImageRef] = Field(default_factory=list)  # paths relative to the work folder
+    evaluated_series_uids: list[str] = Field(default_factory=list)
+    modality: str = "MR"
+    warnings: list[str] = Field(default_factory=list)
+    pdf: bytes = Field(default=b"", exclude=True, repr=False)
+    html: str = Field(default="", exclude=True, repr=False)
+
+
+@runtime_checkable
+class Evaluator(Protocol):
+    """Evaluate one study (a folder of DICOM files) as the route says; write into ``work_dir``."""
+
+    name: str
+
+    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult: ...
+
+
+def sop_digest(sop_uids: Iterable[str]) -> str:
+    return hashlib.sha256("\n".join(sorted(set(sop_uids))).encode()).hexdigest()
+
+
+@dataclass
+class Job:
+    run_id: str
+    trigger: str  # dicom | orthanc | api
+    study_uid: str | None = None
+    folder: Path | None = None  # spool folder (dicom)
+    orthanc_id: str | None = None
+    calling_aets: list[str] = field(default_factory=list)
+    route: Route | None = None  # forced (api)
+    force: bool = False
+    t0: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    uploads: list[Future[str]] = field(default_factory=list)  # must finish before write-back
+
+
+class StudyPipeline:
+    """One worker thread runs jobs in order; jobs for a study already queued are merged."""
+
+    def __init__(
+        self,
+        orthanc: OrthancClient,
+        evaluator: Evaluator,
+        router: Router,
+        runs: RunStore,
+        audit: AuditLog,
+        cache: InstanceCache,
+        upload_threads: int = 4,
+    ) -> None:
+        self.orthanc, self.evaluator, self.router = orthanc, evaluator, router
+        self.runs, self.audit, self.cache = runs, audit, cache
+        self.upload_threads = upload_threads
+        self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._pending: dict[str, str] = {}  # study key -> queued run id
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # ----------------------------------------------------------------- submission
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._work, name="pipeline", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._queue.put(None)
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def _submit(self, job: Job, key: str) -> str:
+        with self._lock:
+            if key in self._pending and not job.force:
+                return self._pending[key]
+            self._pending[key] = job.run_id
+        self.runs.create(
+            RunRecord(
+                run_id=job.run_id,
+                trigger=job.trigger,
+                study_uid=job.study_uid,
+                orthanc_study_id=job.orthanc_id,
+                route=job.route,
+            )
+        )
+        METRICS.set("runs_in_progress", float(self._queue.qsize() + 1))
+        self._queue.put(job)
+        return job.run_id
+
+    def on_received(self, study: ReceivedStudy) -> str:
+        """From the DICOM node: a study is complete (again)."""
+        job = Job(
+            run_id=self.runs.new_id(),
+            trigger="dicom",
+            study_uid=study.study_uid,
+            folder=Path(study.folder),
+            calling_aets=study.calling_aets,
+        )
+        return self._submit(job, f"uid:{study.study_uid}")
+
+    def on_stable(self, orthanc_id: str) -> str:
+        """From Orthanc's /changes: a study became stable."""
+        job = Job(run_id=self.runs.new_id(), trigger="orthanc", orthanc_id=orthanc_id)
+        return self._submit(job, f"orthanc:{orthanc_id}")
+
+    def request(self, orthanc_id: str, route: Route, actor: str | None = None) -> str:
+        """From the API: evaluate this study now with these models and tasks."""
+        job = Job(
+            run_id=self.runs.new_id(), trigger="api", orthanc_id=orthanc_id, route=route, force=True
+        )
+        run_id = self._submit(job, f"api:{job.run_id}")
+        if actor:
+            self.runs.update(run_id, requested_by=actor)
+        return run_id
+
+    def wait_idle(self, timeout_s: float = 60.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.05)
+        return False
+
+    # ----------------------------------------------------------------- worker
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                with self._lock:
+                    for k, v in list(self._pending.items()):
+                        if v == job.run_id:
+                            del self._pending[k]
+                self._run(job)
+            finally:
+                self._queue.task_done()
+                METRICS.set("runs_in_progress", float(self._queue.qsize()))
+
+    def _run(self, job: Job) -> None:
+        t0 = job.t0 = time.monotonic()
+        self.runs.update(job.run_id, status=RunStatus.RUNNING, stage="starting", progress=0.02)
+        try:
+            if job.trigger == "dicom":
+                self._run_received(job)
+            else:
+                self._run_orthanc(job)
+        except Exception as exc:
+            METRICS.inc("evaluations_failed_total")
+            log.exception("run %s failed", job.run_id)
+            self.runs.finish(job.run_id, RunStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
+            self.audit.write("system", "evaluation", f"run:{job.run_id}", "failed")
+            return
+        log.info("run %s finished in %.1f s", job.run_id, time.monotonic() - t0)
+
+    def _stage(self, job: Job, stage: str, progress: float) -> None:
+        job.timings[stage] = round(time.monotonic() - job.t0, 3)
+        self.runs.update(job.run_id, stage=stage, progress=progress, timings_s=dict(job.timings))
+
+    def _run_received(self, job: Job) -> None:
+        assert job.folder is not None and job.study_uid is not None
+        files = sorted(job.folder.rglob("*.dcm"))
+        state = self.runs.study_state(job.study_uid)
+        self._stage(job, "storing in Orthanc", 0.1)
+        todo = [p for p in files if p.stem not in state.uploaded]
+        # Step 1 (store in Orthanc) overlaps the evaluation, which reads the spool; the
+        # write-back waits for it.
+        with ThreadPoolExecutor(self.upload_threads) as pool:
+            futures = [pool.submit(self.orthanc.upload, p) for p in todo]
+            job.uploads = list(futures)
+            try:
+                self.runs.update(job.run_id, n_instances=len(files))
+                self._stage(job, "routing", 0.2)
+                index = index_path(job.folder, workers=1)
+                facts = StudyFacts(
+                    calling_aets=job.calling_aets,
+                    modalities=sorted({s.modality for s in index.series if s.modality}),
+                    series_classes=sorted({s.series_class.value for s in index.series}),
+                )
+                digest = sop_digest(p.stem for p in files)
+                self._evaluate(job, job.folder, facts, digest, files)
+            finally:
+                try:
+                    self._finish_uploads(job)
+                finally:
+                    ok = {p.stem for p, f in zip(todo, futures, strict=True) if not f.exception()}
+                    state = self.runs.study_state(job.study_uid)
+                    state.uploaded = sorted(set(state.uploaded) | ok)
+                    self.runs.save_study_state(state)
+
+    def _finish_uploads(self, job: Job) -> None:
+        """Wait for the study's upload to Orthanc; raise the first failure."""
+        futures, job.uploads = job.uploads, []
+        for f in futures:
+            f.result()
+        if job.study_uid and job.trigger == "dicom":
+            self.runs.update(job.run_id, orthanc_study_id=self.orthanc.find_study(job.study_uid))
+
+    def _run_orthanc(self, job: Job) -> None:
+        assert job.orthanc_id is not None
+        study = self.orthanc.study(job.orthanc_id)
+        job.study_uid = study.study_uid
+        self.runs.update(job.run_id, study_uid=study.study_uid)
+        ours = {series_uid_for(study.study_uid, k) for k in ("sr", "pdf")}
+        series = [s for s in self.orthanc.list_series(job.orthanc_id) if s.series_uid not in ours]
+        sops: dict[str, list[tuple[str, str]]] = {}
+        for s in series:
+            sops[s.orthanc_id] = self.orthanc.series_instances(s.orthanc_id)
+        digest = sop_digest(sop for items in sops.values() for _, sop in items)
+        aets = set()
+        for items in sops.values():
+            if items:
+                aet = self.orthanc.instance_metadata(items[0][0]).get("RemoteAET", "")
+                if aet:
+                    aets.add(aet)
+        facts = StudyFacts(
+            calling_aets=sorted(aets),
+            modalities=sorted({s.modality for s in series if s.modality}),
+            series_classes=sorted({c.series_class for s in series for c in s.stacks}),
+        )
+        route = job.route or self.router.route(facts)
+        if route is None:
+            return self._skip(job, "no routing rule selects this study")
+        state = self.runs.study_state(study.study_uid)
+        if not job.force and state.evaluated_digest == digest:
+            return self._skip(job, "no new instances since the last evaluation")
+        self._stage(job, "fetching series", 0.2)
+        folder = self.runs.run_dir(job.run_id) / "study"
+        files: list[Path] = []
+        for s in series:
+            if s.series_class in route.series_classes or any(
+                c.series_class in route.series_classes for c in s.stacks
+            ):
+                for iid, sop in sops[s.orthanc_id]:
+                    self.orthanc.fetch_instance(iid, sop, self.cache)
+                # Folders named by SeriesInstanceUID, files by SOPInstanceUID (as in the spool).
+                target = folder / check_uid(s.series_uid)
+                files += self.cache.link_into((sop for _, sop in sops[s.orthanc_id]), target)
+        self.runs.update(job.run_id, n_instances=len(files))
+        job.route = route
+        self._evaluate(job, folder, facts, digest, files)
+
+    def _skip(self, job: Job, why: str) -> None:
+        METRICS.inc("evaluations_skipped_total")
+        log.info("run %s skipped: %s", job.run_id, why)
+        self.runs.finish(job.run_id, RunStatus.SKIPPED, error=why)
+
+    def _evaluate(
+        self, job: Job, folder: Path, facts: StudyFacts, digest: str, files: list[Path]
+    ) -> None:
+        assert job.study_uid is not None
+        route = job.route or self.router.route(facts)
+        if route is None:
+            return self._skip(job, "no routing rule selects this study")
+        state = self.runs.study_state(job.study_uid)
+        if not job.force and state.evaluated_digest == digest:
+            return self._skip(job, "no new instances since the last evaluation")
+        self.runs.update(job.run_id, route=route)
+        self._stage(job, "evaluating", 0.4)
+        work = self.runs.run_dir(job.run_id)
+        result = self.evaluator.evaluate(folder, route, work)
+        self._stage(job, "waiting for the upload to Orthanc", 0.8)
+        self._finish_uploads(job)
+        self._stage(job, "writing back SR and PDF", 0.85)
+        version = state.version + 1
+        headers = evidence_from_files(files, set(result.evaluated_series_uids))
+        if not headers:
+            raise RuntimeError("no readable source instance to attach the report to")
+        previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
+        sr_paths: list[str] = []
+        sr_uids: list[str] = []
+        for model in route.models:
+            answer = sr_answer([c for c in result.cases if c.model == model])
+            if answer is None:
+                continue
+            prev = [d for d in previous if model_of(d) == model]
+            sr = build_sr(headers, answer, model, result.evaluator, version, prev, result.modality)
+            path = work / f"sr-{len(sr_paths) + 1}.dcm"
+            sr.save_as(path, enforce_file_format=True)
+            self.orthanc.upload(path)
+            sr_paths.append(str(path))
+            sr_uids.append(str(sr.SOPInstanceUID))
+        pdf = build_pdf(headers[0], result.pdf, "NeuroSandbox AI checklist", version)
+        pdf_path = work / "checklist.dcm"
+        pdf.save_as(pdf_path, enforce_file_format=True)
+        self.orthanc.upload(pdf_path)
+        METRICS.inc("reports_stored_total", len(sr_paths) + 1)
+        self.runs.write_report(job.run_id, result)
+        state.version = version
+        state.evaluated_digest = digest
+        state.sr_paths = sr_paths or state.sr_paths
+        state.last_run_id = job.run_id
+        self.runs.save_study_state(state)
+        METRICS.inc("evaluations_total")
+        job.timings["done"] = round(time.monotonic() - job.t0, 3)
+        self.runs.finish(
+            job.run_id,
+            RunStatus.DONE,
+            version=version,
+            sr_sop_uids=sr_uids,
+            pdf_sop_uid=str(pdf.SOPInstanceUID),
+            warnings=result.warnings,
+            timings_s=dict(job.timings),
+        )
+        self.audit.write("system", "evaluation", f"run:{job.run_id}", "done")
+        log.info("study %s: report version %d stored", uid_key(job.study_uid), version)
+
+
+def sr_answer(cases: list[CaseResult]) -> Answer | None:
+    """One model's answer for its SR: findings from the lesion task (else any), the
+    diagnosis and differential from the differential task (else any)."""
+    answered = [c for c in cases if c.answer is not None]
+    if not answered:
+        return None
+
+    def first(family: TaskFamily) -> CaseResult:
+        return next((c for c in answered if c.task is family), answered[0])
+
+    findings, dx = first(TaskFamily.LESION).answer, first(TaskFamily.DIFFERENTIAL).answer
+    assert findings is not None and dx is not None
+    return dx.model_copy(update={"findings": findings.findings or dx.findings})

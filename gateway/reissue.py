@@ -1,0 +1,102 @@
+"""Re-issue a signed-off case to PACS: a VERIFIED SR per reviewed answer, with the reviewer as
+verifying observer, carrying the clinician's corrections (rejected lines dropped, corrected
+lines replaced, the clinician's diagnosis as the final diagnosis)."""
+
+from __future__ import annotations
+
+import io
+
+import pydicom
+from pydicom.dataset import Dataset
+
+from evaluation.records import Answer, Case, DifferentialItem, Finding
+from evaluation.reports.checklist import answer_key, reviewed_samples
+from evaluation.reports.reviews import CaseReview, Verdict
+from evaluation.reports.rundata import FULL_INPUT, RunData
+from gateway.orthanc import OrthancClient
+from gateway.sr import build_sr, verify_sr
+
+MAX_SOURCE_HEADERS = 500
+
+
+class ReissueError(RuntimeError):
+    """The case cannot be re-issued (no source study in PACS, nothing signed off)."""
+
+
+def corrected_answer(answer: Answer, key: str, review: CaseReview) -> Answer:
+    """The answer as the clinician left it."""
+    items = review.items.get(key, {})
+
+    def keep(item_id: str) -> tuple[bool, str | None]:
+        st = items.get(item_id)
+        if st is None or st.verdict is Verdict.ACCEPT:
+            return True, None
+        return st.verdict is Verdict.CORRECT, st.text if st.verdict is Verdict.CORRECT else None
+
+    findings: list[Finding] = []
+    for n, f in enumerate(answer.findings, start=1):
+        ok, text = keep(f"finding.{n}")
+        if ok:
+            findings.append(f.model_copy(update={"description": text}) if text else f)
+    diff: list[DifferentialItem] = []
+    for n, d in enumerate(answer.differential, start=1):
+        ok, text = keep(f"dx.{n}")
+        if ok:
+            diff.append(d.model_copy(update={"diagnosis": text, "icd10": None}) if text else d)
+    ok, text = keep("final")
+    final = review.diagnosis or text or (answer.final_diagnosis if ok else None)
+    return answer.model_copy(
+        update={"findings": findings, "differential": diff, "final_diagnosis": final}
+    )
+
+
+def _source_headers(orthanc: OrthancClient, case: Case) -> tuple[list[Dataset], str]:
+    if not case.provenance.study_uids:
+        raise ReissueError(f"case {case.case_id!r} names no source study (StudyInstanceUID)")
+    study_uid = case.provenance.study_uids[0]
+    study_id = orthanc.find_study(study_uid)
+    if study_id is None:
+        raise ReissueError(f"the source study of case {case.case_id!r} is not in PACS")
+    wanted = {i.series_uid for i in case.images if i.series_uid}
+    series = [
+        s for s in orthanc.list_series(study_id, classify=False) if s.modality in ("MR", "CT")
+    ]
+    series.sort(key=lambda s: s.series_uid not in wanted)
+    if not series:
+        raise ReissueError(f"the source study of case {case.case_id!r} has no MR or CT series")
+    headers = orthanc.series_metadata(study_uid, series[0].series_uid)[:MAX_SOURCE_HEADERS]
+    if not headers:
+        raise ReissueError("the source series has no readable instance header")
+    return headers, series[0].modality
+
+
+def reissue_case(
+    orthanc: OrthancClient,
+    run: RunData,
+    case_id: str,
+    review: CaseReview,
+    organization: str,
+) -> list[str]:
+    """Store one VERIFIED SR per reviewed answer of the case; returns their SOP Instance UIDs."""
+    if review.signed_off_at is None:
+        raise ReissueError("only a signed-off case can be re-issued")
+    case = run.case(case_id)
+    answers = [
+        (s, answer_key(s))
+        for s, _ in reviewed_samples(run.samples_of(case_id))
+        if s.ablation == FULL_INPUT and isinstance(s.answer, Answer)
+    ]
+    if not answers:
+        raise ReissueError(f"case {case_id!r} has no diagnostic answer to report")
+    headers, modality = _source_headers(orthanc, case)
+    uids = []
+    for s, key in answers:
+        assert isinstance(s.answer, Answer)
+        answer = corrected_answer(s.answer, key, review)
+        sr = build_sr(headers, answer, s.scored.model, "clinician-reviewed", 1, (), modality)
+        signed = verify_sr(sr, observer_name=review.reviewer[:64], organization=organization)
+        buf = io.BytesIO()
+        pydicom.dcmwrite(buf, signed, enforce_file_format=True)
+        orthanc.upload(buf.getvalue())
+        uids.append(str(signed.SOPInstanceUID))
+    return uids

@@ -1,0 +1,162 @@
+"""Routing rules: which studies are evaluated, by which models, on which tasks.
+
+A YAML file lists rules; the first rule whose ``match`` holds decides (``skip: true`` rules
+exclude). A match may name calling AE titles (shell globs), modalities and series classes
+(any of / all of, from the imaging core's classifier). Example: ``deploy/routing.example.yaml``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from dicom.records import SequenceClass
+from evaluation.records import TaskFamily
+
+REFERENCE_MODEL = "reference/image-rules"
+CLINICAL = [
+    c.value
+    for c in (
+        SequenceClass.T1,
+        SequenceClass.T1C,
+        SequenceClass.T2,
+        SequenceClass.FLAIR,
+        SequenceClass.PD,
+        SequenceClass.DWI,
+        SequenceClass.ADC,
+        SequenceClass.TRACE,
+        SequenceClass.SWI,
+        SequenceClass.T2STAR,
+        SequenceClass.CT,
+    )
+]
+
+
+class RoutingError(ValueError):
+    """The routing file cannot be read or does not follow the schema."""
+
+
+def _classes(values: list[str]) -> list[str]:
+    known = {c.value for c in SequenceClass}
+    bad = [v for v in values if v not in known]
+    if bad:
+        raise ValueError(f"unknown series class(es) {bad}; known: {sorted(known)}")
+    return values
+
+
+class Match(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    calling_aet: list[str] = Field(default_factory=list)  # globs; empty = any
+    modality: list[str] = Field(default_factory=list)  # e.g. MR, CT; empty = any
+    series_classes_any: list[str] = Field(default_factory=list)
+    series_classes_all: list[str] = Field(default_factory=list)
+
+    _check_any = field_validator("series_classes_any")(_classes)
+    _check_all = field_validator("series_classes_all")(_classes)
+
+
+class Evaluate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    models: list[str] = Field(default_factory=lambda: [REFERENCE_MODEL], min_length=1)
+    tasks: list[TaskFamily] = Field(
+        default_factory=lambda: [TaskFamily.DIFFERENTIAL, TaskFamily.LESION], min_length=1
+    )
+    series_classes: list[str] = Field(default_factory=lambda: list(CLINICAL))  # what to fetch
+
+    _check = field_validator("series_classes")(_classes)
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    match: Match = Field(default_factory=Match)
+    skip: bool = False
+    evaluate: Evaluate = Field(default_factory=Evaluate)
+
+
+class RoutingTable(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rules: list[Rule]
+
+
+class StudyFacts(BaseModel):
+    """What routing may look at: who sent the study and what it holds."""
+
+    calling_aets: list[str] = Field(default_factory=list)
+    modalities: list[str] = Field(default_factory=list)
+    series_classes: list[str] = Field(default_factory=list)
+
+
+class Route(BaseModel):
+    """The decision: the rule that matched and what to run."""
+
+    rule: str
+    models: list[str]
+    tasks: list[TaskFamily]
+    series_classes: list[str]
+
+
+DEFAULT_TABLE = RoutingTable(
+    rules=[
+        Rule(
+            name="neuro-mr-ct",
+            match=Match(modality=["MR", "CT"], series_classes_any=CLINICAL),
+        )
+    ]
+)
+
+
+def _matches(m: Match, facts: StudyFacts) -> bool:
+    if m.calling_aet and not any(
+        fnmatch.fnmatchcase(aet, pat) for aet in facts.calling_aets for pat in m.calling_aet
+    ):
+        return False
+    if m.modality and not set(m.modality) & set(facts.modalities):
+        return False
+    classes = set(facts.series_classes)
+    if m.series_classes_any and not set(m.series_classes_any) & classes:
+        return False
+    return set(m.series_classes_all) <= classes
+
+
+class Router:
+    """First matching rule wins; ``route`` returns None when the study is not evaluated."""
+
+    def __init__(self, table: RoutingTable = DEFAULT_TABLE) -> None:
+        self.table = table
+
+    @classmethod
+    def from_file(cls, path: Path | None) -> Router:
+        if path is None:
+            return cls()
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise RoutingError(f"{path}: cannot read routing rules: {exc}") from exc
+        try:
+            return cls(RoutingTable.model_validate(data))
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise RoutingError(f"{path}: {where}: {first['msg']}") from exc
+
+    def route(self, facts: StudyFacts) -> Route | None:
+        for rule in self.table.rules:
+            if _matches(rule.match, facts):
+                if rule.skip:
+                    return None
+                ev = rule.evaluate
+                return Route(
+                    rule=rule.name,
+                    models=list(ev.models),
+                    tasks=list(ev.tasks),
+                    series_classes=list(ev.series_classes),
+                )
+        return None

@@ -1,0 +1,399 @@
+"""The DICOM node: a pynetdicom storage SCP that spools studies and says when one is complete.
+
+Each instance is written as received (``event.encoded_dataset()``, no decode) to a temporary
+file, then renamed, into a staging folder of its association. A normally released association
+commits its files into ``spool/studies/<StudyInstanceUID>/<SeriesInstanceUID>/``; an aborted
+one (A-ABORT, dropped connection) never reaches the study: its files go to
+``spool/quarantine/`` and are logged. A write that fails (disk full, file size limit, I/O error)
+answers 0xA700 (Out of Resources), so the sender knows the instance was not kept.
+A study is complete once no association is sending to it and ``quiet_s`` seconds have passed
+since its last instance; later arrivals make it complete again (a new report version).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
+from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
+
+from gateway.cache import InvalidUIDError, atomic_writer, check_uid
+from gateway.metrics import METRICS
+from gateway.part10 import file_meta_bytes, read_uids
+
+log = logging.getLogger(__name__)
+
+STATUS_SUCCESS = 0x0000
+STATUS_OUT_OF_RESOURCES = 0xA700
+STATUS_CANNOT_UNDERSTAND = 0xC000
+STATUS_DATASET_MISMATCH = 0xA900
+CLOSE_GRACE_S = 3.0  # after a connection closes, how long to wait for the release event
+
+
+def uid_key(uid: str) -> str:
+    """A short, non-reversible handle for logs: UIDs can identify a patient's study."""
+    return hashlib.sha256(uid.encode()).hexdigest()[:12]
+
+
+class ReceivedStudy(BaseModel):
+    """A study the node considers complete (for now)."""
+
+    study_uid: str
+    folder: str
+    calling_aets: list[str]
+    n_instances: int
+    n_new: int  # instances committed since the previous completion
+    first_received: float
+    last_received: float
+
+
+@dataclass
+class _Assoc:
+    id: str
+    calling_aet: str
+    staging: Path
+    studies: dict[str, int] = field(default_factory=dict)  # study UID -> instances staged
+    files: list[tuple[Path, str, str, str]] = field(default_factory=list)  # path, st, se, sop
+    dirs: set[Path] = field(default_factory=set)
+    done: bool = False
+    closed_at: float | None = None
+
+
+@dataclass
+class _Study:
+    uid: str
+    calling_aets: set[str] = field(default_factory=set)
+    first: float = field(default_factory=time.time)
+    last_activity: float = field(default_factory=time.monotonic)
+    last_received: float = field(default_factory=time.time)
+    n_new: int = 0
+
+
+class StorageSCP:
+    """A C-STORE SCP with a spool; call ``start()``/``stop()``."""
+
+    def __init__(
+        self,
+        spool: Path,
+        ae_title: str = "NEUROSANDBOX",
+        host: str = "127.0.0.1",
+        port: int = 11112,
+        quiet_s: float = 30.0,
+        on_complete: Callable[[ReceivedStudy], object] | None = None,
+        max_associations: int = 32,
+        allowed_calling_aets: list[str] | None = None,
+        fsync: bool = True,
+    ) -> None:
+        self.spool = spool
+        self.ae_title = ae_title
+        self.host, self.port = host, port
+        self.quiet_s = quiet_s
+        self.on_complete = on_complete
+        self.fsync = fsync
+        self.allowed = {a.strip() for a in allowed_calling_aets or [] if a.strip()}
+        self.incoming = spool / "incoming"
+        self.studies_dir = spool / "studies"
+        self.quarantine = spool / "quarantine"
+        self._lock = threading.Lock()
+        self._assocs: dict[int, _Assoc] = {}
+        self._studies: dict[str, _Study] = {}
+        self._stop = threading.Event()
+        self._committing = 0
+        self._server: Any = None
+        self._ticker: threading.Thread | None = None
+        self.ae = AE(ae_title=ae_title)
+        self.ae.maximum_associations = max_associations
+        self.ae.maximum_pdu_size = 0  # no limit: let the sender pick large PDUs
+        self.ae.require_called_aet = True
+        self.ae.network_timeout = 60
+        self.ae.dimse_timeout = 120
+        for cx in AllStoragePresentationContexts:
+            if cx.abstract_syntax is not None:
+                self.ae.add_supported_context(cx.abstract_syntax, ALL_TRANSFER_SYNTAXES)
+        self.ae.add_supported_context(Verification)
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        for d in (self.incoming, self.studies_dir, self.quarantine):
+            d.mkdir(parents=True, exist_ok=True)
+        self._recover()
+        handlers: list[Any] = [
+            (evt.EVT_C_STORE, self._on_store),
+            (evt.EVT_C_ECHO, lambda _e: STATUS_SUCCESS),
+            (evt.EVT_REQUESTED, self._on_requested),
+            (evt.EVT_ACCEPTED, self._on_accepted),
+            (evt.EVT_RELEASED, self._on_released),
+            (evt.EVT_ABORTED, self._on_aborted),
+            (evt.EVT_CONN_CLOSE, self._on_closed),
+        ]
+        self._server = self.ae.start_server(
+            (self.host, self.port), block=False, evt_handlers=handlers
+        )
+        self.port = self._server.server_address[1]
+        self._stop.clear()
+        self._ticker = threading.Thread(target=self._tick, name="scp-quiet", daemon=True)
+        self._ticker.start()
+        log.info("DICOM node %s listening on %s:%d", self.ae_title, self.host, self.port)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop listening; let released associations finish committing their files first."""
+        deadline = time.monotonic() + timeout_s
+        while self._committing and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._stop.set()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+
+    def _recover(self) -> None:
+        """After a crash: staged files of unreleased associations go to quarantine; spooled
+        studies are offered again after the quiet time (the pipeline skips what it has seen)."""
+        for d in self.incoming.iterdir():
+            self._quarantine(d, "left over from a previous run")
+        for d in self.studies_dir.iterdir():
+            if d.is_dir():
+                info = self._read_info(d)
+                st = _Study(uid=d.name, calling_aets=set(info.get("calling_aets", [])))
+                st.n_new = 1
+                self._studies[d.name] = st
+
+    # ----------------------------------------------------------------- association events
+
+    def _on_requested(self, event: Any) -> None:
+        METRICS.inc("dicom_associations_requested_total")
+
+    def _on_accepted(self, event: Any) -> None:
+        aet = event.assoc.requestor.ae_title.strip()
+        if self.allowed and aet not in self.allowed:
+            log.warning("association from calling AE not in the allowed list: aborting")
+            METRICS.inc("dicom_associations_refused_total")
+            event.assoc.abort()
+            return
+        a = _Assoc(id=uuid.uuid4().hex, calling_aet=aet, staging=self.incoming / uuid.uuid4().hex)
+        with self._lock:
+            self._assocs[id(event.assoc)] = a
+        METRICS.inc("dicom_associations_total")
+
+    def _on_store(self, event: Any) -> int:
+        a = self._assocs.get(id(event.assoc))
+        if a is None or a.done:
+            return STATUS_OUT_OF_RESOURCES
+        req = event.request
+        ts = str(event.context.transfer_syntax)
+        try:
+            sop = check_uid(str(req.AffectedSOPInstanceUID))
+            sop_class = check_uid(str(req.AffectedSOPClassUID))
+            uids = read_uids(req.DataSet, ts)
+            if uids is None:  # deflated: decode the whole dataset
+                ds = event.dataset
+                uids = (str(ds.StudyInstanceUID), str(ds.SeriesInstanceUID))
+            study, series = check_uid(uids[0]), check_uid(uids[1])
+        except (AttributeError, InvalidUIDError, KeyError) as exc:
+            log.warning("C-STORE refused: missing or invalid UIDs (%s)", type(exc).__name__)
+            METRICS.inc("dicom_instances_refused_total")
+            return STATUS_DATASET_MISMATCH
+        except Exception as exc:
+            log.warning("C-STORE refused: undecodable dataset (%s)", type(exc).__name__)
+            METRICS.inc("dicom_instances_refused_total")
+            return STATUS_CANNOT_UNDERSTAND
+        folder = a.staging / study / series
+        dest = folder / f"{sop}.dcm"
+        try:
+            if folder not in a.dirs:
+                folder.mkdir(parents=True, exist_ok=True)
+                a.dirs.add(folder)
+            # A view of the received bytes: no copy; released before pynetdicom closes them.
+            with (
+                req.DataSet.getbuffer() as body,
+                atomic_writer(dest, fsync=self.fsync, make_dirs=False) as fh,
+            ):
+                fh.write(file_meta_bytes(sop_class, sop, ts, a.calling_aet))
+                fh.write(body)
+                size = len(body)
+        except OSError as exc:
+            # Disk full, file too large, read-only: the sender must keep (and resend) it.
+            log.error(
+                "C-STORE write failed (%s): answered 0xA700", exc.strerror or type(exc).__name__
+            )
+            METRICS.inc("dicom_store_failures_total")
+            return STATUS_OUT_OF_RESOURCES
+        with self._lock:
+            a.files.append((dest, study, series, sop))
+            a.studies[study] = a.studies.get(study, 0) + 1
+            st = self._studies.get(study)
+            if st is None:
+                st = self._studies[study] = _Study(uid=study)
+            st.last_activity = time.monotonic()
+        METRICS.inc("dicom_instances_received_total")
+        METRICS.inc("dicom_bytes_received_total", size)
+        return STATUS_SUCCESS
+
+    def _on_released(self, event: Any) -> None:
+        with self._lock:
+            a = self._assocs.pop(id(event.assoc), None)
+            if a is None or a.done:
+                return
+            a.done = True
+            self._committing += 1
+        try:
+            self._commit(a)
+        finally:
+            with self._lock:
+                self._committing -= 1
+
+    def _on_aborted(self, event: Any) -> None:
+        with self._lock:
+            a = self._assocs.pop(id(event.assoc), None)
+        if a is not None and not a.done:
+            a.done = True
+            self._discard(a, "association aborted")
+
+    def _on_closed(self, event: Any) -> None:
+        # The peer may close right after A-RELEASE-RP, before the association thread reports
+        # the release: decide later (the ticker), not here.
+        with self._lock:
+            a = self._assocs.get(id(event.assoc))
+            if a is not None and not a.done:
+                a.closed_at = time.monotonic()
+
+    def _reap(self) -> None:
+        """Associations whose connection closed without release or abort are aborts too."""
+        now = time.monotonic()
+        with self._lock:
+            stale = [
+                (k, a)
+                for k, a in self._assocs.items()
+                if a.closed_at is not None and now - a.closed_at > CLOSE_GRACE_S and not a.done
+            ]
+            for k, a in stale:
+                del self._assocs[k]
+                a.done = True
+        for _k, a in stale:
+            self._discard(a, "connection closed without release")
+
+    # ----------------------------------------------------------------- spool
+
+    def _commit(self, a: _Assoc) -> None:
+        now_wall, now = time.time(), time.monotonic()
+        for src, study, series, sop in a.files:
+            dest = self.studies_dir / study / series / f"{sop}.dcm"
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(src, dest)
+        shutil.rmtree(a.staging, ignore_errors=True)
+        with self._lock:
+            for study, n in a.studies.items():
+                st = self._studies.setdefault(study, _Study(uid=study))
+                st.calling_aets.add(a.calling_aet)
+                st.n_new += n
+                st.last_activity = now
+                st.last_received = now_wall
+                self._write_info(st)
+        if a.files:
+            log.info(
+                "association released: %d instance(s) committed to %d study(ies)",
+                len(a.files),
+                len(a.studies),
+            )
+
+    def _discard(self, a: _Assoc, why: str) -> None:
+        METRICS.inc("dicom_associations_aborted_total")
+        if not a.files:
+            shutil.rmtree(a.staging, ignore_errors=True)
+            return
+        self._quarantine(a.staging, why, len(a.files))
+        with self._lock:
+            for study in a.studies:
+                st = self._studies.get(study)
+                if st is not None and st.n_new == 0 and not (self.studies_dir / study).exists():
+                    del self._studies[study]
+
+    def _quarantine(self, folder: Path, why: str, n: int | None = None) -> None:
+        if not folder.exists():
+            return
+        dest = self.quarantine / f"{time.strftime('%Y%m%dT%H%M%S')}-{folder.name}"
+        try:
+            os.replace(folder, dest)
+        except OSError:
+            shutil.rmtree(folder, ignore_errors=True)
+            dest = Path("(deleted)")
+        count = n if n is not None else sum(1 for _ in dest.rglob("*.dcm")) if dest.exists() else 0
+        METRICS.inc("dicom_instances_quarantined_total", count)
+        log.warning("%s: %d partial instance(s) not evaluated, moved to %s", why, count, dest)
+
+    def _info_path(self, study: str) -> Path:
+        return self.studies_dir / study / ".received.json"
+
+    def _read_info(self, folder: Path) -> dict[str, Any]:
+        try:
+            return dict(json.loads((folder / ".received.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def _write_info(self, st: _Study) -> None:
+        path = self._info_path(st.uid)
+        info = {
+            "calling_aets": sorted(st.calling_aets),
+            "first_received": st.first,
+            "last_received": st.last_received,
+        }
+        with atomic_writer(path) as fh:
+            fh.write(json.dumps(info).encode())
+
+    # ----------------------------------------------------------------- completion
+
+    def _busy(self, study: str) -> bool:
+        return any(study in a.studies and not a.done for a in self._assocs.values())
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.25):
+            self._reap()
+            ready: list[_Study] = []
+            with self._lock:
+                now = time.monotonic()
+                for st in list(self._studies.values()):
+                    if (
+                        st.n_new > 0
+                        and now - st.last_activity >= self.quiet_s
+                        and not self._busy(st.uid)
+                    ):
+                        ready.append(_Study(**st.__dict__ | {"calling_aets": set(st.calling_aets)}))
+                        st.n_new = 0
+            for st in ready:
+                self._emit(st)
+
+    def _emit(self, st: _Study) -> None:
+        folder = self.studies_dir / st.uid
+        n = sum(1 for _ in folder.rglob("*.dcm"))
+        if n == 0:
+            return
+        study = ReceivedStudy(
+            study_uid=st.uid,
+            folder=str(folder),
+            calling_aets=sorted(st.calling_aets),
+            n_instances=n,
+            n_new=st.n_new,
+            first_received=st.first,
+            last_received=st.last_received,
+        )
+        METRICS.inc("studies_completed_total")
+        log.info("study %s complete: %d instance(s), %d new", uid_key(st.uid), n, st.n_new)
+        if self.on_complete is not None:
+            try:
+                self.on_complete(study)
+            except Exception:
+                log.exception("study-complete handler failed")

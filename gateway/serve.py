@@ -1,0 +1,153 @@
+"""``neurosandbox serve``: the HTTP API and the DICOM node in one process.
+
+Threads: uvicorn (main), the storage SCP (one per association), the study-quiet ticker, the
+pipeline worker, and optionally the Orthanc /changes follower. Logs carry no PHI: UIDs are
+hashed, pynetdicom and httpx speak only at WARNING, the access log names route templates.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+import uvicorn
+from pynetdicom import _config as pynetdicom_config
+
+from gateway.api import GatewayContext, create_app
+from gateway.cache import InstanceCache
+from gateway.default_evaluator import DefaultEvaluator
+from gateway.follower import ChangesFollower
+from gateway.pacs_local import resolve_endpoints
+from gateway.pipeline import Evaluator, StudyPipeline
+from gateway.routing import Router
+from gateway.scp import StorageSCP, uid_key
+from gateway.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+_UID = re.compile(r"(?<![\d.])[0-9]+(?:\.[0-9]+){4,}(?![\d.])")
+
+
+def redact_uids(text: str) -> str:
+    """DICOM UIDs (study, series, instance) replaced by a short hash: they identify studies."""
+    return _UID.sub(lambda m: "uid:" + uid_key(m.group(0)), text)
+
+
+class RedactUids(logging.Filter):
+    """Last line of defence: no DICOM UID reaches a log line, not even in a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = redact_uids(record.getMessage()), None
+        if record.exc_info:
+            text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text, record.exc_info = redact_uids(text), None
+        return True
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("", "pynetdicom"):  # pynetdicom may bring its own handler
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(RedactUids())
+    # Third-party loggers that would print datasets, identifiers or URLs at lower levels.
+    for name in (
+        "pynetdicom",
+        "highdicom",
+        "httpx",
+        "httpcore",
+        "uvicorn.access",
+        "PIL",
+        "matplotlib",
+    ):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    pynetdicom_config.LOG_REQUEST_IDENTIFIERS = False
+    pynetdicom_config.LOG_RESPONSE_IDENTIFIERS = False
+
+
+@dataclass
+class Gateway:
+    ctx: GatewayContext
+    scp: StorageSCP
+    pipeline: StudyPipeline
+    follower: ChangesFollower | None
+
+    def start(self) -> None:
+        self.pipeline.start()
+        self.scp.start()
+        if self.follower is not None:
+            self.follower.start()
+
+    def stop(self) -> None:
+        self.scp.stop()
+        if self.follower is not None:
+            self.follower.stop()
+        self.pipeline.stop()
+        self.ctx.orthanc.close()
+
+
+def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gateway:
+    """Wire the parts together from settings (and the local PACS's pacs.json when present)."""
+    ep = resolve_endpoints(settings)
+    ctx = GatewayContext.from_settings(settings)
+    data = settings.data_dir
+    pipeline = StudyPipeline(
+        orthanc=ctx.orthanc,
+        evaluator=evaluator or DefaultEvaluator(memory_cap=settings.memory_cap),
+        router=Router.from_file(settings.routing_file),
+        runs=ctx.runs,
+        audit=ctx.audit,
+        cache=InstanceCache(data / "cache"),
+    )
+    ctx.pipeline = pipeline
+    scp = StorageSCP(
+        spool=data / "spool",
+        ae_title=ep.gateway_aet,
+        host=ep.gateway_host,
+        port=ep.gateway_dicom_port,
+        quiet_s=settings.study_quiet_s,
+        on_complete=pipeline.on_received,
+        max_associations=settings.max_associations,
+        allowed_calling_aets=settings.gateway_allowed_aets,
+    )
+    follower = (
+        ChangesFollower(ctx.orthanc, pipeline.on_stable, data / "state" / "changes.json")
+        if settings.follow_changes
+        else None
+    )
+    return Gateway(ctx=ctx, scp=scp, pipeline=pipeline, follower=follower)
+
+
+def serve(settings: Settings) -> None:
+    """Run until SIGINT/SIGTERM."""
+    configure_logging()
+    ep = resolve_endpoints(settings)
+    gw = build_gateway(settings)
+    app = create_app(gw.ctx)
+    config = uvicorn.Config(
+        app,
+        host=settings.api_host,
+        port=ep.api_port,
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        limit_concurrency=64,
+        timeout_keep_alive=5,
+    )
+    server = uvicorn.Server(config)
+    gw.start()
+    log.info(
+        "gateway up: API http://%s:%d, DICOM %s@%s:%d, Orthanc %s",
+        settings.api_host,
+        ep.api_port,
+        ep.gateway_aet,
+        ep.gateway_host,
+        gw.scp.port,
+        ep.orthanc_url,
+    )
+    try:  # uvicorn handles SIGINT/SIGTERM and returns
+        server.run()
+    finally:
+        gw.stop()
+        log.info("gateway stopped")

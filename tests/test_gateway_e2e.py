@@ -1,0 +1,307 @@
+"""End to end with real peers: dcmtk storescu -> `neurosandbox serve` -> real Orthanc, and the API.
+
+One gateway process (started by this module, stopped by PID) serves every test here; the
+Orthanc is the session one from ``orthanc_fixture``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pydicom
+import pytest
+from gateway_synth import make_study
+from highdicom.sr import Comprehensive3DSR
+from orthanc_fixture import STABLE_AGE, OrthancServer
+
+from gateway.auth import Role, TokenStore
+from gateway.orthanc import OrthancClient
+
+pytestmark = pytest.mark.integration
+STORESCU = "/usr/bin/storescu"
+QUIET = 1.5
+BIN = Path(sys.executable).parent / "neurosandbox"
+SR_CLASS = "1.2.840.10008.5.1.4.1.1.88.34"
+PDF_CLASS = "1.2.840.10008.5.1.4.1.1.104.1"
+
+
+@dataclass
+class Gateway:
+    proc: subprocess.Popen[bytes]
+    api: str
+    dicom_port: int
+    reviewer: str
+    admin: str
+    orthanc: OrthancClient
+    log: Path
+
+    def get(self, path: str, token: str | None = None, **kw: object) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(f"{self.api}{path}", headers=headers, timeout=30, **kw)  # type: ignore[arg-type]
+
+
+def _cli(env: dict[str, str], *args: str) -> str:
+    r = subprocess.run([str(BIN), *args], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    env = dict(
+        os.environ,
+        **orthanc_server.env,
+        NEUROSANDBOX_STUDY_QUIET_S=str(QUIET),
+        NEUROSANDBOX_FOLLOW_CHANGES="true",
+    )
+    tokens = TokenStore(orthanc_server.settings.data_dir / "secret" / "tokens.json")
+    reviewer = tokens.create(Role.REVIEWER, "test-reviewer")[1]
+    admin = tokens.create(Role.ADMIN, "test-admin")[1]
+    log = tmp_path_factory.mktemp("gateway-log") / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(BIN), "serve"], env=env, stdout=fh, stderr=subprocess.STDOUT)
+    ep = orthanc_server.endpoints
+    api = f"http://127.0.0.1:{ep.api_port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.2)
+    client = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
+    try:
+        yield Gateway(proc, api, ep.gateway_dicom_port, reviewer, admin, client, log)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def send(gw: Gateway, files: list[Path], *extra: str) -> None:
+    r = subprocess.run(
+        [
+            STORESCU,
+            "-aet",
+            "MRI_SCANNER",
+            "-aec",
+            "NEUROSANDBOX",
+            *extra,
+            "127.0.0.1",
+            str(gw.dicom_port),
+            *map(str, files),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, TCP_NODELAY="1"),
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def reports(gw: Gateway, study_uid: str) -> dict[str, list[pydicom.Dataset]]:
+    study_id = gw.orthanc.find_study(study_uid)
+    out: dict[str, list[pydicom.Dataset]] = {"sr": [], "pdf": []}
+    if study_id is None:
+        return out
+    for inst in gw.orthanc.study_instances(study_id):
+        meta = gw.orthanc.instance_metadata(inst["ID"])
+        kind = {SR_CLASS: "sr", PDF_CLASS: "pdf"}.get(meta.get("SopClassUid", ""))
+        if kind:
+            raw = gw.orthanc.api.get(f"{gw.orthanc.url}/instances/{inst['ID']}/file").content
+            out[kind].append(pydicom.dcmread(io.BytesIO(raw)))
+    return out
+
+
+def wait_reports(
+    gw: Gateway, study_uid: str, n_sr: int, timeout: float
+) -> dict[str, list[pydicom.Dataset]]:
+    deadline = time.monotonic() + timeout
+    got = reports(gw, study_uid)
+    while len(got["sr"]) < n_sr and time.monotonic() < deadline:
+        time.sleep(0.5)
+        got = reports(gw, study_uid)
+    return got
+
+
+def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_late_series(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "s", lesion="left", n_slices=12, patient_id="NSBX-E2E-1")
+    t0 = time.monotonic()
+    send(gateway, study.files)
+    got = wait_reports(gateway, study.study_uid, 1, timeout=QUIET + STABLE_AGE + 45)
+    elapsed = time.monotonic() - t0
+    assert len(got["sr"]) == 1 and len(got["pdf"]) == 1, gateway.log.read_text()[-3000:]
+    sr, pdf = got["sr"][0], got["pdf"][0]
+    assert sr.VerificationFlag == "UNVERIFIED" and sr.StudyInstanceUID == study.study_uid
+    assert sr.PatientID == "NSBX-E2E-1" and pdf.PatientID == "NSBX-E2E-1"
+    Comprehensive3DSR.from_dataset(sr)
+    codes = {
+        (c.CodeValue, c.CodeMeaning)
+        for item in sr.iterall()
+        if item.keyword == "ConceptCodeSequence"
+        for c in item.value
+    }
+    assert ("7771000", "Left") in codes and ("121053", "Present") in codes  # laterality, presence
+    runs = gateway.get("/runs", gateway.reviewer).json()
+    run = next(r for r in runs if r["study_uid"] == study.study_uid and r["status"] == "done")
+    report = gateway.get(f"/runs/{run['run_id']}/report.json", gateway.reviewer).json()
+    diagnosis = report["cases"][0]["final_diagnosis"]
+    assert diagnosis and any(m == diagnosis[:64] for _, m in codes)  # the diagnosis, coded
+    document = pdf.EncapsulatedDocument[: pdf.EncapsulatedDocumentLength]
+    assert document.startswith(b"%PDF") and pdf.StudyInstanceUID == study.study_uid
+    print(f"storescu start -> SR+PDF in Orthanc: {elapsed:.1f} s")
+    assert elapsed < QUIET + STABLE_AGE + 20  # seconds, on a busy 2-core machine
+
+    # A series arriving later: re-evaluated, version 2 names version 1 as its predecessor.
+    late = make_study(
+        tmp_path / "late",
+        classes=("T1",),
+        study_uid=study.study_uid,
+        first_series_number=3,
+        patient_id="NSBX-E2E-1",
+    )
+    send(gateway, late.files)
+    got = wait_reports(gateway, study.study_uid, 2, timeout=QUIET + 45)
+    assert len(got["sr"]) == 2 and len(got["pdf"]) == 2
+    v2 = max(got["sr"], key=lambda d: int(d.InstanceNumber))
+    assert int(v2.InstanceNumber) == 2 and v2.SeriesInstanceUID == sr.SeriesInstanceUID
+    pred = v2.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0].ReferencedSOPSequence[0]
+    assert pred.ReferencedSOPInstanceUID == sr.SOPInstanceUID
+    # Our own SR/PDF make Orthanc call the study stable again: that must not loop.
+    time.sleep(STABLE_AGE + 4)
+    assert len(reports(gateway, study.study_uid)["sr"]) == 2
+    runs = gateway.get("/runs", gateway.reviewer).json()
+    mine = [r for r in runs if r["study_uid"] == study.study_uid]
+    assert sorted(r["status"] for r in mine if r["status"] == "done") == ["done", "done"]
+    assert not [r for r in mine if r["status"] == "failed"]
+
+
+def test_an_aborted_association_leads_to_no_evaluation(gateway: Gateway, tmp_path: Path) -> None:
+    study = make_study(tmp_path / "s", patient_id="NSBX-E2E-ABORT")
+    send(gateway, study.files, "--abort")
+    time.sleep(QUIET + 4)
+    assert gateway.orthanc.find_study(study.study_uid) is None
+    runs = gateway.get("/runs", gateway.reviewer).json()
+    assert not [r for r in runs if r["study_uid"] == study.study_uid]
+
+
+def test_orthanc_driven_mode_evaluates_a_study_stored_directly(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "s", lesion="right", patient_id="NSBX-E2E-ORTHANC")
+    gateway.orthanc.upload_many(study.files)
+    got = wait_reports(gateway, study.study_uid, 1, timeout=STABLE_AGE + 45)
+    assert len(got["sr"]) == 1, gateway.log.read_text()[-3000:]
+    runs = gateway.get("/runs", gateway.reviewer).json()
+    assert [
+        r["trigger"] for r in runs if r["study_uid"] == study.study_uid and r["status"] == "done"
+    ] == ["orthanc"]
+
+
+def test_the_api_refuses_requests_without_a_valid_token(gateway: Gateway) -> None:
+    assert gateway.get("/health").status_code == 200
+    for path in ("/studies", "/runs", "/metrics", "/audit", "/openapi.json", "/docs"):
+        r = gateway.get(path)
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", path
+        assert gateway.get(path, "nsbx_0000_wrong").status_code == 401, path
+        tampered = gateway.reviewer[:-2] + ("xx" if not gateway.reviewer.endswith("xx") else "yy")
+        assert gateway.get(path, tampered).status_code == 401, path
+    assert gateway.get("/studies", gateway.reviewer).status_code == 200
+    spec = gateway.get("/openapi.json", gateway.reviewer).json()
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert "/studies/{study_id}/evaluations" in gateway.get("/docs", gateway.reviewer).text
+    assert gateway.get("/audit", gateway.reviewer).status_code == 403
+    assert gateway.get("/audit", gateway.admin).status_code == 200
+    big = httpx.post(
+        f"{gateway.api}/studies/00000000-00000000-00000000-00000000-00000000/evaluations",
+        content=b"{" + b" " * 2_000_000 + b"}",
+        headers={"Authorization": f"Bearer {gateway.reviewer}", "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert big.status_code == 413
+
+
+def test_a_revoked_token_stops_working_at_once(
+    gateway: Gateway, orthanc_server: OrthancServer
+) -> None:
+    env = dict(os.environ, **orthanc_server.env)
+    token = _cli(env, "tokens", "create", "--role", "reviewer", "--name", "short-lived")
+    assert gateway.get("/runs", token).status_code == 200
+    TokenStore(orthanc_server.settings.data_dir / "secret" / "tokens.json").revoke(
+        token.split("_")[1]
+    )
+    assert gateway.get("/runs", token).status_code == 401
+
+
+def test_api_evaluation_run_serves_reports_images_metrics_and_audit(
+    gateway: Gateway, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "s", patient_id="NSBX-E2E-API", patient_name="Secret^Patient")
+    gateway.orthanc.upload_many(study.files)
+    study_id = gateway.orthanc.find_study(study.study_uid)
+    detail = gateway.get(f"/studies/{study_id}", gateway.reviewer).json()
+    assert sorted(s["series_class"] for s in detail["series"]) == ["FLAIR", "T2"]
+    r = httpx.post(
+        f"{gateway.api}/studies/{study_id}/evaluations",
+        json={"models": ["reference/image-rules"], "tasks": ["lesion"]},
+        headers={"Authorization": f"Bearer {gateway.reviewer}"},
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+    run_id = r.json()["run_id"]
+    deadline = time.monotonic() + 60
+    run = gateway.get(f"/runs/{run_id}", gateway.reviewer).json()
+    while run["status"] in ("queued", "running") and time.monotonic() < deadline:
+        time.sleep(0.3)
+        run = gateway.get(f"/runs/{run_id}", gateway.reviewer).json()
+    assert run["status"] == "done" and run["progress"] == 1.0 and run["trigger"] == "api"
+    report = gateway.get(f"/runs/{run_id}/report.json", gateway.reviewer).json()
+    assert [c["task"] for c in report["cases"]] == ["lesion"]
+    html = gateway.get(f"/runs/{run_id}/report.html", gateway.reviewer)
+    assert (
+        "default-src 'none'" in html.headers["content-security-policy"]
+        and "UNVERIFIED" in html.text
+    )
+    pdf = gateway.get(f"/runs/{run_id}/report.pdf", gateway.reviewer)
+    assert pdf.headers["content-type"] == "application/pdf" and pdf.content.startswith(b"%PDF")
+    images = gateway.get(f"/runs/{run_id}/images", gateway.reviewer).json()
+    assert images and all(i["sha256"] for i in images)
+    png = gateway.get(f"/runs/{run_id}/{images[0]['path']}", gateway.reviewer)
+    assert png.content.startswith(b"\x89PNG")
+    assert gateway.get(f"/runs/{run_id}/images/..%2Frun.json", gateway.reviewer).status_code == 404
+    metrics = gateway.get("/metrics", gateway.reviewer).text
+    assert (
+        "neurosandbox_evaluations_total" in metrics
+        and "neurosandbox_dicom_instances_received_total" in metrics
+    )
+    audit = gateway.get("/audit", gateway.admin, params={"limit": 500}).json()
+    actors = {e["actor"] for e in audit}
+    reviewer_id = gateway.reviewer.split("_")[1]
+    assert reviewer_id in actors and "anonymous" in actors
+    assert any(
+        e["action"] == "POST /studies/{study_id}/evaluations" and e["outcome"] == "202"
+        for e in audit
+    )
+    # No PHI and no secrets in the service log or the audit log.
+    for text in (gateway.log.read_text(), str(audit)):
+        assert "Secret^Patient" not in text and "NSBX-E2E" not in text
+        assert study.study_uid not in text
+        assert gateway.reviewer not in text and gateway.admin not in text

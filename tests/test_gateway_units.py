@@ -1,0 +1,248 @@
+"""Gateway parts without network peers: routing, tokens, Part 10 header, cache, SR/PDF, rules."""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pydicom
+import pytest
+from gateway_synth import make_study
+from highdicom.sr import Comprehensive3DSR
+from pydicom.uid import generate_uid
+
+from evaluation.records import Answer, DifferentialItem, Finding, ParseStatus, TaskFamily
+from gateway.auth import Role, TokenStore
+from gateway.cache import InstanceCache, InvalidUIDError, atomic_writer, check_uid
+from gateway.checklist_pdf import render_pdf
+from gateway.default_evaluator import DefaultEvaluator
+from gateway.metrics import Metrics
+from gateway.part10 import file_meta_bytes, read_uids
+from gateway.pipeline import sr_answer
+from gateway.routing import CLINICAL, Route, Router, RoutingError, StudyFacts
+from gateway.sr import ReportBuildError, build_pdf, build_sr, verify_sr
+
+# --------------------------------------------------------------------------- routing
+
+
+def test_routing_first_match_wins_and_skip_rules_exclude(tmp_path: Path) -> None:
+    rules = tmp_path / "routing.yaml"
+    rules.write_text(
+        """
+rules:
+  - name: research
+    match: {calling_aet: ["RESEARCH_*"]}
+    skip: true
+  - name: stroke
+    match: {modality: [CT], series_classes_any: [CT]}
+    evaluate: {models: [reference/image-rules, openai/gpt-4o], tasks: [differential]}
+  - name: ms
+    match: {series_classes_all: [FLAIR, T2]}
+    evaluate: {tasks: [lesion], series_classes: [FLAIR]}
+"""
+    )
+    router = Router.from_file(rules)
+    ct = router.route(StudyFacts(calling_aets=["CT1"], modalities=["CT"], series_classes=["CT"]))
+    assert ct is not None and ct.rule == "stroke"
+    assert ct.models == ["reference/image-rules", "openai/gpt-4o"]
+    assert ct.tasks == [TaskFamily.DIFFERENTIAL]
+    assert (
+        router.route(
+            StudyFacts(calling_aets=["RESEARCH_3T"], modalities=["CT"], series_classes=["CT"])
+        )
+        is None
+    )
+    ms = router.route(StudyFacts(modalities=["MR"], series_classes=["FLAIR", "T2", "DWI"]))
+    assert ms is not None and ms.rule == "ms" and ms.series_classes == ["FLAIR"]
+    assert router.route(StudyFacts(modalities=["MR"], series_classes=["FLAIR"])) is None
+
+
+def test_routing_file_errors_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - name: x\n    match: {series_classes_any: [T7]}\n")
+    with pytest.raises(RoutingError, match=r"series_classes_any.*T7"):
+        Router.from_file(bad)
+    bad.write_text("rules:\n  - name: x\n    evaluate: {tasks: [guessing]}\n")
+    with pytest.raises(RoutingError, match="tasks"):
+        Router.from_file(bad)
+
+
+def test_default_routing_takes_clinical_mr_and_ct_only() -> None:
+    router = Router()
+    assert router.route(StudyFacts(modalities=["MR"], series_classes=["T2"])) is not None
+    assert router.route(StudyFacts(modalities=["MR"], series_classes=["LOCALIZER"])) is None
+    assert router.route(StudyFacts(modalities=["US"], series_classes=["UNKNOWN"])) is None
+
+
+# --------------------------------------------------------------------------- tokens
+
+
+def test_tokens_are_stored_hashed_and_checked(tmp_path: Path) -> None:
+    store = TokenStore(tmp_path / "secret" / "tokens.json")
+    rec, token = store.create(Role.REVIEWER, "alice")
+    text = store.path.read_text()
+    secret = token.split("_", 2)[2]
+    assert secret not in text and rec.sha256 in text
+    assert stat.S_IMODE(store.path.stat().st_mode) == 0o600
+    assert store.verify(token) is not None and store.verify(token).role is Role.REVIEWER  # type: ignore[union-attr]
+    assert store.verify(token[:-1] + ("A" if token[-1] != "A" else "B")) is None
+    assert store.verify("nsbx_nothere_" + secret) is None
+    assert store.verify("Bearer " + token) is None
+    # A second store (another process, e.g. the CLI) sees the revocation.
+    TokenStore(store.path).revoke(rec.id)
+    assert store.verify(token) is None
+
+
+# --------------------------------------------------------------------------- part 10, cache
+
+
+def test_file_meta_bytes_make_a_readable_part10_file(tmp_path: Path) -> None:
+    study = make_study(tmp_path / "s", classes=("T1",), n_slices=1)
+    src = pydicom.dcmread(study.files[0])
+    body = io.BytesIO()
+    src.save_as(body, enforce_file_format=False, implicit_vr=False, little_endian=True)
+    raw = study.files[0].read_bytes()
+    dataset_bytes = raw[raw.index(b"\x08\x00", 132 + 12 + 200) :]  # after the meta group
+    meta = file_meta_bytes(src.SOPClassUID, src.SOPInstanceUID, "1.2.840.10008.1.2.1", "MODALITY1")
+    out = tmp_path / "out.dcm"
+    out.write_bytes(meta + dataset_bytes)
+    back = pydicom.dcmread(out)
+    assert back.file_meta.SourceApplicationEntityTitle == "MODALITY1"
+    assert back.SOPInstanceUID == src.SOPInstanceUID and back.PixelData == src.PixelData
+    assert read_uids(io.BytesIO(dataset_bytes), "1.2.840.10008.1.2.1") == (
+        study.study_uid,
+        study.series_uids["T1"],
+    )
+
+
+def test_uids_from_peers_never_become_paths(tmp_path: Path) -> None:
+    for hostile in ("../../etc/passwd", "1.2.3/../../x", "1.2." + "9" * 70, "", "1..2"):
+        with pytest.raises(InvalidUIDError):
+            check_uid(hostile)
+    cache = InstanceCache(tmp_path)
+    path = cache.put_bytes("1.2.840.99", b"data")
+    assert path == tmp_path / "99" / "1.2.840.99.dcm" and cache.has("1.2.840.99")
+
+
+def test_atomic_writer_leaves_nothing_on_failure(tmp_path: Path) -> None:
+    dest = tmp_path / "x.dcm"
+    with pytest.raises(RuntimeError), atomic_writer(dest) as fh:
+        fh.write(b"half")
+        raise RuntimeError("sender went away")
+    assert not dest.exists() and list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- default evaluator
+
+
+@pytest.mark.parametrize("side", ["left", "right", None])
+def test_default_evaluator_runs_the_engine_reference_model_on_a_study(
+    tmp_path: Path, side: str | None
+) -> None:
+    make_study(tmp_path / "study", classes=("FLAIR", "T2"), n_slices=12, lesion=side)
+    route = Route(
+        rule="t",
+        models=["reference/image-rules", "openai/gpt-4o"],
+        tasks=[TaskFamily.LESION, TaskFamily.CLASSIFICATION],
+        series_classes=list(CLINICAL),
+    )
+    result = DefaultEvaluator().evaluate(tmp_path / "study", route, tmp_path / "work")
+    by = {(c.model, c.task): c for c in result.cases}
+    lesion = by[("reference/image-rules", TaskFamily.LESION)]
+    assert lesion.parse_status is ParseStatus.OK and lesion.answer is not None
+    if side is None:
+        assert lesion.findings == []
+    else:
+        assert {f.hemisphere for f in lesion.findings} == {side}
+    assert by[("reference/image-rules", TaskFamily.CLASSIFICATION)].final_diagnosis
+    remote = by[("openai/gpt-4o", TaskFamily.LESION)]
+    assert remote.answer is None and "evaluation engine" in (remote.error or "")
+    assert result.pdf.startswith(b"%PDF") and "UNVERIFIED" in result.html
+    assert result.images and all((tmp_path / "work" / i.path).exists() for i in result.images)
+    assert sr_answer([c for c in result.cases if c.model == "reference/image-rules"]) is not None
+
+
+# --------------------------------------------------------------------------- SR and PDF
+
+
+def _answer() -> Answer:
+    return Answer(
+        findings=[
+            Finding(
+                description="plaque", hemisphere="left", region="frontal", signal="hyperintense"
+            )
+        ],
+        differential=[DifferentialItem(diagnosis="Multiple sclerosis", icd10="G35")],
+        final_diagnosis="Multiple sclerosis",
+        confidence=0.4,
+    )
+
+
+def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: Path) -> None:
+    study = make_study(tmp_path / "s", n_slices=2, patient_name="Müller^Jörg")
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in study.files]
+    sr = build_sr(headers, _answer(), "reference/image-rules", "test", 1)
+    path = tmp_path / "sr.dcm"
+    sr.save_as(path, enforce_file_format=True)
+    ds = pydicom.dcmread(path)
+    assert ds.VerificationFlag == "UNVERIFIED" and ds.StudyInstanceUID == study.study_uid
+    assert ds.PatientID == study.patient_id and str(ds.PatientName) == "Müller^Jörg"
+    Comprehensive3DSR.from_dataset(ds)  # highdicom parses it back
+    dump = subprocess.run(
+        ["/usr/bin/dsrdump", "-Ee", str(path)], capture_output=True, encoding="latin-1"
+    )
+    assert dump.returncode == 0, dump.stderr  # dcmtk validates the document structure
+    text = dump.stdout
+    assert '(7771000,SCT,"Left")' in text and '(83251001,SCT,"Frontal lobe")' in text
+    assert '(121053,DCM,"Present")' in text and '(G35,I10,"Multiple sclerosis")' in text
+    signed = verify_sr(ds, "Doe^Jane", "Neuro Hospital")
+    assert signed.VerificationFlag == "VERIFIED" and signed.PreliminaryFlag == "FINAL"
+    assert signed.VerifyingObserverSequence[0].VerifyingObserverName == "Doe^Jane"
+    assert (
+        signed.PredecessorDocumentsSequence[0]
+        .ReferencedSeriesSequence[0]
+        .ReferencedSOPSequence[0]
+        .ReferencedSOPInstanceUID
+        == ds.SOPInstanceUID
+    )
+    v2 = build_sr(headers, Answer(), "reference/image-rules", "test", 2, previous=[ds])
+    assert v2.SeriesInstanceUID == ds.SeriesInstanceUID and v2.InstanceNumber == 2
+    assert "PredecessorDocumentsSequence" in v2
+
+
+def test_encapsulated_pdf_carries_the_study_and_refuses_non_pdf(tmp_path: Path) -> None:
+    study = make_study(tmp_path / "s", n_slices=1, classes=("T1",))
+    src = pydicom.dcmread(study.files[0], stop_before_pixels=True)
+    pdf_bytes = render_pdf("Checklist $\\frac{a}{b}$ \x00\x07", [("Findings", ["x $y$ \\z"])], [])
+    ds = build_pdf(src, pdf_bytes, "NeuroSandbox AI checklist", 1)
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    back = pydicom.dcmread(io.BytesIO(buf.getvalue()))
+    assert back.SOPClassUID == "1.2.840.10008.5.1.4.1.1.104.1"
+    assert back.StudyInstanceUID == study.study_uid and back.PatientID == study.patient_id
+    assert back.EncapsulatedDocument[: back.EncapsulatedDocumentLength] == pdf_bytes
+    assert back.VerificationFlag == "UNVERIFIED" and "UNVERIFIED" in back.DocumentTitle
+    with pytest.raises(ReportBuildError):
+        build_pdf(src, b"<html>", "x", 1)
+
+
+def test_metrics_render_prometheus_text() -> None:
+    m = Metrics()
+    m.inc("http_requests_total", route='/x"y', method="GET", status="200")
+    m.inc("dicom_instances_received_total", 3)
+    text = m.render()
+    assert "# TYPE neurosandbox_dicom_instances_received_total counter" in text
+    assert "neurosandbox_dicom_instances_received_total 3" in text
+    assert 'neurosandbox_http_requests_total{method="GET",route="/x\\"y",status="200"} 1' in text
+
+
+def test_generate_uid_is_used_for_new_objects() -> None:
+    # The SR and PDF series are stable per study, so versions land together.
+    from gateway.sr import series_uid_for
+
+    uid = generate_uid()
+    assert series_uid_for(uid, "sr") == series_uid_for(uid, "sr") != series_uid_for(uid, "pdf")
+    assert os.sep not in series_uid_for(uid, "sr")

@@ -1,0 +1,194 @@
+"""The review pages in a real browser (Debian's Chromium driven by Playwright): a reviewer
+signs in, opens a case, corrects an item, overrides the error category, signs off, and the
+run summary changes; hostile strings from DICOM, the record and a model show as text and
+never run. Screenshots go to tests/artifacts/ and docs/screenshots/ (for the README)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from report_fixtures import BAD, XSS_MODEL, XSS_NOTE, XSS_SERIES, build_run
+
+from evaluation.reports.bundle import write_report
+from gateway.auth import Role, TokenStore
+from gateway.pacs_local import free_port
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "tests" / "artifacts"
+SCREENSHOTS = ROOT / "docs" / "screenshots"
+
+
+@dataclass
+class Server:
+    base: str
+    tokens: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    data = tmp_path_factory.mktemp("review-data")
+    run = build_run(data / "src")
+    write_report(run, data / "reports" / "test-run", pdf=False)
+    store = TokenStore(data / "secret" / "tokens.json")
+    tokens = {name: store.create(Role.REVIEWER, name)[1] for name in ("Dr Ada", "Dr Bo")}
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "review_server.py"), str(data), str(port)],
+        env=env,
+        cwd=ROOT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("the review server did not start within 30 s")
+        yield Server(base, tokens)
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser(server: Server) -> Iterator[object]:
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _signed_in(browser: object, server: Server, name: str, dialogs: list[str]):  # type: ignore[no-untyped-def]
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
+    page = ctx.new_page()
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.goto(f"{server.base}/review")
+    assert page.url.endswith("/review/login")
+    page.fill("#token", server.tokens[name])
+    page.click("#login")
+    page.wait_for_url(f"{server.base}/review")
+    assert f"signed in as {name}" in page.inner_text("header")
+    return ctx, page
+
+
+def _save(path: Path, page) -> None:  # type: ignore[no-untyped-def]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / path.name), full_page=True)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ARTIFACTS / path.name, path)
+
+
+def _answer(page, model: str):  # type: ignore[no-untyped-def]
+    return page.locator(
+        "section.answer", has=page.locator("h2", has_text=f"{model} · differential · sample")
+    )
+
+
+def test_reviewer_corrects_signs_off_and_summary_follows(browser: object, server: Server) -> None:
+    dialogs: list[str] = []
+    ctx, page = _signed_in(browser, server, "Dr Ada", dialogs)
+    page.click("text=test-run")
+    page.goto(f"{server.base}/review/runs/test-run/summary")
+    assert page.inner_text("#review-counts").startswith("0 of 3 cases signed off")
+    bad_errors_before = page.locator(f'.err-count[data-model="{BAD}"]').all_inner_texts()
+    assert any(t.startswith("perceptual") for t in bad_errors_before)
+
+    page.goto(f"{server.base}/review/runs/test-run")
+    page.click("a.case-link:text('ms-1')")
+    assert page.inner_text("#case-id") == "ms-1"
+    # Hostile strings are on the page as text, and nothing ran.
+    body = page.inner_text("body")
+    for literal in (XSS_SERIES, XSS_NOTE, XSS_MODEL):
+        assert literal in body
+    assert page.evaluate("document.querySelectorAll('script, img[src=x]').length") == 0
+    # Enlarge on click: the image viewer opens and closes.
+    page.click(".thumb a >> nth=0")
+    assert page.locator("#img-1").is_visible()
+    page.click("#img-1 .close")
+    assert not page.locator("#img-1").is_visible()
+
+    bad = _answer(page, BAD)
+    form = bad.locator('form[data-item$="/final"]')
+    form.locator("select[name=verdict]").select_option("correct")
+    form.locator("input[name=text]").fill("Multiple sclerosis")
+    form.locator("button").click()
+    page.wait_for_url("**done=item")
+    assert _answer(page, BAD).locator('.verdict[data-item$="/final"]').inner_text() == "correct"
+    bad = _answer(page, BAD)
+    err = bad.locator("form[action$='/error']")
+    err.locator("select[name=category]").select_option("reasoning")
+    err.locator("input[name=text]").fill("plaques seen; the conclusion is wrong")
+    err.locator("button").click()
+    page.wait_for_url("**done=error")
+    rating = _answer(page, BAD).locator("form[action$='/rating']")
+    rating.locator("input[name=rating]").fill("1")
+    rating.locator("button").click()
+    page.wait_for_url("**done=rating")
+    page.click("#signoff button")
+    page.wait_for_url("**done=signoff")
+    assert "Signed off by Dr Ada" in page.inner_text(".banner")
+    assert page.locator("#signoff").count() == 0  # final: no more forms
+    _save(SCREENSHOTS / "review-page.png", page)
+
+    page.goto(f"{server.base}/review/runs/test-run/summary")
+    assert page.inner_text("#review-counts").startswith("1 of 3 cases signed off")
+    assert page.inner_text("#n-overrides") == "1"
+    after = page.locator(f'.err-count[data-model="{BAD}"]').all_inner_texts()
+    assert "reasoning: 1" in after and after != bad_errors_before
+    ms_row = page.locator("#cases-table tr", has_text="ms-1").inner_text()
+    assert "signed off by Dr Ada" in ms_row
+    _save(SCREENSHOTS / "run-summary.png", page)
+    assert dialogs == []
+    ctx.close()
+
+
+def test_two_reviewers_give_an_agreement_figure(browser: object, server: Server) -> None:
+    dialogs: list[str] = []
+    for name, verdict in (("Dr Ada", "accept"), ("Dr Bo", "reject")):
+        ctx, page = _signed_in(browser, server, name, dialogs)
+        page.goto(f"{server.base}/review/runs/test-run/cases/normal-1")
+        for model in ("ref-good", BAD):
+            form = _answer(page, model).locator('form[data-item$="/final"]')
+            form.locator("select[name=verdict]").select_option(
+                verdict if model == BAD else "accept"
+            )
+            form.locator("button").click()
+            page.wait_for_url("**done=item")
+        page.click("#signoff button")
+        page.wait_for_url("**done=signoff")
+        ctx.close()
+    ctx, page = _signed_in(browser, server, "Dr Bo", dialogs)
+    page.goto(f"{server.base}/review/runs/test-run/summary")
+    table = page.inner_text("#agreement")
+    assert "Reviewers Dr Ada vs Dr Bo: item verdicts\t2" in table
+    assert page.inner_text("#review-counts").startswith("2 of 3 cases signed off")
+    assert dialogs == []
+    ctx.close()
