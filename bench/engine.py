@@ -276,7 +276,7 @@ def main() -> int:
             server.wait(timeout=10)
     mine = statistics.median(ours)
     print(
-        f"ours: litellm calls {'in ' + str(args.processes) + ' worker processes' if args.processes else 'in-process'}; load average at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        f"ours: litellm calls {'in ' + str(args.processes) + ' worker process(es)' if args.processes else 'in-process'}; load average at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print(
         f"workload: {args.tasks} tasks x {args.samples} samples = {calls} calls, latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}"

@@ -290,3 +290,8 @@ def _leaderboard(summ: Any) -> None:
             f"{r.cost.cost_total_usd or 0:.4f}",
         )
     Console().print(table)
+
+
+# Public names for other commands that run the engine (the demo).
+ProgressBar = _Bar
+print_run = _print_stats

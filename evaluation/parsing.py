@@ -103,6 +103,11 @@ def _validator(prompts: PromptSet, name: str, required: tuple[str, ...]) -> Any:
     return jsonschema.Draft202012Validator(schema)
 
 
+@lru_cache(maxsize=8)
+def _required(prompts: PromptSet, name: str) -> tuple[str, ...]:
+    return tuple(prompts.schema(name).get("required", []))
+
+
 def _unit(value: Any, where: str, repairs: list[str]) -> Any:
     if isinstance(value, str):
         s = value.strip().rstrip("%").strip()
@@ -212,8 +217,7 @@ def parse_answer(
         except ValidationError as exc:
             last_error = f"record: {exc.errors()[0]['msg'][:200]}"
             continue
-        required = prompts.schema(name).get("required", [])
-        missing = [k for k in required if k not in data]
+        missing = [k for k in _required(prompts, name) if k not in data]
         return ParsedAnswer(
             status=ParseStatus.OK, answer=answer, data=data, missing_fields=missing, repairs=repairs
         )

@@ -197,45 +197,31 @@ def render(
 @app.command()
 def demo(
     out: Annotated[Path, typer.Option("--out", help="output folder")] = Path("out/demo"),
+    cases: Annotated[int, typer.Option(help="phantom cases to generate")] = 25,
+    seed: Annotated[int, typer.Option(help="phantom suite seed")] = 0,
+    samples: Annotated[int, typer.Option(help="independent samples per task (pass@k)")] = 1,
+    keep: Annotated[
+        bool, typer.Option("--keep", envvar="KEEP", help="leave Orthanc running afterwards")
+    ] = False,
 ) -> None:
-    """Interim demo: index and render the BRAINIX tumour study from the shared corpus.
+    """The main job: local Orthanc, phantom suite sent by C-STORE, evaluation of every task
+    family with the reference models (plus NEUROSANDBOX_MODELS), reports, SR and PDF back in
+    Orthanc, leaderboard. A second run reuses the suite, the studies and the render cache."""
+    import os
 
-    The full demo (phantom suite, Orthanc, models, reports) replaces this with the main-job issue.
-    """
-    from dicom.index import index_path
-    from dicom.render import RenderOptions, render_path
+    from gateway.demo import REFERENCE_MODELS, DemoError, run_demo
 
     settings = get_settings()
-    study = settings.corpus / "brainix" / "BRAINIX" / "DICOM"
-    if not study.exists():
-        console.print(
-            f"[red]error:[/red] BRAINIX study not found at {escape(str(study))} (set NEUROSANDBOX_CORPUS)"
-        )
-        raise typer.Exit(2)
-    t0 = time.perf_counter()
-    index = index_path(study, memory_cap=settings.memory_cap)
-    for s in index.series:
-        console.print(
-            f"  {s.series_class.value:6} {s.plane.value if s.plane else '-':8} {escape(s.reason)}"
-        )
-    manifest = render_path(study, out, RenderOptions(), index=index)
-    flair = [s for s in index.series if s.series_class.value == "FLAIR"]
-    mask = [s for s in index.series if s.series_class.value == "MASK"]
-    if flair and mask:
-        lesion = render_path(
-            study,
-            out / "lesion",
-            RenderOptions(n_slices=8),
-            series_uid=flair[0].series_uid,
-            mask_uid=mask[0].series_uid,
-            index=index,
-        )
-        manifest.images.extend(lesion.images)
-    for img in manifest.images:
-        console.print(f"  wrote {escape(img.file)}: {escape(img.label)}")
-    console.print(
-        f"demo done in {time.perf_counter() - t0:.1f} s; open {escape(str(out.resolve()))}"
+    extra = (
+        [m for m in settings.models if m not in REFERENCE_MODELS]
+        if os.environ.get("NEUROSANDBOX_MODELS")
+        else []
     )
+    try:
+        run_demo(settings, out, cases, seed, samples, keep, extra)
+    except DemoError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
 
 
 from gateway.commands import pacs_app, serve_command, tokens_app  # noqa: E402 (PACS gateway)

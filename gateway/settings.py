@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dicom.headers import DEFAULT_MEMORY_CAP
 
@@ -53,7 +54,8 @@ class Settings(BaseSettings):
     verifying_organization: str = "NeuroSandbox"  # recorded in re-issued VERIFIED SRs
 
     # Evaluation engine (`neurosandbox eval`, `neurosandbox runs`)
-    models: list[str] = ["reference/text-prior", "reference/image-rules"]  # when no --model
+    # when no --model; NEUROSANDBOX_MODELS="openai/gpt-4o,ollama/llava" (comma/space list or JSON)
+    models: Annotated[list[str], NoDecode] = ["reference/text-prior", "reference/image-rules"]
     models_file: Path | None = None  # YAML/JSON model specs (name, model, api_base, api_key_env)
     api_base: str | None = None  # default endpoint for litellm models named on the command line
     phi_trusted_hosts: list[str] = ["loopback"]  # may receive identified content (host/IP/CIDR)
@@ -61,6 +63,18 @@ class Settings(BaseSettings):
     call_processes: int = 0  # >0: litellm calls in N worker processes (for CPU-bound large runs)
     cache_dir: Path = Path("out/cache")  # rendered studies, dataset images, Orthanc downloads
     runs_dir: Path = Path("out/runs")  # where `runs list` looks
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _split_models(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [m for m in text.replace(",", " ").split() if m]
+        return value
 
 
 def get_settings() -> Settings:

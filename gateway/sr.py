@@ -147,6 +147,8 @@ def _evidence(source: Sequence[Dataset]) -> list[Dataset]:
             "StudyInstanceUID",
             *_PATIENT_STUDY,
         ):
+            if kw == "SpecificCharacterSet" and not ds.get(kw):
+                continue  # empty = default repertoire; highdicom rejects an empty value
             if kw in ds:
                 setattr(e, kw, ds.data_element(kw).value)  # type: ignore[union-attr]
             elif kw in _PATIENT_STUDY:
@@ -234,7 +236,7 @@ def build_pdf(
     ds.file_meta.MediaStorageSOPClassUID = UID(ENCAPSULATED_PDF_STORAGE)
     ds.file_meta.MediaStorageSOPInstanceUID = sop
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    if "SpecificCharacterSet" in source:
+    if source.get("SpecificCharacterSet"):
         ds.SpecificCharacterSet = source.SpecificCharacterSet
     for kw in (*_PATIENT_STUDY, "StudyInstanceUID", "StudyDescription", "IssuerOfPatientID"):
         if kw in source:

@@ -53,6 +53,7 @@ class PromptSet:
             keep_trailing_newline=False,
         )
         self.env.filters["neutral"] = neutral
+        self._schemas: dict[str, str] = {}
 
     def render(self, name: str, **context: Any) -> str:
         try:
@@ -65,15 +66,20 @@ class PromptSet:
         return re.sub(r"\n{3,}", "\n\n", text).strip()
 
     def schema(self, name: str) -> dict[str, Any]:
-        path = self.schema_dir / f"{name}.schema.json"
-        try:
-            loaded: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError as exc:
-            raise PromptError(f"answer schema {name!r} not found at {path}") from exc
+        """The answer schema (a copy: callers may change it)."""
+        loaded: dict[str, Any] = json.loads(self.schema_text(name))
         return loaded
 
     def schema_text(self, name: str) -> str:
-        return json.dumps(self.schema(name), separators=(",", ":"))
+        """The answer schema as compact JSON (read once)."""
+        if name not in self._schemas:
+            path = self.schema_dir / f"{name}.schema.json"
+            try:
+                loaded = json.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError as exc:
+                raise PromptError(f"answer schema {name!r} not found at {path}") from exc
+            self._schemas[name] = json.dumps(loaded, separators=(",", ":"))
+        return self._schemas[name]
 
     @cached_property
     def versions(self) -> dict[str, str]:

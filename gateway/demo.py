@@ -1,0 +1,268 @@
+"""The main job in one command: local PACS, phantom suite, evaluation, reports, write-back.
+
+Steps (each prints what it does and how long it took):
+1. start the embedded Orthanc on loopback (``neurosandbox pacs up``);
+2. generate the phantom suite (reused when the same cases and seed are already on disk);
+3. send every study to Orthanc by DICOM C-STORE with dcmtk's storescu as the gateway's AE
+   (studies Orthanc already holds are skipped);
+4. evaluate every task family with the reference models plus every litellm model named in
+   ``NEUROSANDBOX_MODELS``;
+5. write checklists and the run summary (HTML, PDF, JSON), and an UNVERIFIED SR and the
+   checklist PDF back into each study in Orthanc;
+6. stop Orthanc unless ``keep`` (``KEEP=1`` in ``make demo``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pydicom
+from rich.console import Console
+from rich.markup import escape
+
+from gateway.settings import Settings
+
+REFERENCE_MODELS = ["reference/image-rules", "reference/text-prior"]
+STORESCU = "/usr/bin/storescu"
+console = Console(stderr=True)
+
+
+class DemoError(RuntimeError):
+    """A demo step failed; the message says which and what to do."""
+
+
+def _step(n: int, text: str) -> float:
+    console.print(f"[bold cyan]{n}.[/bold cyan] {text}")
+    return time.perf_counter()
+
+
+def _done(t0: float, text: str = "") -> None:
+    console.print(f"   done in {time.perf_counter() - t0:.1f} s {escape(text)}")
+
+
+def _suite(out: Path, cases: int, seed: int) -> Path:
+    from dicom.phantoms import SuiteManifest, generate_suite
+
+    suite = out / "suite"
+    manifest = suite / "suite.json"
+    if manifest.exists():
+        try:
+            m = SuiteManifest.model_validate_json(manifest.read_text())
+            if m.seed == seed and len(m.cases) == cases:
+                console.print(f"   reusing {len(m.cases)} cases in {escape(str(suite))}")
+                return suite
+        except ValueError:
+            pass
+        shutil.rmtree(suite)
+
+    def progress(done: int, total: int, case_id: str) -> None:
+        console.print(f"   [{done}/{total}] {escape(case_id)}")
+
+    generate_suite(suite, cases, seed, progress=progress)
+    return suite
+
+
+def _send(suite: Path, settings: Settings, endpoints: object) -> tuple[int, int]:
+    """C-STORE every case study Orthanc lacks; returns (studies sent, studies already there)."""
+    import json
+
+    from gateway.orthanc import OrthancClient
+
+    client = OrthancClient.from_settings(settings)
+    sent = skipped = 0
+    try:
+        for case_dir in sorted(p for p in suite.iterdir() if (p / "case.json").exists()):
+            case = json.loads((case_dir / "case.json").read_text())
+            uids = case.get("provenance", {}).get("study_uids") or []
+            if uids and all(client.find_study(u) for u in uids):
+                skipped += 1
+                continue
+            cmd = [
+                STORESCU,
+                "-aet",
+                settings.gateway_aet,
+                "-aec",
+                getattr(endpoints, "orthanc_aet", settings.orthanc_aet),
+                "+sd",
+                "+r",
+                "-q",
+                "127.0.0.1",
+                str(getattr(endpoints, "orthanc_dicom_port")),  # noqa: B009
+                str(case_dir / "dicom"),
+            ]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            if proc.returncode != 0:
+                raise DemoError(
+                    f"storescu failed for {case_dir.name} (exit {proc.returncode}): {proc.stderr[-400:]}"
+                )
+            missing = [u for u in uids if not client.find_study(u)]
+            if missing:
+                raise DemoError(f"Orthanc did not store study {missing[0]} of {case_dir.name}")
+            sent += 1
+            console.print(f"   sent {escape(case_dir.name)}")
+    finally:
+        client.close()
+    return sent, skipped
+
+
+def _evaluate(
+    suite: Path, run_dir: Path, settings: Settings, samples: int, extra: list[str]
+) -> None:
+    from evaluation.datasets import DatasetSpec
+    from evaluation.engine import start_run
+    from evaluation.engine_cli import ProgressBar, print_run
+    from evaluation.models import resolve_specs
+    from evaluation.phi import PHIPolicy
+    from evaluation.runconfig import RunConfig
+
+    specs = resolve_specs(
+        REFERENCE_MODELS + extra,
+        models_file=settings.models_file,
+        api_base=settings.api_base,
+        concurrency=settings.concurrency,
+    )
+    config = RunConfig(
+        dataset=DatasetSpec(path=str(suite)),
+        models=specs,
+        samples=samples,
+        phi=PHIPolicy(trusted=list(settings.phi_trusted_hosts)),
+        cache_dir=str(settings.cache_dir.resolve()),
+    )
+    with ProgressBar() as bar:
+        stats = asyncio.run(start_run(config, run_dir, on_progress=bar))
+    print_run(stats, run_dir)
+
+
+def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> int:
+    """One UNVERIFIED SR per model and the checklist PDF into each case's study in Orthanc."""
+    from evaluation.records import Answer, TaskFamily
+    from evaluation.reports import load_run
+    from gateway.orthanc import OrthancClient
+    from gateway.sr import build_pdf, build_sr
+
+    run = load_run(run_dir)
+    client = OrthancClient.from_settings(settings)
+    stored = 0
+    try:
+        for case in run.cases:
+            root = Path(run.case_roots.get(case.case_id, "")) or None
+            study = (root / (case.study_path or "dicom")) if root else None
+            if study is None or not study.is_dir():
+                console.print(f"   [yellow]no study folder for {escape(case.case_id)}[/yellow]")
+                continue
+            wanted = {i.series_uid for i in case.images if i.series_uid}
+            headers = []
+            for f in sorted(study.rglob("*")):
+                if not f.is_file():
+                    continue
+                ds = pydicom.dcmread(f, stop_before_pixels=True)
+                if not wanted or ds.SeriesInstanceUID in wanted:
+                    headers.append(ds)
+                if len(headers) >= 400:
+                    break
+            if not headers:
+                continue
+            modality = "CT" if all(h.Modality == "CT" for h in headers) else "MR"
+            for model in run.models:
+                mine = [s for s in run.samples_of(case.case_id) if s.scored.model == model]
+                lesion = next(
+                    (
+                        s.answer
+                        for s in mine
+                        if s.scored.family is TaskFamily.LESION and isinstance(s.answer, Answer)
+                    ),
+                    None,
+                )
+                dx = next(
+                    (
+                        s.answer
+                        for s in mine
+                        if s.scored.family is TaskFamily.DIFFERENTIAL
+                        and isinstance(s.answer, Answer)
+                    ),
+                    None,
+                )
+                if lesion is None and dx is None:
+                    continue
+                answer = (dx or lesion or Answer()).model_copy(
+                    update={"findings": (lesion or dx or Answer()).findings}
+                )
+                sr = build_sr(headers, answer, model, "demo", instance_number=1, modality=modality)
+                client.upload(_encode(sr))
+                stored += 1
+            pdf = report_dir / "cases" / f"{case.case_id}.pdf"
+            if pdf.exists():
+                doc = build_pdf(headers[0], pdf.read_bytes(), "NeuroSandbox checklist", 1)
+                client.upload(_encode(doc))
+                stored += 1
+    finally:
+        client.close()
+    return stored
+
+
+def _encode(ds: pydicom.Dataset) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    return buf.getvalue()
+
+
+def run_demo(
+    settings: Settings, out: Path, cases: int, seed: int, samples: int, keep: bool, extra: list[str]
+) -> Path:
+    """Run every step; returns the report folder."""
+    from evaluation.reports import load_run, write_report
+    from gateway.pacs_local import LocalPacs, orthanc_password
+
+    t_all = time.perf_counter()
+    pacs = LocalPacs(settings)
+    t = _step(1, "starting the local Orthanc (embedded PACS) on loopback")
+    endpoints = pacs.up()
+    _done(t, f"at {endpoints.orthanc_url}")
+    try:
+        t = _step(2, f"phantom suite: {cases} cases, seed {seed}")
+        suite = _suite(out, cases, seed)
+        _done(t)
+        t = _step(3, "sending the studies to Orthanc by DICOM C-STORE (dcmtk storescu)")
+        sent, skipped = _send(suite, settings, endpoints)
+        _done(t, f"({sent} sent, {skipped} already in Orthanc)")
+        names = ", ".join(REFERENCE_MODELS + extra)
+        t = _step(4, f"evaluating every task family with {names}")
+        run_dir = out / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+        _evaluate(suite, run_dir, settings, samples, extra)
+        _done(t, f"run folder {run_dir}")
+        t = _step(5, "writing checklists and the run summary (HTML, PDF, JSON)")
+        report_dir = out / "report"
+        if report_dir.exists():
+            shutil.rmtree(report_dir)
+        index = write_report(load_run(run_dir), report_dir)
+        _done(t)
+        t = _step(6, "writing SR and checklist PDF back into each study in Orthanc (UNVERIFIED)")
+        n = _write_back(run_dir, report_dir, settings)
+        _done(t, f"({n} instances stored)")
+    finally:
+        if keep:
+            pw = orthanc_password(settings, endpoints)
+            console.print(
+                f"Orthanc keeps running: {endpoints.orthanc_url} user {settings.orthanc_username} "
+                f"password {pw or '(see neurosandbox pacs status --json)'}; stop it with "
+                "`neurosandbox pacs down`"
+            )
+        else:
+            pacs.down()
+            console.print("Orthanc stopped (KEEP=1 leaves it running)")
+    console.print(f"[bold green]demo finished in {time.perf_counter() - t_all:.0f} s[/bold green]")
+    console.print(f"  run summary: {escape(str(Path(index.summary_html).resolve()))}")
+    if index.summary_pdf:
+        console.print(f"  summary PDF: {escape(str(Path(index.summary_pdf).resolve()))}")
+    console.print(f"  checklists:  {escape(str((report_dir / 'cases').resolve()))}")
+    console.print(f"  run store:   {escape(str((run_dir / 'run.sqlite').resolve()))}")
+    for w in index.warnings:
+        console.print(f"  [yellow]warning:[/yellow] {escape(w)}")
+    return report_dir
