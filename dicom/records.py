@@ -35,6 +35,24 @@ class SequenceClass(StrEnum):
     UNKNOWN = "UNKNOWN"
 
 
+# Classes a model is shown by default; the rest (localisers, masks, maps, fMRI) are skipped.
+CLINICAL_CLASSES: frozenset[SequenceClass] = frozenset(
+    {
+        SequenceClass.T1,
+        SequenceClass.T1C,
+        SequenceClass.T2,
+        SequenceClass.FLAIR,
+        SequenceClass.PD,
+        SequenceClass.DWI,
+        SequenceClass.ADC,
+        SequenceClass.TRACE,
+        SequenceClass.SWI,
+        SequenceClass.T2STAR,
+        SequenceClass.CT,
+    }
+)
+
+
 class Plane(StrEnum):
     AXIAL = "axial"
     SAGITTAL = "sagittal"

@@ -27,6 +27,7 @@ from dicom.parallel import idle_cpus
 from dicom.percentile import percentile_of_sorted
 from dicom.pixels import load_volume
 from dicom.records import (
+    CLINICAL_CLASSES,
     FileError,
     IndexResult,
     Plane,
@@ -45,20 +46,6 @@ CT_WINDOWS: dict[str, tuple[float, float]] = {
     "soft": (40.0, 380.0),
 }
 MR_PERCENTILES = (0.5, 99.5)
-# Classes a model is shown by default; the rest (localisers, masks, maps, fMRI) are skipped.
-CLINICAL_CLASSES = {
-    SequenceClass.T1,
-    SequenceClass.T1C,
-    SequenceClass.T2,
-    SequenceClass.FLAIR,
-    SequenceClass.PD,
-    SequenceClass.DWI,
-    SequenceClass.ADC,
-    SequenceClass.TRACE,
-    SequenceClass.SWI,
-    SequenceClass.T2STAR,
-    SequenceClass.CT,
-}
 DIFFUSION_CHOICES = ("trace", "b1000", "b0")
 _RENDER_THREADS = 4
 

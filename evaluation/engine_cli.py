@@ -27,7 +27,7 @@ def _fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-class _Bar:
+class ProgressBar:
     """A rich progress bar fed by the runner: samples, calls, errors, cost so far."""
 
     def __init__(self) -> None:
@@ -49,7 +49,7 @@ class _Bar:
         )
         self.progress.update(self.task, total=s.units_total, completed=s.units_done, info=info)
 
-    def __enter__(self) -> _Bar:
+    def __enter__(self) -> ProgressBar:
         self.progress.start()
         return self
 
@@ -198,14 +198,14 @@ def eval_command(
         raise _fail(str(exc), 2) from None
     console.print(f"loading dataset {escape(str(suite))} ...")
     try:
-        with _Bar() as bar:
+        with ProgressBar() as bar:
             stats = asyncio.run(start_run(config, out, on_progress=bar))
     except EvaluationError as exc:
         raise _fail(str(exc)) from None
-    _print_stats(stats, out)
+    print_run(stats, out)
 
 
-def _print_stats(stats: RunStats, run_dir: Path) -> None:
+def print_run(stats: RunStats, run_dir: Path) -> None:
     console.print(
         f"{stats.units_done}/{stats.units_total} samples; {stats.calls} calls, {stats.cached} reused; "
         f"{stats.errors} errors, {stats.format_failures} format failures, {stats.refusals} refusals; "
@@ -290,8 +290,3 @@ def _leaderboard(summ: Any) -> None:
             f"{r.cost.cost_total_usd or 0:.4f}",
         )
     Console().print(table)
-
-
-# Public names for other commands that run the engine (the demo).
-ProgressBar = _Bar
-print_run = _print_stats

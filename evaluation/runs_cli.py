@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from evaluation.engine_cli import _Bar, _fail, _print_stats, _show
+from evaluation.engine_cli import ProgressBar, _fail, _show, print_run
 from evaluation.errors import EvaluationError
 
 runs_app = typer.Typer(
@@ -103,7 +103,7 @@ def runs_resume(
     from evaluation.engine import resume_run
 
     try:
-        with _Bar() as bar:
+        with ProgressBar() as bar:
             stats = asyncio.run(
                 resume_run(
                     run_dir,
@@ -114,7 +114,7 @@ def runs_resume(
             )
     except EvaluationError as exc:
         raise _fail(str(exc)) from None
-    _print_stats(stats, run_dir)
+    print_run(stats, run_dir)
 
 
 @runs_app.command("rescore")

@@ -13,26 +13,11 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dicom.records import SequenceClass
+from dicom.records import CLINICAL_CLASSES, SequenceClass
 from evaluation.records import TaskFamily
 
 REFERENCE_MODEL = "reference/image-rules"
-CLINICAL = [
-    c.value
-    for c in (
-        SequenceClass.T1,
-        SequenceClass.T1C,
-        SequenceClass.T2,
-        SequenceClass.FLAIR,
-        SequenceClass.PD,
-        SequenceClass.DWI,
-        SequenceClass.ADC,
-        SequenceClass.TRACE,
-        SequenceClass.SWI,
-        SequenceClass.T2STAR,
-        SequenceClass.CT,
-    )
-]
+CLINICAL = [c.value for c in SequenceClass if c in CLINICAL_CLASSES]  # in enum order
 
 
 class RoutingError(ValueError):

@@ -7,14 +7,41 @@ with signed-off reviews fed back), ``render_checklist``/``render_summary`` (HTML
 ``html_to_pdf`` (Chromium), ``ReviewStore`` (append-only log).
 """
 
-from evaluation.reports.bundle import ReportIndex, write_report
-from evaluation.reports.checklist import answer_key, build_checklist
-from evaluation.reports.loader import RunLoadError, load_run, save_run
-from evaluation.reports.model import CaseChecklist, checklist_schema
-from evaluation.reports.pdf import PdfError, html_to_pdf
-from evaluation.reports.reviews import ReviewEvent, ReviewStore
-from evaluation.reports.rundata import RunData, SampleResult
-from evaluation.reports.summary import SummaryReport, build_summary
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Public names -> the module defining them. Loaded on first use (PEP 562), so that importing
+# a submodule (the CLI registers ``evaluation.reports.cli`` at start-up) does not pull in
+# matplotlib, Jinja2 and the scorers.
+_EXPORTS = {
+    "ReportIndex": "bundle",
+    "write_report": "bundle",
+    "answer_key": "checklist",
+    "build_checklist": "checklist",
+    "RunLoadError": "loader",
+    "load_run": "loader",
+    "save_run": "loader",
+    "CaseChecklist": "model",
+    "checklist_schema": "model",
+    "PdfError": "pdf",
+    "html_to_pdf": "pdf",
+    "ReviewEvent": "reviews",
+    "ReviewStore": "reviews",
+    "RunData": "rundata",
+    "SampleResult": "rundata",
+    "SummaryReport": "summary",
+    "build_summary": "summary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'evaluation.reports' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"evaluation.reports.{module}"), name)
+
 
 __all__ = [
     "CaseChecklist",
