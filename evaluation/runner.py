@@ -23,7 +23,7 @@ from evaluation.models import create_model
 from evaluation.models.context import RequestContext, current_request
 from evaluation.models.spec import ModelSpec
 from evaluation.parsing import ParsedAnswer, parse_answer
-from evaluation.phi import PHIGate, audit_record
+from evaluation.phi import GateResult, PHIGate, audit_record
 from evaluation.prompts import PromptSet, default_prompts
 from evaluation.records import (
     Case,
@@ -90,6 +90,9 @@ class Runner:
         self.on_progress = on_progress
         self.scoring = ScoringBridge(bertscore=config.bertscore) if score else None
         self._cached: dict[str, ModelOutput] = {}
+        # Calls in flight by cache key: an identical call made meanwhile waits for this one
+        # instead of being sent again (e.g. two identical grader prompts), whatever the timing.
+        self._in_flight: dict[str, asyncio.Future[ModelOutput]] = {}
         self._turns: OrderedDict[tuple[str, str], Turns] = OrderedDict()
         self._score_pool: Executor = _score_executor(config)
         self._score_tasks: set[asyncio.Future[None]] = set()
@@ -241,6 +244,35 @@ class Runner:
         if cached is not None:
             self.stats.cached += 1
             return key, cached
+        pending = self._in_flight.get(key)
+        if pending is not None:
+            self.stats.cached += 1
+            return key, await asyncio.shield(pending)
+        future: asyncio.Future[ModelOutput] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = future
+        try:
+            output = await self._send(call, adapter, outbound, gate, key, cfg)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters re-raise it, nobody else must
+            raise
+        else:
+            future.set_result(output)
+        finally:
+            del self._in_flight[key]
+        return key, output
+
+    async def _send(
+        self,
+        call: Call,
+        adapter: ModelAdapter,
+        outbound: list[Message],
+        gate: GateResult,
+        key: str,
+        cfg: GenerateConfig,
+    ) -> ModelOutput:
+        """Audit, store the request, call the model, store the response (or the failure)."""
+        spec, case = call.spec, call.case
         endpoint = spec.api_base or ("local" if spec.is_local else f"provider:{spec.litellm_model}")
         sent = [p.sha256 for m in outbound for p in m.content if isinstance(p, ImagePart)]
         audit = audit_record(
@@ -277,14 +309,14 @@ class Runner:
         self.stats.calls += 1
         if output.error:
             await self._commit(failure_statements(key, spec.name, output))
-            return key, output
+            return output
         # Committed (on disk) before anything parses or scores it.
         await self._commit(response_statements(key, spec.name, output))
         self._cached[key] = output
         self.stats.cost_usd += output.cost_usd or 0.0
         self.stats.prompt_tokens += output.prompt_tokens or 0
         self.stats.completion_tokens += output.completion_tokens or 0
-        return key, output
+        return output
 
     async def _grade(
         self, unit: Unit, case: Case, answer: str
