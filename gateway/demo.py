@@ -29,6 +29,7 @@ from gateway.settings import Settings
 
 REFERENCE_MODELS = ["reference/image-rules", "reference/text-prior"]
 STORESCU = "/usr/bin/storescu"
+INDEX_FILE = ".demo-index.json"  # the ReportIndex of the last report, for a reused report
 console = Console(stderr=True)
 
 
@@ -72,6 +73,7 @@ def _send(suite: Path, settings: Settings, endpoints: object) -> tuple[int, int]
     import json
 
     from gateway.orthanc import OrthancClient
+    from gateway.pacs_local import dcmtk_env
 
     client = OrthancClient.from_settings(settings)
     sent = skipped = 0
@@ -95,7 +97,9 @@ def _send(suite: Path, settings: Settings, endpoints: object) -> tuple[int, int]
                 str(getattr(endpoints, "orthanc_dicom_port")),  # noqa: B009
                 str(case_dir / "dicom"),
             ]
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=600, check=False, env=dcmtk_env()
+            )
             if proc.returncode != 0:
                 raise DemoError(
                     f"storescu failed for {case_dir.name} (exit {proc.returncode}): {proc.stderr[-400:]}"
@@ -138,8 +142,10 @@ def _evaluate(
     print_run(stats, run_dir)
 
 
-def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> int:
-    """One UNVERIFIED SR per model and the checklist PDF into each case's study in Orthanc."""
+def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str]:
+    """One UNVERIFIED SR per model and the checklist PDF into each case's study in Orthanc.
+
+    Returns the Orthanc ids of the instances stored."""
     from evaluation.records import Answer, TaskFamily
     from evaluation.reports import load_run
     from gateway.orthanc import OrthancClient
@@ -147,7 +153,7 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> int:
 
     run = load_run(run_dir)
     client = OrthancClient.from_settings(settings)
-    stored = 0
+    stored: list[str] = []
     try:
         for case in run.cases:
             root = Path(run.case_roots.get(case.case_id, "")) or None
@@ -193,16 +199,33 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> int:
                     update={"findings": (lesion or dx or Answer()).findings}
                 )
                 sr = build_sr(headers, answer, model, "demo", instance_number=1, modality=modality)
-                client.upload(_encode(sr))
-                stored += 1
+                stored.append(client.upload(_encode(sr)))
             pdf = report_dir / "cases" / f"{case.case_id}.pdf"
             if pdf.exists():
                 doc = build_pdf(headers[0], pdf.read_bytes(), "NeuroSandbox checklist", 1)
-                client.upload(_encode(doc))
-                stored += 1
+                stored.append(client.upload(_encode(doc)))
     finally:
         client.close()
     return stored
+
+
+def _already_written_back(run_dir: Path, settings: Settings) -> int | None:
+    from gateway import demo_state as state
+    from gateway.orthanc import OrthancClient, OrthancError
+
+    client = OrthancClient.from_settings(settings)
+
+    def exists(orthanc_id: str) -> bool:
+        try:
+            client.get_json(f"/instances/{orthanc_id}")
+        except OrthancError:
+            return False
+        return True
+
+    try:
+        return state.written_back(run_dir, exists)
+    finally:
+        client.close()
 
 
 def _encode(ds: pydicom.Dataset) -> bytes:
@@ -217,7 +240,8 @@ def run_demo(
     settings: Settings, out: Path, cases: int, seed: int, samples: int, keep: bool, extra: list[str]
 ) -> Path:
     """Run every step; returns the report folder."""
-    from evaluation.reports import load_run, write_report
+    from evaluation.reports import ReportIndex, load_run, write_report
+    from gateway import demo_state as state
     from gateway.pacs_local import LocalPacs, orthanc_password
 
     t_all = time.perf_counter()
@@ -234,18 +258,39 @@ def run_demo(
         _done(t, f"({sent} sent, {skipped} already in Orthanc)")
         names = ", ".join(REFERENCE_MODELS + extra)
         t = _step(4, f"evaluating every task family with {names}")
-        run_dir = out / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-        _evaluate(suite, run_dir, settings, samples, extra)
+        inputs = state.run_inputs(suite, REFERENCE_MODELS + extra, samples)
+        reused = state.reusable_run(out / "runs", inputs)
+        if reused is not None:
+            run_dir = reused
+            console.print(
+                f"   reusing run {escape(run_dir.name)}: same suite, models, samples and code "
+                f"(delete {escape(str(out / 'runs'))} to evaluate afresh)"
+            )
+        else:
+            run_dir = out / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+            _evaluate(suite, run_dir, settings, samples, extra)
+            state.mark_run(run_dir, inputs)
         _done(t, f"run folder {run_dir}")
         t = _step(5, "writing checklists and the run summary (HTML, PDF, JSON)")
         report_dir = out / "report"
-        if report_dir.exists():
-            shutil.rmtree(report_dir)
-        index = write_report(load_run(run_dir), report_dir)
+        if state.report_is_current(report_dir, run_dir):
+            console.print("   the report of this run is already written: reusing it")
+            index = ReportIndex.model_validate_json((report_dir / INDEX_FILE).read_text())
+        else:
+            if report_dir.exists():
+                shutil.rmtree(report_dir)
+            index = write_report(load_run(run_dir), report_dir)
+            (report_dir / INDEX_FILE).write_text(index.model_dump_json(indent=2))
+            state.mark_report(report_dir, run_dir)
         _done(t)
         t = _step(6, "writing SR and checklist PDF back into each study in Orthanc (UNVERIFIED)")
-        n = _write_back(run_dir, report_dir, settings)
-        _done(t, f"({n} instances stored)")
+        n = None if sent else _already_written_back(run_dir, settings)
+        if n is not None:
+            _done(t, f"({n} instances from this run already in Orthanc)")
+        else:
+            stored = _write_back(run_dir, report_dir, settings)
+            state.mark_written_back(run_dir, stored)
+            _done(t, f"({len(stored)} instances stored)")
     finally:
         if keep:
             pw = orthanc_password(settings, endpoints)

@@ -67,6 +67,16 @@ def free_port(preferred: int | None = None, host: str = "127.0.0.1") -> int:
     raise PacsError(f"no free TCP port on {host}")
 
 
+def dcmtk_env() -> dict[str, str]:
+    """This environment with ``TCP_NODELAY=1``, for dcmtk tools and Orthanc (which links dcmtk).
+
+    Debian builds dcmtk with Nagle's algorithm left on unless this variable is set; each C-STORE
+    then stalls on a delayed ACK (about 60 ms per instance on loopback: 20 s instead of 1.2 s for
+    one 320-file phantom study into Orthanc).
+    """
+    return dict(os.environ, TCP_NODELAY="1")
+
+
 def write_secret(path: Path, value: str) -> None:
     """Write ``value`` to ``path`` readable by the owner only (created 0600, never widened)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -201,6 +211,7 @@ class LocalPacs:
             proc = subprocess.Popen(
                 [binary, str(self.config_file)],
                 cwd=self.root,
+                env=dcmtk_env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

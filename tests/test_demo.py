@@ -60,6 +60,25 @@ def test_demo_runs_every_step_and_writes_sr_and_pdf_back_into_orthanc(tmp_path: 
             modalities = {s["MainDicomTags"].get("Modality") for s in series}
             # the phantom images, plus what the sandbox wrote back
             assert {"SR", "DOC"} <= modalities, modalities
+        instances = len(httpx.get(f"{url}/instances", auth=auth, timeout=30).json())
+
+        # A second run with the same inputs reuses everything and writes nothing twice.
+        again = subprocess.run(
+            [NEUROSANDBOX, "demo", "--cases", "2", "--out", str(out), "--keep"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert again.returncode == 0, again.stderr[-3000:]
+        text = " ".join(again.stderr.split())
+        assert "reusing 2 cases" in text and "0 sent, 2 already in Orthanc" in text
+        assert "reusing run" in text and "already written: reusing it" in text
+        assert "instances from this run already in Orthanc" in text
+        assert len(httpx.get(f"{url}/instances", auth=auth, timeout=30).json()) == instances
+        assert len(list((out / "runs").iterdir())) == 1
+        assert (out / "report" / "summary.pdf").exists()
     finally:
         subprocess.run(
             [NEUROSANDBOX, "pacs", "down"], env=env, capture_output=True, timeout=60, check=False

@@ -137,3 +137,11 @@ def test_changes_follower_sees_a_study_become_stable(client: OrthancClient, tmp_
         time.sleep(0.5)
     assert target in seen
     assert json.loads((tmp_path / "changes.json").read_text())["last"] == since
+
+
+def test_orthanc_runs_without_nagle_stalls(orthanc_server: OrthancServer) -> None:
+    """Debian's dcmtk inside Orthanc keeps Nagle on unless TCP_NODELAY=1 (60 ms per C-STORE)."""
+    pid = orthanc_server.pacs.pid()
+    assert pid is not None
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    assert b"TCP_NODELAY=1" in environ

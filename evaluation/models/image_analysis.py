@@ -9,8 +9,12 @@ image LEFT is in the patient's RIGHT hemisphere. Overlay text (yellow marks) is 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +34,7 @@ _SEQ_WORDS = (
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class Blob:
     sequence: str
     kind: str  # "hyper" | "hypo"
@@ -210,8 +214,44 @@ def analyse_tile(grey: np.ndarray, sequence: str | None, z: float | None) -> lis
     return out
 
 
+_MEMO: OrderedDict[tuple[str, str, str], Future[tuple[str | None, tuple[Blob, ...]]]] = (
+    OrderedDict()
+)
+_MEMO_SIZE = 1024
+_MEMO_LOCK = threading.Lock()
+
+
 def analyse_image(png: bytes, label: str, kind: str) -> tuple[str | None, list[Blob]]:
-    """(sequence, blobs) of one image part."""
+    """(sequence, blobs) of one image part.
+
+    Memoised by content: every task family and turn of a case sends the same images (often at
+    the same moment, from several threads: the first analyses, the others wait for it), and the
+    analysis is a pure function of the PNG and its label.
+    """
+    key = (hashlib.sha256(png).hexdigest(), label, kind)
+    with _MEMO_LOCK:
+        future = _MEMO.get(key)
+        mine = future is None
+        if future is None:
+            future = _MEMO[key] = Future()
+            if len(_MEMO) > _MEMO_SIZE:
+                _MEMO.popitem(last=False)
+        else:
+            _MEMO.move_to_end(key)
+    if mine:
+        try:
+            seq, blobs = _analyse(png, label, kind)
+        except BaseException as exc:
+            with _MEMO_LOCK:
+                _MEMO.pop(key, None)
+            future.set_exception(exc)
+            raise
+        future.set_result((seq, tuple(blobs)))
+    seq, found = future.result()
+    return seq, list(found)
+
+
+def _analyse(png: bytes, label: str, kind: str) -> tuple[str | None, list[Blob]]:
     seq = sequence_of(label)
     rgb = decode(png)
     parts = tiles(rgb, montage=(kind == "montage" or "montage" in label.lower()))

@@ -23,7 +23,7 @@ from evaluation.reports.checklist import build_checklist, image_path
 from evaluation.reports.html import ImageLoader, render_checklist, render_summary
 from evaluation.reports.loader import RUNDATA_FILE, save_run
 from evaluation.reports.model import CaseChecklist, checklist_schema
-from evaluation.reports.pdf import PdfError, html_file_to_pdf
+from evaluation.reports.pdf import PdfError, html_file_to_pdf, print_pdfs
 from evaluation.reports.plots import all_plots
 from evaluation.reports.reviews import CaseReview
 from evaluation.reports.rundata import RunData
@@ -121,16 +121,24 @@ def write_report(
     loaders = bundle_images(out)
     index = ReportIndex(out=str(out), summary_html=str(out / "summary.html"))
     jobs: list[tuple[Path, Path]] = []
-    for cl in checklists:
+
+    def write_case(cl: CaseChecklist) -> tuple[Path, tuple[Path, Path] | None]:
         slug = case_slug(cl.case_id)
         (out / "cases" / f"{slug}.json").write_text(cl.model_dump_json(indent=2))
         html = out / "cases" / f"{slug}.html"
         html.write_text(render_checklist(cl, loaders(cl), summary_href="../summary.html"))
-        index.cases[cl.case_id] = str(html)
-        if pdf:
-            printable = out / "cases" / f".{slug}.print.html"
-            printable.write_text(render_checklist(cl, loaders(cl), print_mode=True))
-            jobs.append((printable, out / "cases" / f"{slug}.pdf"))
+        if not pdf:
+            return html, None
+        printable = out / "cases" / f".{slug}.print.html"
+        printable.write_text(render_checklist(cl, loaders(cl), print_mode=True))
+        return html, (printable, out / "cases" / f"{slug}.pdf")
+
+    # Thumbnails (Pillow decode, resize, encode) release the GIL: pages render in parallel.
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for cl, (html, job) in zip(checklists, pool.map(write_case, checklists), strict=True):
+            index.cases[cl.case_id] = str(html)
+            if job is not None:
+                jobs.append(job)
     report = build_summary(run, reviews or [], checklists)
     plots = all_plots(report)
     (out / "summary.json").write_text(report.model_dump_json(indent=2))
@@ -139,15 +147,17 @@ def write_report(
         printable = out / ".summary.print.html"
         printable.write_text(render_summary(report, plots, print_mode=True))
         jobs.append((printable, out / "summary.pdf"))
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futures = {pool.submit(html_file_to_pdf, src, dst): (src, dst) for src, dst in jobs}
-            for fut, (src, dst) in futures.items():
-                try:
-                    index.pdfs.append(str(fut.result()))
-                except PdfError as exc:
-                    index.warnings.append(f"{dst.name}: {exc}")
-                finally:
-                    src.unlink(missing_ok=True)
+        try:
+            printed = print_pdfs(jobs)
+        finally:
+            for src, _ in jobs:
+                src.unlink(missing_ok=True)
+        for _, dst in jobs:
+            result = printed[dst]
+            if isinstance(result, PdfError):
+                index.warnings.append(f"{dst.name}: {result}")
+            else:
+                index.pdfs.append(str(result))
         if (out / "summary.pdf").exists():
             index.summary_pdf = str(out / "summary.pdf")
     return index

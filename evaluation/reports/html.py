@@ -12,6 +12,7 @@ import base64
 import hashlib
 import io
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -63,14 +64,35 @@ def data_uri(png: bytes) -> str:
 
 
 def thumbnail(png: bytes, px: int = THUMB_PX) -> bytes | None:
-    """A small PNG of an image (None when it cannot be decoded or is absurdly large)."""
+    """A small PNG of an image (None when it cannot be decoded or is absurdly large).
+
+    Memoised by content: a report renders each image several times (page, print page, every
+    sample of every model shows the same images).
+    """
+    key = (hashlib.sha256(png).hexdigest(), px)
+    with _THUMBS_LOCK:
+        if key in _THUMBS:
+            return _THUMBS[key]
+    small = _thumbnail(png, px)
+    with _THUMBS_LOCK:
+        _THUMBS[key] = small
+        if len(_THUMBS) > 512:
+            _THUMBS.pop(next(iter(_THUMBS)))
+    return small
+
+
+_THUMBS: dict[tuple[str, int], bytes | None] = {}
+_THUMBS_LOCK = threading.Lock()
+
+
+def _thumbnail(png: bytes, px: int) -> bytes | None:
     try:
         with Image.open(io.BytesIO(png)) as im:
             if im.width * im.height > MAX_PIXELS:
                 return None
-            im.thumbnail((px, px))
+            im.thumbnail((px, px), reducing_gap=3.0)
             buf = io.BytesIO()
-            im.save(buf, format="PNG")
+            im.save(buf, format="PNG", compress_level=1)  # a preview: speed over bytes
             return buf.getvalue()
     except (OSError, ValueError, Image.DecompressionBombError):
         return None

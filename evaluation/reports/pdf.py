@@ -1,20 +1,21 @@
-"""PDF from the report HTML with the real headless Chromium (``--print-to-pdf``), so the PDF is
-the same page a clinician sees. Chromium runs in its own process group with a fresh profile,
-no network features, and is killed by PID when it overruns."""
+"""PDF from the report HTML with the real headless Chromium, so the PDF is the same page a
+clinician sees. One Chromium (Debian's binary, driven by Playwright; never a downloaded browser)
+prints a whole batch of pages: a browser start costs seconds, a page a fraction of one. It runs
+with a fresh profile and no network features, in a thread of its own (Playwright's sync API
+refuses to run inside an event loop), and is closed, or killed, when the batch ends or overruns.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
-import subprocess
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 FLAGS = (
-    "--headless",
     "--no-sandbox",
     "--disable-gpu",
     "--disable-quic",
@@ -24,7 +25,6 @@ FLAGS = (
     "--disable-sync",
     "--disable-extensions",
     "--disable-dev-shm-usage",
-    "--no-pdf-header-footer",
     "--hide-scrollbars",
 )
 DEFAULT_TIMEOUT_S = 90.0
@@ -43,52 +43,91 @@ def chromium_path() -> str:
     raise PdfError("Chromium not found: apt-get install chromium (or set NEUROSANDBOX_CHROMIUM)")
 
 
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the group we created: Chromium and its children
-    proc.wait(timeout=10)
+def print_pdfs(
+    jobs: list[tuple[Path, Path]], timeout_s: float = DEFAULT_TIMEOUT_S
+) -> dict[Path, Path | PdfError]:
+    """Print each (HTML file, PDF path) job with one Chromium; a failed page fails alone.
+
+    ``timeout_s`` bounds the start of the browser and each page. Returns, per PDF path, the
+    path written or the PdfError saying why not.
+    """
+    if not jobs:
+        return {}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdf") as worker:
+        return worker.submit(_print_batch, jobs, timeout_s).result()
+
+
+def _print_batch(jobs: list[tuple[Path, Path]], timeout_s: float) -> dict[Path, Path | PdfError]:
+    from playwright.sync_api import Error as PlaywrightError
+    from playwright.sync_api import sync_playwright
+
+    results: dict[Path, Path | PdfError] = {}
+    ms = max(1.0, timeout_s * 1000)
+    with tempfile.TemporaryDirectory(prefix="nsbx-chromium-") as profile:
+        try:
+            binary = chromium_path()
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(
+                    executable_path=binary,
+                    args=[*FLAGS, f"--crash-dumps-dir={profile}"],
+                    headless=True,
+                    timeout=ms,
+                    env={**os.environ, "HOME": profile},
+                )
+                try:
+                    for html, pdf in jobs:
+                        results[pdf] = _print_page(browser, html, pdf, ms, PlaywrightError)
+                finally:
+                    browser.close()
+        except PdfError as exc:
+            failure = exc
+        except PlaywrightError as exc:
+            failure = _as_pdf_error(exc, "Chromium", timeout_s)
+        else:
+            return results
+    for _, pdf in jobs:
+        results.setdefault(pdf, failure)
+    return results
+
+
+def _print_page(
+    browser: object, html: Path, pdf: Path, ms: float, error: type[Exception]
+) -> Path | PdfError:
+    pdf.parent.mkdir(parents=True, exist_ok=True)
+    tmp_pdf = pdf.with_name(pdf.name + ".part")
+    tmp_pdf.unlink(missing_ok=True)
+    page = browser.new_page()  # type: ignore[attr-defined]
+    t0 = time.monotonic()
+    try:
+        page.goto(html.resolve().as_uri(), wait_until="load", timeout=ms)
+        remaining = max(1.0, ms - (time.monotonic() - t0) * 1000)
+        page.set_default_timeout(remaining)
+        page.pdf(path=str(tmp_pdf), prefer_css_page_size=True, print_background=True)
+    except error as exc:
+        tmp_pdf.unlink(missing_ok=True)
+        return _as_pdf_error(exc, html.name, ms / 1000)
+    finally:
+        page.close()
+    if not tmp_pdf.is_file() or tmp_pdf.read_bytes()[:5] != b"%PDF-":
+        tmp_pdf.unlink(missing_ok=True)
+        return PdfError(f"Chromium made no PDF of {html.name}")
+    tmp_pdf.replace(pdf)
+    return pdf
+
+
+def _as_pdf_error(exc: Exception, what: str, timeout_s: float) -> PdfError:
+    if "Timeout" in type(exc).__name__ or "Timeout" in str(exc)[:200]:
+        return PdfError(f"Chromium did not finish {what} within {timeout_s:g} s")
+    first = str(exc).strip().splitlines()[0][:400] if str(exc).strip() else type(exc).__name__
+    return PdfError(f"Chromium failed on {what}: {first}")
 
 
 def html_file_to_pdf(html: Path, pdf: Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> Path:
     """Print one HTML file to ``pdf`` (A4, backgrounds as the page's @page rules say)."""
-    pdf.parent.mkdir(parents=True, exist_ok=True)
-    tmp_pdf = pdf.with_name(pdf.name + ".part")
-    tmp_pdf.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix="nsbx-chromium-") as profile:
-        cmd = [
-            chromium_path(),
-            *FLAGS,
-            f"--user-data-dir={profile}",
-            f"--crash-dumps-dir={profile}",
-            f"--print-to-pdf={tmp_pdf}",
-            html.resolve().as_uri(),
-        ]
-        env = {**os.environ, "HOME": profile}
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            env=env,
-        )
-        try:
-            _, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            tmp_pdf.unlink(missing_ok=True)
-            raise PdfError(
-                f"Chromium did not finish {html.name} within {timeout_s:.0f} s"
-            ) from None
-        finally:
-            if proc.poll() is None:
-                _kill_group(proc)
-    if not tmp_pdf.is_file() or tmp_pdf.read_bytes()[:5] != b"%PDF-":
-        tail = err.decode(errors="replace")[-500:] if err else ""
-        tmp_pdf.unlink(missing_ok=True)
-        raise PdfError(f"Chromium made no PDF of {html.name} (exit {proc.returncode}): {tail}")
-    tmp_pdf.replace(pdf)
-    return pdf
+    result = print_pdfs([(html, pdf)], timeout_s)[pdf]
+    if isinstance(result, PdfError):
+        raise result
+    return result
 
 
 def html_to_pdf(html: str, pdf: Path, timeout_s: float = DEFAULT_TIMEOUT_S) -> Path:

@@ -46,6 +46,9 @@ def _scorer(model_path: Path, num_layers: int) -> Any:
             os.environ["HF_HUB_OFFLINE"] = "1"
             os.environ["TRANSFORMERS_OFFLINE"] = "1"
             import bert_score  # lazy: pulls in torch and transformers
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # no "Loading weights" bar over our own progress
 
             if not (model_path / "config.json").exists():
                 raise BertScoreUnavailable(f"{model_path} is not a local model folder")
