@@ -31,6 +31,7 @@ from highdicom.sr import (
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.sr.codedict import codes
+from pydicom.tag import Tag
 from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
 from evaluation.records import Answer, Finding
@@ -135,22 +136,29 @@ def _finding_group(
     )
 
 
+_EVIDENCE_KEYWORDS = (
+    "SpecificCharacterSet",
+    "SOPClassUID",
+    "SOPInstanceUID",
+    "SeriesInstanceUID",
+    "StudyInstanceUID",
+    *_PATIENT_STUDY,
+)
+_EVIDENCE_TAGS = tuple(Tag(kw) for kw in _EVIDENCE_KEYWORDS)
+
+
 def _evidence(source: Sequence[Dataset]) -> list[Dataset]:
+    """The few attributes highdicom needs of each source instance (elements shared, not copied:
+    a study has hundreds of instances, and per-attribute assignment re-validates each value)."""
     out = []
     for ds in source:
         e = Dataset()
-        for kw in (
-            "SpecificCharacterSet",
-            "SOPClassUID",
-            "SOPInstanceUID",
-            "SeriesInstanceUID",
-            "StudyInstanceUID",
-            *_PATIENT_STUDY,
-        ):
-            if kw == "SpecificCharacterSet" and not ds.get(kw):
+        for kw, tag in zip(_EVIDENCE_KEYWORDS, _EVIDENCE_TAGS, strict=True):
+            elem = ds.get(tag)
+            if kw == "SpecificCharacterSet" and (elem is None or not elem.value):
                 continue  # empty = default repertoire; highdicom rejects an empty value
-            if kw in ds:
-                setattr(e, kw, ds.data_element(kw).value)  # type: ignore[union-attr]
+            if elem is not None:
+                e[tag] = elem
             elif kw in _PATIENT_STUDY:
                 setattr(e, kw, "" if kw != "PatientName" else None)
         out.append(e)
