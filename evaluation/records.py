@@ -302,6 +302,10 @@ class ModelOutput(BaseModel):
     latency_s: float | None = None
     retries: int = 0
     raw: dict[str, Any] | None = None  # provider response (JSON) as received
+    # What the adapter changed to fit the provider (images montaged, split, re-encoded or
+    # downscaled; parameters not sent or clamped), each {"kind", ..., "reason"}; see
+    # evaluation.models.fitting. Stored with the response, so the run records it.
+    adjustments: list[dict[str, Any]] = Field(default_factory=list)
 
 
 @runtime_checkable

@@ -245,6 +245,10 @@ from evaluation.runs_cli import runs_app  # noqa: E402
 app.command("eval")(eval_command)
 app.add_typer(runs_app, name="runs")
 
+from gateway.models_cli import models_app  # noqa: E402 (models check)
+
+app.add_typer(models_app, name="models")
+
 
 def main() -> None:  # pragma: no cover
     app()

@@ -48,13 +48,19 @@ def summarise_response(resp: Any) -> dict[str, Any]:
     except Exception:
         raw = None
     cost = hidden.get("response_cost")
+    charged = getattr(usage, "cost", None)  # what the provider says it charged (OpenRouter)
+    # OpenAI's refusal (message.refusal) is kept by litellm in provider_specific_fields.
+    specific = getattr(message, "provider_specific_fields", None) or {}
+    refusal = getattr(message, "refusal", None) or specific.get("refusal")
     return {
         "text": content or "",
         "finish_reason": getattr(choice, "finish_reason", None),
-        "refusal": bool(getattr(message, "refusal", None)) if message is not None else False,
+        "refusal": bool(refusal),
+        "refusal_text": str(refusal)[:2000] if refusal else None,
         "prompt_tokens": getattr(usage, "prompt_tokens", None),
         "completion_tokens": getattr(usage, "completion_tokens", None),
         "cost_usd": float(cost) if isinstance(cost, (int, float)) else None,
+        "charged_usd": float(charged) if isinstance(charged, (int, float)) else None,
         "raw": raw,
     }
 

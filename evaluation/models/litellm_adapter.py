@@ -1,13 +1,21 @@
 """Any model litellm can reach: OpenAI, Anthropic, Gemini, xAI, OpenRouter, vLLM, Ollama...
 
-Images go as base64 PNG data-URL parts at full detail, in the order of the message parts.
-Decoding parameters are passed by their OpenAI names and litellm maps them per provider. One
-call is one sample: the provider's ``n`` is never used (some drop it silently). Retries are
-ours (litellm's and the SDK's are off): 429, 5xx, connection errors and timeouts are retried
-with exponential backoff and full jitter, honouring Retry-After; a 429 also halves the model's
-concurrency limit (:class:`AdaptiveLimiter`). A content-policy block or a ``content_filter``
-finish is a refusal, not an error. Tokens and cost come from the response and litellm's bundled
-price map (``LITELLM_LOCAL_MODEL_COST_MAP=True``: no network).
+Images go as base64 PNG data-URL parts at full detail, in the order of the message parts;
+litellm turns them into each provider's format (Anthropic ``source.base64``, Gemini
+``inline_data``, Ollama raw base64 beside the text, where ``[img]`` markers keep their place).
+First they are fitted to the provider's limits (:mod:`evaluation.models.fitting`: montage,
+split, re-encode, downscale), and decoding parameters a model rejects (o1-style reasoning
+models: temperature, top_p) or litellm drops for a provider are not sent; every such change is
+recorded in ``ModelOutput.adjustments``. Decoding parameters are passed by their OpenAI names
+and litellm names them per provider. One call is one sample: the provider's ``n`` is never used.
+Retries are ours (litellm's and the SDK's are off): 429, overload (Anthropic 529), 5xx,
+connection errors and timeouts are retried with exponential backoff and full jitter, honouring
+Retry-After (or Gemini's retryDelay); a 429 or overload also halves the model's concurrency
+limit (:class:`AdaptiveLimiter`). A content-policy block, a ``content_filter`` finish
+(Anthropic ``refusal``, Gemini ``SAFETY`` or a blocked prompt) or OpenAI's ``message.refusal``
+is a refusal, not an error. Tokens come from the response; cost from litellm's bundled price
+map (``LITELLM_LOCAL_MODEL_COST_MAP=True``: no network) or the provider's charged cost, and is
+``None`` (unknown), never 0, for a model the price map does not know.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import asyncio
 import base64
 import os
 import random
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -23,7 +32,9 @@ from typing import Any
 
 from evaluation.errors import ModelConfigError
 from evaluation.models.call_pool import CallPool, summarise_response
+from evaluation.models.fitting import Adjustment, fit_images
 from evaluation.models.limiter import AdaptiveLimiter
+from evaluation.models.providers import price_known, profile_for, unsent_params
 from evaluation.models.spec import ModelSpec
 from evaluation.records import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 
@@ -51,35 +62,62 @@ def data_url(part: ImagePart) -> str:
     return url
 
 
-def openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages in the OpenAI chat format litellm takes (text and image_url parts, in order)."""
+def openai_messages(messages: list[Message], *, markers: bool = False) -> list[dict[str, Any]]:
+    """Messages in the OpenAI chat format litellm takes (text and image_url parts, in order).
+
+    ``markers`` (Ollama): a message's text becomes one part with an ``[img]`` marker where each
+    image was, since Ollama keeps images apart from the text and puts each at the next marker.
+    """
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.role != "user" and all(isinstance(p, TextPart) for p in m.content):
             out.append({"role": m.role, "content": "".join(p.text for p in m.content)})  # type: ignore[union-attr]
             continue
         parts: list[dict[str, Any]] = []
+        images = [
+            {"type": "image_url", "image_url": {"url": data_url(p), "detail": "high"}}
+            for p in m.content
+            if isinstance(p, ImagePart)
+        ]
+        if markers and images:
+            text = "\n".join(p.text if isinstance(p, TextPart) else "[img]" for p in m.content)
+            out.append({"role": m.role, "content": [{"type": "text", "text": text}, *images]})
+            continue
         for p in m.content:
             if isinstance(p, TextPart):
                 parts.append({"type": "text", "text": p.text})
             else:
-                parts.append(
-                    {"type": "image_url", "image_url": {"url": data_url(p), "detail": "high"}}
-                )
+                parts.append(images.pop(0))
         out.append({"role": m.role, "content": parts})
     return out
 
 
 def retry_after_of(exc: BaseException) -> float | None:
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:
+    """Seconds the provider asked us to wait: Retry-After(-ms), Gemini's RetryInfo
+    ``retryDelay``, or OpenAI's "try again in 20ms" (litellm keeps the headers aside)."""
+    for headers in (
+        getattr(exc, "litellm_response_headers", None),
+        getattr(getattr(exc, "response", None), "headers", None),
+        getattr(exc, "headers", None),
+    ):
+        if not headers:
+            continue
+        try:
+            if headers.get("retry-after-ms") is not None:
+                return max(0.0, float(headers["retry-after-ms"]) / 1000)
+            if headers.get("retry-after") is not None:
+                return max(0.0, float(headers["retry-after"]))
+        except (TypeError, ValueError):
+            continue  # an HTTP date: use our own backoff
+    m = _RETRY_DELAY.search(str(exc)) or _TRY_AGAIN.search(str(exc))
+    if m is None:
         return None
-    value = headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
+    return float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+
+
+_RETRY_DELAY = re.compile(r'"retryDelay"\s*:\s*"(\d+(?:\.\d+)?)(s)"')
+_TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.I)
+_OVERLOAD = re.compile(r"overloaded|RESOURCE_EXHAUSTED|server busy", re.I)
 
 
 def classify_exception(exc: BaseException) -> str:
@@ -88,8 +126,10 @@ def classify_exception(exc: BaseException) -> str:
     if isinstance(exc, litellm.ContentPolicyViolationError):
         return "refusal"
     status = getattr(exc, "status_code", None)
-    if isinstance(exc, litellm.RateLimitError) or status == 429:
+    if isinstance(exc, litellm.RateLimitError) or status in (429, 529):
         return "throttle"
+    if isinstance(status, int) and status >= 500 and _OVERLOAD.search(str(exc)):
+        return "throttle"  # overloaded (Gemini 503 UNAVAILABLE, Ollama's full queue): slow down
     retryable = (
         litellm.Timeout,
         litellm.APIConnectionError,
@@ -119,15 +159,29 @@ class LiteLLMAdapter:
             raise ModelConfigError(
                 f"model {spec.name!r}: environment variable {spec.api_key_env} (its API key) is not set"
             )
+        for k in ("n", "candidate_count"):
+            if k in spec.extra:
+                raise ModelConfigError(
+                    f"model {spec.name!r}: extra sets {k!r}; samples are independent calls "
+                    "(use the run's samples), so remove it"
+                )
         self.name = spec.name
         self.spec = spec
+        self.profile = profile_for(spec)
         self.limiter = AdaptiveLimiter(spec.concurrency)
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._pool = pool
+        self._price_known: bool | None = None
+        self._prepared: dict[str, tuple[dict[str, Any], list[Adjustment]]] = {}
 
-    def _kwargs(self, config: GenerateConfig) -> dict[str, Any]:
-        s = self.spec
+    def _kwargs(self, config: GenerateConfig) -> tuple[dict[str, Any], list[Adjustment]]:
+        """litellm's keyword arguments for a config, and the parameters not sent as asked."""
+        memo = config.model_dump_json()
+        hit = self._prepared.get(memo)
+        if hit is not None:
+            return dict(hit[0]), hit[1]
+        s, prof = self.spec, self.profile
         kw: dict[str, Any] = {
             "model": s.litellm_model,
             "timeout": s.timeout_s or config.timeout_s,
@@ -141,17 +195,55 @@ class LiteLLMAdapter:
             kw["api_key"] = os.environ[s.api_key_env]
         elif s.api_base:
             kw["api_key"] = "no-key"  # local OpenAI-compatible servers ignore it; SDKs need one
+        params: dict[str, Any] = {}
         for name in ("temperature", "top_p", "max_tokens"):
             value = getattr(s, name)
             value = value if value is not None else getattr(config, name)
             if value is not None:
-                kw[name] = value
+                params[name] = value
         if config.seed is not None:
-            kw["seed"] = config.seed
+            params["seed"] = config.seed
         if config.json_mode:
-            kw["response_format"] = {"type": "json_object"}
+            params["response_format"] = {"type": "json_object"}
+        adjustments: list[Adjustment] = []
+        if prof.reasoning:
+            for name in ("temperature", "top_p"):
+                if name in params:
+                    adjustments.append(
+                        {
+                            "kind": "param_not_sent",
+                            "param": name,
+                            "value": params.pop(name),
+                            "reason": f"{prof.model} is a reasoning model: it takes only its "
+                            "default",
+                        }
+                    )
+        t = params.get("temperature")
+        if prof.temperature_max is not None and t is not None and t > prof.temperature_max:
+            params["temperature"] = prof.temperature_max
+            adjustments.append(
+                {
+                    "kind": "param_clamped",
+                    "param": "temperature",
+                    "value": t,
+                    "sent": prof.temperature_max,
+                    "reason": f"{prof.family} takes temperature 0..{prof.temperature_max}",
+                }
+            )
+        if s.drop_params:
+            for name in unsent_params(prof, params):
+                adjustments.append(
+                    {
+                        "kind": "param_not_sent",
+                        "param": name,
+                        "value": params[name],
+                        "reason": f"litellm does not send it to {prof.provider} ({prof.model})",
+                    }
+                )
+        kw.update(params)
         kw.update(s.extra)
-        return kw
+        self._prepared[memo] = (kw, adjustments)
+        return dict(kw), adjustments
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         cap = min(self.spec.backoff_max_s, self.spec.backoff_base_s * (2**attempt))
@@ -176,8 +268,10 @@ class LiteLLMAdapter:
         return {"ok": summarise_response(resp)}
 
     async def generate(self, messages: list[Message], config: GenerateConfig) -> ModelOutput:
-        kwargs = self._kwargs(config)
-        kwargs["messages"] = openai_messages(messages)
+        kwargs, adjustments = self._kwargs(config)
+        fitted, fitting = fit_images(messages, self.profile)
+        adjustments = adjustments + fitting
+        kwargs["messages"] = openai_messages(fitted, markers=self.profile.image_markers)
         hard_timeout = float(kwargs["timeout"]) + 10.0
         attempt = 0
         while True:
@@ -187,7 +281,7 @@ class LiteLLMAdapter:
                 latency = time.perf_counter() - t0
             if "ok" in result:
                 self.limiter.on_success()
-                return self._output(result["ok"], attempt, latency)
+                return self._output(result["ok"], attempt, latency, adjustments)
             err = result["error"]
             if err["kind"] == "refusal":
                 return ModelOutput(
@@ -196,11 +290,17 @@ class LiteLLMAdapter:
                     retries=attempt,
                     latency_s=latency,
                     raw={"exception": err["message"]},
+                    adjustments=adjustments,
                 )
             if err["kind"] == "throttle":
                 self.limiter.on_throttle()
             if err["kind"] == "fatal" or attempt >= self.spec.max_retries:
-                return ModelOutput(error=err["message"], retries=attempt, latency_s=latency)
+                return ModelOutput(
+                    error=err["message"],
+                    retries=attempt,
+                    latency_s=latency,
+                    adjustments=adjustments,
+                )
             await self._sleep(self._backoff(attempt, err["retry_after"]))
             attempt += 1
 
@@ -209,15 +309,25 @@ class LiteLLMAdapter:
             self._pool.close()
             self._pool = None
 
-    def _output(self, summary: dict[str, Any], retries: int, latency: float) -> ModelOutput:
+    def _output(
+        self, summary: dict[str, Any], retries: int, latency: float, adjustments: list[Adjustment]
+    ) -> ModelOutput:
+        if self._price_known is None:
+            self._price_known = price_known(self.spec.litellm_model)
+        # The provider's own charge first; else the price map's, when it knows the model
+        # (litellm reports 0 for a model it cannot price: that is "unknown", not free).
+        cost = summary.get("charged_usd")
+        if cost is None and self._price_known:
+            cost = summary["cost_usd"]
         return ModelOutput(
             text=summary["text"],
             finish_reason=summary["finish_reason"],
             refusal=summary["finish_reason"] == "content_filter" or summary["refusal"],
             prompt_tokens=summary["prompt_tokens"],
             completion_tokens=summary["completion_tokens"],
-            cost_usd=summary["cost_usd"],
+            cost_usd=cost,
             latency_s=latency,
             retries=retries,
             raw=summary["raw"],
+            adjustments=adjustments,
         )

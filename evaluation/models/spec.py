@@ -29,6 +29,7 @@ REFERENCE_TEXT = "reference/text-prior"
 REFERENCE_IMAGE = "reference/image-rules"
 REPLAY = "replay"
 BUILTIN = (REFERENCE_TEXT, REFERENCE_IMAGE)
+LIMITS = ("max_images_per_request", "max_images_per_message", "max_image_bytes", "reasoning")
 
 
 class ModelSpec(BaseModel):
@@ -45,6 +46,13 @@ class ModelSpec(BaseModel):
     top_p: float | None = None
     max_tokens: int | None = None
     drop_params: bool = True  # let litellm drop parameters a model does not accept
+    # Provider limits (None: the provider's default, see evaluation.models.providers; 0: none).
+    # More images than a request takes are montaged, more than a message takes are split over
+    # consecutive messages, a larger image is re-encoded or downscaled; each change is recorded.
+    max_images_per_request: int | None = Field(default=None, ge=0)  # vLLM --limit-mm-per-prompt
+    max_images_per_message: int | None = Field(default=None, ge=0)
+    max_image_bytes: int | None = Field(default=None, ge=0)  # base64 bytes per image
+    reasoning: bool | None = None  # rejects temperature/top_p (None: known from the name)
     processes: int = Field(default=0, ge=0, le=64)  # >0: litellm calls in N worker processes
     replay_file: str | None = None  # for ``replay``
     extra: dict[str, Any] = Field(default_factory=dict)  # passed to litellm.acompletion
@@ -69,7 +77,7 @@ class ModelSpec(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """What makes two specs the same model for the cache key (not endpoint, not key)."""
-        return {
+        out = {
             "name": self.name,
             "model": self.litellm_model,
             "temperature": self.temperature,
@@ -77,6 +85,11 @@ class ModelSpec(BaseModel):
             "max_tokens": self.max_tokens,
             "extra": self.extra,
         }
+        # Limits change what is sent; listed only when set, so earlier runs keep their keys.
+        for k in LIMITS:
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        return out
 
 
 def load_models_file(path: Path) -> dict[str, ModelSpec]:

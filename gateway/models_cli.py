@@ -1,0 +1,76 @@
+"""``neurosandbox models check NAME``: one tiny request, and what works, before a long run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+models_app = typer.Typer(help="Check the models a run will call.", no_args_is_help=True)
+console = Console()
+notes = Console(stderr=True)  # notes and errors: stdout stays the report (--json parses)
+MARK = {True: "[green]ok[/green]  ", False: "[red]FAIL[/red]", None: "[dim]info[/dim]"}
+
+
+@models_app.command("check")
+def models_check(
+    name: Annotated[str, typer.Argument(help="model name (from the models file) or litellm name")],
+    models_file: Annotated[
+        Path | None, typer.Option("--models-file", help="YAML/JSON model specs")
+    ] = None,
+    api_base: Annotated[
+        str | None, typer.Option("--api-base", help="endpoint, when NAME is not in a models file")
+    ] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option("--api-key-env", help="environment variable holding the API key")
+    ] = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="seconds for the call")] = 60.0,
+    strict: Annotated[
+        bool, typer.Option("--strict", help="also fail when JSON mode or the price is missing")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Send one tiny image + JSON-mode request; report reachability, images, JSON, cost, latency."""
+    from evaluation.errors import ModelConfigError
+    from evaluation.models import load_models_file, resolve_specs
+    from evaluation.models.check import check_model
+    from gateway.settings import get_settings
+
+    settings = get_settings()
+    models_file = models_file or settings.models_file
+    try:
+        if models_file and name not in load_models_file(models_file):
+            notes.print(
+                f"[dim]{escape(name)} is not in {models_file}: used as a litellm name[/dim]"
+            )
+        (spec,) = resolve_specs(
+            [name],
+            models_file=models_file,
+            api_base=api_base or settings.api_base,
+            api_key_env=api_key_env,
+        )
+    except ModelConfigError as exc:
+        notes.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    report = asyncio.run(check_model(spec, timeout_s=timeout, strict=strict))
+    if as_json:
+        typer.echo(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        where = report.api_base or "provider default endpoint"
+        console.print(
+            f"[bold]{escape(report.name)}[/bold]: {escape(report.model)} "
+            f"({report.family}, {escape(where)})"
+        )
+        for item in report.items:
+            console.print(
+                f"  {MARK[item.ok]} {item.name:<11} {escape(item.detail)}", soft_wrap=True
+            )
+        verdict = "[green]works[/green]" if report.ok else "[red]does not work[/red]"
+        console.print(f"{escape(report.name)} {verdict}")
+    if not report.ok:
+        raise typer.Exit(1)

@@ -1,0 +1,242 @@
+"""The known traps of provider paths, each against a server that enforces it as the provider does:
+image size and side limits (re-encode or downscale, never drop), images per request (montage)
+and per message (split), reasoning models that reject temperature/top_p, Anthropic's
+temperature range, and ``n``, which a sample never uses."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import logging
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+from providers import AnthropicServer, OllamaServer, OpenAICompatServer
+from providers.harness import (
+    LEGEND,
+    expected_sequence,
+    images_of,
+    normalise,
+    phantom_messages,
+)
+
+from evaluation.errors import ModelConfigError
+from evaluation.models.fitting import fit_images
+from evaluation.models.litellm_adapter import LiteLLMAdapter
+from evaluation.models.providers import ProviderProfile
+from evaluation.models.spec import ModelSpec
+from evaluation.records import GenerateConfig, ImagePart, Message, TextPart
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+CFG = GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=300, timeout_s=30)
+
+
+@pytest.fixture(scope="module")
+def case_messages(phantom_suite, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return phantom_messages(phantom_suite, tmp_path_factory.mktemp("provider-traps"))
+
+
+def _png(img: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _part(data: bytes, label: str) -> ImagePart:
+    return ImagePart(png=data, sha256=hashlib.sha256(data).hexdigest(), label=label)
+
+
+def _user(parts: list[ImagePart]) -> list[Message]:
+    content: list[TextPart | ImagePart] = []
+    for n, p in enumerate(parts, 1):
+        content += [TextPart(text=f"Image {n}: {p.label}"), p]
+    content.append(TextPart(text="Task: differential diagnosis."))
+    return [Message(role="user", content=content)]
+
+
+def _spec(model: str, base: str, **kw: object) -> ModelSpec:
+    return ModelSpec(
+        name="m",
+        model=model,
+        api_base=base,
+        backoff_base_s=0.01,
+        backoff_max_s=0.02,
+        max_retries=1,
+        **kw,
+    )
+
+
+def test_anthropic_image_over_5_mb_is_downscaled_with_a_warning_and_recorded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    noise = np.random.default_rng(3).integers(0, 256, (2048, 2048), dtype=np.uint8)
+    big = _part(_png(Image.fromarray(noise)), "noise")
+    small = _part(_png(Image.new("L", (64, 64), 90)), "grey")
+    assert len(big.png) * 4 / 3 > 5 * 1024 * 1024  # over Anthropic's limit as base64
+    with AnthropicServer() as server, caplog.at_level(logging.WARNING):
+        adapter = LiteLLMAdapter(_spec("anthropic/claude-sonnet-4-5", server.api_base))
+        out = asyncio.run(adapter.generate(_user([big, small]), CFG))
+        (ex,) = server.exchanges
+    assert ex.problems == [] and out.error is None
+    sent = AnthropicServer.images(ex.body)
+    assert len(sent) == 2 and sent[1] == small.png  # both sent; the small one untouched
+    w, h = Image.open(io.BytesIO(sent[0])).size
+    assert w < 2048 and abs(w / h - 1.0) < 0.01 and len(sent[0]) * 4 / 3 <= 5 * 1024 * 1024
+    (adj,) = out.adjustments
+    assert adj["kind"] == "downscaled" and adj["image"] == big.sha256
+    assert adj["into"] == hashlib.sha256(sent[0]).hexdigest() and adj["from_px"] == [2048, 2048]
+    assert "5242880 bytes" in adj["reason"]
+    assert any("downscaled" in r.getMessage() for r in caplog.records)
+
+
+def test_anthropic_many_image_request_fits_the_side_limit_and_the_image_count() -> None:
+    # 101 images of 2100 px: over 100 per request, and over 2000 px a side for >20 images.
+    parts = [_part(_png(Image.new("L", (2100, 8), n)), f"strip {n}") for n in range(101)]
+    with AnthropicServer() as server:
+        adapter = LiteLLMAdapter(_spec("anthropic/claude-sonnet-4-5", server.api_base))
+        out = asyncio.run(adapter.generate(_user(parts), CFG))
+        (ex,) = server.exchanges
+    assert ex.problems == [] and out.error is None
+    sent = AnthropicServer.images(ex.body)
+    assert len(sent) == 100 and all(Image.open(io.BytesIO(b)).width <= 2000 for b in sent)
+    (montage,) = [a for a in out.adjustments if a["kind"] == "montage"]
+    assert montage["images"] == [parts[0].sha256, parts[1].sha256]  # the fewest merged
+    assert "at most 100" in montage["reason"]
+    assert sum(a["kind"] == "downscaled" for a in out.adjustments) == 100
+    texts = [b["text"] for b in ex.body["messages"][0]["content"] if b["type"] == "text"]
+    assert any("montage of 2 images" in t and "strip 0" in t and "strip 1" in t for t in texts)
+
+
+def test_vllm_limit_mm_per_prompt_montage_of_the_case_recorded(case_messages) -> None:
+    _, messages = case_messages
+    shown = images_of(messages)
+    with OpenAICompatServer("vllm", limit_mm_per_prompt=1) as server:
+        # Not told the server's limit: vLLM's 400 is reported, not retried.
+        plain = asyncio.run(
+            LiteLLMAdapter(_spec("hosted_vllm/medgemma", server.api_base)).generate(messages, CFG)
+        )
+        assert server.calls == 1 and plain.error and "At most 1 image(s)" in plain.error
+        spec = _spec("hosted_vllm/medgemma", server.api_base, max_images_per_request=1)
+        out = asyncio.run(LiteLLMAdapter(spec).generate(messages, CFG))
+        ex = server.exchanges[-1]
+    assert ex.problems == [] and out.error is None
+    (sent,) = OpenAICompatServer.images(ex.body)
+    (adj,) = out.adjustments
+    assert adj["kind"] == "montage" and adj["images"] == [p.sha256 for p in shown]
+    assert adj["grid"] == [3, 3] and adj["into"] == hashlib.sha256(sent).hexdigest()
+    # Tile 1 holds the first rendered image pixel for pixel (no resampling).
+    sheet = Image.open(io.BytesIO(sent))
+    first = Image.open(io.BytesIO(shown[0].png))
+    tw = max(Image.open(io.BytesIO(p.png)).width for p in shown)
+    th = max(Image.open(io.BytesIO(p.png)).height for p in shown)
+    x0, y0 = (tw - first.width) // 2, 14 + (th - first.height) // 2
+    tile = sheet.crop((x0, y0, x0 + first.width, y0 + first.height))
+    assert np.array_equal(np.asarray(tile.convert(first.mode)), np.asarray(first))
+    # The legend names every tile's image, in order, where the images were.
+    texts = [p.get("text", "") for p in ex.body["messages"][1]["content"]]
+    (legend,) = [t for t in texts if LEGEND.search(t)]
+    assert LEGEND.search(legend).group(1) == "7"  # type: ignore[union-attr]
+    positions = [legend.index(f"{n} = {p.label}") for n, p in enumerate(shown, 1)]
+    assert positions == sorted(positions)
+
+
+def test_ollama_llama32_vision_gets_one_montage_or_one_image_per_message(case_messages) -> None:
+    _, messages = case_messages
+    shown = images_of(messages)
+    model = "ollama_chat/llama3.2-vision"
+    with OllamaServer(mllama=("llama3.2-vision",)) as server:
+        montaged = asyncio.run(
+            LiteLLMAdapter(_spec(model, server.api_base)).generate(messages, CFG)
+        )
+        spec = _spec(model, server.api_base, max_images_per_request=0, max_images_per_message=1)
+        split = asyncio.run(LiteLLMAdapter(spec).generate(messages, CFG))
+        first, second = server.exchanges
+    assert first.problems == [] and second.problems == [] and not montaged.error and not split.error
+    assert len(OllamaServer.images(first.body)) == 1
+    assert [a["kind"] for a in montaged.adjustments] == ["montage"]
+    # Split: seven consecutive user messages of one image each, text and images still in order.
+    users = [m for m in second.body["messages"] if m["role"] == "user"]
+    assert [len(m["images"]) for m in users] == [1] * 7
+    assert normalise(OllamaServer.sequence(second.body)) == normalise(expected_sequence(messages))
+    (adj,) = split.adjustments
+    assert (
+        adj["kind"] == "split"
+        and adj["messages"] == 7
+        and adj["images"] == [p.sha256 for p in shown]
+    )
+
+
+@pytest.mark.parametrize("model", ["openai/o1", "openai/o3", "openai/gpt-5"])
+def test_reasoning_models_get_no_temperature_or_top_p_and_the_run_records_it(model: str) -> None:
+    parts = [_part(_png(Image.new("L", (32, 32), 50)), "grey")]
+    with OpenAICompatServer("openai") as server:
+        out = asyncio.run(LiteLLMAdapter(_spec(model, server.api_base)).generate(_user(parts), CFG))
+        (ex,) = server.exchanges
+    assert ex.problems == [] and out.error is None  # the server rejects temperature for these
+    assert "temperature" not in ex.body and "top_p" not in ex.body
+    assert ex.body["max_completion_tokens"] == 300 and "max_tokens" not in ex.body
+    dropped = {a["param"]: a["value"] for a in out.adjustments if a["kind"] == "param_not_sent"}
+    assert dropped == {"temperature": 0.7, "top_p": 0.95}
+
+
+def test_a_chat_model_keeps_its_temperature_and_a_spec_can_declare_a_reasoning_model() -> None:
+    parts = [_part(_png(Image.new("L", (32, 32), 50)), "grey")]
+    with OpenAICompatServer("vllm") as server:
+        chat = asyncio.run(
+            LiteLLMAdapter(_spec("openai/gpt-5-chat-latest", server.api_base)).generate(
+                _user(parts), CFG
+            )
+        )
+        spec = _spec("hosted_vllm/qwq-vl", server.api_base, reasoning=True)
+        declared = asyncio.run(LiteLLMAdapter(spec).generate(_user(parts), CFG))
+        first, second = server.bodies
+    assert first["temperature"] == 0.7 and chat.adjustments == []
+    assert "temperature" not in second and {a["param"] for a in declared.adjustments} == {
+        "temperature",
+        "top_p",
+    }
+
+
+def test_anthropic_temperature_above_1_is_clamped_and_unsupported_params_recorded() -> None:
+    parts = [_part(_png(Image.new("L", (32, 32), 50)), "grey")]
+    cfg = CFG.model_copy(update={"temperature": 1.4, "seed": 9, "json_mode": True})
+    with AnthropicServer() as server:
+        out = asyncio.run(
+            LiteLLMAdapter(_spec("anthropic/claude-sonnet-4-5", server.api_base)).generate(
+                _user(parts), cfg
+            )
+        )
+        (ex,) = server.exchanges
+    assert ex.problems == [] and ex.body["temperature"] == 1.0 and "seed" not in ex.body
+    kinds = {(a["kind"], a["param"]) for a in out.adjustments}
+    assert kinds == {
+        ("param_clamped", "temperature"),
+        ("param_not_sent", "seed"),
+        ("param_not_sent", "response_format"),
+    }
+
+
+def test_n_is_refused_in_a_spec_because_samples_are_independent_calls() -> None:
+    with pytest.raises(ModelConfigError, match="samples are independent calls"):
+        LiteLLMAdapter(ModelSpec(name="m", model="openai/gpt-4o", extra={"n": 3}))
+
+
+def test_multiturn_over_the_image_limit_does_not_resend_earlier_images_and_says_so() -> None:
+    a, b, c = (_part(_png(Image.new("L", (16, 16), v)), f"img{v}") for v in (10, 20, 30))
+    messages = [
+        Message(role="user", content=[TextPart(text="Turn 1"), a, b]),
+        Message(role="assistant", content=[TextPart(text="noted")]),
+        Message(role="user", content=[TextPart(text="Turn 2"), c]),
+    ]
+    profile = ProviderProfile(
+        family="ollama", provider="ollama_chat", model="x", max_images_per_request=1
+    )
+    fitted, adjustments = fit_images(messages, profile)
+    assert [len(images_of([m])) for m in fitted] == [0, 0, 1]
+    assert "not sent again" in fitted[0].content[-1].text  # type: ignore[union-attr]
+    assert adjustments == [
+        {"kind": "not_resent", "images": [a.sha256, b.sha256], "reason": adjustments[0]["reason"]}
+    ]
