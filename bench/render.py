@@ -1,17 +1,27 @@
 """Benchmark: files on disk -> rendered montage, against dcm2niix and a naive pydicom load.
 
-For each series (the 819-file Siemens DWI unzipped to a temp dir, the 96-slice sagittal T1,
-the BRAINIX study) it times, in the same run and interleaved:
-  - neurosandbox (cold): index headers + decode what is rendered + write the labelled
-    montage, with nothing kept from the previous repetition (in-process caches cleared, no
-    persistent header cache);
-  - neurosandbox (warm): the same with a persistent header cache filled by the untimed pass
-    (what a second look at the same folder costs; reported separately);
-  - dcm2niix: convert the same files to NIfTI (the usual first step of peer pipelines);
-  - naive pydicom: dcmread every file with its pixels (what a script usually does first).
-Median of N repetitions (default 5) of wall time, and the ratio neurosandbox / peer. The
-machine may be shared: the CPU-time ratio (all threads and child processes) is printed too.
-Run: make bench   (or .venv/bin/python bench/render.py --reps 7 --series dwi,t1)
+Series: the 819-file Siemens DWI (unzipped to a temp dir once), the 96-slice sagittal 3D T1,
+the BRAINIX study (88 files, 4 series). What each column times, wall clock, per repetition:
+
+  cold      in this process: render_path(folder, out, RenderOptions(n_slices=12)), the
+            product's default render: read every header (no header cache), group, order and
+            classify, decode the chosen stacks, window them, write one labelled montage PNG per
+            clinical series (DWI: the trace of the b~1000 shell) and manifest.json. Before
+            each call the process forgets what earlier calls left (scan templates, converted
+            header values, fonts, rasterised labels); imported modules stay loaded, as in the
+            running service (gateway) that renders studies as they arrive.
+  warm      the same with a persistent header cache filled by the untimed first pass (what a
+            second look at the same folder costs).
+  cli       a new process: `neurosandbox render FOLDER --out DIR --slices 12`, i.e. the cold
+            render plus Python start-up and imports (pydicom, numpy, pydantic, typer...).
+  dcm2niix  a new process: `dcm2niix -z n -b n` writing every series of the folder as NIfTI.
+  pydicom   in this process: dcmread + pixel_array of every file.
+
+Repetitions run interleaved (cold, warm, cli, dcm2niix, pydicom, cold, ...) after one untimed
+pass (page cache, header cache), and each column reports its median. The machine may be
+shared: the CPU-time ratio (this process's threads and its waited-for children) is printed too.
+The montages of the last cold repetition are kept in --keep DIR when given, to look at.
+Run: make bench   (or .venv/bin/python bench/render.py --reps 7 --series dwi,t1 --no-cli)
 """
 
 from __future__ import annotations
@@ -33,11 +43,11 @@ import pydicom
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dicom.fastread import clear_caches  # noqa: E402
 from dicom.index import index_path  # noqa: E402
-from dicom.render import RenderOptions, render_path  # noqa: E402
+from dicom.render import RenderOptions, clear_caches, render_path  # noqa: E402
 
 CORPUS = ROOT.parent / "shared" / "data" / "dicom"
+CLI = Path(sys.executable).with_name("neurosandbox")
 Runner = Callable[[Path, Path], None]
 
 
@@ -51,15 +61,15 @@ def _unzip_dwi(dst: Path) -> Path:
     return out
 
 
-def _ours(folder: Path, out: Path) -> None:
+def _cold(folder: Path, out: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
-    clear_caches()  # cold: nothing kept in this process from the previous repetition
+    clear_caches()
     manifest = render_path(folder, out, RenderOptions(n_slices=12))
     if not manifest.images:
         raise SystemExit(f"benchmark: nothing rendered from {folder}: {manifest.errors}")
 
 
-def _ours_warm(cache: Path) -> Runner:
+def _warm(cache: Path) -> Runner:
     def run(folder: Path, out: Path) -> None:
         shutil.rmtree(out, ignore_errors=True)
         clear_caches()  # only the persistent cache helps
@@ -67,6 +77,18 @@ def _ours_warm(cache: Path) -> Runner:
         render_path(folder, out, RenderOptions(n_slices=12), index=index)
 
     return run
+
+
+def _cli(folder: Path, out: Path) -> None:
+    shutil.rmtree(out, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k != "NEUROSANDBOX_HEADER_CACHE"}
+    subprocess.run(
+        [str(CLI), "render", str(folder), "--out", str(out), "--slices", "12"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
 
 
 def _dcm2niix(folder: Path, out: Path) -> None:
@@ -87,8 +109,8 @@ def _naive(folder: Path, _out: Path) -> None:
 
 
 def _cpu() -> float:
-    own, children = os.times(), os.times()
-    return own.user + own.system + children.children_user + children.children_system
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
 
 
 def _time(fn: Runner, folder: Path, out: Path) -> tuple[float, float]:
@@ -98,12 +120,19 @@ def _time(fn: Runner, folder: Path, out: Path) -> tuple[float, float]:
     return time.perf_counter() - t0, _cpu() - c0
 
 
+def _what(out: Path) -> str:
+    names = sorted(p.name for p in out.glob("*.png"))
+    return ", ".join(names)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--reps", type=int, default=5, help="repetitions per measurement (median)")
     parser.add_argument("--series", default="dwi,t1,brainix", help="subset: dwi,t1,brainix")
+    parser.add_argument("--no-cli", action="store_true", help="skip the CLI subprocess column")
+    parser.add_argument("--keep", type=Path, help="copy the last cold montages here")
     args = parser.parse_args()
     if not CORPUS.exists():
         print(f"benchmark needs the shared corpus at {CORPUS}", file=sys.stderr)
@@ -111,6 +140,7 @@ def main() -> int:
     if shutil.which("dcm2niix") is None:
         print("benchmark needs dcm2niix (make setup installs it)", file=sys.stderr)
         return 2
+    os.environ.pop("NEUROSANDBOX_HEADER_CACHE", None)  # cold means no persistent header cache
     wanted = set(args.series.split(","))
     with tempfile.TemporaryDirectory(prefix="ns-bench-") as tmp:
         t = Path(tmp)
@@ -124,28 +154,31 @@ def main() -> int:
             ("BRAINIX, 88 files", "brainix", lambda: CORPUS / "brainix/BRAINIX/DICOM"),
         ]
         runners: list[tuple[str, Runner]] = [
-            ("cold", _ours),
-            ("warm", _ours_warm(t / "header-cache")),
+            ("cold", _cold),
+            ("warm", _warm(t / "header-cache")),
+            *([] if args.no_cli or not CLI.exists() else [("cli", _cli)]),
             ("dcm2niix", _dcm2niix),
             ("pydicom", _naive),
         ]
+        labels = [label for label, _ in runners]
         print(
-            f"median of {args.reps} repetitions, interleaved; page cache warm after one untimed "
-            "pass;\ncold = no header cache, nothing kept in the process between repetitions; "
-            "warm = persistent header cache"
+            f"median of {args.reps} interleaved repetitions, wall clock; "
+            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start"
         )
+        print("  ".join(f"{label:>9}" for label in ["series".ljust(24), *labels]), end="")
         print(
-            f"{'series':26} {'cold':>8} {'warm':>8} {'dcm2niix':>9} {'pydicom':>8} "
-            f"{'cold/dcm2niix':>14} {'warm/dcm2niix':>14} {'cold/pydicom':>13} {'CPU cold/dcm2niix':>18}"
+            "   cold/dcm2niix  warm/dcm2niix" + ("  cli/dcm2niix" if "cli" in labels else ""),
+            end="",
         )
+        print("  cold/pydicom  CPU cold/dcm2niix")
         for name, key, make in cases:
             if key not in wanted:
                 continue
             folder = make()
-            for label, fn in runners:  # warm the page cache, imports and the header cache once
+            for label, fn in runners:  # page cache, imports and the header cache, untimed
                 fn(folder, t / "warm" / label)
-            wall: dict[str, list[float]] = {label: [] for label, _ in runners}
-            cpu: dict[str, list[float]] = {label: [] for label, _ in runners}
+            wall: dict[str, list[float]] = {label: [] for label in labels}
+            cpu: dict[str, list[float]] = {label: [] for label in labels}
             for _ in range(args.reps):
                 for label, fn in runners:
                     w, c = _time(fn, folder, t / "out" / label)
@@ -153,13 +186,18 @@ def main() -> int:
                     cpu[label].append(c)
             m = {k: statistics.median(v) for k, v in wall.items()}
             mc = {k: statistics.median(v) for k, v in cpu.items()}
-            print(
-                f"{name:26} {m['cold']:7.3f}s {m['warm']:7.3f}s {m['dcm2niix']:8.3f}s "
-                f"{m['pydicom']:7.3f}s {m['cold'] / m['dcm2niix']:13.2f}x "
-                f"{m['warm'] / m['dcm2niix']:13.2f}x {m['cold'] / m['pydicom']:12.2f}x "
-                f"{mc['cold'] / mc['dcm2niix']:17.2f}x"
-            )
-    print("ratio < 1 means neurosandbox is faster than the peer (goal: <= 0.5x dcm2niix)")
+            cells = "  ".join(f"{m[label]:8.3f}s" for label in labels)
+            ratios = f"{m['cold'] / m['dcm2niix']:14.2f}x {m['warm'] / m['dcm2niix']:13.2f}x"
+            if "cli" in labels:
+                ratios += f" {m['cli'] / m['dcm2niix']:12.2f}x"
+            ratios += f" {m['cold'] / m['pydicom']:12.2f}x {mc['cold'] / mc['dcm2niix']:17.2f}x"
+            print(f"{name.ljust(24)}  {cells}  {ratios}")
+            print(f"{'':24}  rendered: {_what(t / 'out' / 'cold')}")
+            if args.keep:
+                dst = args.keep / key
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(t / "out" / "cold", dst)
+    print("ratio < 1: neurosandbox is faster than the peer (goal: cold <= 0.5x dcm2niix)")
     return 0
 
 

@@ -19,11 +19,13 @@ from dicom.headers import (
     VOLUME_FIELDS,
     VOLUME_KEYWORDS,
     VOLUME_PRIVATE_TAGS,
+    WINDOW_KEYWORDS,
     FrameHeader,
     pixel_data_offset,
     series_fields,
     set_unique_fields,
     set_volume_fields,
+    window_of,
 )
 from dicom.scanned import ScannedDataset
 from dicom.sources import is_plain_file, open_source
@@ -34,16 +36,22 @@ _VOLUME_TAGS = tuple(
         {keyword_tag(kw) for kw in VOLUME_KEYWORDS} | {g << 16 | e for g, e in VOLUME_PRIVATE_TAGS}
     )
 )
-_SERIES_TAGS = tuple(sorted(NEEDED_TAGS - _FILE_TAGS - set(_VOLUME_TAGS)))
-_NOT_SERIES = _FILE_TAGS | set(_VOLUME_TAGS)
+_WINDOW_TAGS = tuple(keyword_tag(kw) for kw in WINDOW_KEYWORDS)
+_NOT_SERIES = _FILE_TAGS | set(_VOLUME_TAGS) | set(_WINDOW_TAGS)
+_SERIES_TAGS = tuple(sorted(NEEDED_TAGS - _NOT_SERIES))
+_NOT_VOLUME = _FILE_TAGS | frozenset(_WINDOW_TAGS)
+_NOT_WINDOW = _FILE_TAGS | frozenset(_VOLUME_TAGS)
 _FIELDS_OF = operator.attrgetter(*(f.name for f in fields(FrameHeader)))
 _VOLUME_OF = operator.attrgetter(*VOLUME_FIELDS)
 # By (memory cap, raw values of the series elements): the series fields, and the volume
 # fields by the raw values of the volume elements. See read_frames_fast.
 _SERIES_MEMO: dict[tuple[Any, ...], tuple[FrameHeader, dict[tuple[Any, ...], Any]]] = {}
+# The window by (character set, raw values of the window elements).
+_WINDOW_MEMO: dict[tuple[Any, ...], tuple[float, float] | None] = {}
 # Bounds on what a long-running process keeps (at most ~256k small entries).
 _MAX_SERIES = 512
 _MAX_VOLUMES = 512
+_MAX_WINDOWS = 4096
 
 
 def clear_caches() -> None:
@@ -52,6 +60,7 @@ def clear_caches() -> None:
     from dicom import scanned, scantemplate
 
     _SERIES_MEMO.clear()
+    _WINDOW_MEMO.clear()
     scanned.clear_memo()
     scantemplate.clear()
 
@@ -91,13 +100,20 @@ def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
         vkey = scan.raw_values(_VOLUME_TAGS)
         volume = volumes.get(vkey)
         if volume is None:
-            set_volume_fields(fh, ScannedDataset(scan, hidden=_FILE_TAGS))
+            set_volume_fields(fh, ScannedDataset(scan, hidden=_NOT_VOLUME))
             if len(volumes) >= _MAX_VOLUMES:
                 volumes.clear()
             volumes[vkey] = volume = _VOLUME_OF(fh)
         else:
             for name, value in zip(VOLUME_FIELDS, volume, strict=True):
                 setattr(fh, name, value)
+        wkey = (key[1], key[4], *scan.raw_values(_WINDOW_TAGS))  # implicit VR, character set
+        if wkey in _WINDOW_MEMO:
+            fh.window = _WINDOW_MEMO[wkey]
+        else:
+            if len(_WINDOW_MEMO) >= _MAX_WINDOWS:
+                _WINDOW_MEMO.clear()
+            fh.window = _WINDOW_MEMO[wkey] = window_of(ScannedDataset(scan, hidden=_NOT_WINDOW))
         set_unique_fields(fh, path, ds, pixel_offset)
     except Exception:  # Fallback, or an error pydicom should report in its own words
         return None

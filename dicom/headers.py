@@ -340,17 +340,18 @@ def _frames_from_dataset(
     return [base]
 
 
-# Elements whose values usually change from file to file within a series, in two tiers.
-# FILE_KEYWORDS are unique to each file; VOLUME_* elements repeat across the files of a volume,
-# b-value or window. set_unique_fields reads only the first, set_volume_fields never reads
-# them, and series_fields reads neither: so that the fast path (dicom.fastread) can share the
-# series and volume fields between files whose raw values for them are identical.
+# Elements whose values usually change from file to file within a series, in three tiers.
+# FILE_KEYWORDS are unique to each file; VOLUME_* elements repeat across the files of a volume
+# or b-value; WINDOW_KEYWORDS repeat in some series and change with every slice in others.
+# set_unique_fields reads only the first, set_volume_fields only the second (and series
+# elements), window_of only the third, and series_fields none: so that the fast path
+# (dicom.fastread) can share each tier's fields between files whose raw values for it are
+# identical.
 FILE_KEYWORDS = ("SOPInstanceUID", "ImagePositionPatient", "InstanceNumber")
+WINDOW_KEYWORDS = ("WindowCenter", "WindowWidth")
 VOLUME_KEYWORDS = (
     "AcquisitionNumber",
     "TemporalPositionIdentifier",
-    "WindowCenter",
-    "WindowWidth",
     "RescaleSlope",
     "RescaleIntercept",
     "SequenceName",
@@ -375,7 +376,6 @@ VOLUME_FIELDS = (
     "sequence_name",
     "b_value",
     "direction",
-    "window",
 )
 
 
@@ -384,6 +384,7 @@ def set_file_fields(
 ) -> None:
     """The fields that usually differ between the files of one series."""
     set_volume_fields(fh, ds)
+    fh.window = window_of(ds)
     set_unique_fields(fh, path, ds, pixel_offset)
 
 
@@ -405,10 +406,12 @@ def set_volume_fields(fh: FrameHeader, ds: Dataset | ScannedDataset) -> None:
     fh.rescale_intercept = _f(ds.get("RescaleIntercept")) or 0.0
     fh.sequence_name = _s(ds.get("SequenceName") or ds.get("PulseSequenceName"), 64)
     fh.b_value, fh.direction = _vendor_diffusion(ds)
-    fh.window = None
+
+
+def window_of(ds: Dataset | ScannedDataset) -> tuple[float, float] | None:
+    """The file's first VOI window (center, width), from the WINDOW_KEYWORDS elements."""
     wc, ww = _f(ds.get("WindowCenter")), _f(ds.get("WindowWidth"))
-    if wc is not None and ww:
-        fh.window = (wc, ww)
+    return (wc, ww) if wc is not None and ww else None
 
 
 def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> FrameHeader:

@@ -3,6 +3,9 @@ order slices, find volumes, compute geometry and classify each stack."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import operator
 import os
 import threading
 from collections import defaultdict
@@ -11,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +68,26 @@ def _read_many(paths: list[str], cap: int) -> list[_ReadResult]:
     return [_read_one((p, cap)) for p in paths]
 
 
+# A worker sends its frames back as tuples of field values: a quarter of the cost of pickling
+# and unpickling the dataclasses, which is most of what a second process costs here.
+_FRAME_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(FrameHeader)))
+_Packed = tuple[str, list[tuple[Any, ...]] | None, FileError | None]
+
+
+def _read_packed(paths: list[str], cap: int) -> list[_Packed]:
+    return [
+        (path, None if frames is None else [_FRAME_FIELDS(f) for f in frames], err)
+        for path, frames, err in _read_many(paths, cap)
+    ]
+
+
+def _unpack(packed: list[_Packed]) -> list[_ReadResult]:
+    return [
+        (path, None if rows is None else [FrameHeader(*row) for row in rows], err)
+        for path, rows, err in packed
+    ]
+
+
 def read_headers(
     sources: Iterable[str],
     memory_cap: int = DEFAULT_MEMORY_CAP,
@@ -109,10 +133,10 @@ def _read_all(
     size = -(-len(paths) // n_workers)
     chunks = [paths[i : i + size] for i in range(0, len(paths), size)]
     with ProcessPoolExecutor(len(chunks) - 1, mp_context=get_context("fork")) as pool:
-        futures = [pool.submit(_read_many, chunk, cap) for chunk in chunks[1:]]
+        futures = [pool.submit(_read_packed, chunk, cap) for chunk in chunks[1:]]
         results = _read_serial(chunks[0], cap, progress, total)
         for fut in futures:
-            results.extend(fut.result())
+            results.extend(_unpack(fut.result()))
     return results
 
 
@@ -186,8 +210,15 @@ def _non_image_series(errors: list[FileError]) -> list[SeriesInfo]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def _round3(values: tuple[float, ...]) -> tuple[float, ...]:
+    """Direction cosines to 3 decimals (one tuple is shared by the frames of a series or volume,
+    so most calls are a cache hit)."""
+    return tuple(round(v, 3) for v in values)
+
+
 def _stack_key(f: FrameHeader) -> tuple[object, ...]:
-    orient = tuple(round(v, 3) for v in f.orientation) if f.orientation else None
+    orient = _round3(f.orientation) if f.orientation else None
     echo: object = (
         f.echo_number
         if f.echo_number is not None
@@ -314,7 +345,7 @@ def _frame_order_key(f: FrameHeader) -> tuple[int, int, str]:
 
 
 def _volume_key(f: FrameHeader) -> tuple[object, ...]:
-    d = tuple(round(v, 3) for v in f.direction) if f.direction else None
+    d = _round3(f.direction) if f.direction else None
     return (d, f.temporal_index, f.acquisition_number)
 
 
@@ -440,9 +471,7 @@ def _describe_stack(
             warnings.append(f"plane {plane} inferred from PatientOrientation; no affine available")
     result = classify(frames, replace(ctx, n_volumes=len(volumes)), plane)
     b_values = sorted({float(round(f.b_value)) for f in frames if f.b_value is not None})
-    directions = {
-        tuple(round(v, 3) for v in f.direction) for f in frames if f.direction and any(f.direction)
-    }
+    directions = {_round3(f.direction) for f in frames if f.direction and any(f.direction)}
     echoes = sorted({f.echo_number for f in frames if f.echo_number is not None})
     files = {f.path for f in frames}
     refs = [

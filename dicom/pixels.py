@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pydicom
+from numpy.typing import DTypeLike
 
 from dicom.errors import DecodeError, TooLargeError
 from dicom.headers import DEFAULT_MEMORY_CAP
@@ -43,6 +44,50 @@ def load_volume(
         from dicom.nifti import load_nifti_volume
 
         return Volume(load_nifti_volume(series, volume, memory_cap))
+    refs = _volume_refs(series, volume, memory_cap)
+    return _decode(series, refs, np.float32, rescale=True)
+
+
+@dataclass
+class StoredVolume(Volume):
+    """Stored integer values, before the modality LUT ``value * slope + intercept``, which is
+    the same for every slice (and increasing: slope > 0)."""
+
+    slope: float = 1.0
+    intercept: float = 0.0
+
+
+def load_stored(
+    series: SeriesInfo, volume: int = 0, memory_cap: int = DEFAULT_MEMORY_CAP
+) -> StoredVolume | None:
+    """Volume ``volume`` as stored integers (indexed as ``load_volume``'s), or None when its
+    values are not plain integers of at most 16 bits under one increasing modality LUT."""
+    if series.sop_class_uid == NIFTI_SOP_CLASS or series.samples_per_pixel != 1:
+        return None
+    dtype = _native_dtype(series)
+    if dtype is None or dtype.itemsize > 2:
+        return None
+    refs = _volume_refs(series, volume, memory_cap)
+    luts = {(r.rescale_slope, r.rescale_intercept) for r in refs}
+    if len(luts) != 1:
+        return None
+    ((slope, intercept),) = luts
+    if not slope > 0:
+        return None
+    try:
+        vol = _decode(series, refs, dtype, rescale=False)
+    except _NotStored:
+        return None
+    if vol.failed_slices and intercept != 0:
+        return None  # a blank slice must read 0 after the LUT, as load_volume gives it
+    return StoredVolume(vol.data, vol.warnings, vol.failed_slices, slope, intercept)
+
+
+class _NotStored(Exception):
+    """A decoder returned values that do not fit the stored integer type."""
+
+
+def _volume_refs(series: SeriesInfo, volume: int, memory_cap: int) -> list[FrameRef]:
     if not series.volumes:
         raise DecodeError(f"series {series.key}: no image to decode ({series.series_class})")
     if not 0 <= volume < len(series.volumes):
@@ -51,25 +96,42 @@ def load_volume(
         )
     refs = series.volumes[volume]
     cols, rows = series.shape[0], series.shape[1]
-    spp = series.samples_per_pixel
-    needed = cols * rows * len(refs) * 4 * spp
+    needed = cols * rows * len(refs) * 4 * series.samples_per_pixel
     if needed > memory_cap:
         raise TooLargeError(
             f"series {series.key}: volume needs {needed / 2**30:.2f} GiB, over the "
             f"{memory_cap / 2**30:.2f} GiB memory cap"
         )
+    return refs
+
+
+def _decode(series: SeriesInfo, refs: list[FrameRef], dtype: DTypeLike, rescale: bool) -> Volume:
+    cols, rows = series.shape[0], series.shape[1]
+    spp = series.samples_per_pixel
     shape: tuple[int, ...] = (len(refs), rows, cols) + ((3,) if spp == 3 else ())
-    out = np.zeros(shape, dtype=np.float32)
+    out = np.zeros(shape, dtype=dtype)
     failed: list[int] = []
     errors: list[str] = []
+    native = _native_dtype(series)
     # Group slices by file so a multi-frame object or mosaic is decoded once.
     by_file: dict[str, list[tuple[int, FrameRef]]] = defaultdict(list)
     for k, ref in enumerate(refs):
         by_file[ref.path].append((k, ref))
+    if native is not None and len(by_file) == len(refs) and hasattr(os, "preadv"):
+        # One native single-frame file per slice (the common case): read each straight into
+        # its slice (or a reused buffer), without the per-file dispatch below.
+        by_file = _read_native(series, refs, native, out, rescale, failed, errors)
     for path, items in by_file.items():
         try:
-            for k, img, ref in _decode_file(path, items, rows, cols, spp, series):
-                _store(out[k], img, ref)
+            for k, img, ref in _decode_file(path, items, rows, cols, spp, series, native):
+                if rescale:
+                    _store(out[k], img, ref)
+                elif img.dtype == out.dtype or np.can_cast(img.dtype, out.dtype, "safe"):
+                    out[k] = img
+                else:
+                    raise _NotStored(f"{path}: decoded as {img.dtype}, not {out.dtype}")
+        except _NotStored:
+            raise
         except Exception as exc:  # one bad file must not cost the whole stack
             failed.extend(k for k, _ in items)
             errors.append(f"{path}: {exc}")
@@ -96,10 +158,15 @@ def _native_dtype(series: SeriesInfo) -> np.dtype | None:
 
 
 def _decode_file(
-    path: str, items: list[tuple[int, FrameRef]], rows: int, cols: int, spp: int, series: SeriesInfo
+    path: str,
+    items: list[tuple[int, FrameRef]],
+    rows: int,
+    cols: int,
+    spp: int,
+    series: SeriesInfo,
+    dtype: np.dtype | None,
 ) -> list[tuple[int, np.ndarray, FrameRef]]:
     first = items[0][1]
-    dtype = _native_dtype(series)
     if (
         len(items) == 1
         and first.pixel_offset is not None
@@ -130,6 +197,65 @@ def _decode_file(
             raise DecodeError(f"decoded image is {img.shape[:2]}, header says {(rows, cols)}")
         planes.append((k, img, ref))
     return planes
+
+
+def _read_native(
+    series: SeriesInfo,
+    refs: list[FrameRef],
+    native: np.dtype,
+    out: np.ndarray,
+    rescale: bool,
+    failed: list[int],
+    errors: list[str],
+) -> dict[str, list[tuple[int, FrameRef]]]:
+    """Read the native slices of ``refs`` into ``out`` as ``_decode_file`` + ``_store`` would;
+    return the slices left for the general path (other files), by file."""
+    rest: dict[str, list[tuple[int, FrameRef]]] = {}
+    direct = not rescale and out.dtype == native
+    buf = None if direct else np.empty(out.shape[1:], dtype=native)
+    bits_mask = None
+    if series.bits_stored < series.bits_allocated and native.kind == "u":
+        bits_mask = native.type((1 << series.bits_stored) - 1)
+    for k, ref in enumerate(refs):
+        if ref.pixel_offset is None or ref.frame is not None:
+            rest[ref.path] = [(k, ref)]
+            continue
+        dst = out[k] if buf is None else buf
+        try:
+            done = _read_into(ref.path, ref.pixel_offset, dst)
+            if done < dst.nbytes:
+                raise DecodeError(
+                    f"pixel data truncated ({done // native.itemsize} of {dst.size} values)"
+                )
+        except Exception as exc:  # one bad file must not cost the whole stack
+            out[k] = 0
+            failed.append(k)
+            errors.append(f"{ref.path}: {exc}")
+            continue
+        if bits_mask is not None:
+            np.bitwise_and(dst, bits_mask, out=dst)
+        if buf is not None:
+            if rescale:
+                _store(out[k], buf, ref)
+            else:
+                out[k] = buf
+    return rest
+
+
+def _read_into(path: str, offset: int, dst: np.ndarray) -> int:
+    """pread the bytes of contiguous ``dst`` from ``offset``; the number of bytes read."""
+    view = dst.data.cast("B")
+    done = 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while done < len(view):
+            n = os.preadv(fd, [view[done:]], offset + done)
+            if n <= 0:
+                break
+            done += n
+    finally:
+        os.close(fd)
+    return done
 
 
 def _read_values(path: str, offset: int, count: int, dtype: np.dtype) -> np.ndarray:

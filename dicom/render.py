@@ -1,57 +1,90 @@
 """Render stacks into what a VLM can read: windowed, normalised slices and labelled montages.
 
-Display convention: radiological. Axial and coronal images show the patient's right on the
-image left (marked R) and the left on the image right (marked L); axial images have anterior
-at the top. Labels carry the sequence and the slice position in mm, never a name, an ID or a
-date of the patient. Identical input gives byte-identical PNGs.
+Display convention: radiological (dicom.display). Labels carry the sequence and the slice
+position in mm, never a name, an ID or a date of the patient. Identical input gives
+byte-identical PNGs.
+
+The work is what the montage needs: the stack is read once (stored integers when it has one
+modality LUT, dicom.pixels.load_stored), the head threshold and window come from one sort or
+histogram of it (dicom.window), the head's extent is probed from both ends, and only the
+chosen slices are converted to grey, fitted, labelled (dicom.montage) and encoded
+(dicom.png).
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import io
 import re
-import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
+from PIL import Image
 
+from dicom.display import (
+    DisplayVolume,
+    RenderError,
+    canonical,
+    crop_box,
+    display_volume,
+    position_label,
+    select_slices,
+    slice_2d,
+)
 from dicom.errors import ImagingError, SeriesNotFoundError
 from dicom.headers import DEFAULT_MEMORY_CAP
 from dicom.index import index_path
+from dicom.montage import fit_tile, mark_tile, montage, with_header
 from dicom.parallel import idle_cpus
-from dicom.percentile import percentile_of_sorted
-from dicom.pixels import load_volume
+from dicom.pixels import load_stored, load_volume
+from dicom.png import encode_png
 from dicom.records import (
     CLINICAL_CLASSES,
     FileError,
     IndexResult,
-    Plane,
     RenderedImage,
     RenderManifest,
     SequenceClass,
     SeriesInfo,
 )
+from dicom.window import (
+    CT_WINDOWS,
+    MR_PERCENTILES,
+    HeadStats,
+    StoredLUT,
+    head_stats,
+    is_ct,
+    stored_head_stats,
+    stored_to_uint8,
+    to_uint8,
+    window_for,
+)
 
-# Neuro CT windows, level/width in HU.
-CT_WINDOWS: dict[str, tuple[float, float]] = {
-    "brain": (40.0, 80.0),
-    "subdural": (75.0, 215.0),
-    "stroke": (40.0, 40.0),
-    "bone": (600.0, 2800.0),
-    "soft": (40.0, 380.0),
-}
-MR_PERCENTILES = (0.5, 99.5)
+__all__ = [
+    "CLINICAL_CLASSES",
+    "CT_WINDOWS",
+    "DIFFUSION_CHOICES",
+    "MR_PERCENTILES",
+    "DisplayVolume",
+    "RenderError",
+    "RenderOptions",
+    "choose_diffusion_volume",
+    "clear_caches",
+    "default_targets",
+    "display_volume",
+    "find_series",
+    "render_path",
+    "render_stack",
+    "select_slices",
+    "sequence_label",
+    "slice_2d",
+    "window_for",
+]
+
 DIFFUSION_CHOICES = ("trace", "b1000", "b0")
 _RENDER_THREADS = 4
-
-
-class RenderError(ImagingError):
-    """A stack could not be rendered (bad options, no usable slices)."""
 
 
 @dataclass
@@ -66,29 +99,6 @@ class RenderOptions:
     singles: bool = False
     montage: bool = True
     memory_cap: int = DEFAULT_MEMORY_CAP
-
-
-@dataclass
-class DisplayVolume:
-    """A volume reoriented for display along one anatomical axis."""
-
-    data: np.ndarray  # x, y, z (RAS-canonical) or raw i, j, k when there is no geometry
-    affine: np.ndarray | None
-    axis: int  # the slicing axis in ``data``
-    plane: Plane | None
-    pixel_mm: tuple[float, float]  # (width, height) of a display pixel
-    volume_label: str
-    warnings: list[str] = field(default_factory=list)
-
-
-def _canonical(data: np.ndarray, affine: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """RAS-canonical view (flips and transposes, no copy) and its affine."""
-    # Imported here: nibabel costs ~0.3 s to import, and `neurosandbox inspect` never needs it.
-    from nibabel.orientations import apply_orientation, inv_ornt_aff, io_orientation
-
-    ornt = io_orientation(affine)
-    out = apply_orientation(data, ornt)
-    return out, affine @ inv_ornt_aff(ornt, data.shape[:3])
 
 
 def choose_diffusion_volume(
@@ -112,244 +122,35 @@ def choose_diffusion_volume(
         vol = load_volume(pick, 0, memory_cap)
         label = f"b={b}" if len(pick.volumes) == 1 else f"b={b}, {pick.volume_labels[0]}"
         return pick, vol.data, label, vol.warnings
-    # Trace-weighted image: geometric mean over the gradient directions.
+    # Trace-weighted image: geometric mean over the gradient directions (in place: the
+    # same float32 operations, in the same order, as log(max(x, 1e-3)) summed volume by volume).
     log_sum = None
     for v in range(len(pick.volumes)):
         vol = load_volume(pick, v, memory_cap)
         warnings.extend(vol.warnings)
-        lg = np.log(np.maximum(vol.data, 1e-3))
-        log_sum = lg if log_sum is None else log_sum + lg
+        lg = np.maximum(vol.data, 1e-3, out=vol.data)
+        np.log(lg, out=lg)
+        if log_sum is None:
+            log_sum = lg
+        else:
+            log_sum += lg
     assert log_sum is not None
-    trace = np.exp(log_sum / len(pick.volumes)).astype(np.float32)
-    return pick, trace, f"b={b} trace ({len(pick.volumes)} directions)", warnings
-
-
-def display_volume(
-    series: SeriesInfo, data: np.ndarray, reslice_axial: bool, label: str
-) -> DisplayVolume:
-    """Reorient to RAS and choose the display axis (axial unless kept in the native plane)."""
-    if series.affine is None:
-        # No patient geometry: show the stored image as it is, without orientation marks.
-        return DisplayVolume(
-            data,
-            None,
-            2,
-            series.plane,
-            _pixel_mm(series),
-            label,
-            ["no patient geometry: shown as stored, no R/L marks"],
-        )
-    canon, aff = _canonical(data, np.array(series.affine))
-    if reslice_axial or series.plane in (None, Plane.AXIAL):
-        axis, plane = 2, Plane.AXIAL
-    else:
-        axis, plane = (0, Plane.SAGITTAL) if series.plane is Plane.SAGITTAL else (1, Plane.CORONAL)
-    zooms = np.sqrt((aff[:3, :3] ** 2).sum(axis=0))
-    in_plane = [a for a in (0, 1, 2) if a != axis]
-    return DisplayVolume(
-        canon, aff, axis, plane, (float(zooms[in_plane[0]]), float(zooms[in_plane[1]])), label
-    )
-
-
-def _pixel_mm(series: SeriesInfo) -> tuple[float, float]:
-    if len(series.spacing) >= 2 and series.spacing[0] > 0 and series.spacing[1] > 0:
-        return float(series.spacing[0]), float(series.spacing[1])
-    return 1.0, 1.0
-
-
-def slice_2d(dv: DisplayVolume, index: int) -> np.ndarray:
-    """One display slice as (rows, cols[, 3]), radiological orientation."""
-    key: list[int | slice] = [slice(None)] * 3
-    key[dv.axis] = index
-    plane = dv.data[tuple(key)]
-    if dv.affine is None:
-        return np.swapaxes(plane, 0, 1)  # (i, j) -> (row, col) as stored
-    # plane is (u, v) with u, v increasing toward R/A/S: transpose and flip both so that
-    # patient right is on the image left and anterior (or superior) is at the top.
-    return np.swapaxes(plane, 0, 1)[::-1, ::-1]
-
-
-def head_mask(data: np.ndarray, is_ct: bool) -> np.ndarray:
-    """Voxels that belong to the head (not air): a threshold suits both CT and MR here."""
-    return _head_mask_and_values(data, is_ct)[0]
-
-
-def _head_mask_and_values(data: np.ndarray, is_ct: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """The head mask and, for MR, the sorted values inside it (for the percentile window).
-
-    One sort of the positive values serves both percentiles (see dicom.percentile).
-    """
-    if is_ct:
-        return data > -300.0, None
-    # The same voxels with every axis in increasing memory order (a view), so that they are
-    # read in storage order and flattened without a copy; the order of values is irrelevant.
-    flips = tuple(axis for axis, stride in enumerate(data.strides) if stride < 0)
-    forward = np.flip(data, flips) if flips else data
-    flat = forward.ravel(order="K")
-    positive = flat[flat > 0]
-    positive.sort()
-    if positive.size == 0:
-        return np.zeros(data.shape, dtype=bool), None
-    threshold = 0.1 * float(percentile_of_sorted(positive, 99.0))
-    mask = forward > threshold  # a Python float against float32 compares as float32
-    # threshold > 0, so the voxels above it are exactly the positive values above it: the
-    # tail of the sorted values after the float32 threshold.
-    first = int(np.searchsorted(positive, np.float32(threshold), side="right"))
-    return (np.flip(mask, flips) if flips else mask), positive[first:]
-
-
-def window_for(
-    series: SeriesInfo,
-    data: np.ndarray,
-    mask: np.ndarray,
-    name: str,
-    inside_sorted: np.ndarray | None = None,
-) -> tuple[float, float, str]:
-    """(center, width, description) of the display window.
-
-    ``inside_sorted`` (optional) is ``np.sort(data[mask])``, when the caller has it already.
-    """
-    is_ct = series.series_class is SequenceClass.CT or series.modality == "CT"
-    if name == "auto":
-        name = "brain" if is_ct else "percentile"
-    if name in CT_WINDOWS:
-        if not is_ct:
-            raise RenderError(
-                f"window {name!r} is a CT (Hounsfield) preset; series {series.key} is {series.modality}"
-            )
-        c, w = CT_WINDOWS[name]
-        return c, w, f"CT {name} {c:g}/{w:g} HU"
-    if re.fullmatch(r"-?\d+(\.\d+)?/\d+(\.\d+)?", name):
-        c, w = (float(v) for v in name.split("/"))
-        return c, w, f"custom {c:g}/{w:g}"
-    if name == "percentile":
-        if inside_sorted is not None and inside_sorted.size:
-            pct = percentile_of_sorted(inside_sorted, MR_PERCENTILES)
-        else:
-            pct = np.percentile(data[mask] if mask.any() else data.ravel(), MR_PERCENTILES)
-        lo, hi = (float(v) for v in pct)
-        if hi <= lo:
-            hi = lo + 1.0
-        return (
-            (lo + hi) / 2,
-            hi - lo,
-            f"MR p{MR_PERCENTILES[0]:g}-p{MR_PERCENTILES[1]:g} inside head",
-        )
-    raise RenderError(
-        f"unknown window {name!r}: use auto, {', '.join(CT_WINDOWS)}, percentile or CENTER/WIDTH"
-    )
-
-
-def _to_uint8(img: np.ndarray, center: float, width: float, rgb: bool) -> np.ndarray:
-    if rgb:
-        return np.clip(img, 0, 255).astype(np.uint8)
-    lo = center - width / 2
-    scaled = img.astype(np.float64)  # then ((x - lo) / width) * 255, rounded, in place
-    scaled -= lo
-    scaled /= width
-    scaled *= 255.0
-    np.rint(scaled, out=scaled)
-    return np.clip(scaled, 0, 255, out=scaled).astype(np.uint8)
-
-
-def select_slices(
-    dv: DisplayVolume,
-    mask: np.ndarray,
-    n: int,
-    indices: list[int] | None,
-    lesion: np.ndarray | None,
-) -> list[int]:
-    """N evenly spaced slices over the head, explicit indices, or slices through a mask."""
-    depth = dv.data.shape[dv.axis]
-    if indices:
-        bad = [i for i in indices if not 0 <= i < depth]
-        if bad:
-            raise RenderError(f"slice indices {bad} out of range 0..{depth - 1}")
-        return list(dict.fromkeys(indices))
-    if n < 1:
-        raise RenderError("number of slices must be at least 1")
-    other = tuple(a for a in range(3) if a != dv.axis)
-    if lesion is not None and lesion.any():
-        candidates = np.nonzero(lesion.any(axis=other))[0]
-    else:
-        area = mask.mean(axis=other) if mask.any() else np.ones(depth)
-        candidates = np.nonzero(area > 0.02)[0]
-        if candidates.size == 0:
-            candidates = np.arange(depth)
-        else:
-            lo, hi = int(candidates[0]), int(candidates[-1])
-            # Trim the caps of the skull, where a slice shows little brain.
-            trim = round((hi - lo) * 0.06)
-            candidates = np.arange(lo + trim, hi - trim + 1)
-    if candidates.size <= n:
-        return [int(c) for c in candidates]
-    picks = np.linspace(0, candidates.size - 1, n)
-    return [int(candidates[round(p)]) for p in picks]
-
-
-def _crop_box(mask2d: np.ndarray, margin: float = 0.06) -> tuple[int, int, int, int]:
-    rows = np.nonzero(mask2d.any(axis=1))[0]
-    cols = np.nonzero(mask2d.any(axis=0))[0]
-    h, w = mask2d.shape
-    if rows.size == 0 or cols.size == 0:
-        return 0, 0, h, w
-    mr, mc = int(h * margin), int(w * margin)
+    log_sum /= len(pick.volumes)
     return (
-        max(0, rows[0] - mr),
-        max(0, cols[0] - mc),
-        min(h, rows[-1] + 1 + mr),
-        min(w, cols[-1] + 1 + mc),
+        pick,
+        np.exp(log_sum, out=log_sum),
+        f"b={b} trace ({len(pick.volumes)} directions)",
+        warnings,
     )
 
 
-def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    # One font object per thread: FreeType faces are not safe to share between threads.
-    return _font_of_thread(size, threading.get_ident())
+def clear_caches() -> None:
+    """Forget what earlier reads and renders left in this process (scan templates, converted
+    header values, loaded fonts and rasterised labels), e.g. to time a cold render."""
+    from dicom import fastread, montage
 
-
-@functools.lru_cache(maxsize=64)
-def _font_of_thread(size: int, _thread: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    return ImageFont.load_default(size=size)
-
-
-def _fit_tile(img: np.ndarray, pixel_mm: tuple[float, float], size: int) -> Image.Image:
-    """Resample to square pixels and fit into a size x size tile (black background)."""
-    h, w = img.shape[:2]
-    width_mm, height_mm = w * pixel_mm[0], h * pixel_mm[1]
-    scale = size / max(width_mm, height_mm)
-    new_w, new_h = max(1, round(width_mm * scale)), max(1, round(height_mm * scale))
-    mode = "RGB" if img.ndim == 3 else "L"
-    pil = Image.fromarray(np.ascontiguousarray(img), mode=mode).resize(
-        (new_w, new_h), Image.Resampling.BILINEAR
-    )
-    tile = Image.new(mode, (size, size), 0)
-    tile.paste(pil, ((size - new_w) // 2, (size - new_h) // 2))
-    return tile.convert("RGB")
-
-
-def _position_label(dv: DisplayVolume, index: int) -> tuple[str, float]:
-    if dv.affine is None:
-        return f"slice {index + 1}", float(index)
-    # Position of the slice centre (an oblique slice's corner sits elsewhere along the axis).
-    voxel = [(n - 1) / 2.0 for n in dv.data.shape[:3]] + [1.0]
-    voxel[dv.axis] = float(index)
-    mm = float((dv.affine @ np.array(voxel))[dv.axis])
-    letter = {0: ("R", "L"), 1: ("A", "P"), 2: ("S", "I")}[dv.axis]
-    side = letter[0] if mm >= 0 else letter[1]
-    return f"{side} {abs(mm):.1f} mm", round(mm, 2)
-
-
-def _mark_tile(tile: Image.Image, dv: DisplayVolume, text: str) -> None:
-    draw = ImageDraw.Draw(tile)
-    size = tile.size[0]
-    font = _font(max(10, size // 16))
-    draw.text((4, size - 4), text, fill=(255, 255, 0), font=font, anchor="ls")
-    if dv.affine is not None and dv.plane in (Plane.AXIAL, Plane.CORONAL):
-        draw.text((4, size // 2), "R", fill=(255, 255, 0), font=font, anchor="lm")
-        draw.text((size - 4, size // 2), "L", fill=(255, 255, 0), font=font, anchor="rm")
-    elif dv.affine is not None and dv.plane is Plane.SAGITTAL:
-        draw.text((4, size // 2), "A", fill=(255, 255, 0), font=font, anchor="lm")
-        draw.text((size - 4, size // 2), "P", fill=(255, 255, 0), font=font, anchor="rm")
+    fastread.clear_caches()
+    montage.clear_caches()
 
 
 def sequence_label(series: SeriesInfo, volume_label: str) -> str:
@@ -360,12 +161,6 @@ def sequence_label(series: SeriesInfo, volume_label: str) -> str:
     elif series.detail:
         parts.append(series.detail)
     return " | ".join(parts)
-
-
-def _png_bytes(img: Image.Image) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, format="PNG", optimize=False, compress_level=1)
-    return buf.getvalue()
 
 
 def _safe_name(text: str) -> str:
@@ -395,6 +190,44 @@ def _write(out_dir: Path, files: list[tuple[str, bytes]]) -> None:
 _Rendered = tuple[list[RenderedImage], list[tuple[str, bytes]], list[str]]
 
 
+@dataclass
+class _Source:
+    """The volume to show, how its values become grey, and which voxels are head."""
+
+    series: SeriesInfo
+    dv: DisplayVolume
+    stats: HeadStats
+    rgb: bool
+    lut: StoredLUT | None  # stored integers: their modality LUT; None: float values
+    warnings: list[str]
+
+
+def _source(
+    series: SeriesInfo, options: RenderOptions, siblings: list[SeriesInfo] | None
+) -> _Source:
+    warnings: list[str] = []
+    lut = None
+    if series.series_class is SequenceClass.DWI and siblings:
+        series, data, vlabel, w = choose_diffusion_volume(
+            siblings, options.diffusion, options.memory_cap
+        )
+        warnings.extend(w)
+    else:
+        vlabel = series.volume_labels[0] if series.volume_labels else ""
+        stored = load_stored(series, 0, options.memory_cap)
+        if stored is not None:
+            lut = StoredLUT(stored.data.dtype, stored.slope, stored.intercept)
+        vol = stored if stored is not None else load_volume(series, 0, options.memory_cap)
+        data = vol.data
+        warnings.extend(vol.warnings)
+    rgb = data.ndim == 4 and data.shape[3] == 3
+    dv = display_volume(series, data, options.reslice_axial, vlabel)
+    warnings.extend(dv.warnings)
+    ct = is_ct(series)
+    stats = stored_head_stats(dv.data, lut, ct) if lut is not None else head_stats(dv.data, ct, rgb)
+    return _Source(series, dv, stats, rgb, lut, warnings)
+
+
 def _render_images(
     series: SeriesInfo,
     options: RenderOptions,
@@ -402,45 +235,36 @@ def _render_images(
     lesion_mask: SeriesInfo | None,
 ) -> _Rendered:
     """The records, PNG files (name, bytes) and warnings of one stack; writes nothing."""
-    warnings: list[str] = []
-    if series.series_class is SequenceClass.DWI and siblings:
-        series, data, vlabel, w = choose_diffusion_volume(
-            siblings, options.diffusion, options.memory_cap
-        )
-        warnings.extend(w)
-    else:
-        vol = load_volume(series, 0, options.memory_cap)
-        data, vlabel = vol.data, (series.volume_labels[0] if series.volume_labels else "")
-        warnings.extend(vol.warnings)
-    rgb = data.ndim == 4 and data.shape[3] == 3
-    dv = display_volume(series, data, options.reslice_axial, vlabel)
-    warnings.extend(dv.warnings)
-    is_ct = series.series_class is SequenceClass.CT or series.modality == "CT"
-    if rgb:
-        mask, inside = np.ones(dv.data.shape[:3], dtype=bool), None
-    else:
-        mask, inside = _head_mask_and_values(dv.data, is_ct)
+    src = _source(series, options, siblings)
+    series, dv, rgb, warnings = src.series, src.dv, src.rgb, src.warnings
     center, width, wdesc = (
         (127.5, 255.0, "RGB passed through")
         if rgb
-        else window_for(series, dv.data, mask, options.window, inside)
+        else window_for(series, src.stats, options.window)
     )
+    grey: Callable[[np.ndarray], np.ndarray]
+    if src.lut is not None:
+        grey = stored_to_uint8(src.lut, center, width)
+    else:
+        grey = lambda img: to_uint8(img, center, width, rgb)  # noqa: E731
     lesion = None
     if lesion_mask is not None:
         lesion = _lesion_in_display(series, lesion_mask, dv, options.memory_cap)
-    picks = select_slices(dv, mask, options.n_slices, options.indices, lesion)
+    threshold = src.stats.threshold
+    picks = select_slices(dv, threshold, options.n_slices, options.indices, lesion)
     images2d = [slice_2d(dv, k) for k in picks]
-    mask_dv = replace(dv, data=mask)
     mask2d = np.zeros(images2d[0].shape[:2], dtype=bool)
-    for k in picks:
-        mask2d |= slice_2d(mask_dv, k)
-    r0, c0, r1, c1 = _crop_box(mask2d)
+    if threshold is None:
+        mask2d[...] = True
+    else:
+        for img in images2d:
+            mask2d |= img > threshold
+    r0, c0, r1, c1 = crop_box(mask2d)
     tiles, labels, positions = [], [], []
     for k, img in zip(picks, images2d, strict=True):
-        u8 = _to_uint8(img[r0:r1, c0:c1], center, width, rgb)
-        text, mm = _position_label(dv, k)
-        tile = _fit_tile(u8, dv.pixel_mm, options.tile_size)
-        _mark_tile(tile, dv, text)
+        text, mm = position_label(dv, k)
+        tile = fit_tile(grey(img[r0:r1, c0:c1]), dv.pixel_mm, options.tile_size)
+        mark_tile(tile, dv.plane, dv.affine is not None, text)
         tiles.append(tile)
         labels.append(text)
         positions.append(mm)
@@ -459,7 +283,7 @@ def _render_images(
     def emit(
         img: Image.Image, name: str, kind: str, idx: list[int], pos: list[float], label: str
     ) -> None:
-        data_png = _png_bytes(img)
+        data_png = encode_png(np.asarray(img))
         files.append((name, data_png))
         records.append(
             RenderedImage(
@@ -484,40 +308,12 @@ def _render_images(
 
     if options.singles:
         for k, tile, text, mm in zip(picks, tiles, labels, positions, strict=True):
-            single = _with_header(tile, f"{seq} | {text}")
+            single = with_header(tile, f"{seq} | {text}")
             emit(single, f"{stem}_slice{k:03d}.png", "slice", [k], [mm], f"{seq} | {text}")
     if options.montage:
-        montage = _montage(tiles, options.columns, seq, orient)
-        emit(montage, f"{stem}_montage.png", "montage", picks, positions, seq)
+        sheet = montage(tiles, options.columns, seq, orient)
+        emit(sheet, f"{stem}_montage.png", "montage", picks, positions, seq)
     return records, files, warnings
-
-
-def _with_header(tile: Image.Image, text: str) -> Image.Image:
-    bar = max(18, tile.size[0] // 12)
-    out = Image.new("RGB", (tile.size[0], tile.size[1] + bar), (0, 0, 0))
-    out.paste(tile, (0, bar))
-    ImageDraw.Draw(out).text(
-        (4, bar // 2), text, fill=(255, 255, 255), font=_font(max(10, bar * 2 // 3)), anchor="lm"
-    )
-    return out
-
-
-def _montage(tiles: list[Image.Image], columns: int, title: str, orient: str) -> Image.Image:
-    size = tiles[0].size[0]
-    cols = max(1, min(columns, len(tiles)))
-    nrows = (len(tiles) + cols - 1) // cols
-    bar = max(24, size // 8)
-    out = Image.new("RGB", (cols * size, nrows * size + bar), (0, 0, 0))
-    draw = ImageDraw.Draw(out)
-    draw.text(
-        (6, bar // 3), title, fill=(255, 255, 255), font=_font(max(11, bar // 3)), anchor="lm"
-    )
-    draw.text(
-        (6, bar * 3 // 4), orient, fill=(200, 200, 200), font=_font(max(9, bar // 4)), anchor="lm"
-    )
-    for n, tile in enumerate(tiles):
-        out.paste(tile, ((n % cols) * size, bar + (n // cols) * size))
-    return out
 
 
 def _lesion_in_display(
@@ -536,7 +332,7 @@ def _lesion_in_display(
             f"mask series {mask_series.key} is not on the grid of series {series.key}"
         )
     data = load_volume(mask_series, 0, cap).data
-    canon, _ = _canonical(data, np.array(mask_series.affine))
+    canon, _ = canonical(data, np.array(mask_series.affine))
     return canon > 0
 
 

@@ -10,6 +10,8 @@ elements. A sibling is scanned along the template in runs:
 - an element whose value differs between files, or is big, is compared by its element header
   only (tag, VR, length): if the scan never reads its value it is stepped over, and if it is a
   needed element its value is taken from the sibling;
+- an element whose length differs too (a UID, a position, a name) is compared by its tag and
+  VR, and its length is read from the sibling's header, with the same two outcomes;
 - anything else is walked by ``fastscan.step``, as a file without template would be.
 
 What differs is learned from the first siblings. If a walked element has another tag than
@@ -43,11 +45,23 @@ _BY_SIZE: dict[int, Template] = {}
 _last: Template | None = None
 
 # Run kinds.
-_BLOCK, _HEADER, _VALUE, _STEP = 0, 1, 2, 3
+_BLOCK, _HEADER, _VALUE, _STEP, _LENGTH = 0, 1, 2, 3, 4
 
 
 class _Run:
-    __slots__ = ("block", "end", "first", "hdr", "kind", "raws", "tag", "value_length", "vr")
+    __slots__ = (
+        "block",
+        "end",
+        "first",
+        "hdr",
+        "kind",
+        "needed",
+        "prefix",
+        "raws",
+        "tag",
+        "value_length",
+        "vr",
+    )
 
     def __init__(self, first: int, end: int, kind: int, tmpl: Template) -> None:
         self.first, self.end, self.kind = first, end, kind
@@ -59,6 +73,9 @@ class _Run:
         self.vr = raw.VR if raw is not None else None
         cut = b[end] if kind == _BLOCK else b[first] + self.hdr
         self.block = memoryview(tmpl.data)[b[first] : cut]
+        # Tag (and VR, when explicit): what a _LENGTH element must share with the template.
+        self.prefix = bytes(self.block[: 4 if tmpl.implicit else 6])
+        self.needed = raw is not None
         self.raws = [
             (tmpl.tags[k], raw) for k in range(first, end) if (raw := tmpl.raws[k]) is not None
         ]
@@ -109,6 +126,13 @@ class Template:
         self.runs: list[_Run] = []
         self._plan()
 
+    def _length_only(self, k: int) -> bool:
+        """Whether element k can be scanned by its tag and VR, reading its length (a plain
+        element whose value the scan skips or takes whole)."""
+        return self.value_lengths[k] >= 0 and (
+            self.raws[k] is not None or self.tags[k] not in _NOT_SKIPPED
+        )
+
     def _header_only(self, k: int, minimum: int = 0) -> bool:
         """Whether only the header of element k matters to the scan (and its value is long)."""
         return (
@@ -146,7 +170,18 @@ class Template:
                     if off < 0 or off + n > len(data):
                         data, off = rd.view(pos, n)
                         base = rd.base
-                    if data.startswith(run.block, off):
+                    if kind == _LENGTH:
+                        length = _length(data, off, run.hdr, implicit)
+                        if length != UNDEFINED and data.startswith(run.prefix, off):
+                            if run.needed:
+                                pos = self._value(rd, pos, run, elements, length)
+                                data, base = rd.data, rd.base
+                            else:
+                                pos += n + length
+                            if pos > size:
+                                raise Fallback("an element runs past the end of the file")
+                            continue
+                    elif data.startswith(run.block, off):
                         if kind == _BLOCK:
                             for tag, raw in run.raws:
                                 if tag in elements:
@@ -156,7 +191,7 @@ class Template:
                         elif kind == _HEADER:
                             pos += n + run.value_length
                         else:
-                            pos = self._value(rd, pos, run, elements)
+                            pos = self._value(rd, pos, run, elements, run.value_length)
                             data, base = rd.data, rd.base
                         if pos > size:
                             raise Fallback("an element runs past the end of the file")
@@ -168,7 +203,10 @@ class Template:
                     if not ok:
                         return pos, False
                     continue
-                self.kinds[run.first] = _STEP  # its header changed: walk it from now on
+                # Its header changed: from now on compare its tag only, or walk it.
+                first = run.first
+                eligible = kind != _LENGTH and self._length_only(first)
+                self.kinds[first] = _LENGTH if eligible else _STEP
             tag, nxt = step(rd, pos, implicit, elements)
             data, base = rd.data, rd.base
             if tag != run.tag or nxt < 0:
@@ -178,11 +216,15 @@ class Template:
             self._plan()
         return pos, True
 
-    def _value(self, rd: Reader, pos: int, run: _Run, elements: dict[int, RawDataElement]) -> int:
-        """A needed element whose header matched the template's: take its value."""
+    def _value(
+        self, rd: Reader, pos: int, run: _Run, elements: dict[int, RawDataElement], length: int
+    ) -> int:
+        """A needed element whose tag and VR matched the template's: take its value."""
         if run.tag in elements:
             raise Fallback("a needed tag appears twice")
-        start, length = pos + run.hdr, run.value_length
+        start = pos + run.hdr
+        if start + length > rd.size:
+            raise Fallback("a needed element runs past the end of the file")
         if length == 0:
             value = cast("bytes | None", empty_value_for_VR(run.vr, raw=True))
         else:
@@ -217,6 +259,8 @@ class Template:
                 self.kinds[k] = _HEADER
             elif same_header and self.raws[k] is not None and self.value_lengths[k] >= 0:
                 self.kinds[k] = _VALUE
+            elif hdr > 0 and self._length_only(k):
+                self.kinds[k] = _LENGTH  # checked against the tag at each use
             else:
                 self.kinds[k] = _STEP
             tag, nxt = step(rd, pos, self.implicit, elements)
@@ -224,6 +268,13 @@ class Template:
                 return nxt, False
             pos = nxt
         return pos, True
+
+
+def _length(data: bytes, off: int, hdr: int, implicit: bool) -> int:
+    """The value length in the element header at ``off`` (8 or 12 bytes, all in ``data``)."""
+    if implicit or hdr == 12:
+        return int.from_bytes(data[off + hdr - 4 : off + hdr], "little")
+    return int.from_bytes(data[off + 6 : off + 8], "little")
 
 
 def find(size: int) -> Template | None:

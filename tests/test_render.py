@@ -102,9 +102,9 @@ def test_rendering_in_threads_gives_the_serial_bytes(
         assert (tmp_path / "t" / img.file).read_bytes() == (tmp_path / "s" / img.file).read_bytes()
 
 
-def test_percentiles_from_a_sort_equal_numpys(corpus: Path, brainix_index) -> None:
-    from dicom.percentile import percentile_of_sorted
-    from dicom.render import _head_mask_and_values, head_mask
+def test_percentiles_from_a_sort_or_a_histogram_equal_numpys(corpus: Path, brainix_index) -> None:
+    from dicom.percentile import counts_u16, percentile_of_counts, percentile_of_sorted
+    from dicom.window import head_mask, head_stats
 
     rng = np.random.default_rng(3)
     samples = [rng.standard_normal(n).astype(np.float32) * 500 for n in (1, 2, 7, 1000, 99_999)]
@@ -114,14 +114,22 @@ def test_percentiles_from_a_sort_equal_numpys(corpus: Path, brainix_index) -> No
             want, got = np.percentile(x, q), percentile_of_sorted(np.sort(x), q)
             assert type(want) is type(got) and np.asarray(want).dtype == np.asarray(got).dtype
             assert np.array_equal(want, got)
-    # The head mask and the values inside it, from a real (transposed, flipped) volume.
+    stored = np.round(rng.gamma(2.0, 300.0, 100_003)).astype(np.uint16)
+    counts = counts_u16(stored)
+    values = np.arange(counts.size, dtype=np.float32) * np.float32(0.25) - np.float32(7)
+    for q in (99.0, (0.5, 99.5), 0, 100):
+        want = np.percentile(values[stored], q)
+        got = percentile_of_counts(values, counts, q)
+        assert type(want) is type(got) and np.array_equal(want, got)
+    # The head mask and the window percentiles, from a real (transposed, flipped) volume.
     s = brainix_index.series[0]
     dv = display_volume(s, load_volume(s).data, True, "")
-    mask, inside = _head_mask_and_values(dv.data, is_ct=False)
+    stats = head_stats(dv.data, ct=False)
     positive = dv.data[dv.data > 0]
-    assert np.array_equal(mask, dv.data > 0.1 * float(np.percentile(positive, 99.0)))
+    mask = dv.data > 0.1 * float(np.percentile(positive, 99.0))
+    assert stats.threshold is not None and np.array_equal(dv.data > stats.threshold, mask)
     assert np.array_equal(mask, head_mask(dv.data, False))
-    assert inside is not None and np.array_equal(inside, np.sort(dv.data[mask]))
+    assert np.array_equal(stats.percentiles((0.5, 99.5)), np.percentile(dv.data[mask], (0.5, 99.5)))
 
 
 def test_sagittal_3d_t1_is_resliced_to_axial_by_default(corpus: Path, tmp_path: Path) -> None:
