@@ -16,6 +16,27 @@ from pydicom.uid import ExplicitVRBigEndian, ImplicitVRLittleEndian
 from pynetdicom import PYNETDICOM_IMPLEMENTATION_UID, PYNETDICOM_IMPLEMENTATION_VERSION
 
 _LAST_UID_TAG = 0x0020000E  # SeriesInstanceUID: the header scan stops after it
+_STUDY_TAG = 0x0020000D
+_ITEM, _ITEM_DELIMITER, _SEQ_DELIMITER = 0xFFFEE000, 0xFFFEE00D, 0xFFFEE0DD
+_UNDEFINED = 0xFFFFFFFF
+_MAX_DEPTH = 8
+_HEADER = struct.Struct("<HHHH")
+_U32 = struct.Struct("<I")
+_LONG_VRS = {
+    b"OB",
+    b"OD",
+    b"OF",
+    b"OL",
+    b"OV",
+    b"OW",
+    b"SQ",
+    b"SV",
+    b"UC",
+    b"UN",
+    b"UR",
+    b"UT",
+    b"UV",
+}
 _DEFLATED = {"1.2.840.10008.1.2.1.99", "1.2.840.10008.1.2.4.95"}
 
 
@@ -50,24 +71,115 @@ def file_meta_bytes(
 def read_uids(data: BytesIO, transfer_syntax: str) -> tuple[str, str] | None:
     """(StudyInstanceUID, SeriesInstanceUID) read from the start of an encoded dataset.
 
-    Returns None when the encoding needs a full decode (deflate), so the caller falls back.
+    A byte walk over the top-level elements (stepping over sequences) for little endian
+    encodings; pydicom reads anything the walk does not handle. Raises KeyError when a UID
+    is missing. Returns None when the encoding needs a full decode (deflate).
     """
-    if transfer_syntax == ImplicitVRLittleEndian:
-        implicit, little = True, True
-    elif transfer_syntax == ExplicitVRBigEndian:
-        implicit, little = False, False
-    elif transfer_syntax in _DEFLATED:
+    if transfer_syntax in _DEFLATED:
         return None  # deflated: not parseable in place
-    else:
-        implicit, little = False, True
+    big = transfer_syntax == ExplicitVRBigEndian
+    implicit = transfer_syntax == ImplicitVRLittleEndian
+    if not big:
+        with data.getbuffer() as buf:
+            found = scan_uids(buf, implicit)
+        if found is not None:
+            return found
     data.seek(0)
 
     def stop(tag: Any, vr: Any, length: Any) -> bool:
         return int(tag) > _LAST_UID_TAG
 
-    ds = read_dataset(data, implicit, little, stop_when=stop)
+    ds = read_dataset(data, implicit, not big, stop_when=stop)
     data.seek(0)
     study, series = ds.get("StudyInstanceUID"), ds.get("SeriesInstanceUID")
     if study is None or series is None:
         raise KeyError("StudyInstanceUID/SeriesInstanceUID missing")
     return str(study), str(series)
+
+
+def scan_uids(buf: Any, implicit: bool) -> tuple[str, str] | None:
+    """The two UIDs of a little endian dataset, or None when pydicom should read it instead.
+
+    Raises KeyError when the walk reaches past (0020,000E) without finding both.
+    """
+    end = len(buf)
+    pos = 0
+    found: dict[int, str] = {}
+    while pos + 8 <= end:
+        tag, length, hdr = _element_header(buf, pos, implicit)
+        if tag < 0:
+            return None
+        if tag > _LAST_UID_TAG:
+            break
+        pos += hdr
+        if length == _UNDEFINED:
+            if not implicit and bytes(buf[pos - hdr + 4 : pos - hdr + 6]) != b"SQ":
+                return None  # UN with undefined length, or stray: pydicom decides
+            pos = _skip_items(buf, pos, implicit, 1)
+            if pos < 0:
+                return None
+            continue
+        if pos + length > end:
+            return None
+        if tag in (_STUDY_TAG, _LAST_UID_TAG):
+            found[tag] = bytes(buf[pos : pos + length]).decode("ascii", "replace").rstrip("\0 ")
+        pos += length
+    if pos + 8 > end and pos != end:
+        return None  # trailing bytes shorter than a header
+    if _STUDY_TAG not in found or _LAST_UID_TAG not in found:
+        raise KeyError("StudyInstanceUID/SeriesInstanceUID missing")
+    return found[_STUDY_TAG], found[_LAST_UID_TAG]
+
+
+def _element_header(buf: Any, pos: int, implicit: bool) -> tuple[int, int, int]:
+    """(tag, value length, header size) at ``pos``; tag -1 when the header is unusable."""
+    group, elem, vr_or_len, short_len = _HEADER.unpack_from(buf, pos)
+    tag = group << 16 | elem
+    if implicit:
+        return tag, vr_or_len | short_len << 16, 8
+    vr = vr_or_len.to_bytes(2, "little")
+    if group == 0xFFFE:  # item and delimiters have no VR in any encoding
+        return tag, vr_or_len | short_len << 16, 8
+    if vr in _LONG_VRS:
+        if pos + 12 > len(buf):
+            return -1, 0, 0
+        return tag, _U32.unpack_from(buf, pos + 8)[0], 12
+    if not (0x41 <= vr[0] <= 0x5A and 0x41 <= vr[1] <= 0x5A):
+        return -1, 0, 0
+    return tag, short_len, 8
+
+
+def _skip_items(buf: Any, pos: int, implicit: bool, depth: int) -> int:
+    """The offset after an undefined-length sequence starting at ``pos``; -1 if unusual."""
+    if depth > _MAX_DEPTH:
+        return -1
+    end = len(buf)
+    while pos + 8 <= end:
+        group, elem, low, high = _HEADER.unpack_from(buf, pos)
+        tag, length = group << 16 | elem, low | high << 16
+        pos += 8
+        if tag == _SEQ_DELIMITER:
+            return pos
+        if tag != _ITEM:
+            return -1
+        if length != _UNDEFINED:
+            pos += length
+            continue
+        while True:  # an undefined-length item: its elements up to the item delimiter
+            if pos + 8 > end:
+                return -1
+            tag, length, hdr = _element_header(buf, pos, implicit)
+            if tag < 0:
+                return -1
+            pos += hdr
+            if tag == _ITEM_DELIMITER:
+                break
+            if length == _UNDEFINED:
+                if not implicit and bytes(buf[pos - hdr + 4 : pos - hdr + 6]) != b"SQ":
+                    return -1
+                pos = _skip_items(buf, pos, implicit, depth + 1)
+                if pos < 0:
+                    return -1
+            else:
+                pos += length
+    return -1

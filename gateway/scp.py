@@ -1,11 +1,14 @@
 """The DICOM node: a pynetdicom storage SCP that spools studies and says when one is complete.
 
-Each instance is written as received (``event.encoded_dataset()``, no decode) to a temporary
-file, then renamed, into a staging folder of its association. A normally released association
-commits its files into ``spool/studies/<StudyInstanceUID>/<SeriesInstanceUID>/``; an aborted
-one (A-ABORT, dropped connection) never reaches the study: its files go to
-``spool/quarantine/`` and are logged. A write that fails (disk full, file size limit, I/O error)
-answers 0xA700 (Out of Resources), so the sender knows the instance was not kept.
+Each instance is written as received (the encoded bytes, no decode; only the two UIDs that name
+its folder are read) to a temporary file, then renamed, into a staging folder of its
+association. A normally released association commits its files into
+``spool/studies/<StudyInstanceUID>/<SeriesInstanceUID>/`` once they are on disk (see
+``gateway.spool`` for the fsync policies); an aborted one (A-ABORT, dropped connection) never
+reaches the study: its files go to ``spool/quarantine/`` and are logged. A write that fails
+(disk full, file size limit, I/O error) answers 0xA700 (Out of Resources), so the sender knows
+the instance was not kept. The transport is pynetdicom's, with the C-STORE hot path of
+``gateway.scp_transport``.
 A study is complete once no association is sending to it and ``quiet_s`` seconds have passed
 since its last instance; later arrivals make it complete again (a new report version).
 """
@@ -13,7 +16,6 @@ since its last instance; later arrivals make it complete again (a new report ver
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -22,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import count
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +32,21 @@ from pydantic import BaseModel
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
-from gateway.cache import InvalidUIDError, atomic_writer, check_uid
+from gateway.cache import InvalidUIDError, check_uid
 from gateway.metrics import METRICS
 from gateway.part10 import file_meta_bytes, read_uids
+from gateway.scp_transport import start_store_server
+from gateway.spool import (
+    FSYNC_POLICIES,
+    FsyncPolicy,
+    SyncBatch,
+    Syncer,
+    fsync_dirs,
+    quarantine,
+    read_received_info,
+    write_instance,
+    write_received_info,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +84,9 @@ class _Assoc:
     dirs: set[Path] = field(default_factory=set)
     done: bool = False
     closed_at: float | None = None
+    batch: SyncBatch = field(default_factory=SyncBatch)  # background fsyncs of its files
+    writes: count[int] = field(default_factory=count)  # names temporary files uniquely
+    last_received: float = 0.0  # wall clock of its last instance
 
 
 @dataclass
@@ -94,8 +112,10 @@ class StorageSCP:
         on_complete: Callable[[ReceivedStudy], object] | None = None,
         max_associations: int = 32,
         allowed_calling_aets: list[str] | None = None,
-        fsync: bool = True,
+        fsync: FsyncPolicy = "association",
     ) -> None:
+        if fsync not in FSYNC_POLICIES:
+            raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
         self.spool = spool
         self.ae_title = ae_title
         self.host, self.port = host, port
@@ -113,6 +133,7 @@ class StorageSCP:
         self._committing = 0
         self._server: Any = None
         self._ticker: threading.Thread | None = None
+        self._syncer = Syncer()
         self.ae = AE(ae_title=ae_title)
         self.ae.maximum_associations = max_associations
         self.ae.maximum_pdu_size = 0  # no limit: let the sender pick large PDUs
@@ -130,6 +151,7 @@ class StorageSCP:
         for d in (self.incoming, self.studies_dir, self.quarantine):
             d.mkdir(parents=True, exist_ok=True)
         self._recover()
+        self._syncer.start()
         handlers: list[Any] = [
             (evt.EVT_C_STORE, self._on_store),
             (evt.EVT_C_ECHO, lambda _e: STATUS_SUCCESS),
@@ -139,9 +161,7 @@ class StorageSCP:
             (evt.EVT_ABORTED, self._on_aborted),
             (evt.EVT_CONN_CLOSE, self._on_closed),
         ]
-        self._server = self.ae.start_server(
-            (self.host, self.port), block=False, evt_handlers=handlers
-        )
+        self._server = start_store_server(self.ae, (self.host, self.port), handlers)
         self.port = self._server.server_address[1]
         self._stop.clear()
         self._ticker = threading.Thread(target=self._tick, name="scp-quiet", daemon=True)
@@ -159,6 +179,16 @@ class StorageSCP:
             self._server = None
         if self._ticker is not None:
             self._ticker.join(timeout=5)
+        self._syncer.stop()
+
+    def wait_idle(self, timeout_s: float = 30.0) -> bool:
+        """Wait until no association is open and every released one is committed."""
+        deadline = time.monotonic() + timeout_s
+        while self._assocs or self._committing:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
 
     def _recover(self) -> None:
         """After a crash: staged files of unreleased associations go to quarantine; spooled
@@ -167,7 +197,7 @@ class StorageSCP:
             self._quarantine(d, "left over from a previous run")
         for d in self.studies_dir.iterdir():
             if d.is_dir():
-                info = self._read_info(d)
+                info = read_received_info(d)
                 st = _Study(uid=d.name, calling_aets=set(info.get("calling_aets", [])))
                 st.n_new = 1
                 self._studies[d.name] = st
@@ -192,6 +222,9 @@ class StorageSCP:
     def _on_store(self, event: Any) -> int:
         a = self._assocs.get(id(event.assoc))
         if a is None or a.done:
+            return STATUS_OUT_OF_RESOURCES
+        if a.batch.error is not None:  # an earlier file of this association did not reach disk
+            METRICS.inc("dicom_store_failures_total")
             return STATUS_OUT_OF_RESOURCES
         req = event.request
         ts = str(event.context.transfer_syntax)
@@ -218,12 +251,10 @@ class StorageSCP:
                 folder.mkdir(parents=True, exist_ok=True)
                 a.dirs.add(folder)
             # A view of the received bytes: no copy; released before pynetdicom closes them.
-            with (
-                req.DataSet.getbuffer() as body,
-                atomic_writer(dest, fsync=self.fsync, make_dirs=False) as fh,
-            ):
-                fh.write(file_meta_bytes(sop_class, sop, ts, a.calling_aet))
-                fh.write(body)
+            with req.DataSet.getbuffer() as body:
+                meta = file_meta_bytes(sop_class, sop, ts, a.calling_aet)
+                tmp = folder / f".{next(a.writes)}.part"
+                write_instance(dest, tmp, (meta, body), self.fsync, self._syncer, a.batch)
                 size = len(body)
         except OSError as exc:
             # Disk full, file too large, read-only: the sender must keep (and resend) it.
@@ -232,6 +263,7 @@ class StorageSCP:
             )
             METRICS.inc("dicom_store_failures_total")
             return STATUS_OUT_OF_RESOURCES
+        a.last_received = time.time()
         with self._lock:
             a.files.append((dest, study, series, sop))
             a.studies[study] = a.studies.get(study, 0) + 1
@@ -289,11 +321,24 @@ class StorageSCP:
     # ----------------------------------------------------------------- spool
 
     def _commit(self, a: _Assoc) -> None:
-        now_wall, now = time.time(), time.monotonic()
+        # The files enter the study only once on disk: an evaluation never reads data that a
+        # power loss could still undo.
+        a.batch.wait()
+        if a.batch.error is not None:
+            self._discard(a, f"files not on disk ({a.batch.error.strerror})")
+            return
+        now = time.monotonic()
+        made: set[Path] = set()
         for src, study, series, sop in a.files:
-            dest = self.studies_dir / study / series / f"{sop}.dcm"
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dest)
+            folder = self.studies_dir / study / series
+            if folder not in made:
+                if not folder.parent.exists():
+                    made.add(self.studies_dir)  # a new study folder: its entry too
+                folder.mkdir(parents=True, exist_ok=True)
+                made |= {folder, folder.parent}
+            os.replace(src, folder / f"{sop}.dcm")
+        if self.fsync != "off":
+            fsync_dirs(sorted(made, key=lambda p: -len(p.parts)))  # children before parents
         shutil.rmtree(a.staging, ignore_errors=True)
         with self._lock:
             for study, n in a.studies.items():
@@ -301,7 +346,7 @@ class StorageSCP:
                 st.calling_aets.add(a.calling_aet)
                 st.n_new += n
                 st.last_activity = now
-                st.last_received = now_wall
+                st.last_received = max(st.last_received, a.last_received)
                 self._write_info(st)
         if a.files:
             log.info(
@@ -323,36 +368,16 @@ class StorageSCP:
                     del self._studies[study]
 
     def _quarantine(self, folder: Path, why: str, n: int | None = None) -> None:
-        if not folder.exists():
-            return
-        dest = self.quarantine / f"{time.strftime('%Y%m%dT%H%M%S')}-{folder.name}"
-        try:
-            os.replace(folder, dest)
-        except OSError:
-            shutil.rmtree(folder, ignore_errors=True)
-            dest = Path("(deleted)")
-        count = n if n is not None else sum(1 for _ in dest.rglob("*.dcm")) if dest.exists() else 0
+        count = quarantine(folder, self.quarantine, why, n)
         METRICS.inc("dicom_instances_quarantined_total", count)
-        log.warning("%s: %d partial instance(s) not evaluated, moved to %s", why, count, dest)
-
-    def _info_path(self, study: str) -> Path:
-        return self.studies_dir / study / ".received.json"
-
-    def _read_info(self, folder: Path) -> dict[str, Any]:
-        try:
-            return dict(json.loads((folder / ".received.json").read_text()))
-        except (OSError, ValueError):
-            return {}
 
     def _write_info(self, st: _Study) -> None:
-        path = self._info_path(st.uid)
         info = {
             "calling_aets": sorted(st.calling_aets),
             "first_received": st.first,
             "last_received": st.last_received,
         }
-        with atomic_writer(path) as fh:
-            fh.write(json.dumps(info).encode())
+        write_received_info(self.studies_dir / st.uid, info)
 
     # ----------------------------------------------------------------- completion
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import subprocess
@@ -16,10 +17,11 @@ import pydicom
 import pytest
 from gateway_synth import make_study
 from pynetdicom import AE
-from pynetdicom.sop_class import MRImageStorage  # type: ignore[attr-defined]
+from pynetdicom.sop_class import MRImageStorage, Verification  # type: ignore[attr-defined]
 
 from gateway.pacs_local import free_port
 from gateway.scp import ReceivedStudy, StorageSCP
+from gateway.spool import Syncer
 
 STORESCU = "/usr/bin/storescu"
 ECHOSCU = "/usr/bin/echoscu"
@@ -242,3 +244,71 @@ def test_a_failed_disk_write_answers_out_of_resources(tmp_path: Path) -> None:
         proc.stdin.close()
         proc.wait(timeout=30)
     assert "answered 0xA700" in (proc.stderr.read() if proc.stderr else "")
+
+
+@pytest.mark.parametrize("policy", ["instance", "off"])
+def test_every_fsync_policy_spools_the_same_files(tmp_path: Path, policy: str) -> None:
+    n = Node(tmp_path / "spool", fsync=policy)
+    n.scp.start()
+    try:
+        study = make_study(tmp_path / "src", classes=("T1",), n_slices=4)
+        assert storescu(n.scp.port, study.files).returncode == 0
+        done = n.wait(1)
+        assert done and done[0].n_instances == 4
+        for src in study.files:
+            a = pydicom.dcmread(src)
+            b = pydicom.dcmread(
+                Path(done[0].folder) / a.SeriesInstanceUID / f"{a.SOPInstanceUID}.dcm"
+            )
+            assert b.PixelData == a.PixelData
+        assert not list(Path(done[0].folder).rglob("*.part"))
+    finally:
+        n.scp.stop()
+
+
+class _FailingSyncer(Syncer):
+    # A disk that accepts writes but fails to flush them cannot be staged without root:
+    # the fsync call is the one thing replaced, everything around it is the real node.
+    @staticmethod
+    def _fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_files_that_never_reach_the_disk_are_not_evaluated(tmp_path: Path) -> None:
+    n = Node(tmp_path / "spool")
+    n.scp._syncer = _FailingSyncer()
+    n.scp.start()
+    try:
+        study = make_study(tmp_path / "src", classes=("T1",), n_slices=20)
+        r = storescu(n.scp.port, study.files)
+        time.sleep(QUIET + 1.0)
+        assert n.done == []
+        assert not (n.scp.spool / "studies" / study.study_uid).exists()
+        assert list((n.scp.spool / "quarantine").rglob("*.dcm"))
+        # Once the failure is known, the association's later C-STOREs are refused.
+        log = (r.stdout + r.stderr).lower()
+        assert r.returncode != 0 or "0xa700" in log or "out of resources" in log, log
+    finally:
+        n.scp.stop()
+
+
+def test_a_c_store_from_a_c_move_takes_pynetdicoms_own_path_and_is_kept(
+    node: Node, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "src", classes=("T1",), n_slices=2)
+    ae = AE(ae_title="PACS")
+    ae.add_requested_context(MRImageStorage)
+    ae.add_requested_context(Verification)
+    assoc = ae.associate("127.0.0.1", node.scp.port, ae_title="NEUROSANDBOX")
+    assert assoc.is_established
+    for f in study.files:  # Move Originator fields: not the fast reader's, the stock decoder's
+        st = assoc.send_c_store(pydicom.dcmread(f), originator_aet="PACS", originator_id=7)
+        assert st.Status == 0
+    assert assoc.send_c_echo().Status == 0
+    assoc.release()
+    done = node.wait(1)
+    assert done and done[0].n_instances == 2 and done[0].calling_aets == ["PACS"]
+    for f in study.files:
+        a = pydicom.dcmread(f)
+        b = pydicom.dcmread(Path(done[0].folder) / a.SeriesInstanceUID / f"{a.SOPInstanceUID}.dcm")
+        assert b.PixelData == a.PixelData and b.PatientName == a.PatientName
