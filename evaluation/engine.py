@@ -117,10 +117,25 @@ def rescore(
     dataset = open_dataset(config, cache_dir)
     if dataset.hash != row["dataset_hash"]:
         log.warning("dataset content changed since the run: scores use the current ground truth")
+    judge = None
+    verdicts = Path(run_dir) / "judge.json"  # evaluation.judging.JUDGE_FILE
+    if verdicts.exists():
+        from evaluation.scoring import JudgeCache
+
+        try:
+            judge = JudgeCache(verdicts)
+        except ValueError as exc:  # JSON or schema: say which file, keep the run untouched
+            raise StoreError(
+                f"{verdicts}: not a judge verdict file ({exc}); move it away "
+                "to rescore without the judge"
+            ) from exc
     store = RunStore(run_dir)
     try:
         return rescore_run(
-            store, dataset, bertscore=config.bertscore if bertscore is None else bertscore
+            store,
+            dataset,
+            bertscore=config.bertscore if bertscore is None else bertscore,
+            judge=judge,
         )
     finally:
         store.close()

@@ -133,6 +133,59 @@ def runs_rescore(
     _show(run_dir)
 
 
+@runs_app.command("judge")
+def runs_judge(
+    run_dir: Annotated[Path, typer.Argument(help="run folder")],
+    model: Annotated[str, typer.Option("--model", help="the judge: a litellm model name")],
+    models_file: Annotated[
+        Path | None, typer.Option("--models-file", help="YAML/JSON model specs")
+    ] = None,
+    api_base: Annotated[str | None, typer.Option("--api-base", help="the judge's endpoint")] = None,
+    api_key_env: Annotated[
+        str | None, typer.Option("--api-key-env", help="variable holding the judge's key")
+    ] = None,
+) -> None:
+    """Ask an LLM about diagnosis strings the lexicon does not know, then rescore.
+
+    Verdicts go to RUNDIR/judge.json (asked once per distinct pair); judge matches are counted
+    apart in the summary. Strings carrying the patient's identifiers never go to an untrusted
+    endpoint.
+    """
+    from evaluation.engine import rescore
+    from evaluation.judging import judge_run
+    from evaluation.models import resolve_specs
+    from gateway.settings import get_settings
+
+    settings = get_settings()
+    try:
+        [spec] = resolve_specs(
+            [model],
+            models_file=models_file or settings.models_file,
+            api_base=api_base or settings.api_base,
+            api_key_env=api_key_env,
+        )
+        from rich.progress import Progress
+
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("judging", total=None)
+
+            def progress(done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total)
+
+            result = asyncio.run(judge_run(run_dir, spec, progress=progress))
+        counts = rescore(run_dir)
+    except EvaluationError as exc:
+        raise _fail(str(exc)) from None
+    console.print(
+        f"{result.pairs} undecided pair(s): {result.asked} asked now, {result.equivalent} "
+        f"equivalent, {result.not_equivalent} not, {result.unreadable} unreadable, "
+        f"{result.withheld} withheld (identifiers, untrusted endpoint); verdicts in "
+        f"{escape(result.cache)}"
+    )
+    console.print(", ".join(f"{k} {v}" for k, v in counts.items()))
+    _show(run_dir)
+
+
 @runs_app.command("export")
 def runs_export(
     run_dir: Annotated[Path, typer.Argument(help="run folder")],

@@ -38,8 +38,9 @@ def warm() -> None:
 
 
 class ScoringBridge:
-    def __init__(self, bertscore: bool = True) -> None:
+    def __init__(self, bertscore: bool = True, judge: Any = None) -> None:
         self.bertscore = bertscore
+        self.judge = judge  # a scoring.JudgeCache of LLM equivalence verdicts, or None
 
     def score(
         self,
@@ -64,6 +65,7 @@ class ScoringBridge:
             output=output,
             run_id=run_id,
             bertscore=self.bertscore,
+            judge=self.judge,
             extra_scores=extra_scores,
         )
         return list(scored.scores), scored.error, scored.model_dump_json()
@@ -94,10 +96,14 @@ def rescore_run(
     *,
     bertscore: bool = True,
     prompts: PromptSet | None = None,
+    judge: Any = None,
 ) -> dict[str, int]:
-    """Parse every stored final response again and score it; no model is ever called."""
+    """Parse every stored final response again and score it; no model is ever called.
+
+    ``judge`` is the run's cache of LLM equivalence verdicts (``runs judge``), read only.
+    """
     prompts = prompts or default_prompts()
-    bridge = ScoringBridge(bertscore=bertscore)
+    bridge = ScoringBridge(bertscore=bertscore, judge=judge)
     run_id = store.run_row()["run_id"]
     cases = {c.case_id: c for c in dataset.cases}
     responses = store.responses()
