@@ -1,32 +1,36 @@
 """The known traps of provider paths, each against a server that enforces it as the provider does:
 image size and side limits (re-encode or downscale, never drop), images per request (montage)
-and per message (split), reasoning models that reject temperature/top_p, Anthropic's
-temperature range, and ``n``, which a sample never uses."""
+and per message (split), reasoning models that reject temperature/top_p, Claude models that
+reject temperature and top_p together, Anthropic's temperature range, ``data:`` URLs where
+raw base64 is required, and ``n``, which a sample never uses."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import io
+import json
 import logging
 import os
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 from PIL import Image
-from providers import AnthropicServer, OllamaServer, OpenAICompatServer
+from providers import AnthropicServer, GeminiServer, OllamaServer, OpenAICompatServer
 from providers.harness import (
     LEGEND,
+    b64,
     expected_sequence,
     images_of,
     normalise,
     phantom_messages,
 )
 
-from evaluation.errors import ModelConfigError
-from evaluation.models.fitting import fit_images
 from evaluation.models.litellm_adapter import LiteLLMAdapter
-from evaluation.models.providers import ProviderProfile
 from evaluation.models.spec import ModelSpec
 from evaluation.records import GenerateConfig, ImagePart, Message, TextPart
 
@@ -85,7 +89,7 @@ def test_anthropic_image_over_5_mb_is_downscaled_with_a_warning_and_recorded(
     assert len(sent) == 2 and sent[1] == small.png  # both sent; the small one untouched
     w, h = Image.open(io.BytesIO(sent[0])).size
     assert w < 2048 and abs(w / h - 1.0) < 0.01 and len(sent[0]) * 4 / 3 <= 5 * 1024 * 1024
-    (adj,) = out.adjustments
+    (adj,) = [a for a in out.adjustments if not a["kind"].startswith("param")]
     assert adj["kind"] == "downscaled" and adj["image"] == big.sha256
     assert adj["into"] == hashlib.sha256(sent[0]).hexdigest() and adj["from_px"] == [2048, 2048]
     assert "5242880 bytes" in adj["reason"]
@@ -214,29 +218,159 @@ def test_anthropic_temperature_above_1_is_clamped_and_unsupported_params_recorde
     kinds = {(a["kind"], a["param"]) for a in out.adjustments}
     assert kinds == {
         ("param_clamped", "temperature"),
+        ("param_not_sent", "top_p"),
         ("param_not_sent", "seed"),
         ("param_not_sent", "response_format"),
     }
 
 
-def test_n_is_refused_in_a_spec_because_samples_are_independent_calls() -> None:
-    with pytest.raises(ModelConfigError, match="samples are independent calls"):
-        LiteLLMAdapter(ModelSpec(name="m", model="openai/gpt-4o", extra={"n": 3}))
+# Dated snapshots: names no other test uses, so each model's once-per-process warning is seen.
+@pytest.mark.parametrize(
+    "model", ["claude-sonnet-4-5-20250929", "claude-opus-4-1-20250805", "claude-haiku-4-5-20251001"]
+)
+def test_claude_models_that_reject_temperature_with_top_p_get_temperature_alone_recorded(
+    model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    parts = [_part(_png(Image.new("L", (32, 32), 50)), "grey")]
+    with AnthropicServer() as server, caplog.at_level(logging.WARNING):
+        adapter = LiteLLMAdapter(_spec(f"anthropic/{model}", server.api_base))
+        out = asyncio.run(adapter.generate(_user(parts), CFG))
+        (ex,) = server.exchanges
+    assert ex.problems == [] and ex.status == 200 and out.error is None
+    assert ex.body["temperature"] == 0.7 and "top_p" not in ex.body
+    (adj,) = [a for a in out.adjustments if a["param"] == "top_p"]
+    assert adj["kind"] == "param_not_sent" and adj["value"] == 0.95
+    assert "temperature or top_p, not both" in adj["reason"]
+    assert any(model in r.getMessage() and "top_p" in r.getMessage() for r in caplog.records)
 
 
-def test_multiturn_over_the_image_limit_does_not_resend_earlier_images_and_says_so() -> None:
-    a, b, c = (_part(_png(Image.new("L", (16, 16), v)), f"img{v}") for v in (10, 20, 30))
-    messages = [
-        Message(role="user", content=[TextPart(text="Turn 1"), a, b]),
-        Message(role="assistant", content=[TextPart(text="noted")]),
-        Message(role="user", content=[TextPart(text="Turn 2"), c]),
-    ]
-    profile = ProviderProfile(
-        family="ollama", provider="ollama_chat", model="x", max_images_per_request=1
+@pytest.mark.parametrize("model", ["claude-sonnet-4-20250514", "claude-3-7-sonnet-latest"])
+def test_earlier_claude_models_still_get_both_temperature_and_top_p(model: str) -> None:
+    parts = [_part(_png(Image.new("L", (32, 32), 50)), "grey")]
+    with AnthropicServer() as server:
+        adapter = LiteLLMAdapter(_spec(f"anthropic/{model}", server.api_base))
+        out = asyncio.run(adapter.generate(_user(parts), CFG))
+        (ex,) = server.exchanges
+    assert ex.problems == [] and out.error is None
+    assert (ex.body["temperature"], ex.body["top_p"]) == (0.7, 0.95)
+    assert not [a for a in out.adjustments if a["param"] in ("temperature", "top_p")]
+
+
+def test_claude_opus_4_7_sampling_is_left_to_litellm_and_recorded_once() -> None:
+    # litellm drops Opus 4.7's removed sampling parameters itself: the adapter must not also
+    # drop top_p for "not both", or the run would record it twice with the wrong reason.
+    parts = [_part(_png(Image.new("L", (32, 32), 50)), "grey")]
+    with AnthropicServer() as server:
+        adapter = LiteLLMAdapter(_spec("anthropic/claude-opus-4-7", server.api_base))
+        out = asyncio.run(adapter.generate(_user(parts), CFG))
+        (ex,) = server.exchanges
+    assert ex.problems == [] and out.error is None
+    assert "temperature" not in ex.body and "top_p" not in ex.body
+    sampling = [a for a in out.adjustments if a["param"] in ("temperature", "top_p")]
+    assert sorted(a["param"] for a in sampling) == ["temperature", "top_p"]
+    assert all(a["reason"].startswith("litellm does not send it") for a in sampling)
+
+
+# --------------------------------------------------------------------------- raw requests
+# Bodies sent straight to the servers, bypassing litellm: the servers' checks are real.
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, str]:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **headers},
+        method="POST",
     )
-    fitted, adjustments = fit_images(messages, profile)
-    assert [len(images_of([m])) for m in fitted] == [0, 0, 1]
-    assert "not sent again" in fitted[0].content[-1].text  # type: ignore[union-attr]
-    assert adjustments == [
-        {"kind": "not_resent", "images": [a.sha256, b.sha256], "reason": adjustments[0]["reason"]}
-    ]
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _anthropic(model: str, image: str, **params: Any) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": "image/png", "data": image}
+    content = [{"type": "image", "source": source}, {"type": "text", "text": "Diagnosis?"}]
+    return {
+        "model": model,
+        "max_tokens": 50,
+        "messages": [{"role": "user", "content": content}],
+        **params,
+    }
+
+
+ANTHROPIC_HEADERS = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+
+
+@pytest.mark.parametrize(
+    ("model", "rejected"),
+    [
+        ("claude-sonnet-4-5", True),
+        ("claude-opus-4-1-20250805", True),
+        ("claude-haiku-4-5", True),
+        ("claude-sonnet-4-20250514", False),
+    ],
+)
+def test_the_anthropic_server_rejects_temperature_with_top_p_as_anthropic_does(
+    model: str, rejected: bool
+) -> None:
+    image = b64(_png(Image.new("L", (32, 32), 50)))
+    with AnthropicServer() as server:
+        url = server.api_base + "/v1/messages"
+        both = _post(url, _anthropic(model, image, temperature=0.7, top_p=0.9), ANTHROPIC_HEADERS)
+        one = _post(url, _anthropic(model, image, temperature=0.7), ANTHROPIC_HEADERS)
+    assert one[0] == 200
+    if rejected:
+        assert both[0] == 400
+        assert "`temperature` and `top_p` cannot both be specified" in both[1]
+    else:
+        assert both[0] == 200
+
+
+def _gemini(image: str) -> dict[str, Any]:
+    inline = {"mime_type": "image/png", "data": image}
+    return {"contents": [{"role": "user", "parts": [{"inline_data": inline}, {"text": "Dx?"}]}]}
+
+
+def _ollama(image: str) -> dict[str, Any]:
+    message = {"role": "user", "content": "Diagnosis?", "images": [image]}
+    return {"model": "llava", "stream": False, "messages": [message]}
+
+
+# family: (server, path under api_base, headers, request body with this image string)
+RAW_BASE64: dict[str, tuple[type[Any], str, dict[str, str], Callable[[str], dict[str, Any]]]] = {
+    "anthropic": (
+        AnthropicServer,
+        "/v1/messages",
+        ANTHROPIC_HEADERS,
+        lambda image: _anthropic("claude-sonnet-4-5", image),
+    ),
+    "gemini": (
+        GeminiServer,
+        "/models/gemini-2.5-flash:generateContent",
+        {"x-goog-api-key": "k"},
+        _gemini,
+    ),
+    "ollama": (OllamaServer, "/api/chat", {}, _ollama),
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "error"),
+    [
+        ("anthropic", "invalid base64 data"),
+        ("gemini", "Base64 decoding failed"),
+        ("ollama", "illegal base64 data"),
+    ],
+)
+def test_providers_that_need_raw_base64_reject_a_data_url(family: str, error: str) -> None:
+    make, path, headers, body = RAW_BASE64[family]
+    png = _png(Image.new("L", (32, 32), 50))
+    with make() as server:
+        url = server.api_base + path
+        rejected = _post(url, body("data:image/png;base64," + b64(png)), headers)
+        accepted = _post(url, body(b64(png)), headers)
+    # The same request with the image as raw base64 is answered: the data: URL is the fault.
+    assert accepted[0] == 200, accepted
+    assert rejected[0] == 400 and error in rejected[1], rejected

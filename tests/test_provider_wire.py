@@ -3,9 +3,11 @@ litellm adapter to a loopback server speaking that provider's format.
 
 For OpenAI, Anthropic, Gemini, xAI, OpenRouter, Ollama (native chat) and vLLM: every image
 arrives intact and where it was among the text; the system prompt and the decoding parameters
-arrive where and as the provider names them; no ``n``; the provider's usage becomes tokens and
-cost; rate limits and overloads are retried with backoff; refusals and safety blocks are
-refusals, not wrong answers.
+arrive where and as the provider names them (Claude Sonnet 4.5 gets temperature without top_p,
+which it rejects beside it); no ``n``; the provider's usage becomes tokens and cost; rate
+limits, overloads and a 200 whose body is not JSON are retried with backoff; refusals and
+safety blocks, whether the provider flags them or the model says so, are refusals, not wrong
+answers.
 """
 
 from __future__ import annotations
@@ -72,7 +74,15 @@ def test_phantom_case_arrives_intact_in_order_with_the_providers_names(
     assert normalise(type(server).sequence(body)) == normalise(expected_sequence(messages))
     assert " ".join(fam.system(body).split()) == " ".join(messages[0].content[0].text.split())  # type: ignore[union-attr]
     # Decoding parameters as the provider names them; one sample per call, never ``n``.
-    assert fam.decoding(body) == {"temperature": 0.7, "top_p": 0.95, "max_tokens": 300}
+    # Claude Sonnet 4.5 rejects temperature and top_p together: only temperature goes, and the
+    # output says top_p was not sent.
+    not_sent = {a["param"]: a["value"] for a in out.adjustments if a["kind"] == "param_not_sent"}
+    if family == "anthropic":
+        assert fam.decoding(body) == {"temperature": 0.7, "top_p": None, "max_tokens": 300}
+        assert not_sent["top_p"] == 0.95
+    else:
+        assert fam.decoding(body) == {"temperature": 0.7, "top_p": 0.95, "max_tokens": 300}
+        assert "top_p" not in not_sent
     assert "n" not in body and "candidateCount" not in str(body)
     # The provider's usage numbers become tokens, and cost when the price is known.
     assert (out.prompt_tokens, out.completion_tokens) == (1200, 80)
@@ -107,6 +117,7 @@ def test_ollama_images_go_where_the_text_places_them_not_all_in_front(case_messa
         ("xai", "429", 1.0),
         ("openrouter", "429", 1.0),
         ("ollama", "503", None),
+        ("vllm", "429", 1.0),  # a vLLM behind a rate-limiting gateway
     ],
 )
 def test_rate_limits_and_overloads_are_retried_with_backoff(
@@ -141,6 +152,7 @@ def test_rate_limits_and_overloads_are_retried_with_backoff(
         ("openai", "refusal"),  # message.refusal
         ("openai", "content_filter"),  # finish_reason content_filter
         ("openrouter", "content_filter"),
+        ("xai", "content_filter"),
     ],
 )
 def test_refusals_and_safety_blocks_are_refusals_not_wrong_answers(
@@ -154,3 +166,44 @@ def test_refusals_and_safety_blocks_are_refusals_not_wrong_answers(
     assert out.refusal and out.error is None
     parsed = parse_answer(out.text, TaskFamily.DIFFERENTIAL, refusal=out.refusal)
     assert parsed.status is ParseStatus.REFUSAL
+
+
+REFUSAL_TEXT = (
+    "I'm sorry, but I can't provide a diagnosis from these images. Please consult a radiologist."
+)
+
+
+@pytest.mark.parametrize("family", ["xai", "ollama", "vllm"])
+def test_a_refusal_in_the_models_own_words_is_a_refusal_not_a_wrong_answer(
+    family: str, case_messages
+) -> None:
+    # Ollama and vLLM have no safety filter (and no content_filter finish): an open-weights
+    # model declines in plain text with a normal "stop"; Grok does the same.
+    fam = FAMILIES[family]
+    _, messages = case_messages
+    with fam.make(reply=REFUSAL_TEXT) as server:
+        out = asyncio.run(LiteLLMAdapter(fam.spec(server)).generate(messages, CFG))
+        assert server.calls == 1 and server.problems() == []  # answered once, not retried
+    assert out.error is None and out.text == REFUSAL_TEXT
+    assert not out.refusal and out.finish_reason == "stop"  # the provider flagged nothing
+    parsed = parse_answer(out.text, TaskFamily.DIFFERENTIAL, refusal=out.refusal)
+    assert parsed.status is ParseStatus.REFUSAL
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_200_whose_body_is_not_json_is_retried_as_a_glitch_not_a_throttle(
+    family: str, case_messages
+) -> None:
+    # A proxy in front of the provider answers 200 with an HTML page once, then the provider
+    # answers: litellm raises (APIError, APIConnectionError, InternalServerError or, for
+    # Gemini, BadRequestError, by route), and the adapter retries rather than failing the call.
+    fam = FAMILIES[family]
+    _, messages = case_messages
+    sleep = SleepRecorder()
+    with fam.make(faults=[Fault("garbled")]) as server:
+        adapter = LiteLLMAdapter(fam.spec(server), sleep=sleep)
+        out = asyncio.run(adapter.generate(messages, CFG))
+        answered = [(e.status, e.fault) for e in server.exchanges]
+    assert answered == [(200, "garbled"), (200, None)]
+    assert out.error is None and out.retries == 1 and out.text == server.reply
+    assert len(sleep.delays) == 1 and adapter.limiter.throttles == 0  # backoff, no slow-down

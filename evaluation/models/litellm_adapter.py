@@ -5,23 +5,27 @@ litellm turns them into each provider's format (Anthropic ``source.base64``, Gem
 ``inline_data``, Ollama raw base64 beside the text, where ``[img]`` markers keep their place).
 First they are fitted to the provider's limits (:mod:`evaluation.models.fitting`: montage,
 split, re-encode, downscale), and decoding parameters a model rejects (o1-style reasoning
-models: temperature, top_p) or litellm drops for a provider are not sent; every such change is
-recorded in ``ModelOutput.adjustments``. Decoding parameters are passed by their OpenAI names
-and litellm names them per provider. One call is one sample: the provider's ``n`` is never used.
+models: temperature, top_p; Claude Opus 4.1, Sonnet 4.5 and later: top_p beside temperature,
+unless litellm already leaves one out) or litellm drops for a provider are not sent; every such
+change is recorded in ``ModelOutput.adjustments`` and logged once per model as a warning.
+Decoding parameters are passed by their OpenAI names and litellm names them per provider. One
+call is one sample: the provider's ``n`` is never used.
 Retries are ours (litellm's and the SDK's are off): 429, overload (Anthropic 529), 5xx,
-connection errors and timeouts are retried with exponential backoff and full jitter, honouring
-Retry-After (or Gemini's retryDelay); a 429 or overload also halves the model's concurrency
-limit (:class:`AdaptiveLimiter`). A content-policy block, a ``content_filter`` finish
-(Anthropic ``refusal``, Gemini ``SAFETY`` or a blocked prompt) or OpenAI's ``message.refusal``
-is a refusal, not an error. Tokens come from the response; cost from litellm's bundled price
-map (``LITELLM_LOCAL_MODEL_COST_MAP=True``: no network) or the provider's charged cost, and is
-``None`` (unknown), never 0, for a model the price map does not know.
+connection errors, timeouts and a 200 whose body is not JSON are retried with exponential
+backoff and full jitter, honouring Retry-After (or Gemini's retryDelay); a 429 or overload also
+halves the model's concurrency limit (:class:`AdaptiveLimiter`). A content-policy block, a
+``content_filter`` finish (Anthropic ``refusal``, Gemini ``SAFETY`` or a blocked prompt) or
+OpenAI's ``message.refusal`` is a refusal, not an error. Tokens come from the response; cost
+from litellm's bundled price map (``LITELLM_LOCAL_MODEL_COST_MAP=True``: no network) or the
+provider's charged cost, and is ``None`` (unknown), never 0, for a model the price map does not
+know.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import random
 import re
@@ -38,8 +42,10 @@ from evaluation.models.providers import price_known, profile_for, unsent_params
 from evaluation.models.spec import ModelSpec
 from evaluation.records import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 
+log = logging.getLogger(__name__)
 _DATA_URLS: OrderedDict[str, str] = OrderedDict()
 _DATA_URL_CACHE = 256
+_warned: set[tuple[str, str, str]] = set()
 
 
 def import_litellm() -> Any:
@@ -118,6 +124,12 @@ def retry_after_of(exc: BaseException) -> float | None:
 _RETRY_DELAY = re.compile(r'"retryDelay"\s*:\s*"(\d+(?:\.\d+)?)(s)"')
 _TRY_AGAIN = re.compile(r"try again in (\d+(?:\.\d+)?)\s*(ms|s)\b", re.I)
 _OVERLOAD = re.compile(r"overloaded|RESOURCE_EXHAUSTED|server busy", re.I)
+# A 200 whose body is not JSON (a proxy's error page, a cut-off body), as litellm words it: its
+# own HTTP handler (OpenAI-compatible routes, Anthropic) and its Gemini parser.
+_GARBLED = re.compile(
+    r"Unable to get json response|"
+    r"Error converting to valid response block=.*line \d+ column \d+ \(char \d+\)"
+)
 
 
 def classify_exception(exc: BaseException) -> str:
@@ -141,6 +153,8 @@ def classify_exception(exc: BaseException) -> str:
     )
     if isinstance(exc, retryable) or (isinstance(status, int) and status >= 500):
         return "retry"
+    if isinstance(exc, litellm.APIError | litellm.BadRequestError) and _GARBLED.search(str(exc)):
+        return "retry"  # a glitch of the answer, not a fault of the request
     return "fatal"
 
 
@@ -230,6 +244,18 @@ class LiteLLMAdapter:
                     "reason": f"{prof.family} takes temperature 0..{prof.temperature_max}",
                 }
             )
+        if prof.one_sampler and "temperature" in params and "top_p" in params:
+            both = {"temperature": params["temperature"], "top_p": params["top_p"]}
+            if not unsent_params(prof, both):  # litellm would send both: the API would say 400
+                adjustments.append(
+                    {
+                        "kind": "param_not_sent",
+                        "param": "top_p",
+                        "value": params.pop("top_p"),
+                        "reason": f"{prof.model} takes temperature or top_p, not both: "
+                        "temperature is sent",
+                    }
+                )
         if s.drop_params:
             for name in unsent_params(prof, params):
                 adjustments.append(
@@ -242,6 +268,11 @@ class LiteLLMAdapter:
                 )
         kw.update(params)
         kw.update(s.extra)
+        for a in adjustments:
+            key = (f"{prof.provider}/{prof.model}", a["kind"], a["param"])
+            if key not in _warned:  # once per model and parameter, not per call
+                _warned.add(key)
+                log.warning("%s (%s %s): %s", prof.model, a["kind"], a["param"], a["reason"])
         self._prepared[memo] = (kw, adjustments)
         return dict(kw), adjustments
 

@@ -7,7 +7,8 @@ sent, which is what the strictest providers (Anthropic) measure.
 
     openai      (any ``openai/`` route) 20 MB per image, 50 MB of images per request, 500 images per request
     anthropic   5 MB per image, 32 MB per request, 100 images, 8000 px a side (2000 px when a
-                request holds more than 20 images), temperature 0..1
+                request holds more than 20 images), temperature 0..1; Claude Opus 4.1,
+                Sonnet 4.5, Haiku 4.5 and later take temperature or top_p, not both
     gemini      20 MB per request (inline data), 3000 images per request
     xai         10 MiB per image
     ollama      images as raw base64 beside the text: ``[img]`` markers keep their place;
@@ -32,6 +33,12 @@ from evaluation.models.spec import LIMITS, ModelSpec
 MB = 1024 * 1024
 REASONING = re.compile(r"^(o1|o3|o4)(-|$)|^gpt-5(?!-chat)")
 MLLAMA = re.compile(r"llama3\.2-vision|llama-3\.2-.*vision|mllama", re.I)
+# claude-opus-4-1-20250805, claude-sonnet-4-5, claude-haiku-4-5@20251001: tier, major, minor
+# (a date after the major, as in claude-sonnet-4-20250514, is no minor version).
+CLAUDE = re.compile(r"claude-(opus|sonnet|haiku)-(\d+)(?:[-.](\d{1,2}))?(?=$|[-@:])")
+# The first version of each tier that rejects temperature and top_p together (HTTP 400
+# "`temperature` and `top_p` cannot both be specified for this model").
+ONE_SAMPLER_FROM = {"opus": (4, 1), "sonnet": (4, 5), "haiku": (4, 5)}
 # OpenAI-format routes of litellm: the family a prefix belongs to.
 FAMILIES = {
     "openai": "openai",
@@ -70,6 +77,7 @@ class ProviderProfile(BaseModel):
     temperature_max: float | None = None
     image_markers: bool = False  # Ollama: "[img]" in the text marks where each image goes
     reasoning: bool = False  # rejects temperature/top_p (o1-style)
+    one_sampler: bool = False  # takes temperature or top_p, not both (Claude Sonnet 4.5...)
 
     @property
     def local(self) -> bool:
@@ -107,6 +115,7 @@ def _defaults(family: str, model: str) -> dict[str, Any]:
             "max_image_side": 8000,
             "many_images": (20, 2000),
             "temperature_max": 1.0,
+            "one_sampler": one_sampler(model),
         }
     if family == "gemini":
         return {"max_request_image_bytes": 19 * MB, "max_images_per_request": 3000}
@@ -120,6 +129,16 @@ def _defaults(family: str, model: str) -> dict[str, Any]:
     if family == "openai-compatible":
         return {"reasoning": bool(REASONING.match(model.rsplit("/", 1)[-1]))}
     return {}
+
+
+def one_sampler(model: str) -> bool:
+    """Whether a Claude model takes temperature or top_p but not both (Opus 4.1, Sonnet 4.5,
+    Haiku 4.5 and every later version)."""
+    m = CLAUDE.search(model.lower())
+    if m is None:
+        return False
+    version = (int(m.group(2)), int(m.group(3) or 0))
+    return version >= ONE_SAMPLER_FROM[m.group(1)]
 
 
 @lru_cache(maxsize=256)

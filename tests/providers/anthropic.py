@@ -5,7 +5,9 @@ fields (so no ``n``, no ``seed``); ``system`` at the top level, never as a messa
 alternate starting with ``user``; non-empty text blocks; images only as ``source.base64`` with
 raw base64 (a ``data:`` URL is rejected) whose bytes match ``media_type``; at most 5 MB of
 base64 per image, 8000 px per side (2000 px when a request has more than 20 images), 100
-images per request; ``temperature`` within 0..1. Answers with ``content`` blocks,
+images per request; ``temperature`` within 0..1; for Claude Opus 4.1, Sonnet 4.5, Haiku 4.5
+and later, not both ``temperature`` and ``top_p``; for Opus 4.7 and later, no ``top_p`` and no
+``temperature`` but 1 (sampling parameters were removed). Answers with ``content`` blocks,
 ``stop_reason`` and ``usage.input_tokens``/``output_tokens``; faults: 429 ``rate_limit_error``
 (with ``retry-after``), 529 ``overloaded_error``, ``refusal`` (``stop_reason: "refusal"``).
 """
@@ -39,6 +41,16 @@ KNOWN = {
     "tool_choice",
     "thinking",
 }
+# The models, as Anthropic lists them, that take temperature or top_p but not both.
+ONE_SAMPLER = (
+    "claude-opus-4-1",
+    "claude-sonnet-4-5",
+    "claude-haiku-4-5",
+    "claude-opus-4-5",
+    "claude-sonnet-4-6",
+    "claude-opus-4-6",
+)
+NO_SAMPLING = ("claude-opus-4-7", "claude-opus-4-8")  # sampling parameters removed
 MAGIC = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff"}
 
 
@@ -94,6 +106,17 @@ class AnthropicServer(ProviderServer):
         t = body.get("temperature")
         if t is not None and not 0 <= t <= 1:
             problems.append("temperature: Input should be less than or equal to 1")
+        model = str(body.get("model", ""))
+        if model.startswith(NO_SAMPLING):
+            if "top_p" in body:
+                problems.append("`top_p` is deprecated for this model.")
+            if t is not None and t != 1:
+                problems.append("`temperature` is deprecated for this model.")
+        elif model.startswith(ONE_SAMPLER) and "temperature" in body and "top_p" in body:
+            problems.append(
+                "`temperature` and `top_p` cannot both be specified for this model. "
+                "Please use only one."
+            )
         messages = body.get("messages") or []
         roles = [m.get("role") for m in messages]
         if "system" in roles:

@@ -3,7 +3,9 @@
 A server checks each request against its provider's format, answers in that format, and
 records what it saw (path, headers, body, the problems it found). Faults are scripted: a
 :class:`Fault` answers matching requests with a provider error (rate limit, overload, refusal,
-safety block...) ``times`` times, then requests are answered normally.
+safety block...) ``times`` times, then requests are answered normally. One fault every server
+shares, ``garbled``, answers 200 with a body that is not JSON (a proxy's HTML page), whatever
+the request, as a misbehaving load balancer in front of any provider does.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+GARBLED_PAGE = "<html><body><h1>200 OK</h1>upstream answered nothing</body></html>"
+SHARED_FAULTS = {"garbled"}  # answered by the base server, before the provider's checks
+
 
 @dataclass
 class Fault:
-    kind: str  # provider-specific: "429", "529", "503", "refusal", "safety", "blocked", ...
+    kind: str  # "garbled", or provider-specific: "429", "529", "503", "refusal", "safety", ...
     match: str | None = None  # substring of the raw request body; None = any request
     times: int = 1
 
@@ -34,6 +39,7 @@ class Exchange:
     body: Any
     status: int = 0
     problems: list[str] = field(default_factory=list)
+    fault: str | None = None  # a shared fault that answered it ("garbled")
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Reply:
     status: int
     payload: Any
     headers: dict[str, str] = field(default_factory=dict)
+    text: str | None = None  # sent as is (text/html) instead of the JSON payload
 
 
 def sha256(data: bytes) -> str:
@@ -111,10 +118,14 @@ class ProviderServer:
 
     # ---------------------------------------------------------------- for subclasses
 
-    def take_fault(self, raw: str) -> Fault | None:
+    def take_fault(self, raw: str, *, shared: bool = False) -> Fault | None:
+        """The next fault for this request: a provider's own kind, or (``shared``) a kind every
+        server answers the same way (:data:`SHARED_FAULTS`)."""
         with self.lock:
             for i, f in enumerate(self.faults):
                 used = self._fault_used.get(i, 0)
+                if (f.kind in SHARED_FAULTS) != shared:
+                    continue
                 if used < f.times and (f.match is None or f.match in raw):
                     self._fault_used[i] = used + 1
                     return f
@@ -149,14 +160,21 @@ def _handler_for(server: ProviderServer) -> type[BaseHTTPRequestHandler]:
             ex = Exchange(method, self.path, {k.lower(): v for k, v in self.headers.items()}, body)
             with server.lock:
                 (server.side if server.is_side(self.path) else server.exchanges).append(ex)
+            text = raw.decode("utf-8", "replace")
             if raw and body is None:
                 reply = Reply(400, {"error": {"message": "body is not JSON"}})
+            elif not server.is_side(self.path) and (shared := server.take_fault(text, shared=True)):
+                ex.fault = shared.kind
+                reply = Reply(200, None, text=GARBLED_PAGE)
             else:
-                reply = server.handle(ex, raw.decode("utf-8", "replace"))
+                reply = server.handle(ex, text)
             ex.status = reply.status
-            payload = json.dumps(reply.payload).encode()
+            if reply.text is not None:
+                payload, content_type = reply.text.encode(), "text/html; charset=utf-8"
+            else:
+                payload, content_type = json.dumps(reply.payload).encode(), "application/json"
             self.send_response(reply.status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(payload)))
             for k, v in reply.headers.items():
                 self.send_header(k, v)
