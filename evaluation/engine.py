@@ -4,8 +4,10 @@
     stats = asyncio.run(start_run(config, Path("out/runs/r1"), cache_dir=Path("out/cache")))
 
 A run folder holds ``run.sqlite`` (the store, the truth) and ``config.json`` (a readable copy of
-the configuration). Resume reloads the dataset the run recorded and refuses one whose content
-hash changed; every stored response is reused, so only missing or failed calls are made.
+the configuration). The store also keeps each case as the scorers see it (``scoring_snapshot``),
+so ``rescore`` needs nothing but the run folder. Resume reloads the dataset the run recorded and
+refuses one whose content hash changed; every stored response is reused, so only missing or
+failed calls are made.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from evaluation.datasets import Dataset, load_dataset
-from evaluation.errors import StoreError
+from evaluation.errors import DatasetError, StoreError
 from evaluation.prompts import default_prompts
+from evaluation.records import Case
 from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
-from evaluation.scoring_bridge import rescore_run
+from evaluation.scoring_bridge import rescore_run, scoring_snapshot
 from evaluation.store import STORE_FILE, RunStore
 from evaluation.units import RunStats
 
@@ -62,6 +65,7 @@ async def start_run(
             code_version=code_version(),
             packages=package_versions(),
         )
+        store.record_cases([scoring_snapshot(c) for c in dataset.cases])
         (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
         runner = Runner(
             config, dataset, store, prompts=prompts, on_progress=on_progress, score=score
@@ -103,6 +107,8 @@ async def resume_run(
         )
     store = RunStore(run_dir, durable=config.durable)
     try:
+        # Runs recorded before snapshots, or cases new to a changed dataset; kept ones stay.
+        store.record_cases([scoring_snapshot(c) for c in dataset.cases])
         runner = Runner(config, dataset, store, on_progress=on_progress, score=score)
         return await runner.run()
     finally:
@@ -112,11 +118,18 @@ async def resume_run(
 def rescore(
     run_dir: Path, *, cache_dir: Path | None = None, bertscore: bool | None = None
 ) -> dict[str, int]:
-    """Re-parse and re-score every stored response (never calls a model)."""
+    """Re-parse and re-score every stored response (never calls a model).
+
+    Cases come from the run's own snapshots; the dataset on disk is read only for cases a run
+    recorded before snapshots existed, and to warn when it no longer matches the run.
+    """
     config, row = load_config(run_dir)
-    dataset = open_dataset(config, cache_dir)
-    if dataset.hash != row["dataset_hash"]:
-        log.warning("dataset content changed since the run: scores use the current ground truth")
+    store = RunStore(run_dir)
+    try:
+        snapshots = store.cases()
+    finally:
+        store.close()
+    cases = _rescore_cases(config, row, snapshots, cache_dir)
     judge = None
     verdicts = Path(run_dir) / "judge.json"  # evaluation.judging.JUDGE_FILE
     if verdicts.exists():
@@ -133,9 +146,40 @@ def rescore(
     try:
         return rescore_run(
             store,
-            dataset,
+            cases,
             bertscore=config.bertscore if bertscore is None else bertscore,
             judge=judge,
         )
     finally:
         store.close()
+
+
+def _rescore_cases(
+    config: RunConfig,
+    row: dict[str, object],
+    snapshots: dict[str, Case],
+    cache_dir: Path | None,
+) -> dict[str, Case]:
+    """The cases to rescore against: the run's snapshots, the dataset for any it lacks."""
+    try:
+        dataset = open_dataset(config, cache_dir)
+    except (DatasetError, OSError) as exc:
+        if not snapshots:
+            raise StoreError(
+                f"the run holds no case snapshots (recorded before they existed) and its "
+                f"dataset cannot be loaded: {exc}"
+            ) from exc
+        log.info("dataset not loadable (%s): rescoring from the run's case snapshots", exc)
+        return dict(snapshots)
+    if dataset.hash != row["dataset_hash"]:
+        log.warning(
+            "the dataset on disk changed since the run (hash %s -> %s): %s",
+            str(row["dataset_hash"])[:12],
+            dataset.hash[:12],
+            "scores use the run's own copy of each case"
+            if snapshots
+            else "scores use the current ground truth (the run holds no case snapshots)",
+        )
+    cases = {c.case_id: c for c in dataset.cases}
+    cases.update(snapshots)  # the truth the run was scored against wins
+    return cases

@@ -1,9 +1,11 @@
-"""``neurosandbox runs list|show|resume|rescore|export``: look after evaluation runs."""
+"""``neurosandbox runs list|show|compare|resume|rescore|judge|export``: look after evaluation
+runs."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,6 +17,7 @@ from rich.table import Table
 
 from evaluation.engine_cli import ProgressBar, _fail, _show, print_run
 from evaluation.errors import EvaluationError
+from evaluation.records import TaskFamily
 
 runs_app = typer.Typer(
     help="List, show, resume, re-score and export evaluation runs.", no_args_is_help=True
@@ -60,22 +63,36 @@ def runs_list(
     Console().print(table)
 
 
+ReviewsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--reviews",
+        help="clinician review log (reviews.sqlite); default: settings review_db, else "
+        "DATA_DIR/reviews.sqlite, if present",
+    ),
+]
+
+
 @runs_app.command("show")
 def runs_show(
     run_dir: Annotated[Path, typer.Argument(help="run folder")],
     as_json: Annotated[
         bool, typer.Option("--json", help="print the run record and summary as JSON")
     ] = False,
+    reviews: ReviewsOption = None,
 ) -> None:
-    """Status, counts per model and the leaderboard of a run."""
+    """Status, counts per model and the leaderboard of a run; with clinician reviews, how well
+    the rubric grader agrees with them."""
     from evaluation.scoring_bridge import ScoringUnavailable, summary
     from evaluation.store import RunStore
 
     try:
+        log = _review_log(reviews)
         if as_json:
             store = RunStore(run_dir)
             try:
-                out: dict[str, Any] = {"run": store.run_row(), "counts": store.counts()}
+                row = store.run_row()
+                out: dict[str, Any] = {"run": row, "counts": store.counts()}
                 try:
                     summ = summary(store)
                     out["summary"] = summ.model_dump(mode="json") if summ else None
@@ -83,12 +100,159 @@ def runs_show(
                     out["summary_error"] = str(exc)
             finally:
                 store.close()
+            try:
+                stats = _review_stats(run_dir, row["run_id"], log)
+                out["reviews"] = stats.model_dump(mode="json") if stats else None
+            except _REVIEW_ERRORS as exc:
+                out["reviews_error"] = str(exc)
             json.dump(out, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
             return
         _show(run_dir)
+        _show_calibration(run_dir, log)
     except EvaluationError as exc:
         raise _fail(str(exc)) from None
+
+
+# The review log is unreadable, or the run cannot be loaded for it (e.g. its dataset is gone).
+_REVIEW_ERRORS = (EvaluationError, ValueError, OSError, sqlite3.Error)
+
+
+def _review_log(reviews: Path | None) -> Path | None:
+    """The review log to read: the one given (which must exist), else the configured one."""
+    from gateway.settings import get_settings
+
+    if reviews is not None:
+        if not reviews.is_file():
+            raise EvaluationError(f"no review log at {reviews}")
+        return reviews
+    settings = get_settings()
+    path = settings.review_db or settings.data_dir / "reviews.sqlite"
+    return path if path.is_file() else None
+
+
+def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
+    """The run's ReviewStats, or None when there is no log or it holds nothing on this run."""
+    from evaluation.reports.agreement import review_stats
+    from evaluation.reports.loader import load_run
+    from evaluation.reports.reviews import ReviewStore
+
+    if log is None:
+        return None
+    feedback = ReviewStore(log)
+    if feedback.version(run_id) == 0:
+        return None
+    return review_stats(load_run(run_dir), feedback.reviews(run_id))
+
+
+def _show_calibration(run_dir: Path, log: Path | None) -> None:
+    """Review progress and the grader's Pearson r with the clinicians' ratings, if any."""
+    from evaluation.store import RunStore
+
+    if log is None:
+        return
+    store = RunStore(run_dir)
+    try:
+        run_id = store.run_row()["run_id"]
+    finally:
+        store.close()
+    try:
+        stats = _review_stats(run_dir, run_id, log)
+    except _REVIEW_ERRORS as exc:
+        console.print(f"[yellow]clinician reviews not shown: {escape(str(exc))}[/yellow]")
+        return
+    if stats is None:
+        return
+    console.print(
+        f"clinician reviews: {stats.n_signed_off} of {stats.n_cases} cases signed off "
+        f"({', '.join(escape(r) for r in stats.reviewers) or 'none yet'}), "
+        f"{stats.n_in_progress} in progress"
+    )
+    g = stats.grader_vs_clinician
+    if g is None:
+        console.print("grader calibration: no clinician ratings on signed-off cases yet")
+        return
+    line = escape(g.explanation)
+    if g.value is not None and (ci := g.details.get("ci95")):
+        line += f", 95% CI [{ci[0]:.2f}, {ci[1]:.2f}]"
+    verdict = g.details.get("meets_paper_bar")
+    if verdict is not None:
+        line += ": [green]meets the bar[/green]" if verdict else ": [red]below the bar[/red]"
+    Console().print(line)
+
+
+@runs_app.command("compare")
+def runs_compare(
+    run_dir: Annotated[Path, typer.Argument(help="run folder")],
+    model_a: Annotated[
+        str | None, typer.Option("--a", help="first model (default: the run's first of two)")
+    ] = None,
+    model_b: Annotated[
+        str | None, typer.Option("--b", help="second model (default: the run's second of two)")
+    ] = None,
+    task: Annotated[
+        str | None,
+        typer.Option("--task", help="task family only: " + ", ".join(f.value for f in TaskFamily)),
+    ] = None,
+    n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="bootstrap resamples")] = 2000,
+    as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
+) -> None:
+    """Two models on the cases both answered: McNemar and a paired bootstrap (by patient)."""
+    from evaluation.scoring_bridge import compare
+    from evaluation.store import RunStore
+
+    try:
+        family = TaskFamily(task) if task else None
+    except ValueError:
+        raise _fail(
+            f"unknown task family {task!r}; one of {', '.join(f.value for f in TaskFamily)}"
+        ) from None
+    try:
+        store = RunStore(run_dir)
+        try:
+            models = sorted({r["model"] for r in store.samples()})
+            if model_a is None and model_b is None and len(models) == 2:
+                model_a, model_b = models
+            if model_a is None or model_b is None:
+                raise _fail(f"give --a and --b: the run's models are {', '.join(models) or 'none'}")
+            for m in (model_a, model_b):
+                if m not in models:
+                    raise _fail(f"model {m!r} is not in this run ({', '.join(models)})")
+            result = compare(store, model_a, model_b, family=family, n_boot=n_boot)
+        finally:
+            store.close()
+    except (EvaluationError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        return
+    _print_comparison(result, family)
+
+
+def _print_comparison(c: Any, family: TaskFamily | None) -> None:
+    a, b = escape(c.model_a), escape(c.model_b)
+    scope = f"{family.value} tasks" if family else "all tasks"
+    table = Table(title=f"{a} vs {b}: {c.n_units} shared case/task units ({scope})")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    table.add_row(f"accuracy {a}", _fmt(c.accuracy_a))
+    table.add_row(f"accuracy {b}", _fmt(c.accuracy_b))
+    table.add_row("both right (first sample)", str(c.both_right))
+    table.add_row(f"{a} right only", str(c.a_only))
+    table.add_row(f"{b} right only", str(c.b_only))
+    table.add_row("both wrong", str(c.both_wrong))
+    m = c.mcnemar
+    test = "exact binomial" if m.exact else f"chi-square {m.statistic:.3f}, continuity-corrected"
+    table.add_row(f"McNemar p ({test})", f"{m.p_value:.4f}")
+    d = c.bootstrap.difference
+    ci = f" [{d.low:.3f}, {d.high:.3f}]" if d.low is not None and d.high is not None else ""
+    table.add_row(f"accuracy {a} - {b} (paired bootstrap, 95% CI)", _fmt(d.value) + ci)
+    table.add_row("paired bootstrap p", f"{c.bootstrap.p_value:.4f}")
+    Console().print(table)
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 @runs_app.command("resume")

@@ -1,6 +1,7 @@
 """How the engine calls ``evaluation.scoring`` (imported lazily: it loads BERTScore and lexicons).
 
 ``ScoringBridge.score`` turns one parsed sample into (scores, error label, ScoredSample JSON);
+``scoring_snapshot`` is the part of a case the scorers read, which the run store keeps;
 ``rescore_run`` re-parses every stored response and scores it again, never calling a model;
 ``summary`` builds the scoring package's RunSummary from the stored scored samples.
 """
@@ -8,9 +9,9 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
-from evaluation.datasets import Dataset
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.prompts import PromptSet, default_prompts
 from evaluation.records import Case, ErrorLabel, ModelOutput, ParseStatus, Score, TaskFamily
@@ -71,6 +72,24 @@ class ScoringBridge:
         return list(scored.scores), scored.error, scored.model_dump_json()
 
 
+def scoring_snapshot(case: Case) -> Case:
+    """The case as the scorers need it: ground truth, image metadata and hashes, provenance.
+
+    The note, the EHR and the multi-turn reveals are left out, and so are the planted
+    identifiers of a phantom's truth: the store keeps only what went through the PHI gate, and
+    no scorer reads them.
+    """
+    gt = case.ground_truth
+    return case.model_copy(
+        update={
+            "note": "",
+            "ehr": None,
+            "turns": [],
+            "ground_truth": gt.model_copy(update={"phi": []}) if gt is not None else None,
+        }
+    )
+
+
 def total_output(outputs: list[ModelOutput]) -> ModelOutput:
     """One output for a whole conversation: the last text, summed tokens, cost and latency."""
     last = outputs[-1]
@@ -92,20 +111,20 @@ def total_output(outputs: list[ModelOutput]) -> ModelOutput:
 
 def rescore_run(
     store: RunStore,
-    dataset: Dataset,
+    cases: Mapping[str, Case],
     *,
     bertscore: bool = True,
     prompts: PromptSet | None = None,
     judge: Any = None,
 ) -> dict[str, int]:
-    """Parse every stored final response again and score it; no model is ever called.
+    """Parse every stored final response again and score it against ``cases`` (by case id);
+    no model is ever called.
 
     ``judge`` is the run's cache of LLM equivalence verdicts (``runs judge``), read only.
     """
     prompts = prompts or default_prompts()
     bridge = ScoringBridge(bertscore=bertscore, judge=judge)
     run_id = store.run_row()["run_id"]
-    cases = {c.case_id: c for c in dataset.cases}
     responses = store.responses()
     counts = {"rescored": 0, "unscored": 0, "missing_case": 0, "errors": 0}
     for row in store.samples():
@@ -173,10 +192,32 @@ def parsed_record(parsed: ParsedAnswer) -> dict[str, Any]:
     return out
 
 
+def scored_samples(store: RunStore) -> list[Any]:
+    """Every stored ScoredSample of a run."""
+    scoring = _scoring()
+    return [scoring.ScoredSample.model_validate_json(j) for j in store.scored_samples()]
+
+
 def summary(store: RunStore) -> Any:
     """The scoring package's RunSummary of a run (None when nothing is scored)."""
-    scoring = _scoring()
-    samples = [scoring.ScoredSample.model_validate_json(j) for j in store.scored_samples()]
+    samples = scored_samples(store)
     if not samples:
         return None
-    return scoring.summarise(samples)
+    return _scoring().summarise(samples)
+
+
+def compare(
+    store: RunStore,
+    model_a: str,
+    model_b: str,
+    *,
+    family: TaskFamily | None = None,
+    n_boot: int | None = None,
+) -> Any:
+    """The scoring package's PairedComparison of two models of a run on their shared units.
+
+    Raises ValueError when the two models share no scored case/task.
+    """
+    scoring = _scoring()
+    boot = {"n_boot": n_boot} if n_boot else {}
+    return scoring.compare(scored_samples(store), model_a, model_b, family=family, **boot)

@@ -5,7 +5,9 @@ model call: cache key, case, task, model, sample, turn, image hashes, prompt has
 without image bytes), ``responses`` (raw text and the ModelOutput, committed as soon as the call
 returns and before anything parses or scores it), ``failures`` (calls that failed after their
 retries; resume tries them again), ``samples`` (parse status and parsed answer per case x task x
-model x sample), ``scores`` and ``error_labels``, and ``audit`` (every outbound payload).
+model x sample), ``scores`` and ``error_labels``, ``audit`` (every outbound payload) and
+``cases`` (each case as the scorers see it: ground truth and image hashes, no image bytes, so a
+run can be re-scored from its folder alone).
 
 Every write is its own committed transaction, so a ``kill -9`` loses at most the call that was
 in flight. ``synchronous=NORMAL`` survives a killed process (the commit is in the WAL); pass
@@ -23,7 +25,7 @@ from typing import Any
 
 from evaluation.errors import StoreError
 from evaluation.phi import AuditRecord
-from evaluation.records import ErrorLabel, ModelOutput, Score
+from evaluation.records import Case, ErrorLabel, ModelOutput, Score
 from evaluation.store_writes import (
     GroupCommitter,
     Statements,
@@ -124,6 +126,11 @@ CREATE TABLE IF NOT EXISTS audit (
     remote INTEGER NOT NULL,
     deidentified INTEGER NOT NULL,
     record_json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS cases (
+    case_id TEXT PRIMARY KEY,
+    case_json TEXT NOT NULL,
+    recorded_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS samples_model ON samples(model);
 CREATE INDEX IF NOT EXISTS failures_key ON failures(cache_key);
@@ -274,6 +281,24 @@ class RunStore:
         self._tx(statements)
         return sid
 
+    def record_cases(self, cases: list[Case]) -> int:
+        """Snapshot cases the run does not hold yet (one transaction); returns how many were new.
+
+        A snapshot is never replaced: it is the truth the run was scored against.
+        """
+        t = now()
+        rows = [(c.case_id, c.model_dump_json(), t) for c in cases]
+        with self._lock:
+            before = self._db.total_changes
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany("INSERT OR IGNORE INTO cases VALUES (?,?,?)", rows)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+            return self._db.total_changes - before
+
     def record_scores(
         self,
         sid: str,
@@ -321,6 +346,13 @@ class RunStore:
         return {
             sid: ErrorLabel.model_validate_json(j)
             for sid, j in self._all("SELECT sample_id, label_json FROM error_labels")
+        }
+
+    def cases(self) -> dict[str, Case]:
+        """The run's case snapshots by case id (empty for runs recorded before snapshots)."""
+        return {
+            cid: Case.model_validate_json(j)
+            for cid, j in self._all("SELECT case_id, case_json FROM cases ORDER BY case_id")
         }
 
     def scored_samples(self) -> list[str]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
+import shutil
+import sqlite3
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,7 +17,8 @@ from engine_helpers import phantom_subset, server_spec, write_nmb
 from openai_server import Fault, OpenAIServer, Script
 
 from evaluation.datasets import DatasetSpec
-from evaluation.engine import rescore, resume_run, start_run
+from evaluation.engine import open_dataset, rescore, resume_run, start_run
+from evaluation.errors import StoreError
 from evaluation.export import export_run
 from evaluation.models import resolve_specs
 from evaluation.phi import PHIPolicy
@@ -196,6 +200,69 @@ def test_rescore_never_calls_a_model_and_export_writes_every_sample(tmp_path: Pa
     table = pq.read_table(tmp_path / "out.parquet")
     assert table.num_rows == 6 and "score.diagnosis_match" in table.column_names
     store.close()
+
+
+def _scored(run: Path) -> list[str]:
+    store = _store(run)
+    try:
+        return store.scored_samples()
+    finally:
+        store.close()
+
+
+def test_rescore_needs_only_the_run_folder_and_keeps_the_runs_truth(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data, answers = write_nmb(tmp_path / "data", 3, marker={2: "WRONGDX"})
+    wrong = json.dumps({"findings": [], "differential": [{"diagnosis": "ADEM"}],
+                        "final_diagnosis": "ADEM", "rationale": "monophasic", "confidence": 0.5})  # fmt: skip
+    run = tmp_path / "run"
+    with OpenAIServer(Script(replies=[("WRONGDX", wrong)])) as server:
+        config = _config(
+            DatasetSpec(path=str(data), answers=str(answers)), [server_spec(server.url)], tmp_path
+        )
+        asyncio.run(start_run(config, run))
+    dataset = open_dataset(config)
+    before = _scored(run)
+    assert len(before) == 3
+    # The store holds each case as the scorers see it: truth and image hashes, no note.
+    store = _store(run)
+    snap = store.cases()
+    store.close()
+    assert sorted(snap) == ["nmb-000", "nmb-001", "nmb-002"]
+    for case in dataset.cases:
+        kept = snap[case.case_id]
+        assert kept.ground_truth == case.ground_truth
+        assert [i.sha256 for i in kept.images] == [i.sha256 for i in case.images]
+        assert case.note and kept.note == "" and kept.ehr is None
+
+    # The dataset and the image cache are gone: rescoring gives the same scores.
+    shutil.rmtree(tmp_path / "data")
+    shutil.rmtree(tmp_path / "cache")
+    assert rescore(run) == {"rescored": 3, "unscored": 0, "missing_case": 0, "errors": 0}
+    assert _scored(run) == before
+
+    # A dataset on disk whose truth changed since the run: a warning, and the run's truth wins.
+    (tmp_path / "data").mkdir()
+    data, answers = write_nmb(tmp_path / "data", 3, marker={2: "WRONGDX"})
+    answers.write_text(answers.read_text().replace("multiple sclerosis", "ADEM"))
+    with caplog.at_level(logging.WARNING, logger="evaluation.engine"):
+        assert rescore(run)["rescored"] == 3
+    assert "dataset on disk changed since the run" in caplog.text
+    assert "the run's own copy" in caplog.text
+    assert _scored(run) == before
+    # ... and resume refuses to mix two datasets in one run.
+    with pytest.raises(StoreError, match="the dataset changed since the run started"):
+        asyncio.run(resume_run(run))
+
+    # A run recorded before snapshots, with its dataset gone: an error that says why.
+    con = sqlite3.connect(run / "run.sqlite")
+    con.execute("DELETE FROM cases")
+    con.commit()
+    con.close()
+    shutil.rmtree(tmp_path / "data")
+    with pytest.raises(StoreError, match="no case snapshots"):
+        rescore(run)
 
 
 def test_reference_models_run_the_phantoms_offline(phantom_suite, tmp_path: Path) -> None:

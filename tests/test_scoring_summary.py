@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from scoring_cases import abscess_case, answer, case, gbm_case, ms_case, stroke_case
+from scoring_cases import (
+    abscess_case,
+    answer,
+    case,
+    f,
+    gbm_case,
+    ich_case,
+    ms_case,
+    normal_case,
+    stroke_case,
+)
 
 from evaluation.records import (
     ClassificationAnswer,
@@ -13,6 +23,8 @@ from evaluation.records import (
     TaskFamily,
 )
 from evaluation.scoring import ScoredSample, compare, make_scored_sample, summarise
+from evaluation.scoring.lesions import match_lesions
+from evaluation.scoring.stats import wilson
 
 D = TaskFamily.DIFFERENTIAL
 RIGHT = {
@@ -170,3 +182,49 @@ def test_unscored_sample_scores_are_none_never_zero() -> None:
     s = sample("A", "ms-1", 0, None)
     assert s.scores and all(sc.value is None for sc in s.scores)
     assert s.error is not None and s.error.category.value == "format_failure"
+
+
+def test_run_level_lesion_rates_pool_findings_and_lesions_over_samples() -> None:
+    normal_2 = normal_case().model_copy(update={"case_id": "normal-2", "patient_id": "p-n2"})
+    plan = [
+        # 1 positive finding, matched; 4 lesions, 1 detected, 3 missed
+        (ms_case(), [f("left periventricular white matter lesion", sequence="FLAIR", signal="hyperintense")]),
+        # 3 positive: the haematoma and 2 bleeds that are not there; 1 lesion, detected
+        (ich_case(), [f("right basal ganglia hyperdense haematoma", sequence="CT"), f("left cerebellar hyperdense focus", sequence="CT"), f("left frontal hyperdense focus", sequence="CT")]),
+        # a normal control with 2 positive findings, both hallucinated: a false positive
+        (normal_case(), [f("small left frontal FLAIR hyperintensity"), f("mass effect")]),
+        # a normal control called clean: not a false positive, no positive finding
+        (normal_2, [f("No acute intracranial abnormality.")]),
+        # the infarct on the wrong side: a near match, neither detected, missed nor hallucinated
+        (stroke_case(), [f("restricted diffusion", hemisphere="right", region="insula", sequence="DWI", signal="hyperintense")]),
+    ]  # fmt: skip
+    per = [match_lesions(c, fs) for c, fs in plan]
+    counts = [
+        (r.n_positive, r.n_matched, r.n_hallucinated, len(r.lesions), r.n_detected, r.n_missed)
+        for r in per
+        if r is not None
+    ]
+    assert counts == [(1, 1, 0, 4, 1, 3), (3, 1, 2, 1, 1, 0), (2, 0, 2, 0, 0, 0),
+                      (0, 0, 0, 0, 0, 0), (1, 0, 0, 1, 0, 0)]  # fmt: skip
+    samples = [
+        make_scored_sample(c, TaskFamily.LESION, "A", ParseStatus.OK, answer("x", fs), "",
+                           bertscore=False)
+        for c, fs in plan
+    ]  # fmt: skip
+    # A differential answer hallucinating on the clean control: not a lesion-task sample, so
+    # it must not enter the lesion rates.
+    samples.append(
+        make_scored_sample(normal_2, D, "A", ParseStatus.OK,
+                           answer("multiple sclerosis", [f("left frontal FLAIR hyperintense lesion")]),
+                           "", bertscore=False)
+    )  # fmt: skip
+    lesions = summarise(samples, n_boot=200).leaderboard[0].lesions
+    assert lesions is not None and lesions.n_samples == 5
+    # pooled: 7 positive findings, 2 matched, 4 hallucinated; 6 lesions, 2 detected, 3 missed
+    assert lesions.precision == pytest.approx(2 / 7)
+    assert lesions.recall == pytest.approx(2 / 6)
+    assert lesions.hallucinated_finding_rate == pytest.approx(4 / 7)
+    assert lesions.missed_lesion_rate == pytest.approx(3 / 6)
+    nfp = lesions.normal_control_false_positive
+    assert nfp is not None and (nfp.value, nfp.n) == (0.5, 2)  # 1 of 2 normal controls
+    assert (nfp.low, nfp.high) == (wilson(1, 2).low, wilson(1, 2).high)

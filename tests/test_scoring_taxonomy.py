@@ -28,7 +28,14 @@ from evaluation.records import (
     Score,
     TaskFamily,
 )
-from evaluation.scoring import classify_error, effective_error, override_error, score_sample
+from evaluation.scoring import (
+    classify_error,
+    effective_error,
+    make_scored_sample,
+    override_error,
+    score_sample,
+    summarise,
+)
 from evaluation.scoring.rubric import DIMENSIONS, rubric_from_outputs
 
 C = ErrorCategory
@@ -94,7 +101,7 @@ GOLDEN: list[tuple[str, Case, object, TaskFamily, ParseStatus, C, str | None]] =
     ("GBM coded as an infarct", gbm_case(), answer("glioblastoma", GBM_OK, differential=[("glioblastoma", "I63.9")]), TaskFamily.DIFFERENTIAL, ParseStatus.OK, C.KNOWLEDGE_GAP, "icd10_contradiction"),
     ("MS coded as Alzheimer's", ms_case(), answer("multiple sclerosis", MS_ALL, differential=[("multiple sclerosis", "G30.9"), ("ADEM", "G04.0")]), TaskFamily.DIFFERENTIAL, ParseStatus.OK, C.KNOWLEDGE_GAP, "icd10_contradiction"),
     ("abscess mistaken, and the mimic miscoded", abscess_case(), answer("glioblastoma", ABSCESS_OK, differential=[("glioblastoma", "G06.0"), ("brain abscess", "G06.0")]), TaskFamily.DIFFERENTIAL, ParseStatus.OK, C.KNOWLEDGE_GAP, "icd10_contradiction"),
-    ("NeuroVLM stroke with a glioma subtype", flair_case("Acute ischaemic stroke", "I63.9", DiseaseGroup.ISCHAEMIC_STROKE), cls(diagnosis_name="stroke", diagnosis_detailed="glioma", specialized_sequence="FLAIR"), TaskFamily.CLASSIFICATION, ParseStatus.OK, C.KNOWLEDGE_GAP, "icd10_contradiction"),
+    ("NeuroVLM stroke with a glioma subtype", flair_case("Acute ischaemic stroke", "I63.9", DiseaseGroup.ISCHAEMIC_STROKE), cls(diagnosis_name="stroke", diagnosis_detailed="glioma", specialized_sequence="FLAIR"), TaskFamily.CLASSIFICATION, ParseStatus.OK, C.KNOWLEDGE_GAP, "subtype_inconsistent"),
     # ---- reasoning
     ("abscess read as glioblastoma", abscess_case(), answer("glioblastoma", ABSCESS_OK, differential=["glioblastoma", "brain abscess"]), TaskFamily.DIFFERENTIAL, ParseStatus.OK, C.REASONING, "truth_in_differential"),
     ("infarct seen, MS concluded", stroke_case(), answer("multiple sclerosis", STROKE_OK), TaskFamily.DIFFERENTIAL, ParseStatus.OK, C.REASONING, "wrong_diagnosis"),
@@ -212,3 +219,41 @@ def test_clinician_override_wins_and_records_who_and_when() -> None:
     )
     with pytest.raises(ValueError, match="clinician"):
         override_error(category=C.REASONING, clinician=" ", evidence="")
+
+
+def test_neurovlm_subtype_inconsistent_with_the_class_is_named_apart_from_icd10() -> None:
+    stroke = flair_case("Acute ischaemic stroke", "I63.9", DiseaseGroup.ISCHAEMIC_STROKE)
+    family, ok = TaskFamily.CLASSIFICATION, ParseStatus.OK
+
+    def flags_and_label(**kw: object) -> tuple[list[str], ErrorLabel | None]:
+        ans = cls(diagnosis_name="stroke", specialized_sequence="FLAIR", **kw)
+        text = ans.model_dump_json()  # every field present: no missing_fields flag
+        scores = score_sample(stroke, family, ok, ans, text, bertscore=False)
+        flags = next(s for s in scores if s.scorer == "safety_flags").details["flags"]
+        return flags, classify_error(stroke, family, ok, ans, scores)
+
+    right, none = flags_and_label(diagnosis_detailed="ischemic", icd10_code="I63.9")
+    assert right == [] and none is None
+    glioma, lab = flags_and_label(diagnosis_detailed="glioma", icd10_code="I63.9")
+    assert glioma == ["subtype_inconsistent:stroke/glioma"]
+    assert lab is not None and lab.category is C.KNOWLEDGE_GAP
+    assert "subtype_inconsistent" in lab.sub_labels and "icd10_contradiction" not in lab.sub_labels
+    coded, lab = flags_and_label(diagnosis_detailed="ischemic", icd10_code="C71.9")
+    assert coded == ["icd10_contradicts_class:C71.9/stroke"]
+    assert lab is not None and lab.category is C.KNOWLEDGE_GAP
+    assert "icd10_contradiction" in lab.sub_labels and "subtype_inconsistent" not in lab.sub_labels
+    # The run summary counts the flag under its own name, and the sub-label too.
+    samples = [
+        make_scored_sample(stroke, family, "A", ok, a, a.model_dump_json(), bertscore=False)
+        for a in (
+            cls(diagnosis_name="stroke", diagnosis_detailed="glioma", specialized_sequence="FLAIR"),
+            cls(
+                diagnosis_name="stroke", diagnosis_detailed="ischemic", specialized_sequence="FLAIR"
+            ),
+        )
+    ]
+    summ = summarise(samples, n_boot=100)
+    assert summ.neurovlm["A"].safety_flags == {"subtype_inconsistent": 1}
+    subs = summ.errors["A"]["sub_labels"]
+    assert subs["subtype_inconsistent"] == 1 and "icd10_contradiction" not in subs
+    assert summ.errors["A"]["categories"] == {"knowledge_gap": 1}

@@ -17,6 +17,8 @@ from evaluation.scoring.scored import ScoredSample
 from evaluation.scoring.stats import Estimate, cohen_kappa, wilson
 
 NO_ERROR = "none"
+RUBRIC_SOURCE = "rubric grader"
+CREDIT_SOURCE = "diagnosis credit (not a grader: no rated answer has a rubric score)"
 
 
 class PairAgreement(BaseModel):
@@ -46,8 +48,12 @@ class ReviewStats(BaseModel):
         None  # diagnosis_match vs the final-diagnosis verdict
     )
     error_vs_clinician: Agreement | None = None  # automatic vs clinician error category
-    grader_vs_clinician: Score | None = None  # grader_calibration: Pearson r with ratings
-    grader_source: str = ""  # "rubric" or "diagnosis_credit"
+    # Pearson r of an automatic score with the clinicians' 0-5 ratings. grader_source says which
+    # score: "rubric" (the rubric grader), or "diagnosis_credit" when no rated answer has a rubric
+    # score (a fallback that says nothing about a grader); grader_label says it in words.
+    grader_vs_clinician: Score | None = None
+    grader_source: str = ""
+    grader_label: str = ""
     clinician_accuracy: dict[str, Estimate] = Field(default_factory=dict)  # model -> accepted
 
 
@@ -169,8 +175,13 @@ def review_stats(run: RunData, reviews: list[CaseReview]) -> ReviewStats:
                     pairs.append((cv, r.ratings[key]))
     stats.diagnosis_vs_clinician = _agreement(dx_auto, dx_clin)
     stats.error_vs_clinician = _agreement(err_auto, err_clin)
-    if rubric_pairs or pairs:
-        stats.grader_source = "rubric" if rubric_pairs else "diagnosis_credit"
-        stats.grader_vs_clinician = grader_calibration(rubric_pairs or pairs)
+    if rubric_pairs:
+        stats.grader_source, what = "rubric", RUBRIC_SOURCE
+        stats.grader_vs_clinician = grader_calibration(rubric_pairs, what)
+    elif pairs:
+        stats.grader_source, what = "diagnosis_credit", CREDIT_SOURCE
+        stats.grader_vs_clinician = grader_calibration(pairs, what, bar=None)
+    if stats.grader_source:
+        stats.grader_label = f"{what} vs clinician ratings"
     stats.clinician_accuracy = {m: wilson(sum(v), len(v)) for m, v in sorted(accepted.items()) if v}
     return stats

@@ -211,8 +211,18 @@ def rubric_agreement(scores: Sequence[Score]) -> float | None:
     return krippendorff_alpha(rows)
 
 
-def grader_calibration(pairs: Sequence[tuple[float, float]]) -> Score:
-    """Pearson r of grader vs clinician scores over (grader, clinician) pairs."""
+def grader_calibration(
+    pairs: Sequence[tuple[float, float]],
+    source: str = "rubric grader",
+    *,
+    bar: float | None = PAPER_BAR,
+) -> Score:
+    """Pearson r of automatic vs clinician scores over (automatic, clinician) pairs.
+
+    ``source`` names what the automatic side is; it is recorded and starts the explanation, so a
+    figure computed from anything but the rubric grader cannot pass for the grader's. ``bar`` is
+    the r to beat (the paper's, for a grader); None when no bar applies.
+    """
     from scipy import stats as st
 
     xs = [float(g) for g, c in pairs if g is not None and c is not None]
@@ -222,19 +232,21 @@ def grader_calibration(pairs: Sequence[tuple[float, float]]) -> Score:
         return Score(
             scorer="grader_calibration",
             value=None,
-            explanation=f"need at least 3 varied pairs, got {n}",
-            details={"n": n},
+            explanation=f"{source} vs clinician ratings: undefined, needs at least 3 pairs "
+            f"with scores varying on both sides (got {n} pairs)",
+            details={"n": n, "source": source},
         )
     res = st.pearsonr(xs, ys)
     r = float(res.statistic)
-    details: dict[str, Any] = {"n": n, "p_value": float(res.pvalue), "bar": PAPER_BAR}
+    details: dict[str, Any] = {"n": n, "source": source, "p_value": float(res.pvalue), "bar": bar}
     if n > 3 and abs(r) < 1:
         z, se = math.atanh(r), 1 / math.sqrt(n - 3)
         details["ci95"] = [math.tanh(z - 1.96 * se), math.tanh(z + 1.96 * se)]
-    details["meets_paper_bar"] = r > PAPER_BAR
+    details["meets_paper_bar"] = r > bar if bar is not None else None
     return Score(
         scorer="grader_calibration",
         value=r,
-        explanation=f"Pearson r = {r:.3f} over {n} answers (paper's bar: r > {PAPER_BAR})",
+        explanation=f"{source} vs clinician ratings: Pearson r = {r:.3f} over {n} answers"
+        + (f" (paper's bar: r > {bar})" if bar is not None else ""),
         details=details,
     )

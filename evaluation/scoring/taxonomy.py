@@ -25,8 +25,9 @@ is lesion recognition, or the answer called the study normal:
      perception above correct, or not checkable            -> reasoning
 Classification answers (NeuroVLM): abstention -> refusal (abstention); abnormal class on a
 normal image -> visual_hallucination; "normal" on an abnormal image -> perceptual; sequence
-wrong -> grounding; modality or plane wrong -> perceptual; subtype inconsistent with the class
-or an ICD-10 code contradicting it -> knowledge_gap; wrong class or subtype -> reasoning.
+wrong -> grounding; modality or plane wrong -> perceptual; a subtype that does not belong to the
+stated class (subtype_inconsistent) or an ICD-10 code contradicting it (icd10_contradiction) ->
+knowledge_gap; wrong class or subtype -> reasoning.
 
 Refinement: when R9 (or the classification reasoning rule) fires without lesion evidence, the
 rules cannot tell perception from reasoning; if the rubric grader named one of the paper's five
@@ -216,11 +217,8 @@ def _classification(by: dict[str, Score]) -> tuple[ErrorLabel | None, bool]:
     flags: list[str] = (by.get("safety_flags") or Score(scorer="", value=None)).details.get(
         "flags", []
     )
-    know = [
-        f
-        for f in flags
-        if f.startswith(("subtype_inconsistent", "icd10_contradicts", "icd10_with_normal"))
-    ]
+    subtype = [f for f in flags if f.startswith("subtype_inconsistent")]
+    codes = [f for f in flags if f.startswith(("icd10_contradicts", "icd10_with_normal"))]
     wrong = {
         n: by[n]
         for n in (
@@ -240,7 +238,8 @@ def _classification(by: dict[str, Score]) -> tuple[ErrorLabel | None, bool]:
         (truth != "normal" and stated == "normal", ErrorCategory.PERCEPTUAL, "missed_lesion", f"called normal; truth {truth!r}"),
         ("sequence_recognition" in wrong, ErrorCategory.GROUNDING, "sequence_misidentification", "sequence: " + wrong.get("sequence_recognition", Score(scorer="", value=None)).explanation),
         ("modality_accuracy" in wrong or "plane_accuracy" in wrong, ErrorCategory.PERCEPTUAL, "inaccurate_description", "; ".join(f"{n}: {wrong[n].explanation}" for n in ("modality_accuracy", "plane_accuracy") if n in wrong)),
-        (bool(know), ErrorCategory.KNOWLEDGE_GAP, "icd10_contradiction", "; ".join(know)),
+        (bool(subtype), ErrorCategory.KNOWLEDGE_GAP, "subtype_inconsistent", "; ".join(subtype)),
+        (bool(codes), ErrorCategory.KNOWLEDGE_GAP, "icd10_contradiction", "; ".join(codes)),
         (stated != truth or "classification_subtype" in wrong, ErrorCategory.REASONING, "wrong_diagnosis", f"class {stated!r} vs {truth!r}" + (f"; subtype {wrong['classification_subtype'].explanation}" if "classification_subtype" in wrong else "")),
     ]  # fmt: skip
     fired = [(cat, sub, text) for ok, cat, sub, text in rules if ok]
