@@ -1,9 +1,11 @@
-"""What happens to a complete study: store, route, evaluate, write back (SR + PDF), record.
+"""What happens to a complete study: store, route, evaluate, report, write back (SR + PDF).
 
 The evaluation itself sits behind the narrow ``Evaluator`` protocol: a study folder and a
-``Route`` in, an ``EvaluationResult`` (per-case answers, findings, scores, the checklist PDF)
-out. ``gateway.default_evaluator.DefaultEvaluator`` is the built-in one; the evaluation engine
-plugs in by implementing the same protocol and passing it to ``StudyPipeline``.
+``Route`` in, an ``EvaluationResult`` (per-model answers, findings, scores, and the run as
+``RunData``) out. ``gateway.default_evaluator.DefaultEvaluator``, the built-in one, runs the
+evaluation engine. The pipeline writes the run's report bundle (``gateway.run_report``): its
+checklist PDF goes back to PACS with one UNVERIFIED SR per model, and the bundle goes to the
+review pages (``<reports dir>/<run id>``).
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from pydantic import BaseModel, Field
 
 from dicom.index import index_path
 from evaluation.records import Answer, Finding, ImageRef, ParseStatus, Score, TaskFamily
+from evaluation.reports.rundata import RunData
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient
 from gateway.routing import Route, Router, StudyFacts
+from gateway.run_report import publish, write_checklist
 from gateway.runs import RunRecord, RunStatus, RunStore
 from gateway.scp import ReceivedStudy, uid_key
 from gateway.sr import build_pdf, build_sr, evidence_from_files, model_of, series_uid_for
@@ -59,6 +63,9 @@ class EvaluationResult(BaseModel):
     evaluated_series_uids: list[str] = Field(default_factory=list)
     modality: str = "MR"
     warnings: list[str] = Field(default_factory=list)
+    # The engine's run as the report bundle reads it; the pipeline writes its checklist.
+    run: RunData = Field(exclude=True, repr=False)
+    # The case's checklist as printed from that bundle (set by the pipeline).
     pdf: bytes = Field(default=b"", exclude=True, repr=False)
     html: str = Field(default="", exclude=True, repr=False)
 
@@ -103,10 +110,13 @@ class StudyPipeline:
         audit: AuditLog,
         cache: InstanceCache,
         upload_threads: int = 4,
+        reports_dir: Path | None = None,
     ) -> None:
         self.orthanc, self.evaluator, self.router = orthanc, evaluator, router
         self.runs, self.audit, self.cache = runs, audit, cache
         self.upload_threads = upload_threads
+        # Where the review pages read report bundles (Settings.reports_dir, DATA_DIR/reports).
+        self.reports_dir = reports_dir or runs.root / "reports"
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._pending: dict[str, str] = {}  # study key -> queued run id
         self._lock = threading.Lock()
@@ -314,6 +324,10 @@ class StudyPipeline:
         self._stage(job, "evaluating", 0.4)
         work = self.runs.run_dir(job.run_id)
         result = self.evaluator.evaluate(folder, route, work)
+        self._stage(job, "writing the checklist", 0.65)
+        checklist = write_checklist(result.run, work / "report")
+        result.html, result.pdf = checklist.html, checklist.pdf or b""
+        warnings = [*result.warnings, *checklist.warnings]
         self._stage(job, "waiting for the upload to Orthanc", 0.8)
         self._finish_uploads(job)
         self._stage(job, "writing back SR and PDF", 0.85)
@@ -323,7 +337,7 @@ class StudyPipeline:
             raise RuntimeError("no readable source instance to attach the report to")
         previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
         sr_paths: list[str] = []
-        sr_uids: list[str] = []
+        sr_uids: dict[str, str] = {}  # model -> SOP Instance UID of its UNVERIFIED SR
         for model in route.models:
             answer = sr_answer([c for c in result.cases if c.model == model])
             if answer is None:
@@ -334,13 +348,25 @@ class StudyPipeline:
             sr.save_as(path, enforce_file_format=True)
             self.orthanc.upload(path)
             sr_paths.append(str(path))
-            sr_uids.append(str(sr.SOPInstanceUID))
-        pdf = build_pdf(headers[0], result.pdf, "NeuroSandbox AI checklist", version)
-        pdf_path = work / "checklist.dcm"
-        pdf.save_as(pdf_path, enforce_file_format=True)
-        self.orthanc.upload(pdf_path)
-        METRICS.inc("reports_stored_total", len(sr_paths) + 1)
+            sr_uids[model] = str(sr.SOPInstanceUID)
+        pdf_uid = None
+        if checklist.pdf:
+            pdf = build_pdf(headers[0], checklist.pdf, "NeuroSandbox AI checklist", version)
+            pdf.save_as(work / "checklist.dcm", enforce_file_format=True)
+            self.orthanc.upload(work / "checklist.dcm")
+            pdf_uid = str(pdf.SOPInstanceUID)
+        else:
+            warnings.append("no checklist PDF written back to PACS: it could not be printed")
+        METRICS.inc("reports_stored_total", len(sr_paths) + (pdf_uid is not None))
         self.runs.write_report(job.run_id, result)
+        info = {
+            "run_id": job.run_id,
+            "trigger": job.trigger,
+            "version": version,
+            "unverified_sr": sr_uids,
+            "checklist_pdf": pdf_uid,
+        }
+        publish(checklist, self.reports_dir, job.run_id, info)
         state.version = version
         state.evaluated_digest = digest
         state.sr_paths = sr_paths or state.sr_paths
@@ -352,9 +378,9 @@ class StudyPipeline:
             job.run_id,
             RunStatus.DONE,
             version=version,
-            sr_sop_uids=sr_uids,
-            pdf_sop_uid=str(pdf.SOPInstanceUID),
-            warnings=result.warnings,
+            sr_sop_uids=list(sr_uids.values()),
+            pdf_sop_uid=pdf_uid,
+            warnings=warnings,
             timings_s=dict(job.timings),
         )
         self.audit.write("system", "evaluation", f"run:{job.run_id}", "done")

@@ -1,6 +1,8 @@
 """Re-issue a signed-off case to PACS: a VERIFIED SR per reviewed answer, with the reviewer as
 verifying observer, carrying the clinician's corrections (rejected lines dropped, corrected
-lines replaced, the clinician's diagnosis as the final diagnosis)."""
+lines replaced, the clinician's diagnosis as the final diagnosis). When the study holds the
+model's UNVERIFIED SR (written back by the gateway or the demo), the VERIFIED one names it as
+its predecessor document and continues its instance numbers."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from evaluation.records import Answer, Case, DifferentialItem, Finding
 from evaluation.reports.checklist import answer_key, reviewed_samples
 from evaluation.reports.reviews import CaseReview, Verdict
 from evaluation.reports.rundata import FULL_INPUT, RunData
-from gateway.orthanc import OrthancClient
-from gateway.sr import build_sr, verify_sr
+from gateway.orthanc import OrthancClient, OrthancError
+from gateway.run_report import gateway_info
+from gateway.sr import build_sr, model_of, series_uid_for, verify_sr
 
 MAX_SOURCE_HEADERS = 500
 
@@ -70,6 +73,33 @@ def _source_headers(orthanc: OrthancClient, case: Case) -> tuple[list[Dataset], 
     return headers, series[0].modality
 
 
+def _number(ds: Dataset) -> int:
+    try:
+        return int(ds.get("InstanceNumber") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def stored_srs(orthanc: OrthancClient, study_uid: str) -> list[Dataset]:
+    """Headers of the SRs in the study's NeuroSandbox SR series, newest first."""
+    try:
+        items = orthanc.series_metadata(study_uid, series_uid_for(study_uid, "sr"))
+    except OrthancError as exc:
+        if exc.status == 404:  # nothing written back yet
+            return []
+        raise
+    return sorted(items, key=lambda d: -_number(d))
+
+
+def predecessor(srs: list[Dataset], model: str, named: str | None) -> Dataset | None:
+    """The UNVERIFIED SR the run wrote for ``model`` (``named``), else that model's newest."""
+    of_model = [
+        d for d in srs if d.get("VerificationFlag") == "UNVERIFIED" and model_of(d) == model
+    ]
+    exact = next((d for d in of_model if str(d.SOPInstanceUID) == named), None)
+    return exact or (of_model[0] if of_model else None)
+
+
 def reissue_case(
     orthanc: OrthancClient,
     run: RunData,
@@ -89,12 +119,26 @@ def reissue_case(
     if not answers:
         raise ReissueError(f"case {case_id!r} has no diagnostic answer to report")
     headers, modality = _source_headers(orthanc, case)
+    earlier = stored_srs(orthanc, case.provenance.study_uids[0])
+    named = gateway_info(run).get("unverified_sr") or {}
+    number = max((_number(d) for d in earlier), default=0) + 1  # next in the series
     uids = []
     for s, key in answers:
         assert isinstance(s.answer, Answer)
         answer = corrected_answer(s.answer, key, review)
-        sr = build_sr(headers, answer, s.scored.model, "clinician-reviewed", 1, (), modality)
-        signed = verify_sr(sr, observer_name=review.reviewer[:64], organization=organization)
+        model = s.scored.model
+        prior = predecessor(earlier, model, named.get(model))
+        sr = build_sr(headers, answer, model, "clinician-reviewed", number, (), modality)
+        # The draft built here is never stored: the document the signed one replaces is the
+        # model's UNVERIFIED SR in PACS, when there is one.
+        signed = verify_sr(
+            sr,
+            observer_name=review.reviewer[:64],
+            organization=organization,
+            replaces=[prior] if prior is not None else [],
+        )
+        signed.InstanceNumber = number
+        number += 1
         buf = io.BytesIO()
         pydicom.dcmwrite(buf, signed, enforce_file_format=True)
         orthanc.upload(buf.getvalue())

@@ -94,11 +94,12 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     data = settings.data_dir
     pipeline = StudyPipeline(
         orthanc=ctx.orthanc,
-        evaluator=evaluator or DefaultEvaluator(memory_cap=settings.memory_cap),
+        evaluator=evaluator or DefaultEvaluator(settings),
         router=Router.from_file(settings.routing_file),
         runs=ctx.runs,
         audit=ctx.audit,
         cache=InstanceCache(data / "cache"),
+        reports_dir=settings.reports_dir or data / "reports",  # where the review pages look
     )
     ctx.pipeline = pipeline
     scp = StorageSCP(

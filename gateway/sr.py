@@ -8,6 +8,7 @@ naming its predecessor) next to the old one. ``verify_sr`` makes the signed (VER
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
@@ -274,11 +275,19 @@ def build_pdf(
 
 
 def verify_sr(
-    sr: Dataset, observer_name: str, organization: str, when: datetime | None = None
+    sr: Dataset,
+    observer_name: str,
+    organization: str,
+    when: datetime | None = None,
+    replaces: Sequence[Dataset] | None = None,
 ) -> Dataset:
-    """The signed version of an SR: VERIFIED, FINAL, with the verifying observer; new instance."""
+    """The signed version of an SR: VERIFIED, FINAL, with the verifying observer; new instance.
+
+    Its predecessor documents are ``replaces`` (the stored documents it supersedes; empty: none),
+    by default ``sr`` itself. ``sr`` is left as it was.
+    """
     when = when or datetime.now()
-    new = sr.copy()
+    new = copy.deepcopy(sr)  # Dataset.copy() is shallow: the new UID would also change ``sr``
     new.file_meta = FileMetaDataset(sr.file_meta) if hasattr(sr, "file_meta") else FileMetaDataset()
     new.SOPInstanceUID = generate_uid()
     new.file_meta.MediaStorageSOPInstanceUID = new.SOPInstanceUID
@@ -293,17 +302,36 @@ def verify_sr(
     observer.VerificationDateTime = when.strftime("%Y%m%d%H%M%S")
     observer.VerifyingObserverIdentificationCodeSequence = DicomSequence()
     new.VerifyingObserverSequence = DicomSequence([observer])
-    ref = Dataset()
-    ref.ReferencedSOPClassUID = sr.SOPClassUID
-    ref.ReferencedSOPInstanceUID = sr.SOPInstanceUID
-    series = Dataset()
-    series.SeriesInstanceUID = sr.SeriesInstanceUID
-    series.ReferencedSOPSequence = DicomSequence([ref])
-    study = Dataset()
-    study.StudyInstanceUID = sr.StudyInstanceUID
-    study.ReferencedSeriesSequence = DicomSequence([series])
-    new.PredecessorDocumentsSequence = DicomSequence([study])
+    earlier = [sr] if replaces is None else list(replaces)
+    if "PredecessorDocumentsSequence" in new:
+        del new.PredecessorDocumentsSequence
+    if earlier:
+        new.PredecessorDocumentsSequence = DicomSequence(_references(earlier))
     return Comprehensive3DSR.from_dataset(new, copy=False)
+
+
+def _references(docs: Sequence[Dataset]) -> list[Dataset]:
+    """Hierarchical SOP instance references (study > series > instance) to ``docs``."""
+    studies: dict[str, dict[str, list[Dataset]]] = {}
+    for doc in docs:
+        ref = Dataset()
+        ref.ReferencedSOPClassUID = doc.SOPClassUID
+        ref.ReferencedSOPInstanceUID = doc.SOPInstanceUID
+        series = studies.setdefault(str(doc.StudyInstanceUID), {})
+        series.setdefault(str(doc.SeriesInstanceUID), []).append(ref)
+    out = []
+    for study_uid, by_series in studies.items():
+        study = Dataset()
+        study.StudyInstanceUID = study_uid
+        items = []
+        for series_uid, refs in by_series.items():
+            item = Dataset()
+            item.SeriesInstanceUID = series_uid
+            item.ReferencedSOPSequence = DicomSequence(refs)
+            items.append(item)
+        study.ReferencedSeriesSequence = DicomSequence(items)
+        out.append(study)
+    return out
 
 
 def load_sr(ds: Dataset) -> hd.sr.Comprehensive3DSR:

@@ -48,6 +48,18 @@ class Gateway:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.get(f"{self.api}{path}", headers=headers, timeout=30, **kw)  # type: ignore[arg-type]
 
+    def post(self, path: str, token: str, **kw: object) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"}
+        return httpx.post(f"{self.api}{path}", headers=headers, timeout=60, **kw)  # type: ignore[arg-type]
+
+    def wait_run(self, run_id: str, timeout: float = 60) -> dict[str, object]:
+        deadline = time.monotonic() + timeout
+        run = self.get(f"/runs/{run_id}", self.reviewer).json()
+        while run["status"] in ("queued", "running") and time.monotonic() < deadline:
+            time.sleep(0.3)
+            run = self.get(f"/runs/{run_id}", self.reviewer).json()
+        return dict(run)
+
 
 def _cli(env: dict[str, str], *args: str) -> str:
     r = subprocess.run([str(BIN), *args], env=env, capture_output=True, text=True, timeout=60)
@@ -129,6 +141,17 @@ def reports(gw: Gateway, study_uid: str) -> dict[str, list[pydicom.Dataset]]:
     return out
 
 
+def pdf_text(pdf: bytes, tmp: Path) -> str:
+    """The text of a PDF, by poppler's pdftotext (layout kept, so table cells stay on a line)."""
+    src = tmp / "doc.pdf"
+    src.write_bytes(pdf)
+    r = subprocess.run(
+        ["/usr/bin/pdftotext", "-layout", str(src), "-"], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    return " ".join(r.stdout.split())
+
+
 def wait_reports(
     gw: Gateway, study_uid: str, n_sr: int, timeout: float
 ) -> dict[str, list[pydicom.Dataset]]:
@@ -161,12 +184,19 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
     }
     assert ("7771000", "Left") in codes and ("121053", "Present") in codes  # laterality, presence
     runs = gateway.get("/runs", gateway.reviewer).json()
-    run = next(r for r in runs if r["study_uid"] == study.study_uid and r["status"] == "done")
+    mine = [r for r in runs if r["study_uid"] == study.study_uid and r["trigger"] == "dicom"]
+    run = gateway.wait_run(mine[0]["run_id"])
+    assert run["status"] == "done", run
     report = gateway.get(f"/runs/{run['run_id']}/report.json", gateway.reviewer).json()
     diagnosis = report["cases"][0]["final_diagnosis"]
     assert diagnosis and any(m == diagnosis[:64] for _, m in codes)  # the diagnosis, coded
     document = pdf.EncapsulatedDocument[: pdf.EncapsulatedDocumentLength]
     assert document.startswith(b"%PDF") and pdf.StudyInstanceUID == study.study_uid
+    # The checklist of the report bundle (Chromium's print), with the model's answer in it.
+    text = pdf_text(document, tmp_path)
+    case_id = report["cases"][0]["case_id"]
+    assert "UNVERIFIED" in text and case_id in text and "reference/image-rules" in text
+    assert f"Final diagnosis {diagnosis}" in text and "Not assessed" in text
     print(f"storescu start -> SR+PDF in Orthanc: {elapsed:.1f} s")
     assert elapsed < QUIET + STABLE_AGE + 20  # seconds, on a busy 2-core machine
 
@@ -193,6 +223,38 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
     assert sorted(r["status"] for r in mine if r["status"] == "done") == ["done", "done"]
     assert not [r for r in mine if r["status"] == "failed"]
 
+    # Both versions are in the review queue; the reviewer signs version 1 off and re-issues it:
+    # VERIFIED SRs that replace version 1's UNVERIFIED one and carry the corrected diagnosis.
+    listing = gateway.get("/review", gateway.reviewer)
+    done = [r["run_id"] for r in mine if r["status"] == "done"]
+    assert listing.status_code == 200 and all(run_id in listing.text for run_id in done)
+    summary = gateway.get(f"/review/runs/{run['run_id']}/summary.json", gateway.reviewer).json()
+    assert [c["case_id"] for c in summary["cases"]] == [case_id]
+    page = f"/review/runs/{run['run_id']}/cases/{summary['cases'][0]['slug']}"
+    assert diagnosis in gateway.get(page, gateway.reviewer).text
+    for action, form in (
+        ("diagnosis", {"text": "Multiple sclerosis"}),
+        ("signoff", {}),
+        ("reissue", {}),
+    ):
+        r = gateway.post(f"{page}/{action}", gateway.reviewer, data=form)
+        assert r.status_code == 303, (action, r.text[-500:])
+    srs = reports(gateway, study.study_uid)["sr"]
+    verified = [d for d in srs if d.VerificationFlag == "VERIFIED"]
+    assert len(verified) == 2  # one per reviewed answer: differential and lesion
+    assert sorted(int(d.InstanceNumber) for d in verified) == [3, 4]
+    for v in verified:
+        Comprehensive3DSR.from_dataset(v)
+        assert v.VerifyingObserverSequence[0].VerifyingObserverName == "test-reviewer"
+        pred = v.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0]
+        assert pred.ReferencedSOPSequence[0].ReferencedSOPInstanceUID == sr.SOPInstanceUID
+        assert "Multiple sclerosis" in {  # the clinician's diagnosis, not the model's
+            c.CodeMeaning
+            for item in v.iterall()
+            if item.keyword == "ConceptCodeSequence"
+            for c in item.value
+        }
+
 
 def test_an_aborted_association_leads_to_no_evaluation(gateway: Gateway, tmp_path: Path) -> None:
     study = make_study(tmp_path / "s", patient_id="NSBX-E2E-ABORT")
@@ -211,9 +273,10 @@ def test_orthanc_driven_mode_evaluates_a_study_stored_directly(
     got = wait_reports(gateway, study.study_uid, 1, timeout=STABLE_AGE + 45)
     assert len(got["sr"]) == 1, gateway.log.read_text()[-3000:]
     runs = gateway.get("/runs", gateway.reviewer).json()
-    assert [
-        r["trigger"] for r in runs if r["study_uid"] == study.study_uid and r["status"] == "done"
-    ] == ["orthanc"]
+    (run,) = [r for r in runs if r["study_uid"] == study.study_uid]
+    run = gateway.wait_run(run["run_id"])
+    assert run["status"] == "done" and run["trigger"] == "orthanc", run
+    assert gateway.get(f"/review/runs/{run['run_id']}", gateway.reviewer).status_code == 200
 
 
 def test_the_api_refuses_requests_without_a_valid_token(gateway: Gateway) -> None:
@@ -272,7 +335,7 @@ def test_api_evaluation_run_serves_reports_images_metrics_and_audit(
     while run["status"] in ("queued", "running") and time.monotonic() < deadline:
         time.sleep(0.3)
         run = gateway.get(f"/runs/{run_id}", gateway.reviewer).json()
-    assert run["status"] == "done" and run["progress"] == 1.0 and run["trigger"] == "api"
+    assert run["status"] == "done" and run["progress"] == 1.0 and run["trigger"] == "api", run
     report = gateway.get(f"/runs/{run_id}/report.json", gateway.reviewer).json()
     assert [c["task"] for c in report["cases"]] == ["lesion"]
     html = gateway.get(f"/runs/{run_id}/report.html", gateway.reviewer)
@@ -282,6 +345,11 @@ def test_api_evaluation_run_serves_reports_images_metrics_and_audit(
     )
     pdf = gateway.get(f"/runs/{run_id}/report.pdf", gateway.reviewer)
     assert pdf.headers["content-type"] == "application/pdf" and pdf.content.startswith(b"%PDF")
+    diagnosis = report["cases"][0]["final_diagnosis"]
+    assert f"Final diagnosis {diagnosis}" in pdf_text(pdf.content, tmp_path)
+    assert diagnosis in html.text and report["cases"][0]["case_id"] in html.text
+    review = gateway.get(f"/review/runs/{run_id}/summary.json", gateway.reviewer).json()
+    assert review["run_id"] == run_id and len(review["cases"]) == 1
     images = gateway.get(f"/runs/{run_id}/images", gateway.reviewer).json()
     assert images and all(i["sha256"] for i in images)
     png = gateway.get(f"/runs/{run_id}/{images[0]['path']}", gateway.reviewer)

@@ -20,6 +20,7 @@ from gateway.cache import InstanceCache
 from gateway.dimse import DimseRetriever, RetrieveError
 from gateway.follower import ChangesFollower
 from gateway.orthanc import OrthancClient, OrthancError
+from gateway.pacs_local import dcmtk_env
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
@@ -145,3 +146,52 @@ def test_orthanc_runs_without_nagle_stalls(orthanc_server: OrthancServer) -> Non
     assert pid is not None
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert b"TCP_NODELAY=1" in environ
+
+
+def test_rendered_orthanc_config_is_locked_down_and_refuses_unknown_senders(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    env = dict(os.environ, **orthanc_server.env)
+    out = tmp_path / "orthanc.json"
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "neurosandbox"), "pacs", "config", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    config = json.loads(out.read_text())
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600  # it holds the password
+    assert config["AuthenticationEnabled"] is True
+    assert config["RegisteredUsers"] == {orthanc_server.endpoints.username: orthanc_server.password}
+    assert config["RemoteAccessAllowed"] is False
+    assert config["DicomAlwaysAllowStore"] is False and config["DicomCheckCalledAet"] is True
+    (gateway,) = config["DicomModalities"].values()  # the only peer Orthanc accepts
+    assert gateway["AET"] == "NEUROSANDBOX" and gateway["AllowStore"] is True
+
+    # The running Orthanc (same template, `pacs up`): an unknown calling AE stores nothing,
+    # the gateway's AE does.
+    ep = orthanc_server.endpoints
+    client = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
+    intruder = make_study(tmp_path / "intruder", n_slices=1, classes=("T1",))
+    friend = make_study(tmp_path / "friend", n_slices=1, classes=("T1",))
+
+    def storescu(aet: str, files: list[Path]) -> subprocess.CompletedProcess[str]:
+        cmd = ["/usr/bin/storescu", "-aet", aet, "-aec", ep.orthanc_aet, "127.0.0.1"]
+        return subprocess.run(
+            [*cmd, str(ep.orthanc_dicom_port), *map(str, files)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dcmtk_env(),
+        )
+
+    refused = storescu("INTRUDER", intruder.files)
+    assert client.find_study(intruder.study_uid) is None, refused.stderr
+    assert refused.returncode != 0 and "Store Failed" in refused.stderr  # Orthanc aborts it
+    accepted = storescu(ep.gateway_aet, friend.files)
+    assert accepted.returncode == 0, accepted.stderr
+    assert client.find_study(friend.study_uid) is not None
+    client.close()

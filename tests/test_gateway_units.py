@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import subprocess
@@ -12,17 +13,20 @@ import pydicom
 import pytest
 from gateway_synth import make_study
 from highdicom.sr import Comprehensive3DSR
+from openai_server import OpenAIServer
 from pydicom.uid import generate_uid
 
 from evaluation.records import Answer, DifferentialItem, Finding, ParseStatus, TaskFamily
+from evaluation.reports import load_run
+from evaluation.store import RunStore
 from gateway.auth import Role, TokenStore
 from gateway.cache import InstanceCache, InvalidUIDError, atomic_writer, check_uid
-from gateway.checklist_pdf import render_pdf
 from gateway.default_evaluator import DefaultEvaluator
 from gateway.metrics import Metrics
 from gateway.part10 import file_meta_bytes, read_uids
 from gateway.pipeline import sr_answer
 from gateway.routing import CLINICAL, Route, Router, RoutingError, StudyFacts
+from gateway.settings import Settings
 from gateway.sr import ReportBuildError, build_pdf, build_sr, verify_sr
 
 # --------------------------------------------------------------------------- routing
@@ -145,12 +149,17 @@ def test_default_evaluator_runs_the_engine_reference_model_on_a_study(
     make_study(tmp_path / "study", classes=("FLAIR", "T2"), n_slices=12, lesion=side)
     route = Route(
         rule="t",
-        models=["reference/image-rules", "openai/gpt-4o"],
-        tasks=[TaskFamily.LESION, TaskFamily.CLASSIFICATION],
-        series_classes=list(CLINICAL),
+        models=["reference/image-rules"],
+        tasks=[TaskFamily.LESION, TaskFamily.CLASSIFICATION, TaskFamily.MULTITURN],
+        series_classes=["FLAIR"],
     )
-    result = DefaultEvaluator().evaluate(tmp_path / "study", route, tmp_path / "work")
+    work = tmp_path / "runs" / ("0" * 32)
+    result = DefaultEvaluator(Settings(data_dir=tmp_path)).evaluate(tmp_path / "study", route, work)
     by = {(c.model, c.task): c for c in result.cases}
+    assert set(by) == {
+        ("reference/image-rules", TaskFamily.LESION),
+        ("reference/image-rules", TaskFamily.CLASSIFICATION),
+    }
     lesion = by[("reference/image-rules", TaskFamily.LESION)]
     assert lesion.parse_status is ParseStatus.OK and lesion.answer is not None
     if side is None:
@@ -158,11 +167,57 @@ def test_default_evaluator_runs_the_engine_reference_model_on_a_study(
     else:
         assert {f.hemisphere for f in lesion.findings} == {side}
     assert by[("reference/image-rules", TaskFamily.CLASSIFICATION)].final_diagnosis
-    remote = by[("openai/gpt-4o", TaskFamily.LESION)]
-    assert remote.answer is None and "evaluation engine" in (remote.error or "")
-    assert result.pdf.startswith(b"%PDF") and "UNVERIFIED" in result.html
-    assert result.images and all((tmp_path / "work" / i.path).exists() for i in result.images)
+    assert any("multi-turn not run" in w for w in result.warnings)
+    # Only the routed series was evaluated, and the run is an ordinary engine run.
+    assert {i.series_class for i in result.images} == {"FLAIR"}
+    assert all((work / i.path).exists() for i in result.images)
+    assert result.run.run_id == work.name and len(result.run.cases) == 1
+    assert result.run.cases[0].provenance.study_uids == [result.study_uid]
+    again = load_run(work / "engine")  # what `neurosandbox report RUNDIR/engine` reads
+    assert [s.answer for s in again.samples] == [s.answer for s in result.run.samples]
     assert sr_answer([c for c in result.cases if c.model == "reference/image-rules"]) is not None
+
+
+def test_routed_litellm_models_run_through_the_engine_and_its_phi_gate(tmp_path: Path) -> None:
+    study = make_study(tmp_path / "study", lesion="left", patient_name="Secret^Patient")
+    for f in study.files:  # the T2 series carries burned-in text: never sent to a remote model
+        ds = pydicom.dcmread(f)
+        if "T2" in str(ds.SeriesDescription):
+            ds.BurnedInAnnotation = "YES"
+            ds.save_as(f)
+    models = tmp_path / "models.yaml"
+    models.write_text("models:\n  - name: ward-vlm\n    model: openai/gpt-4o\n    max_retries: 1\n")
+    route = Route(
+        rule="ward",
+        models=["reference/image-rules", "ward-vlm"],
+        tasks=[TaskFamily.DIFFERENTIAL, TaskFamily.LESION],
+        series_classes=list(CLINICAL),
+    )
+    with OpenAIServer() as server:
+        # No trusted host: even this loopback endpoint counts as remote for the PHI gate.
+        settings = Settings(
+            data_dir=tmp_path, models_file=models, api_base=server.url, phi_trusted_hosts=[]
+        )
+        work = tmp_path / "runs" / ("1" * 32)
+        result = DefaultEvaluator(settings).evaluate(tmp_path / "study", route, work)
+        bodies = json.dumps(server.stats.bodies)
+        calls = server.stats.calls
+    assert calls == 2  # one per task: the routed litellm model was called
+    remote = {c.task: c for c in result.cases if c.model == "ward-vlm"}
+    assert set(remote) == {TaskFamily.DIFFERENTIAL, TaskFamily.LESION}
+    assert remote[TaskFamily.DIFFERENTIAL].final_diagnosis == "multiple sclerosis"
+    assert [f.hemisphere for f in remote[TaskFamily.LESION].findings] == ["left"]
+    assert {s.scored.model for s in result.run.samples} == {"reference/image-rules", "ward-vlm"}
+    assert "Secret" not in bodies and study.patient_id not in bodies
+    store = RunStore(work / "engine")
+    try:
+        audit = [a for a in store.audit() if a.model == "ward-vlm"]
+    finally:
+        store.close()
+    assert len(audit) == 2 and all(a.remote and a.deidentified for a in audit)
+    t2 = {i.sha256 for i in result.images if i.series_class == "T2"}
+    assert t2 and all(set(a.dropped_images) == t2 for a in audit)
+    assert not t2 & {h for a in audit for h in a.image_sha256}
 
 
 # --------------------------------------------------------------------------- SR and PDF
@@ -199,6 +254,7 @@ def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: P
     assert '(7771000,SCT,"Left")' in text and '(83251001,SCT,"Frontal lobe")' in text
     assert '(121053,DCM,"Present")' in text and '(G35,I10,"Multiple sclerosis")' in text
     signed = verify_sr(ds, "Doe^Jane", "Neuro Hospital")
+    assert signed.SOPInstanceUID != ds.SOPInstanceUID and ds.VerificationFlag == "UNVERIFIED"
     assert signed.VerificationFlag == "VERIFIED" and signed.PreliminaryFlag == "FINAL"
     assert signed.VerifyingObserverSequence[0].VerifyingObserverName == "Doe^Jane"
     assert (
@@ -208,6 +264,12 @@ def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: P
         .ReferencedSOPInstanceUID
         == ds.SOPInstanceUID
     )
+    # Signing a fresh draft that replaces a stored SR names the stored one, not the draft.
+    draft = build_sr(headers, _answer(), "reference/image-rules", "clinician", 1)
+    replacing = verify_sr(draft, "Doe^Jane", "Neuro Hospital", replaces=[ds])
+    refs = replacing.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0]
+    assert [r.ReferencedSOPInstanceUID for r in refs.ReferencedSOPSequence] == [ds.SOPInstanceUID]
+    assert "PredecessorDocumentsSequence" not in verify_sr(draft, "D^J", "H", replaces=[])
     v2 = build_sr(headers, Answer(), "reference/image-rules", "test", 2, previous=[ds])
     assert v2.SeriesInstanceUID == ds.SeriesInstanceUID and v2.InstanceNumber == 2
     assert "PredecessorDocumentsSequence" in v2
@@ -216,7 +278,7 @@ def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: P
 def test_encapsulated_pdf_carries_the_study_and_refuses_non_pdf(tmp_path: Path) -> None:
     study = make_study(tmp_path / "s", n_slices=1, classes=("T1",))
     src = pydicom.dcmread(study.files[0], stop_before_pixels=True)
-    pdf_bytes = render_pdf("Checklist $\\frac{a}{b}$ \x00\x07", [("Findings", ["x $y$ \\z"])], [])
+    pdf_bytes = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n"
     ds = build_pdf(src, pdf_bytes, "NeuroSandbox AI checklist", 1)
     buf = io.BytesIO()
     ds.save_as(buf, enforce_file_format=True)

@@ -105,8 +105,12 @@ def write_report(
     pdf: bool = True,
     reviews: list[CaseReview] | None = None,
     workers: int = 2,
+    summary_pdf: bool = True,
 ) -> ReportIndex:
-    """Write the checklists and the summary of ``run`` into ``out``."""
+    """Write the checklists and the summary of ``run`` into ``out``.
+
+    ``summary_pdf=False`` prints only the checklists (the gateway: its review pages print the
+    live summary on request)."""
     out = Path(out)
     (out / "cases").mkdir(parents=True, exist_ok=True)
     save_run(run, out / RUNDATA_FILE)
@@ -144,9 +148,10 @@ def write_report(
     (out / "summary.json").write_text(report.model_dump_json(indent=2))
     (out / "summary.html").write_text(render_summary(report, plots))
     if pdf:
-        printable = out / ".summary.print.html"
-        printable.write_text(render_summary(report, plots, print_mode=True))
-        jobs.append((printable, out / "summary.pdf"))
+        if summary_pdf:
+            printable = out / ".summary.print.html"
+            printable.write_text(render_summary(report, plots, print_mode=True))
+            jobs.append((printable, out / "summary.pdf"))
         try:
             printed = print_pdfs(jobs)
         finally:

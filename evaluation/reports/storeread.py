@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evaluation.records import Answer, ClassificationAnswer, ParseStatus, TaskFamily
 from evaluation.reports.rundata import RunData, SampleResult
 from evaluation.scoring.scored import ScoredSample, case_modality
+
+if TYPE_CHECKING:
+    from evaluation.datasets import Dataset
 
 
 def find_store(rundir: Path) -> Path | None:
@@ -42,14 +45,20 @@ def _parsed(row: dict[str, Any], family: TaskFamily) -> Answer | ClassificationA
     return model.model_validate(raw)
 
 
-def run_from_store(store_file: Path, cache_dir: Path | None = None) -> RunData:
-    """Every sample of the run with its case, parsed answer, raw reply and scores."""
+def run_from_store(
+    store_file: Path, cache_dir: Path | None = None, dataset: Dataset | None = None
+) -> RunData:
+    """Every sample of the run with its case, parsed answer, raw reply and scores.
+
+    ``dataset``: the run's dataset when the caller still holds it (the gateway, right after its
+    run), instead of reopening it as the run recorded it.
+    """
     from evaluation.engine import load_config, open_dataset
     from evaluation.store import RunStore
 
     rundir = store_file.parent
     config, row = load_config(rundir)
-    dataset = open_dataset(config, cache_dir)
+    dataset = dataset or open_dataset(config, cache_dir)
     warnings = list(dataset.warnings)
     if dataset.hash != row["dataset_hash"]:
         warnings.append("the dataset changed since the run; the report shows today's truth")

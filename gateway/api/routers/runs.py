@@ -10,6 +10,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import FileResponse, Response
 
 from evaluation.records import ImageRef
+from evaluation.reports.html import csp
 from gateway.api.deps import Ctx, Token, errors
 from gateway.runs import RunNotFoundError, RunRecord
 
@@ -17,8 +18,6 @@ router = APIRouter(prefix="/runs", tags=["runs"], responses=errors(400, 401, 404
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="run id")]
 _PNG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,120}\.png$")
 MEDIA = {"json": "application/json", "html": "text/html; charset=utf-8", "pdf": "application/pdf"}
-# The HTML report holds model and DICOM text: no scripts, no remote content.
-CSP = "default-src 'none'; img-src 'self'; style-src 'unsafe-inline'; frame-ancestors 'none'"
 
 
 def _missing(what: str) -> HTTPException:
@@ -42,7 +41,9 @@ def get_run(ctx: Ctx, _t: Token, run_id: RunId) -> RunRecord:
 
 @router.get(
     "/{run_id}/report.{fmt}",
-    summary="The run's report as JSON, HTML or PDF",
+    summary="The run's report: JSON (answers per model and task), the checklist as HTML or PDF",
+    description="The checklist is the case page of the run's report bundle; reviewers sign it "
+    "off at `/review/runs/{run_id}`.",
     responses={200: {"content": {m: {} for m in MEDIA.values()}}},
     response_class=Response,
 )
@@ -51,7 +52,11 @@ def get_report(ctx: Ctx, _t: Token, run_id: RunId, fmt: Literal["json", "html", 
         path = ctx.runs.report_path(run_id, fmt)
     except RunNotFoundError:
         raise _missing("report (the run has not finished, or was skipped)") from None
-    headers = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff"}
+    # The checklist holds model and DICOM text: no scripts, its own stylesheet, data: images.
+    headers = {
+        "Content-Security-Policy": csp("'none'") + "; frame-ancestors 'none'",
+        "X-Content-Type-Options": "nosniff",
+    }
     return FileResponse(path, media_type=MEDIA[fmt], headers=headers)
 
 
