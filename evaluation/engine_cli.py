@@ -22,6 +22,14 @@ from evaluation.units import RunStats
 console = Console(stderr=True)
 
 
+def table_console() -> Console:
+    """Where tables go (stdout): a terminal's own width, else 132 columns, so that a piped or
+    logged leaderboard (make demo | tee) keeps model names on one line."""
+    import sys
+
+    return Console() if sys.stdout.isatty() else Console(width=132)
+
+
 def _fail(message: str, code: int = 1) -> typer.Exit:
     console.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code)
@@ -244,7 +252,7 @@ def _show(run_dir: Path) -> None:
                 str(sum(d.values())),
                 *(str(d.get(k, 0)) for k in ("ok", "format_failure", "refusal", "error")),
             )
-        Console().print(table)
+        table_console().print(table)
         console.print(
             f"dataset {escape(str(row['dataset_name']))} hash {str(row['dataset_hash'])[:12]}; "
             f"{counts['requests']} requests, {counts['responses']} responses, {counts['audit']} audited payloads; "
@@ -289,4 +297,4 @@ def _leaderboard(summ: Any) -> None:
             lp,
             f"{r.cost.cost_total_usd or 0:.4f}",
         )
-    Console().print(table)
+    table_console().print(table)

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from evaluation.engine_cli import ProgressBar, _fail, _show, print_run
+from evaluation.engine_cli import ProgressBar, _fail, _show, print_run, table_console
 from evaluation.errors import EvaluationError
 from evaluation.records import TaskFamily
 
@@ -60,7 +60,7 @@ def runs_list(
             escape(models),
             str(n),
         )
-    Console().print(table)
+    table_console().print(table)
 
 
 ReviewsOption = Annotated[
@@ -248,7 +248,7 @@ def _print_comparison(c: Any, family: TaskFamily | None) -> None:
     ci = f" [{d.low:.3f}, {d.high:.3f}]" if d.low is not None and d.high is not None else ""
     table.add_row(f"accuracy {a} - {b} (paired bootstrap, 95% CI)", _fmt(d.value) + ci)
     table.add_row("paired bootstrap p", f"{c.bootstrap.p_value:.4f}")
-    Console().print(table)
+    table_console().print(table)
 
 
 def _fmt(v: float | None) -> str:
