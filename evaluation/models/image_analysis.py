@@ -70,7 +70,8 @@ def decode(png: bytes) -> np.ndarray:
 def _grey(rgb: np.ndarray) -> np.ndarray:
     r, g, b = (rgb[..., i].astype(np.int16) for i in range(3))
     overlay = (r - b > 60) & (g - b > 60)  # the yellow R/L and position marks
-    grey = rgb.mean(axis=2).astype(np.float32)
+    # = rgb.mean(axis=2) bit for bit (a sum of three bytes is exact in float64), ~5x faster
+    grey = ((r + g + b).astype(np.float64) / 3).astype(np.float32)
     grey[ndimage.maximum_filter(overlay, size=5)] = 0
     if grey.shape[0] >= 160 and grey.shape[1] >= 160:
         # Half resolution: plenty for lesions of a few mm, and four times less work.
