@@ -246,3 +246,22 @@ def test_case_slugs_are_safe_file_names() -> None:
         slug = case_slug(hostile)
         assert re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", slug), slug
     assert case_slug("a/b") != case_slug("a_b")
+
+
+def test_the_hostile_series_description_is_the_corpus_files_as_the_imaging_core_reads_it() -> None:
+    # The report and browser tests plant XSS_SERIES; it must be the corpus's script-tag
+    # SeriesDescription exactly as the header pass hands it on, or they prove nothing about it.
+    from conftest import corpus_path
+    from report_fixtures import XSS_SERIES
+
+    from dicom.index import index_path
+
+    f = corpus_path() / "hostile" / "Database" / "2017-06-27-XSSInjection.dcm"
+    result = index_path(f)
+    described = [s.description for s in result.series]
+    # No pixel data: the file may be reported as unusable rather than indexed as a series.
+    if not described:
+        import pydicom
+
+        described = [str(pydicom.dcmread(f, stop_before_pixels=True).SeriesDescription)]
+    assert described == [XSS_SERIES]
