@@ -149,6 +149,8 @@ def rescore(
             cases,
             bertscore=config.bertscore if bertscore is None else bertscore,
             judge=judge,
+            bertscore_model=config.bertscore_model,
+            bertscore_layer=config.bertscore_layer,
         )
     finally:
         store.close()

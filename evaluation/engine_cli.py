@@ -145,6 +145,16 @@ def eval_command(
         ),
     ] = None,
     bertscore: Annotated[bool, typer.Option("--bertscore/--no-bertscore")] = True,
+    bertscore_model: Annotated[
+        Path | None,
+        typer.Option(
+            "--bertscore-model",
+            help="local folder of another BERTScore model (default: all-MiniLM-L6-v2, offline)",
+        ),
+    ] = None,
+    bertscore_layer: Annotated[
+        int | None, typer.Option("--bertscore-layer", help="its layer (default: 6 for MiniLM)")
+    ] = None,
     durable: Annotated[bool, typer.Option("--durable", help="fsync every commit")] = False,
 ) -> None:
     """Run models on a dataset: every response is stored before it is scored; resumable."""
@@ -178,6 +188,10 @@ def eval_command(
             else []
         )
         families = [TaskFamily(t) for t in _csv(tasks)] or None
+        if bertscore_model is not None and not (bertscore_model / "config.json").is_file():
+            raise EvaluationError(
+                f"--bertscore-model {bertscore_model}: not a local model folder (no config.json)"
+            )
         config = RunConfig(
             dataset=DatasetSpec(
                 path=str(suite),
@@ -198,6 +212,8 @@ def eval_command(
             max_images=max_images,
             phi=PHIPolicy(trusted=trust or list(settings.phi_trusted_hosts)),
             bertscore=bertscore,
+            bertscore_model=str(bertscore_model.absolute()) if bertscore_model else None,
+            bertscore_layer=bertscore_layer,
             graders=graders,
             cache_dir=str(settings.cache_dir.resolve()),
             durable=durable,

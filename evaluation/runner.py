@@ -88,7 +88,15 @@ class Runner:
         self.images = ImageStore()
         self.stats = RunStats()
         self.on_progress = on_progress
-        self.scoring = ScoringBridge(bertscore=config.bertscore) if score else None
+        self.scoring = (
+            ScoringBridge(
+                bertscore=config.bertscore,
+                bertscore_model=config.bertscore_model,
+                bertscore_layer=config.bertscore_layer,
+            )
+            if score
+            else None
+        )
         self._cached: dict[str, ModelOutput] = {}
         # Calls in flight by cache key: an identical call made meanwhile waits for this one
         # instead of being sent again (e.g. two identical grader prompts), whatever the timing.

@@ -39,8 +39,16 @@ def warm() -> None:
 
 
 class ScoringBridge:
-    def __init__(self, bertscore: bool = True, judge: Any = None) -> None:
+    def __init__(
+        self,
+        bertscore: bool = True,
+        judge: Any = None,
+        bertscore_model: str | None = None,
+        bertscore_layer: int | None = None,
+    ) -> None:
         self.bertscore = bertscore
+        self.bertscore_model = bertscore_model
+        self.bertscore_layer = bertscore_layer
         self.judge = judge  # a scoring.JudgeCache of LLM equivalence verdicts, or None
 
     def score(
@@ -68,6 +76,8 @@ class ScoringBridge:
             bertscore=self.bertscore,
             judge=self.judge,
             extra_scores=extra_scores,
+            bertscore_model=self.bertscore_model,
+            bertscore_layer=self.bertscore_layer,
         )
         return list(scored.scores), scored.error, scored.model_dump_json()
 
@@ -116,6 +126,8 @@ def rescore_run(
     bertscore: bool = True,
     prompts: PromptSet | None = None,
     judge: Any = None,
+    bertscore_model: str | None = None,
+    bertscore_layer: int | None = None,
 ) -> dict[str, int]:
     """Parse every stored final response again and score it against ``cases`` (by case id);
     no model is ever called.
@@ -123,7 +135,12 @@ def rescore_run(
     ``judge`` is the run's cache of LLM equivalence verdicts (``runs judge``), read only.
     """
     prompts = prompts or default_prompts()
-    bridge = ScoringBridge(bertscore=bertscore, judge=judge)
+    bridge = ScoringBridge(
+        bertscore=bertscore,
+        judge=judge,
+        bertscore_model=bertscore_model,
+        bertscore_layer=bertscore_layer,
+    )
     run_id = store.run_row()["run_id"]
     responses = store.responses()
     counts = {"rescored": 0, "unscored": 0, "missing_case": 0, "errors": 0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from scoring_cases import answer, ms_case
@@ -58,3 +59,58 @@ def test_score_sample_adds_bertscore_for_rationale_tasks() -> None:
 def test_any_other_model_by_local_path_and_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(BertScoreUnavailable, match="not a local model folder"):
         bertscore_many(["a"], ["b"], model_path=tmp_path, num_layers=2)
+
+
+def test_eval_scores_with_another_bertscore_model_and_layer_by_local_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from engine_helpers import write_nmb
+    from openai_server import OpenAIServer, Script
+    from typer.testing import CliRunner
+
+    from evaluation.scoring.bertscore import default_model_path
+    from gateway.cli import app
+
+    monkeypatch.setenv("NEUROSANDBOX_CACHE_DIR", str(tmp_path / "cache"))
+    data, answers = write_nmb(tmp_path / "data", 1)
+    rows = [json.loads(line) for line in answers.read_text().splitlines() if line.strip()]
+    for r in rows:
+        r["rationale"] = "Ovoid periventricular lesions and optic neuritis: multiple sclerosis."
+    answers.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    other = tmp_path / "my-bertscore-model"
+    other.symlink_to(default_model_path(), target_is_directory=True)  # "another" local model
+    reply = json.dumps(
+        {
+            "findings": [],
+            "differential": [{"diagnosis": "multiple sclerosis", "likelihood": 0.8}],
+            "final_diagnosis": "multiple sclerosis",
+            "rationale": "Periventricular ovoid lesions with optic neuritis suggest MS.",
+            "confidence": 0.8,
+        }
+    )
+    cli = CliRunner()
+    base = ["eval", "--suite", str(data), "--answers", str(answers), "--model", "openai/gpt-4o",
+            "--tasks", "differential"]  # fmt: skip
+    bad = cli.invoke(app, [*base, "--bertscore-model", str(tmp_path), "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "not a local model folder" in " ".join(bad.output.split())
+    with OpenAIServer(Script(default_reply=reply)) as server:
+        res = cli.invoke(app, [*base, "--api-base", server.url, "--out", str(tmp_path / "run"),
+                               "--bertscore-model", str(other), "--bertscore-layer", "3"])  # fmt: skip
+        assert res.exit_code == 0, res.output
+    from evaluation.store import RunStore
+
+    store = RunStore(tmp_path / "run")
+    try:
+        [scored] = [json.loads(j) for j in store.scored_samples()]
+    finally:
+        store.close()
+    [bs] = [s for s in scored["scores"] if s["scorer"] == "bertscore"]
+    assert bs["details"]["model_path"] == str(other)
+    assert bs["details"]["num_layers"] == 3
+    layer6 = bertscore_many(
+        ["Periventricular ovoid lesions with optic neuritis suggest MS."],
+        ["Ovoid periventricular lesions and optic neuritis: multiple sclerosis."],
+    )[0]
+    assert bs["value"] is not None and bs["value"] != pytest.approx(layer6.value, abs=1e-6)

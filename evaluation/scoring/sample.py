@@ -68,6 +68,8 @@ def score_sample(
     bertscore: bool = True,
     judge: JudgeCache | None = None,
     lexicon: Lexicon | None = None,
+    bertscore_model: str | None = None,
+    bertscore_layer: int | None = None,
 ) -> list[Score]:
     """Every score of one sample; an unscored sample gets scores whose value is None."""
     if family is TaskFamily.CLASSIFICATION:
@@ -82,7 +84,7 @@ def score_sample(
     scores += recognition_scores(case, parsed)
     scores.append(_knowledge(parsed, lex))
     if "bertscore" in names:
-        scores.append(_bertscore(case, parsed))
+        scores.append(_bertscore(case, parsed, bertscore_model, bertscore_layer))
     return scores
 
 
@@ -216,13 +218,15 @@ def _knowledge(ans: Answer, lex: Lexicon) -> Score:
     )
 
 
-def _bertscore(case: Case, ans: Answer) -> Score:
+def _bertscore(
+    case: Case, ans: Answer, model: str | None = None, layer: int | None = None
+) -> Score:
     ref = case.ground_truth.rationale if case.ground_truth else ""
     if not ref.strip():
         return Score(scorer="bertscore", value=None, explanation="no reference rationale")
     from evaluation.scoring.bertscore import BertScoreUnavailable, bertscore
 
     try:
-        return bertscore(ans.rationale, ref)
+        return bertscore(ans.rationale, ref, model_path=model, num_layers=layer)
     except (BertScoreUnavailable, OSError) as exc:
         return Score(scorer="bertscore", value=None, explanation=f"BERTScore unavailable: {exc}")

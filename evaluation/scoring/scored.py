@@ -94,9 +94,21 @@ def make_scored_sample(
     bertscore: bool = True,
     judge: JudgeCache | None = None,
     extra_scores: list[Score] | None = None,
+    bertscore_model: str | None = None,
+    bertscore_layer: int | None = None,
 ) -> ScoredSample:
     """Score one sample and label its error (extra_scores, e.g. a rubric, refine the label)."""
-    scores = score_sample(case, family, status, parsed, text, bertscore=bertscore, judge=judge)
+    scores = score_sample(
+        case,
+        family,
+        status,
+        parsed,
+        text,
+        bertscore=bertscore,
+        judge=judge,
+        bertscore_model=bertscore_model,
+        bertscore_layer=bertscore_layer,
+    )
     scores += extra_scores or []
     gt = case.ground_truth
     return ScoredSample(
