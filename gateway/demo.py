@@ -48,13 +48,15 @@ def _done(t0: float, text: str = "") -> None:
 
 def _suite(out: Path, cases: int, seed: int) -> Path:
     from dicom.phantoms import SuiteManifest, generate_suite
+    from dicom.phantoms.series import GENERATOR_VERSION
 
     suite = out / "suite"
     manifest = suite / "suite.json"
     if manifest.exists():
         try:
             m = SuiteManifest.model_validate_json(manifest.read_text())
-            if m.seed == seed and len(m.cases) == cases:
+            same = m.generator_version == GENERATOR_VERSION
+            if same and m.seed == seed and len(m.cases) == cases:
                 console.print(f"   reusing {len(m.cases)} cases in {escape(str(suite))}")
                 return suite
         except ValueError:

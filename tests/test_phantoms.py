@@ -8,84 +8,19 @@ the headers or the mask were wrong.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import nibabel as nib
 import numpy as np
 import pytest
-from phantom_fixture import PhantomSuite
+from phantom_fixture import PHANTOM_CASES, PhantomSuite, Study, centres, flat, sample
 from scipy import ndimage
 
-from dicom.index import index_path
 from dicom.pixels import load_volume
-from dicom.records import SeriesInfo
-from evaluation.records import Case, Difficulty, DiseaseGroup, Signal, TaskFamily
-
-
-class Study:
-    """A case's images (via the imaging core) and its lesion mask."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.case = Case.model_validate_json((folder / "case.json").read_text(encoding="utf-8"))
-        self.index = index_path(folder / "dicom", workers=1)
-        img = nib.load(folder / "masks" / "lesions.nii.gz")
-        self.mask = np.asarray(img.dataobj)
-        self.mask_affine = img.affine
-        self.inside = {
-            lab: ndimage.distance_transform_edt(self.mask == lab)
-            for lab in np.unique(self.mask)
-            if lab
-        }
-
-    def series(self, cls: str, b: float | None = None) -> SeriesInfo:
-        hits = [s for s in self.index.series if s.series_class.value == cls]
-        if b is not None:
-            hits = [s for s in hits if s.b_values and abs(s.b_values[0] - b) < 1]
-        assert len(hits) == 1, f"{self.folder.name}: {len(hits)} stacks of class {cls} (b={b})"
-        return hits[0]
-
-    def volume(self, cls: str, b: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        s = self.series(cls, b)
-        assert s.affine is not None
-        return np.asarray(load_volume(s).data), np.array(s.affine)
-
-    def mask_at(self, pts: np.ndarray, depth: float = 0.0) -> np.ndarray:
-        """Label at RAS points (nearest 1 mm voxel); 0 where the point is < depth mm inside."""
-        vox = np.rint((pts - self.mask_affine[:3, 3]) / np.diag(self.mask_affine)[:3]).astype(int)
-        ok = np.all((vox >= 0) & (vox < self.mask.shape), axis=1)
-        out = np.zeros(len(pts), dtype=int)
-        v = vox[ok]
-        labels = self.mask[v[:, 0], v[:, 1], v[:, 2]].astype(int)
-        if depth > 0:
-            for lab, dist in self.inside.items():
-                sel = labels == lab
-                labels[sel] = np.where(dist[v[sel, 0], v[sel, 1], v[sel, 2]] >= depth, lab, 0)
-        out[ok] = labels
-        return out
-
-
-def centres(shape: tuple[int, ...], affine: np.ndarray) -> np.ndarray:
-    ijk = np.indices(shape[:3]).reshape(3, -1).T
-    return ijk @ affine[:3, :3].T + affine[:3, 3]
-
-
-def flat(data: np.ndarray) -> np.ndarray:
-    """Voxel values in the order of ``centres`` (C order over i, j, k)."""
-    return np.asarray(data).reshape(-1)
-
-
-def sample(data: np.ndarray, affine: np.ndarray, pts: np.ndarray) -> np.ndarray:
-    vox = np.rint((pts - affine[:3, 3]) @ np.linalg.inv(affine[:3, :3]).T).astype(int)
-    vox = np.clip(vox, 0, np.array(data.shape[:3]) - 1)
-    return data[vox[:, 0], vox[:, 1], vox[:, 2]]
+from evaluation.records import Difficulty, DiseaseGroup, Signal, TaskFamily
 
 
 @pytest.fixture(scope="module")
 def studies(phantom_suite: PhantomSuite) -> dict[str, Study]:
-    return {
-        k: Study(phantom_suite.case_dir(k)) for k in ("ms", "stroke", "ich", "gbm", "abscess", "l3")
-    }
+    return {k: Study(phantom_suite.case_dir(k)) for k in PHANTOM_CASES}
 
 
 def test_case_json_is_a_valid_case_with_tasks_turns_and_provenance(

@@ -1,8 +1,9 @@
 """The record as a hospital would export it: a FHIR R4 Bundle and a free-text clinical note.
 
 The Bundle (type collection) holds Patient, Encounter, Conditions, Observations (vital signs,
-laboratory, scores), MedicationStatements and a DocumentReference carrying the note. The note
-repeats identifiers the way real notes do; every planted identifier is returned as PlantedPHI.
+laboratory, scores), MedicationStatements (an explicit "no known medications" statement when the
+patient takes none) and a DocumentReference carrying the note. The note repeats identifiers
+the way real notes do; every planted identifier is returned as PlantedPHI.
 """
 
 from __future__ import annotations
@@ -31,6 +32,18 @@ def _rid(seed: int, case_id: str, kind: str, n: int = 0) -> str:
     digits = uid(seed, case_id, "fhir", kind, n).split(".")[-1].rjust(32, "0")[-32:]
     h = format(int(digits) % (1 << 128), "032x")
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_NO_KNOWN_MEDICATIONS: dict[str, Any] = {
+    "coding": [
+        {
+            "system": "http://hl7.org/fhir/uv/ips/CodeSystem/absent-unknown-uv-ips",
+            "code": "no-known-medications",
+            "display": "No known medications",
+        }
+    ],
+    "text": "No known medications",
+}
 
 
 def _obs(o: Obs, pid: str, rid: str, when: str) -> dict[str, Any]:
@@ -199,13 +212,16 @@ def build_bundle(
         entries.append(cond)
     for n, o in enumerate(c.observations):
         entries.append(_obs(o, pid, _rid(seed, case_id, "observation", n), t))
-    for n, med in enumerate(c.medications):
+    # A record that lists no drug says so explicitly (the IPS "no known medications" code), as
+    # an export does when the medication list was reviewed and found empty.
+    meds = [{"text": m} for m in c.medications] or [_NO_KNOWN_MEDICATIONS]
+    for n, med in enumerate(meds):
         entries.append(
             {
                 "resourceType": "MedicationStatement",
                 "id": _rid(seed, case_id, "medication", n),
                 "status": "active",
-                "medicationCodeableConcept": {"text": med},
+                "medicationCodeableConcept": med,
                 "subject": {"reference": f"urn:uuid:{pid}"},
             }
         )

@@ -35,6 +35,12 @@ GROUPS: tuple[str, ...] = (
 
 
 def multiple_sclerosis(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Plan:
+    """Ovoid plaques: periventricular, juxtacortical, infratentorial.
+
+    Every case has at least one T1 black hole (a chronic periventricular plaque); L1 and L3
+    cases have one or two enhancing (active) plaques. L2 has none on purpose: without
+    enhancement the images cannot show dissemination in time, and the record decides.
+    """
     counts = {"L1": (4, 3, 1), "L2": (2, 1, 0), "L3": (3, 2, 1)}[difficulty]
     n_pv, n_jc, n_it = counts
     n_pv += int(rng.integers(0, 3))
@@ -43,7 +49,7 @@ def multiple_sclerosis(rng: np.random.Generator, atlas: Atlas, difficulty: str) 
     n_active = 0 if difficulty == "L2" else int(rng.integers(1, 3))
     active = set(rng.choice(len(kinds), size=min(n_active, len(kinds)), replace=False).tolist())
     placed: list[np.ndarray] = []
-    lesions = []
+    drawn: list[tuple[str, np.ndarray, float, Blob, bool]] = []
     for i, kind in enumerate(kinds):
         c = pick(rng, candidates(atlas, kind), avoid=placed, spacing=14.0)
         placed.append(c)
@@ -65,6 +71,16 @@ def multiple_sclerosis(rng: np.random.Generator, atlas: Atlas, difficulty: str) 
         blob = Blob.make(rng, c, radii, rot, wobble=0.08, edge=0.8)
         # Black holes (T1-dark chronic plaques) in deep white matter, where they are typical.
         black_hole = i not in active and kind == "periventricular" and rng.random() < 0.35
+        drawn.append((kind, c, r, blob, black_hole))
+    if not any(bh for *_, bh in drawn):
+        # No draw gave one: the largest chronic periventricular plaque becomes the black hole
+        # (decided after all draws, so the other plaques stay as the seed made them).
+        chronic = [i for i, d in enumerate(drawn) if d[0] == "periventricular" and i not in active]
+        j = max(chronic, key=lambda i: drawn[i][2])
+        kind, c, r, blob, _ = drawn[j]
+        drawn[j] = (kind, c, r, blob, True)
+    lesions = []
+    for i, (kind, c, _, blob, black_hole) in enumerate(drawn):
         if i in active:
             mod = Modifier(t1=1.15, t2=2.3, pd=1.08, adc=1.25, hu=-3, gd=0.25)
         elif black_hole:
@@ -72,9 +88,7 @@ def multiple_sclerosis(rng: np.random.Generator, atlas: Atlas, difficulty: str) 
         else:
             mod = Modifier(t1=1.1, t2=2.2, pd=1.06, adc=1.45, hu=-4)
         comp = Component("plaque", blob, "modify", mod, strength=(("gm", 0.4), ("wm", 1.0)))
-        enh = "none"
-        if i in active:
-            enh = "nodular"  # solid enhancement of the whole plaque
+        enh = "nodular" if i in active else "none"  # solid enhancement of the whole plaque
         lesions.append(
             Lesion(
                 "ms_plaque",

@@ -12,7 +12,7 @@ import numpy as np
 from dicom.phantoms.atlas import Atlas
 from dicom.phantoms.placement import Plan, candidates, in_lobes, oedema, on_side, pick, side
 from dicom.phantoms.scene import Component, Lesion
-from dicom.phantoms.shapes import Blob, MassEffect, Shell, align, rotation
+from dicom.phantoms.shapes import Blob, MassEffect, Shell, Within, align, rotation
 from dicom.phantoms.tissue import Modifier
 
 
@@ -25,15 +25,21 @@ def _ring_tumour(
     rim: Modifier,
     core: Modifier,
     oedema_scale: float,
+    wall: float,
 ) -> list[Component]:
     outer = Blob.make(
         rng, centre, (r, r * float(rng.uniform(0.85, 1.0)), r * 0.9), rotation(rng), wobble=wobble
     )
-    # An eccentric core with its own irregularity gives a wall of uneven, nodular thickness.
+    # An eccentric core with its own irregularity gives a wall of uneven, nodular thickness;
+    # the core is cut back to the outline shrunk by ``wall`` (a fraction of the radius) so the
+    # wall stays closed: necrosis or pus never reaches the surface of the lesion.
     shift = rng.normal(0, 1, 3) * r * wobble * 0.5
     rc = r * core_scale
-    inner = Blob.make(
-        rng, centre + shift, (rc, rc * 0.9, rc * 0.85), rotation(rng), wobble=wobble * 1.2
+    inner = Within(
+        Blob.make(
+            rng, centre + shift, (rc, rc * 0.9, rc * 0.85), rotation(rng), wobble=wobble * 1.2
+        ),
+        outer.scaled(1.0 - wall),
     )
     return [
         oedema(outer.scaled(oedema_scale, 0.3)),
@@ -49,7 +55,7 @@ def glioblastoma(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Pla
     r = float(rng.uniform(14, 22))
     rim = Modifier(t1=1.1, t2=1.25, pd=1.05, adc=1.2, hu=-3, gd=0.45)
     necrosis = Modifier(t1=2.6, t2=4.5, pd=1.3, adc=3.0, hu=-10)
-    comps = _ring_tumour(rng, centre, r, 0.55, 0.3, rim, necrosis, 2.0)
+    comps = _ring_tumour(rng, centre, r, 0.55, 0.3, rim, necrosis, 2.0, wall=0.2)
     bleed = rng.random() < 0.5
     if bleed:
         for _ in range(2):
@@ -83,7 +89,7 @@ def abscess(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Plan:
     r = float(rng.uniform(11, 17))
     capsule = Modifier(t1=0.8, t2=0.55, t2s=0.5, pd=1.0, adc=1.1, hu=0, gd=0.45)
     pus = Modifier(t1=1.7, t2=3.0, pd=1.3, adc=0.6, hu=-6)
-    comps = _ring_tumour(rng, centre, r, 0.8, 0.03, capsule, pus, 2.2)
+    comps = _ring_tumour(rng, centre, r, 0.8, 0.03, capsule, pus, 2.2, wall=0.1)
     lesion = Lesion(
         "abscess",
         "ring-enhancing lesion with central diffusion restriction",
@@ -120,9 +126,8 @@ def metastases(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Plan:
             gd=0.4,
         )
         if r >= 7:
-            comps = _ring_tumour(
-                rng, c, r, 0.5, 0.12, solid, Modifier(t1=2.2, t2=3.5, pd=1.25, adc=2.4, hu=-8), 3.0
-            )
+            necrosis = Modifier(t1=2.2, t2=3.5, pd=1.25, adc=2.4, hu=-8)
+            comps = _ring_tumour(rng, c, r, 0.5, 0.12, solid, necrosis, 3.0, wall=0.2)
             enh = "ring"
         else:
             blob = Blob.make(rng, c, (r, r, r * 0.9), wobble=0.08)

@@ -101,14 +101,17 @@ def on_side(sx: int, base: Callable[[np.ndarray], np.ndarray] | None = None):  #
 
 OEDEMA = Modifier(t1=1.35, t2=2.2, pd=1.12, adc=1.8, hu=-8)
 WM_ONLY = (("gm", 0.2), ("wm", 1.0))
+# Oedema around a haematoma is partly cytotoxic and ionic: it swells the grey matter of a
+# putamen or of the cerebellar cortex too, not only the white matter tracts.
+GREY_AND_WHITE = (("gm", 0.8), ("wm", 1.0))
 
 
-def oedema(blob: Blob) -> Component:
-    """Vasogenic oedema: mostly white matter, fading out over several millimetres."""
+def oedema(blob: Blob, strength: tuple[tuple[str, float], ...] = WM_ONLY) -> Component:
+    """Oedema (vasogenic by default: mostly white matter), fading out over several millimetres."""
     soft = Blob(
         blob.centre, blob.radii, blob.rot, blob.wobble, blob.wobble_dirs, 0.2 * min(blob.radii)
     )
-    return Component("oedema", soft, "modify", OEDEMA, strength=WM_ONLY, in_mask=False)
+    return Component("oedema", soft, "modify", OEDEMA, strength=strength, in_mask=False)
 
 
 # --------------------------------------------------------------------------- groups

@@ -116,11 +116,25 @@ class Blob:
 
 
 @dataclass(frozen=True)
+class Within:
+    """``inner`` cut back to lie inside ``bound`` (a necrotic core kept inside its wall)."""
+
+    inner: Blob
+    bound: Blob
+
+    def box(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.inner.box()
+
+    def __call__(self, x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        return np.minimum(self.inner(x, y, z), self.bound(x, y, z))
+
+
+@dataclass(frozen=True)
 class Shell:
     """The part of ``outer`` outside ``inner`` (a rim)."""
 
     outer: Blob
-    inner: Blob
+    inner: Blob | Within
 
     def box(self) -> tuple[np.ndarray, np.ndarray]:
         return self.outer.box()
@@ -143,7 +157,7 @@ class Masked:
         return (self.blob(x, y, z) * self.rule(x, y, z)).astype(np.float32)
 
 
-Shape = Blob | Shell | Masked
+Shape = Blob | Shell | Masked | Within
 
 
 @dataclass(frozen=True)

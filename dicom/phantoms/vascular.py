@@ -11,7 +11,16 @@ from collections.abc import Callable
 import numpy as np
 
 from dicom.phantoms.atlas import Atlas
-from dicom.phantoms.placement import Plan, candidates, in_lobes, oedema, on_side, pick, side
+from dicom.phantoms.placement import (
+    GREY_AND_WHITE,
+    Plan,
+    candidates,
+    in_lobes,
+    oedema,
+    on_side,
+    pick,
+    side,
+)
 from dicom.phantoms.scene import Component, Lesion
 from dicom.phantoms.shapes import Blob, Masked, MassEffect, rotation
 from dicom.phantoms.tissue import Modifier
@@ -126,7 +135,7 @@ def haemorrhage(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Plan
     blob = Blob.make(rng, centre, radii, rotation(rng, 0.6), wobble=0.2, edge=1.0)
     clot = Modifier(t1=1.0, t2=0.45, t2s=0.08, pd=1.0, adc=0.7, hu=float(rng.uniform(30, 38)))
     comps = [
-        oedema(blob.scaled(1.45, 0.2)),
+        oedema(blob.scaled(1.45, 0.2), GREY_AND_WHITE),
         Component("haematoma", blob, "replace", clot, base="gm"),
     ]
     lesion = Lesion(
