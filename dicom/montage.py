@@ -31,9 +31,17 @@ def _font(size: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
     return _font_of_thread(size, threading.get_ident())
 
 
+# DejaVu Sans (Debian's fonts-dejavu-core, installed by make setup): clear word spacing in
+# labels such as "post-contrast spin-echo T1". Pillow's bundled font is the fallback.
+LABEL_FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+
+
 @functools.lru_cache(maxsize=64)
 def _font_of_thread(size: int, _thread: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
-    return ImageFont.load_default(size=size)
+    try:
+        return ImageFont.truetype(LABEL_FONT, size=size)
+    except OSError:
+        return ImageFont.load_default(size=size)
 
 
 @functools.lru_cache(maxsize=1024)

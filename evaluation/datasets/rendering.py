@@ -45,10 +45,28 @@ class RenderedStudy(BaseModel):
     warnings: list[str] = Field(default_factory=list)
 
 
-def _renderer_version() -> str:
-    import dicom.render as render_module
+# Every module whose code decides the bytes of a rendered PNG: a change to any of them must
+# invalidate cached renders.
+RENDER_MODULES = (
+    "render",
+    "display",
+    "window",
+    "montage",
+    "png",
+    "pixels",
+    "percentile",
+    "geometry",
+)
 
-    return hashlib.sha256(Path(render_module.__file__).read_bytes()).hexdigest()[:16]
+
+def _renderer_version() -> str:
+    import importlib
+
+    h = hashlib.sha256()
+    for name in RENDER_MODULES:
+        module = importlib.import_module(f"dicom.{name}")
+        h.update(name.encode() + b"\0" + Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()[:16]
 
 
 def study_digest(path: Path) -> str:
