@@ -104,8 +104,9 @@ def test_case_folder_with_an_absolute_study_path_renders_the_real_study(
 
 
 @pytest.mark.corpus
-def test_hospital_manifest_yaml_with_folder_study_inline_record_and_note_file(
-    corpus: Path, tmp_path: Path
+@pytest.mark.parametrize("fmt", ["yaml", "json"])
+def test_hospital_manifest_with_folder_study_inline_record_and_note_file(
+    corpus: Path, tmp_path: Path, fmt: str
 ) -> None:
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "h1.txt").write_text("Headaches for six weeks, one seizure.")
@@ -125,6 +126,13 @@ cases:
     study: does/not/exist
 """
     )
+    if fmt == "json":  # the same manifest as JSON
+        import json
+
+        import yaml
+
+        manifest = manifest.rename(tmp_path / "pilot.json")
+        manifest.write_text(json.dumps(yaml.safe_load(manifest.read_text())))
     assert detect_kind(manifest) == "manifest"
     ds = load_dataset(manifest, tmp_path / "cache")
     assert [c.case_id for c in ds.cases] == ["H1"]

@@ -318,6 +318,13 @@ def test_cli_eval_then_runs_list_show_rescore_export(
     shown = json.loads(res.stdout)
     assert shown["run"]["status"] == "complete" and shown["counts"]["samples_ok"] == 4
     assert shown["run"]["config"]["seed"] == 3 and shown["run"]["dataset_hash"]
+    # what produced the run: the code (git commit, or the package version) and the packages
+    import importlib.metadata
+
+    assert shown["run"]["code_version"]
+    packages = shown["run"]["packages"]
+    assert packages["litellm"] == importlib.metadata.version("litellm")
+    assert packages["pydicom"] == importlib.metadata.version("pydicom")
     assert shown["summary"]["leaderboard"][0]["model"] == "reference/text-prior"
     assert cli.invoke(app, ["runs", "list", str(runs)]).exit_code == 0
     assert cli.invoke(app, ["runs", "rescore", str(runs / "r1"), "--no-bertscore"]).exit_code == 0
