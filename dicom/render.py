@@ -6,13 +6,14 @@ byte-identical PNGs.
 
 The work is what the montage needs: the stack is read once (stored integers when it has one
 modality LUT, dicom.pixels.load_stored), the head threshold and window come from one sort or
-histogram of it (dicom.window), the head's extent is probed from both ends, and only the
-chosen slices are converted to grey, fitted, labelled (dicom.montage) and encoded
-(dicom.png).
+histogram of a regular in-plane subsample of it (dicom.window.stats_sample, about a million
+voxels), the head's extent is probed from both ends, and only the chosen slices are converted
+to grey, fitted, labelled (dicom.montage) and encoded (dicom.png).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 from collections.abc import Callable
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from dicom.display import (
     DisplayVolume,
@@ -36,7 +36,7 @@ from dicom.display import (
 from dicom.errors import ImagingError, SeriesNotFoundError
 from dicom.headers import DEFAULT_MEMORY_CAP
 from dicom.index import index_path
-from dicom.montage import fit_tile, mark_tile, montage, with_header
+from dicom.montage import Marks, fit_tile, montage, single
 from dicom.parallel import idle_cpus
 from dicom.pixels import load_stored, load_volume
 from dicom.png import encode_png
@@ -56,6 +56,7 @@ from dicom.window import (
     StoredLUT,
     head_stats,
     is_ct,
+    stats_sample,
     stored_head_stats,
     stored_to_uint8,
     to_uint8,
@@ -224,7 +225,10 @@ def _source(
     dv = display_volume(series, data, options.reslice_axial, vlabel)
     warnings.extend(dv.warnings)
     ct = is_ct(series)
-    stats = stored_head_stats(dv.data, lut, ct) if lut is not None else head_stats(dv.data, ct, rgb)
+    # The order of the values is irrelevant to the statistics: sample the volume as stored.
+    sample, step = stats_sample(data)
+    stats = stored_head_stats(sample, lut, ct) if lut is not None else head_stats(sample, ct, rgb)
+    stats = dataclasses.replace(stats, step=step)
     return _Source(series, dv, stats, rgb, lut, warnings)
 
 
@@ -263,11 +267,10 @@ def _render_images(
     tiles, labels, positions = [], [], []
     for k, img in zip(picks, images2d, strict=True):
         text, mm = position_label(dv, k)
-        tile = fit_tile(grey(img[r0:r1, c0:c1]), dv.pixel_mm, options.tile_size)
-        mark_tile(tile, dv.plane, dv.affine is not None, text)
-        tiles.append(tile)
+        tiles.append(fit_tile(grey(img[r0:r1, c0:c1]), dv.pixel_mm, options.tile_size))
         labels.append(text)
         positions.append(mm)
+    marks = Marks(dv.plane, dv.affine is not None)
     seq = sequence_label(series, dv.volume_label)
     orient = (
         f"{dv.plane.value if dv.plane else 'unknown plane'}, radiological (patient right on image left)"
@@ -281,9 +284,9 @@ def _render_images(
     files: list[tuple[str, bytes]] = []
 
     def emit(
-        img: Image.Image, name: str, kind: str, idx: list[int], pos: list[float], label: str
+        img: np.ndarray, name: str, kind: str, idx: list[int], pos: list[float], label: str
     ) -> None:
-        data_png = encode_png(np.asarray(img))
+        data_png = encode_png(img)
         files.append((name, data_png))
         records.append(
             RenderedImage(
@@ -300,18 +303,18 @@ def _render_images(
                 window_center=round(center, 4),
                 window_width=round(width, 4),
                 orientation=orient,
-                width=img.size[0],
-                height=img.size[1],
+                width=img.shape[1],
+                height=img.shape[0],
                 sha256=hashlib.sha256(data_png).hexdigest(),
             )
         )
 
     if options.singles:
         for k, tile, text, mm in zip(picks, tiles, labels, positions, strict=True):
-            single = with_header(tile, f"{seq} | {text}")
-            emit(single, f"{stem}_slice{k:03d}.png", "slice", [k], [mm], f"{seq} | {text}")
+            image = single(tile, text, marks, f"{seq} | {text}")
+            emit(image, f"{stem}_slice{k:03d}.png", "slice", [k], [mm], f"{seq} | {text}")
     if options.montage:
-        sheet = montage(tiles, options.columns, seq, orient)
+        sheet = montage(tiles, labels, marks, options.columns, seq, orient)
         emit(sheet, f"{stem}_montage.png", "montage", picks, positions, seq)
     return records, files, warnings
 

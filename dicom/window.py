@@ -7,6 +7,14 @@ gives the order statistics (percentile_of_counts), its head mask is a comparison
 values, and its slices go to grey through a table with one entry per stored value, computed
 with the float32 arithmetic dicom.pixels applies to each pixel. Both routes give the window,
 head mask and grey levels the float route gives for the same pixels, bit for bit.
+
+The renderer gives both routes a regular in-plane subsample of the volume (``stats_sample``:
+every slice, every n-th row and column, about a million voxels; smaller volumes whole) rather
+than every voxel, which makes the histogram or sort, a large part of a cold render, 2-8x
+cheaper on big volumes. Measured on the corpus: the head threshold does not move, and the
+window moves by at most half a grey level on BRAINIX and 7 of 255 on the worst case (the GE
+MP-RAGE, mostly positive background noise, whose head threshold sits in a sparse tail of its
+histogram); tests/test_render_fast.py pins both. The helpers stay exact on the data given.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ CT_WINDOWS: dict[str, tuple[float, float]] = {
 }
 MR_PERCENTILES = (0.5, 99.5)
 CT_HEAD_HU = -300.0  # above: head (soft tissue, bone), below: air
+STATS_SAMPLE = 1 << 20  # voxels that decide the head threshold and the window (about)
 Percentiles = Callable[[tuple[float, ...]], Any]
 
 
@@ -48,6 +57,15 @@ class HeadStats:
 
     threshold: float | None
     percentiles: Percentiles
+    step: int = 1  # computed from every step-th row and column of each slice
+
+
+def stats_sample(data: np.ndarray) -> tuple[np.ndarray, int]:
+    """A regular subsample of a volume (i, j, k[, channel]) for its head statistics: every
+    slice, every ``step``-th column and row, about STATS_SAMPLE voxels (a view), and ``step``."""
+    voxels = int(np.prod(data.shape[:3]))
+    step = max(1, math.isqrt(voxels // STATS_SAMPLE))
+    return (data[::step, ::step] if step > 1 else data), step
 
 
 def is_ct(series: SeriesInfo) -> bool:
@@ -168,10 +186,11 @@ def window_for(series: SeriesInfo, stats: HeadStats, name: str) -> tuple[float, 
         lo, hi = (float(v) for v in stats.percentiles(MR_PERCENTILES))
         if hi <= lo:
             hi = lo + 1.0
+        sampled = f", 1 in {stats.step}x{stats.step} voxels in-plane" if stats.step > 1 else ""
         return (
             (lo + hi) / 2,
             hi - lo,
-            f"MR p{MR_PERCENTILES[0]:g}-p{MR_PERCENTILES[1]:g} inside head",
+            f"MR p{MR_PERCENTILES[0]:g}-p{MR_PERCENTILES[1]:g} inside head{sampled}",
         )
     raise RenderError(
         f"unknown window {name!r}: use auto, {', '.join(CT_WINDOWS)}, percentile or CENTER/WIDTH"

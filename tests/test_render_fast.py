@@ -17,7 +17,7 @@ from dicom.pixels import load_stored, load_volume
 from dicom.png import encode_png
 from dicom.records import SeriesInfo
 from dicom.render import RenderOptions, choose_diffusion_volume, render_path
-from dicom.window import StoredLUT, head_stats, stored_head_stats
+from dicom.window import StoredLUT, head_stats, stats_sample, stored_head_stats
 
 BRAINIX = "brainix/BRAINIX/DICOM"
 T1 = "siemens_xa30/In/5001_anat-T1w_acq-tfl"
@@ -48,12 +48,16 @@ def test_cached_label_bitmaps_draw_what_imagedraw_draws() -> None:
         ("L", (252, 128), "rm", 16),
         ("S 12.3 mm", (4, 252), "ls", 16),
         ("FLAIR | long TI (nulls fluid)", (6, 10), "lm", 11),
+        ("cut by the right edge", (200, 128), "lm", 16),
+        ("cut by the top", (4, 2), "lm", 16),
+        ("outside", (300, 300), "lm", 16),
     ]:
-        want, got = base.convert("RGB"), base.convert("RGB")
+        want = base.convert("RGB")
+        got = np.array(want)
         ImageDraw.Draw(want).text(xy, text, fill=(255, 255, 0), font=_font(size), anchor=anchor)
         draw_text(got, xy, text, (255, 255, 0), size, anchor)
         draw_text(got, (0, 0), "", (255, 255, 0), size, anchor)  # nothing to draw
-        assert np.array_equal(np.asarray(want), np.asarray(got)), text
+        assert np.array_equal(np.asarray(want), got), text
 
 
 def _clinical(index) -> list[SeriesInfo]:  # type: ignore[no-untyped-def]
@@ -140,3 +144,30 @@ def test_dwi_trace_is_the_geometric_mean_computed_volume_by_volume(corpus: Path)
         total = total + lg
     assert "trace (6 directions)" in label
     assert np.array_equal(trace, np.exp(total / len(logs)).astype(np.float32))
+
+
+@pytest.mark.parametrize(
+    ("rel", "grey_levels"),
+    [(BRAINIX, 1.0), (T1, 1.0), ("ge_pioneer/In/05_3D_Ax_T1_MP_RAGE_R22", 8.0)],
+)
+def test_window_from_the_sample_is_the_whole_volume_window_within_a_few_grey_levels(
+    corpus: Path, rel: str, grey_levels: float
+) -> None:
+    # The GE MP-RAGE is the corpus's hardest case: mostly positive background noise, so its
+    # head threshold sits in a sparse tail of the histogram and the window moves most there.
+    sampled_any = False
+    for s in _clinical(index_path(corpus / rel)):
+        stored = load_stored(s)
+        assert stored is not None
+        lut = StoredLUT(stored.data.dtype, stored.slope, stored.intercept)
+        sample, step = stats_sample(stored.data)
+        sampled_any = sampled_any or step > 1
+        full, part = (
+            stored_head_stats(stored.data, lut, False),
+            stored_head_stats(sample, lut, False),
+        )
+        assert part.threshold == full.threshold, s.key
+        want = np.asarray(full.percentiles((0.5, 99.5)), dtype=float)
+        got = np.asarray(part.percentiles((0.5, 99.5)), dtype=float)
+        assert np.abs(got - want).max() / (want[1] - want[0]) * 255 <= grey_levels, s.key
+    assert sampled_any or rel == T1  # the 96 x 128 x 128 T1 is small enough to use whole
