@@ -265,17 +265,7 @@ def _read_values(path: str, offset: int, count: int, dtype: np.dtype) -> np.ndar
     if not hasattr(os, "preadv"):
         return np.fromfile(path, dtype=dtype, count=count, offset=offset)
     out = np.empty(count, dtype=dtype)
-    view = out.data.cast("B")
-    done = 0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        while done < len(view):
-            n = os.preadv(fd, [view[done:]], offset + done)
-            if n <= 0:
-                break
-            done += n
-    finally:
-        os.close(fd)
+    done = _read_into(path, offset, out)
     return out[: done // dtype.itemsize]
 
 
