@@ -111,7 +111,7 @@ def run_from_store(
     run_cases = [c for c in dataset.cases if c.case_id in used]
     return RunData(
         run_id=str(row["run_id"]),
-        title=f"{dataset.name} ({dataset.kind})",
+        title=dataset.name if dataset.name == dataset.kind else f"{dataset.name} ({dataset.kind})",
         created_at=str(row["created_at"]),
         config={**cfg, "status": row["status"], "warnings": warnings[:50]},
         code_version=row.get("code_version"),
