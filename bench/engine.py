@@ -4,7 +4,9 @@ Workload: 200 tasks x 5 samples = 1000 chat-completion calls (one image + text e
 loopback OpenAI-compatible test server (tests/openai_server.py, in its own process) answering
 after 200 ms, at 32 calls in flight. Prints, as the median of --reps repetitions run interleaved:
   - efficiency = ideal time / our wall time, ideal = calls x latency / concurrency (goal >= 0.9);
-  - our wall time / inspect_ai's wall time on the same calls (goal <= 1.0).
+  - our wall time / inspect_ai's wall time on the same calls (goal <= 1.0);
+  - our CPU per call: the run's process (all its threads), plus its litellm worker processes
+    with --processes (Linux /proc); the figure to watch, since this engine is CPU-bound.
 Ours: the full engine (prompt build, PHI gate, litellm, SQLite store with a commit per call,
 parse, scoring in a worker thread). inspect_ai: Task(dataset, generate(), includes()) with
 epochs=5 and max_connections=32, its OpenAI provider pointed at the same server, logging to a
@@ -31,6 +33,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -138,9 +141,10 @@ def run_ours(
     concurrency: int,
     work: Path,
     processes: int = 0,
-) -> float:
+) -> tuple[float, float]:
+    """Wall time of one run, and the CPU it took (the run's process and its litellm workers)."""
     from evaluation.datasets import DatasetSpec, load_dataset
-    from evaluation.models import resolve_specs
+    from evaluation.models import create_model, resolve_specs
     from evaluation.records import GenerateConfig
     from evaluation.runconfig import RunConfig
     from evaluation.runner import Runner
@@ -162,16 +166,117 @@ def run_ours(
     store = RunStore(run, create=True)
     store.init_run(config.run_id, config.model_dump(mode="json"), dataset_name="bench", dataset_kind=dataset.kind,
                    dataset_hash=dataset.hash, prompt_version="", code_version="", packages={})  # fmt: skip
-    runner = Runner(config, dataset, store)
+    adapters = {s.name: create_model(s) for s in specs}  # ours, so workers outlive the run
+    runner = Runner(config, dataset, store, adapters=adapters)
+    workers = [p.pid for a in adapters.values() for p in getattr(getattr(a, "_pool", None), "_procs", [])]  # fmt: skip
     if processes:  # the worker processes import litellm: wait for them outside the timing
         asyncio.run(_warm(runner))
+    cpu0, workers0 = time.process_time(), sum(map(_cpu_of, workers))
     t0 = time.perf_counter()
     stats = asyncio.run(runner.run())
     wall = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0 + sum(map(_cpu_of, workers)) - workers0
+    for adapter in adapters.values():
+        adapter.close()  # type: ignore[attr-defined]
     store.close()
     if stats.errors or stats.calls != len(dataset.cases) * samples:
         raise SystemExit(f"benchmark: our run was not clean: {stats}")
-    return wall
+    return wall, cpu
+
+
+def _alone_child(spec: dict[str, Any], start: Any, results: Any) -> None:
+    """One process of the litellm-alone ceiling: its share of the calls, its share of the slots."""
+    import litellm
+
+    records = [json.loads(line) for line in Path(spec["data"]).read_text().splitlines()]
+    kwargs = {
+        "model": "openai/gpt-4o",
+        "api_base": spec["url"],
+        "api_key": "no-key",
+        "timeout": 60,
+        "num_retries": 0,
+        "max_retries": 0,
+        "temperature": 0.7,
+        "top_p": 0.95,
+        "max_tokens": 1024,
+    }
+
+    def messages(i: int) -> list[dict[str, Any]]:
+        rec = records[i % len(records)]
+        return [
+            {"role": "system", "content": "You are an experienced neurologist."},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": rec["text"]},
+                    {"type": "image_url", "image_url": {"url": rec["images"][0], "detail": "high"}},
+                    {"type": "text", "text": rec["questions"][0]["question_text"]},
+                ],
+            },
+        ]
+
+    async def calls(first: int, n: int) -> None:
+        slots = asyncio.Semaphore(spec["slots"])
+
+        async def one(i: int) -> None:
+            async with slots:
+                resp = await litellm.acompletion(messages=messages(i), seed=i, **kwargs)
+                if not resp.choices[0].message.content:
+                    raise SystemExit("litellm-alone: empty answer")
+
+        await asyncio.gather(*(one(first + i) for i in range(n)))
+
+    async def both() -> None:
+        await calls(0, spec["slots"])  # connections, lazy imports: outside the timing
+        results.put("ready")
+        start.wait()
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await calls(spec["first"], spec["calls"])
+        results.put((time.perf_counter() - t0, time.process_time() - cpu0))
+
+    asyncio.run(both())
+
+
+def run_litellm_alone(
+    data: Path, url: str, calls: int, concurrency: int, processes: int
+) -> tuple[float, float]:
+    """The ceiling: the same calls through ``litellm.acompletion`` and nothing else (no prompt
+    building, store, parsing or scoring), the slots split over ``processes`` processes started
+    together. Wall time and CPU."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    n = max(processes, 1)
+    start, results = ctx.Event(), ctx.Queue()
+    procs = []
+    for k in range(n):
+        spec = {"data": str(data), "url": url, "slots": concurrency // n,
+                "first": k * (calls // n), "calls": calls // n + (calls % n if k == n - 1 else 0)}  # fmt: skip
+        procs.append(ctx.Process(target=_alone_child, args=(spec, start, results), daemon=True))
+        procs[-1].start()
+    for _ in procs:
+        if results.get(timeout=300) != "ready":
+            raise SystemExit("litellm-alone: a process did not start")
+    before = server_calls(url)
+    t0 = time.perf_counter()
+    start.set()
+    done = [results.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - t0
+    assert server_calls(url) - before == calls, "litellm alone made a different number of calls"
+    for proc in procs:
+        proc.join(timeout=30)
+        if proc.exitcode != 0:
+            raise SystemExit(f"litellm-alone: a process ended with {proc.exitcode}")
+    return wall, sum(cpu for _, cpu in done)
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds a live process has used (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
 
 
 async def _warm(runner: object) -> None:
@@ -236,7 +341,8 @@ def main() -> int:
     parser.add_argument(
         "--peer-python", default=None, help="python with inspect_ai and openai>=3.4"
     )
-    parser.add_argument("--no-peer", action="store_true", help="measure our efficiency only")
+    parser.add_argument("--no-peer", action="store_true", help="skip the inspect_ai peer")
+    parser.add_argument("--no-ceiling", action="store_true", help="skip the litellm-alone ceiling")
     args = parser.parse_args()
     py = None if args.no_peer else peer_python(args.peer_python)
     import litellm  # noqa: F401  (import cost outside the timing)
@@ -245,7 +351,7 @@ def main() -> int:
 
     calls = args.tasks * args.samples
     ideal = calls * args.latency / args.concurrency
-    ours, peer = [], []
+    ours, cpus, server_cpus, alone, alone_cpus, peer = [], [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data, answers = write_dataset(work, args.tasks)
@@ -253,13 +359,20 @@ def main() -> int:
         try:
             run_ours(data, answers, url, 1, args.concurrency, work, args.processes)  # warm-up
             for rep in range(args.reps):
-                before = server_calls(url)
-                ours.append(
-                    run_ours(
-                        data, answers, url, args.samples, args.concurrency, work, args.processes
-                    )
+                before, server_cpu = server_calls(url), _cpu_of(server.pid)
+                wall, cpu = run_ours(
+                    data, answers, url, args.samples, args.concurrency, work, args.processes
                 )
+                ours.append(wall)
+                cpus.append(cpu)
+                server_cpus.append(_cpu_of(server.pid) - server_cpu)
                 assert server_calls(url) - before == calls
+                if not args.no_ceiling:
+                    wall, cpu = run_litellm_alone(
+                        data, url, calls, args.concurrency, args.processes
+                    )
+                    alone.append(wall)
+                    alone_cpus.append(cpu)
                 if py:
                     before = server_calls(url)
                     peer.append(run_inspect(py, data, url, args.samples, args.concurrency, work))
@@ -268,6 +381,7 @@ def main() -> int:
                     )
                 print(
                     f"rep {rep + 1}: ours {ours[-1]:.2f} s"
+                    + (f", litellm alone {alone[-1]:.2f} s" if alone else "")
                     + (f", inspect_ai {peer[-1]:.2f} s" if peer else ""),
                     file=sys.stderr,
                 )
@@ -282,7 +396,21 @@ def main() -> int:
         f"workload: {args.tasks} tasks x {args.samples} samples = {calls} calls, latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}"
     )
     print(f"ideal time {ideal:.2f} s; ours (median of {args.reps}) {mine:.2f} s")
+    print(
+        f"our CPU per call (median): {statistics.median(cpus) / calls * 1000:.1f} ms"
+        + (" (run's process and litellm workers)" if args.processes else "")
+        + f"; the test server's {statistics.median(server_cpus) / calls * 1000:.1f} ms"
+    )
     print(f"efficiency = ideal / ours = {ideal / mine:.3f}   (goal >= 0.9)")
+    if alone:
+        bare = statistics.median(alone)
+        print(
+            f"litellm alone (the same calls, nothing else; {max(args.processes, 1)} process(es), "
+            f"median of {args.reps}) {bare:.2f} s, CPU per call "
+            f"{statistics.median(alone_cpus) / calls * 1000:.1f} ms; efficiency {ideal / bare:.3f}"
+            " (the ceiling for any engine calling litellm here)"
+        )
+        print(f"ours / litellm alone = {mine / bare:.3f}   (the engine's own cost)")
     if peer:
         theirs = statistics.median(peer)
         print(f"inspect_ai (median of {args.reps}) {theirs:.2f} s; efficiency {ideal / theirs:.3f}")

@@ -57,8 +57,10 @@ _DONE = {ParseStatus.OK.value, ParseStatus.FORMAT_FAILURE.value, ParseStatus.REF
 
 def _score_executor(config: RunConfig) -> Executor:
     """Scoring off the event loop: a thread, or a process when litellm calls run in processes
-    (a run big enough to be CPU-bound; scoring then uses another core too)."""
-    if any(s.processes for s in config.models):
+    and BERTScore is on (a model per sample: worth a core of its own). Without BERTScore a
+    sample scores in about half a millisecond, less than shipping it to a process costs (the
+    case, answer and output pickled both ways, plus a feeder and a manager thread here)."""
+    if config.bertscore and any(s.processes for s in config.models):
         import multiprocessing as mp
 
         return ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"))

@@ -375,7 +375,30 @@ def test_rubric_grader_replies_are_stored_and_reused_by_rescore(tmp_path: Path) 
     store.close()
 
 
-def test_run_with_litellm_worker_processes_and_a_scoring_process(tmp_path: Path) -> None:
+def test_scoring_runs_in_a_process_only_beside_worker_processes_with_bertscore(
+    tmp_path: Path,
+) -> None:
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    from evaluation.runner import _score_executor
+
+    data, answers = write_nmb(tmp_path / "data", 1)
+    dataset = DatasetSpec(path=str(data), answers=str(answers))
+    for processes, bertscore, kind in [
+        (0, True, ThreadPoolExecutor),
+        (1, False, ThreadPoolExecutor),
+        (1, True, ProcessPoolExecutor),
+    ]:
+        spec = server_spec("http://127.0.0.1:9/v1", processes=processes)
+        config = _config(dataset, [spec], tmp_path).model_copy(update={"bertscore": bertscore})
+        executor = _score_executor(config)
+        try:
+            assert type(executor) is kind, (processes, bertscore)
+        finally:
+            executor.shutdown()
+
+
+def test_run_with_litellm_worker_processes(tmp_path: Path) -> None:
     data, answers = write_nmb(tmp_path / "data", 3)
     with OpenAIServer(Script(latency_s=0.02)) as server:
         spec = server_spec(server.url, processes=1, concurrency=4)
