@@ -32,16 +32,18 @@ def iter_sources(path: str | Path) -> Iterator[str]:
         raise FileNotFoundError(f"no such file or folder: {p}")
     for root, dirs, files in os.walk(p):
         dirs.sort()
+        # str(Path(root) / name), with the folder parsed once rather than once per file.
+        base = str(Path(root))
         for name in sorted(files):
             if name in _SKIP_NAMES or name.startswith("."):
                 continue
             if os.path.splitext(name)[1].lower() in _SKIP_SUFFIXES or name.endswith(".nii.gz"):
                 continue
-            full = Path(root) / name
+            full = name if base == "." else os.path.join(base, name)
             if name.lower().endswith(".zip") and zipfile.is_zipfile(full):
-                yield from _zip_members(full)
+                yield from _zip_members(Path(full))
             else:
-                yield str(full)
+                yield full
 
 
 def _looks_like_dicom(p: Path) -> bool:

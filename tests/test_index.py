@@ -8,10 +8,12 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from dicom.index import index_path
 from dicom.pixels import load_volume
 from dicom.records import IndexResult, SequenceClass
+from dicom.sources import iter_sources
 
 
 def _stacks_in(index: IndexResult, corpus: Path, folder: str) -> list:
@@ -144,3 +146,26 @@ def test_parallel_and_serial_header_pass_agree(corpus: Path) -> None:
     parallel = index_path(folder, workers=2)
     assert parallel == serial
     assert [s.shape for s in serial.series] == [[72, 72, 39], [72, 72, 39, 20]]
+
+
+def test_folder_sources_are_named_as_pathlib_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # str(Path(folder) / name): "." and "./" vanish, a trailing slash goes, ".." stays.
+    (tmp_path / "b" / "c").mkdir(parents=True)
+    for name in ["a.dcm", "b/x", "b/c/y", "notes.txt", ".hidden", "LICENSE"]:
+        (tmp_path / name).write_bytes(b"")
+    with zipfile.ZipFile(tmp_path / "b" / "z.zip", "w") as zf:
+        zf.writestr("m/1.dcm", b"")
+    monkeypatch.chdir(tmp_path)
+    inside = ["a.dcm", "b/x", "b/z.zip::m/1.dcm", "b/c/y"]
+    cases = {
+        str(tmp_path): [f"{tmp_path}/{n}" for n in inside],
+        f"{tmp_path}/": [f"{tmp_path}/{n}" for n in inside],
+        ".": inside,
+        "./": inside,
+        "./b/..": [f"b/../{n}" for n in inside],
+        "b": ["b/x", "b/z.zip::m/1.dcm", "b/c/y"],
+    }
+    for root, want in cases.items():
+        assert list(iter_sources(root)) == want, root
