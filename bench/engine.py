@@ -6,7 +6,11 @@ after 200 ms, at 32 calls in flight. Prints, as the median of --reps repetitions
   - efficiency = ideal time / our wall time, ideal = calls x latency / concurrency (goal >= 0.9);
   - our wall time / inspect_ai's wall time on the same calls (goal <= 1.0);
   - our CPU per call: the run's process (all its threads), plus its litellm worker processes
-    with --processes (Linux /proc); the figure to watch, since this engine is CPU-bound.
+    with --processes (Linux /proc); the figure to watch, since this engine is CPU-bound;
+  - litellm alone: the same 1000 calls through litellm.acompletion and nothing else (no prompt
+    building, store, parsing, scoring), over as many processes as --processes (at least one),
+    started together after a warm-up: the ceiling for any engine that calls through litellm on
+    this machine, and ours / litellm alone, the engine's own cost (--no-ceiling skips it).
 Ours: the full engine (prompt build, PHI gate, litellm, SQLite store with a commit per call,
 parse, scoring in a worker thread). inspect_ai: Task(dataset, generate(), includes()) with
 epochs=5 and max_connections=32, its OpenAI provider pointed at the same server, logging to a
@@ -15,7 +19,8 @@ temp folder. Timing starts when the calls start (imports, dataset loading exclud
 inspect_ai 0.3.285's OpenAI provider needs openai>=3.4, which litellm (openai<3) excludes from
 the project venv, so the peer runs in its own venv: --peer-python, else .venv/peer-inspect
 (created on first use with pip: inspect_ai==0.3.285 and openai>=3.4).
-Run: .venv/bin/python bench/engine.py [--reps 3] [--tasks 200 --samples 5 --latency 0.2]
+Run: .venv/bin/python bench/engine.py [--reps 3] [--processes 2] [--no-peer] [--no-ceiling]
+     [--tasks 200 --samples 5 --latency 0.2]
 """
 
 from __future__ import annotations
