@@ -31,6 +31,7 @@ from providers.harness import (
 )
 
 from evaluation.models.litellm_adapter import LiteLLMAdapter
+from evaluation.models.providers import profile_for
 from evaluation.models.spec import ModelSpec
 from evaluation.records import GenerateConfig, ImagePart, Message, TextPart
 
@@ -374,3 +375,43 @@ def test_providers_that_need_raw_base64_reject_a_data_url(family: str, error: st
     # The same request with the image as raw base64 is answered: the data: URL is the fault.
     assert accepted[0] == 200, accepted
     assert rejected[0] == 400 and error in rejected[1], rejected
+
+
+@pytest.mark.parametrize(
+    ("litellm_model", "family", "one"),
+    [
+        ("bedrock/anthropic.claude-sonnet-4-5-20250929-v1:0", "anthropic", True),
+        ("bedrock/us.anthropic.claude-haiku-4-5-20251001-v1:0", "anthropic", True),
+        ("bedrock/anthropic.claude-3-5-sonnet-20240620-v1:0", "anthropic", False),
+        ("vertex_ai/claude-opus-4-1@20250805", "anthropic", True),
+        ("vertex_ai/claude-sonnet-4@20250514", "anthropic", False),
+        ("vertex_ai/gemini-2.5-pro", "gemini", False),
+        ("bedrock/amazon.nova-pro-v1:0", "bedrock", False),
+    ],
+)
+def test_claude_on_bedrock_and_vertex_follows_claude_rules(
+    litellm_model: str, family: str, one: bool
+) -> None:
+    spec = ModelSpec(name="m", model=litellm_model)
+    profile = profile_for(spec)
+    assert (profile.family, profile.one_sampler, profile.local) == (family, one, False)
+    kwargs, adjustments = LiteLLMAdapter(spec)._kwargs(CFG)
+    sent = {k for k in ("temperature", "top_p") if k in kwargs}
+    assert sent == ({"temperature"} if one else {"temperature", "top_p"})
+    assert "max_tokens" in kwargs  # Bedrock Converse calls it maxTokens: still sent
+    assert [(a["kind"], a["param"]) for a in adjustments] == (
+        [("param_not_sent", "top_p")] if one else []
+    )
+
+
+def test_only_servers_one_runs_oneself_count_as_local() -> None:
+    local = {
+        m: profile_for(ModelSpec(name="m", model=m, api_base="http://127.0.0.1:1/v1")).local
+        for m in ["ollama_chat/llava", "hosted_vllm/medgemma", "lm_studio/qwen", "groq/llama-4"]
+    }
+    assert local == {
+        "ollama_chat/llava": True,
+        "hosted_vllm/medgemma": True,
+        "lm_studio/qwen": True,
+        "groq/llama-4": False,
+    }

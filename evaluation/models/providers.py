@@ -8,12 +8,14 @@ sent, which is what the strictest providers (Anthropic) measure.
     openai      (any ``openai/`` route) 20 MB per image, 50 MB of images per request, 500 images per request
     anthropic   5 MB per image, 32 MB per request, 100 images, 8000 px a side (2000 px when a
                 request holds more than 20 images), temperature 0..1; Claude Opus 4.1,
-                Sonnet 4.5, Haiku 4.5 and later take temperature or top_p, not both
+                Sonnet 4.5, Haiku 4.5 and later take temperature or top_p, not both; the same
+                rules for Claude on Bedrock and Vertex AI (``bedrock/anthropic.claude-...``,
+                ``vertex_ai/claude-...``; a cloud's own limits can be set on the spec)
     gemini      20 MB per request (inline data), 3000 images per request
     xai         10 MiB per image
     ollama      images as raw base64 beside the text: ``[img]`` markers keep their place;
                 Llama 3.2 Vision (mllama) takes one image per request
-    vllm, openrouter, lm_studio...: no default limit (for vLLM set
+    bedrock (models other than Claude), vllm, openrouter, lm_studio...: no default limit (for vLLM set
                 ``max_images_per_request`` to the server's ``--limit-mm-per-prompt``)
 
 Reasoning models (o1, o3, o4, gpt-5 but not gpt-5-chat) reject ``temperature`` and ``top_p``:
@@ -51,13 +53,17 @@ FAMILIES = {
     "openrouter": "openrouter",
     "ollama_chat": "ollama",
     "ollama": "ollama",
+    "bedrock": "bedrock",
     "hosted_vllm": "vllm",
     "vllm": "vllm",
     "lm_studio": "openai-compatible",
     "llamafile": "openai-compatible",
     "litellm_proxy": "openai-compatible",
 }
-LOCAL = {"ollama", "vllm", "openai-compatible"}
+# Servers one runs oneself: no price in any price map.
+LOCAL_PROVIDERS = {"ollama", "ollama_chat", "hosted_vllm", "vllm", "lm_studio", "llamafile"}
+# Clouds that also serve Anthropic's Claude (Messages API, same image and sampling rules).
+CLAUDE_CLOUDS = {"bedrock", "vertex_ai"}
 
 
 class ProviderProfile(BaseModel):
@@ -65,7 +71,8 @@ class ProviderProfile(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    family: str  # openai, anthropic, gemini, xai, openrouter, ollama, vllm, openai-compatible
+    # openai, anthropic, gemini, xai, openrouter, bedrock, ollama, vllm, openai-compatible
+    family: str
     provider: str  # litellm's provider name (route)
     model: str  # the model name the provider sees
     max_image_bytes: int | None = None  # per image, base64 as sent
@@ -82,7 +89,7 @@ class ProviderProfile(BaseModel):
     @property
     def local(self) -> bool:
         """A server one runs oneself (no price in any price map)."""
-        return self.family in LOCAL
+        return self.provider in LOCAL_PROVIDERS
 
 
 def split_model(litellm_model: str) -> tuple[str, str]:
@@ -131,6 +138,14 @@ def _defaults(family: str, model: str) -> dict[str, Any]:
     return {}
 
 
+def family_of(provider: str, model: str) -> str:
+    """The family whose rules a model's requests follow: Claude is Claude on Bedrock and Vertex
+    AI too (``bedrock/anthropic.claude-sonnet-4-5-...``, ``vertex_ai/claude-sonnet-4-5@...``)."""
+    if provider in CLAUDE_CLOUDS and "claude" in model.lower():
+        return "anthropic"
+    return FAMILIES.get(provider, "openai-compatible")
+
+
 def one_sampler(model: str) -> bool:
     """Whether a Claude model takes temperature or top_p but not both (Opus 4.1, Sonnet 4.5,
     Haiku 4.5 and every later version)."""
@@ -144,7 +159,7 @@ def one_sampler(model: str) -> bool:
 @lru_cache(maxsize=256)
 def _profile(litellm_model: str, overrides: tuple[tuple[str, Any], ...]) -> ProviderProfile:
     provider, model = split_model(litellm_model)
-    family = FAMILIES.get(provider, "openai-compatible")
+    family = family_of(provider, model)
     fields = _defaults(family, model)
     for k, v in overrides:
         fields[k] = v if isinstance(v, bool) else (v or None)  # a limit of 0: none
@@ -178,7 +193,13 @@ def price_known(litellm_model: str) -> bool:
 ALIASES = {
     "temperature": ("temperature",),
     "top_p": ("top_p", "topP"),
-    "max_tokens": ("max_tokens", "max_completion_tokens", "max_output_tokens", "num_predict"),
+    "max_tokens": (
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "maxTokens",  # Bedrock Converse
+        "num_predict",
+    ),
     "seed": ("seed",),
     "response_format": ("response_format", "response_mime_type", "response_schema", "format"),
 }
