@@ -151,7 +151,7 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
     from evaluation.records import Answer, TaskFamily
     from evaluation.reports import load_run
     from gateway.orthanc import OrthancClient
-    from gateway.sr import build_pdf, build_sr
+    from gateway.sr import build_pdf, build_sr, merged_answer
 
     run = load_run(run_dir)
     client = OrthancClient.from_settings(settings)
@@ -178,28 +178,16 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
             modality = "CT" if all(h.Modality == "CT" for h in headers) else "MR"
             for model in run.models:
                 mine = [s for s in run.samples_of(case.case_id) if s.scored.model == model]
-                lesion = next(
-                    (
-                        s.answer
-                        for s in mine
-                        if s.scored.family is TaskFamily.LESION and isinstance(s.answer, Answer)
-                    ),
-                    None,
-                )
-                dx = next(
-                    (
-                        s.answer
-                        for s in mine
-                        if s.scored.family is TaskFamily.DIFFERENTIAL
-                        and isinstance(s.answer, Answer)
-                    ),
-                    None,
-                )
-                if lesion is None and dx is None:
+                by_task: dict[TaskFamily, Answer] = {}
+                for s in mine:
+                    family = s.scored.family
+                    if family in (TaskFamily.LESION, TaskFamily.DIFFERENTIAL) and isinstance(
+                        s.answer, Answer
+                    ):
+                        by_task.setdefault(family, s.answer)
+                answer = merged_answer(by_task)
+                if answer is None:
                     continue
-                answer = (dx or lesion or Answer()).model_copy(
-                    update={"findings": (lesion or dx or Answer()).findings}
-                )
                 sr = build_sr(headers, answer, model, "demo", instance_number=1, modality=modality)
                 stored.append(client.upload(_encode(sr)))
             pdf = report_dir / "cases" / f"{case.case_id}.pdf"

@@ -35,7 +35,14 @@ from gateway.routing import Route, Router, StudyFacts
 from gateway.run_report import publish, write_checklist
 from gateway.runs import RunRecord, RunStatus, RunStore
 from gateway.scp import ReceivedStudy, uid_key
-from gateway.sr import build_pdf, build_sr, evidence_from_files, model_of, series_uid_for
+from gateway.sr import (
+    build_pdf,
+    build_sr,
+    evidence_from_files,
+    merged_answer,
+    model_of,
+    series_uid_for,
+)
 
 log = logging.getLogger(__name__)
 
@@ -388,15 +395,9 @@ class StudyPipeline:
 
 
 def sr_answer(cases: list[CaseResult]) -> Answer | None:
-    """One model's answer for its SR: findings from the lesion task (else any), the
-    diagnosis and differential from the differential task (else any)."""
-    answered = [c for c in cases if c.answer is not None]
-    if not answered:
-        return None
-
-    def first(family: TaskFamily) -> CaseResult:
-        return next((c for c in answered if c.task is family), answered[0])
-
-    findings, dx = first(TaskFamily.LESION).answer, first(TaskFamily.DIFFERENTIAL).answer
-    assert findings is not None and dx is not None
-    return dx.model_copy(update={"findings": findings.findings or dx.findings})
+    """One model's answer for its SR (:func:`gateway.sr.merged_answer` of its answered tasks)."""
+    by_task: dict[TaskFamily, Answer] = {}
+    for c in cases:
+        if c.answer is not None:
+            by_task.setdefault(c.task, c.answer)
+    return merged_answer(by_task)

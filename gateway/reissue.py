@@ -1,8 +1,10 @@
-"""Re-issue a signed-off case to PACS: a VERIFIED SR per reviewed answer, with the reviewer as
-verifying observer, carrying the clinician's corrections (rejected lines dropped, corrected
-lines replaced, the clinician's diagnosis as the final diagnosis). When the study holds the
-model's UNVERIFIED SR (written back by the gateway or the demo), the VERIFIED one names it as
-its predecessor document and continues its instance numbers."""
+"""Re-issue a signed-off case to PACS: a VERIFIED SR per model, with the reviewer as verifying
+observer, carrying the clinician's corrections (rejected lines dropped, corrected lines replaced,
+the clinician's diagnosis as the final diagnosis). Like the model's UNVERIFIED SR, it merges the
+model's reviewed answers (findings from the lesion task, diagnosis and differential from the
+differential task: :func:`gateway.sr.merged_answer`). When the study holds that UNVERIFIED SR
+(written back by the gateway or the demo), the VERIFIED one names it as its predecessor document
+and continues its instance numbers."""
 
 from __future__ import annotations
 
@@ -11,13 +13,13 @@ import io
 import pydicom
 from pydicom.dataset import Dataset
 
-from evaluation.records import Answer, Case, DifferentialItem, Finding
+from evaluation.records import Answer, Case, DifferentialItem, Finding, TaskFamily
 from evaluation.reports.checklist import answer_key, reviewed_samples
 from evaluation.reports.reviews import CaseReview, Verdict
 from evaluation.reports.rundata import FULL_INPUT, RunData
 from gateway.orthanc import OrthancClient, OrthancError
 from gateway.run_report import gateway_info
-from gateway.sr import build_sr, model_of, series_uid_for, verify_sr
+from gateway.sr import build_sr, merged_answer, model_of, series_uid_for, verify_sr
 
 MAX_SOURCE_HEADERS = 500
 
@@ -107,26 +109,25 @@ def reissue_case(
     review: CaseReview,
     organization: str,
 ) -> list[str]:
-    """Store one VERIFIED SR per reviewed answer of the case; returns their SOP Instance UIDs."""
+    """Store one VERIFIED SR per model with reviewed answers; returns their SOP Instance UIDs."""
     if review.signed_off_at is None:
         raise ReissueError("only a signed-off case can be re-issued")
     case = run.case(case_id)
-    answers = [
-        (s, answer_key(s))
-        for s, _ in reviewed_samples(run.samples_of(case_id))
-        if s.ablation == FULL_INPUT and isinstance(s.answer, Answer)
-    ]
-    if not answers:
+    by_model: dict[str, dict[TaskFamily, Answer]] = {}
+    for s, _ in reviewed_samples(run.samples_of(case_id)):
+        if s.ablation == FULL_INPUT and isinstance(s.answer, Answer):
+            tasks = by_model.setdefault(s.scored.model, {})
+            tasks.setdefault(s.scored.family, corrected_answer(s.answer, answer_key(s), review))
+    if not by_model:
         raise ReissueError(f"case {case_id!r} has no diagnostic answer to report")
     headers, modality = _source_headers(orthanc, case)
     earlier = stored_srs(orthanc, case.provenance.study_uids[0])
     named = gateway_info(run).get("unverified_sr") or {}
     number = max((_number(d) for d in earlier), default=0) + 1  # next in the series
     uids = []
-    for s, key in answers:
-        assert isinstance(s.answer, Answer)
-        answer = corrected_answer(s.answer, key, review)
-        model = s.scored.model
+    for model, by_task in by_model.items():
+        answer = merged_answer(by_task)
+        assert answer is not None
         prior = predecessor(earlier, model, named.get(model))
         sr = build_sr(headers, answer, model, "clinician-reviewed", number, (), modality)
         # The draft built here is never stored: the document the signed one replaces is the

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -35,7 +35,7 @@ from pydicom.sr.codedict import codes
 from pydicom.tag import Tag
 from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
-from evaluation.records import Answer, Finding
+from evaluation.records import Answer, Finding, TaskFamily
 from gateway.cache import InvalidUIDError, check_uid
 
 ENCAPSULATED_PDF_STORAGE = "1.2.840.10008.5.1.4.1.1.104.1"
@@ -337,6 +337,19 @@ def _references(docs: Sequence[Dataset]) -> list[Dataset]:
 def load_sr(ds: Dataset) -> hd.sr.Comprehensive3DSR:
     """Parse an SR dataset with highdicom (raises when it is not a valid Comprehensive 3D SR)."""
     return Comprehensive3DSR.from_dataset(ds)
+
+
+def merged_answer(by_task: Mapping[TaskFamily, Answer]) -> Answer | None:
+    """One model's answer for its SR (``by_task``: its answer per task, in run order): the
+    findings from the lesion task, else the first answer's; the diagnosis and differential from
+    the differential task, else the first answer's. The UNVERIFIED SR written back after a run
+    and the VERIFIED one a clinician re-issues are built by this one rule."""
+    if not by_task:
+        return None
+    first = next(iter(by_task.values()))
+    findings = by_task.get(TaskFamily.LESION, first)
+    dx = by_task.get(TaskFamily.DIFFERENTIAL, first)
+    return dx.model_copy(update={"findings": findings.findings or dx.findings})
 
 
 def model_of(sr: Dataset) -> str:

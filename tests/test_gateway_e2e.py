@@ -241,8 +241,15 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
         assert r.status_code == 303, (action, r.text[-500:])
     srs = reports(gateway, study.study_uid)["sr"]
     verified = [d for d in srs if d.VerificationFlag == "VERIFIED"]
-    assert len(verified) == 2  # one per reviewed answer: differential and lesion
-    assert sorted(int(d.InstanceNumber) for d in verified) == [3, 4]
+    # One per model, as the UNVERIFIED one: its lesion and differential answers merged.
+    assert [int(d.InstanceNumber) for d in verified] == [3]
+
+    def findings(doc: pydicom.Dataset) -> list[str]:  # tracking identifiers "finding N"
+        texts = (str(e.value) for e in doc.iterall() if e.keyword == "TextValue")
+        return [t for t in texts if t.startswith("finding ")]
+
+    # The lesion answer's findings, as in the UNVERIFIED SR (the reviewer changed only the dx).
+    assert findings(verified[0]) == findings(sr) != []
     for v in verified:
         Comprehensive3DSR.from_dataset(v)
         assert v.VerifyingObserverSequence[0].VerifyingObserverName == "test-reviewer"
