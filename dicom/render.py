@@ -13,7 +13,6 @@ to grey, fitted, labelled (dicom.montage) and encoded (dicom.png).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 from collections.abc import Callable
@@ -54,12 +53,10 @@ from dicom.window import (
     MR_PERCENTILES,
     HeadStats,
     StoredLUT,
-    head_stats,
     is_ct,
-    stats_sample,
-    stored_head_stats,
     stored_to_uint8,
     to_uint8,
+    volume_head_stats,
     window_for,
 )
 
@@ -225,10 +222,7 @@ def _source(
     dv = display_volume(series, data, options.reslice_axial, vlabel)
     warnings.extend(dv.warnings)
     ct = is_ct(series)
-    # The order of the values is irrelevant to the statistics: sample the volume as stored.
-    sample, step = stats_sample(data)
-    stats = stored_head_stats(sample, lut, ct) if lut is not None else head_stats(sample, ct, rgb)
-    stats = dataclasses.replace(stats, step=step)
+    stats = volume_head_stats(data, lut, ct, rgb)
     return _Source(series, dv, stats, rgb, lut, warnings)
 
 

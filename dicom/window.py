@@ -23,7 +23,7 @@ import functools
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -66,6 +66,16 @@ def stats_sample(data: np.ndarray) -> tuple[np.ndarray, int]:
     voxels = int(np.prod(data.shape[:3]))
     step = max(1, math.isqrt(voxels // STATS_SAMPLE))
     return (data[::step, ::step] if step > 1 else data), step
+
+
+def volume_head_stats(
+    data: np.ndarray, lut: StoredLUT | None, ct: bool, rgb: bool = False
+) -> HeadStats:
+    """Head statistics of a whole volume (stored values through ``lut`` when given), from its
+    :func:`stats_sample`; the order of the values is irrelevant, so the volume as stored."""
+    sample, step = stats_sample(data)
+    stats = stored_head_stats(sample, lut, ct) if lut is not None else head_stats(sample, ct, rgb)
+    return replace(stats, step=step)
 
 
 def is_ct(series: SeriesInfo) -> bool:

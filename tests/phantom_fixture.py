@@ -81,6 +81,9 @@ class Study:
         self.mask = np.asarray(img.dataobj)
         self.mask_affine = img.affine
         self._depth: dict[int, np.ndarray] = {}
+        self._volumes: dict[
+            tuple[str, float | None, str | None], tuple[np.ndarray, np.ndarray]
+        ] = {}
         self._outside: np.ndarray | None = None
 
     @property
@@ -103,9 +106,14 @@ class Study:
     ) -> tuple[np.ndarray, np.ndarray]:
         from dicom.pixels import load_volume
 
-        s = self.series(cls, b, plane)
-        assert s.affine is not None
-        return np.asarray(load_volume(s).data), np.array(s.affine)
+        key = (cls, b, plane)
+        if key not in self._volumes:  # decoded once per study: several tests read each series
+            s = self.series(cls, b, plane)
+            assert s.affine is not None
+            data, affine = np.asarray(load_volume(s).data), np.array(s.affine)
+            data.flags.writeable = affine.flags.writeable = False
+            self._volumes[key] = (data, affine)
+        return self._volumes[key]
 
     def depth(self, label: int) -> np.ndarray:
         """mm from each voxel of lesion ``label`` to the nearest voxel outside it (1 mm grid).

@@ -10,6 +10,7 @@ study or renderer renders afresh. Every PNG is re-hashed when it is read back.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -59,6 +60,7 @@ RENDER_MODULES = (
 )
 
 
+@functools.cache  # the sources do not change while a process runs
 def _renderer_version() -> str:
     import importlib
 
