@@ -173,9 +173,10 @@ def run_ours(
                    dataset_hash=dataset.hash, prompt_version="", code_version="", packages={})  # fmt: skip
     adapters = {s.name: create_model(s) for s in specs}  # ours, so workers outlive the run
     runner = Runner(config, dataset, store, adapters=adapters)
-    workers = [p.pid for a in adapters.values() for p in getattr(getattr(a, "_pool", None), "_procs", [])]  # fmt: skip
+    pools = [a._pool for a in adapters.values() if getattr(a, "_pool", None) is not None]  # type: ignore[attr-defined]
+    workers = [p.pid for pool in pools for p in pool._procs]
     if processes:  # the worker processes import litellm: wait for them outside the timing
-        asyncio.run(_warm(runner))
+        asyncio.run(_warm(runner, pools))
     cpu0, workers0 = time.process_time(), sum(map(_cpu_of, workers))
     t0 = time.perf_counter()
     stats = asyncio.run(runner.run())
@@ -235,9 +236,9 @@ def _alone_child(spec: dict[str, Any], start: Any, results: Any) -> None:
         await calls(0, spec["slots"])  # connections, lazy imports: outside the timing
         results.put("ready")
         start.wait()
-        cpu0, t0 = time.process_time(), time.perf_counter()
+        cpu0 = time.process_time()
         await calls(spec["first"], spec["calls"])
-        results.put((time.perf_counter() - t0, time.process_time() - cpu0))
+        results.put(time.process_time() - cpu0)
 
     asyncio.run(both())
 
@@ -272,7 +273,7 @@ def run_litellm_alone(
         proc.join(timeout=30)
         if proc.exitcode != 0:
             raise SystemExit(f"litellm-alone: a process ended with {proc.exitcode}")
-    return wall, sum(cpu for _, cpu in done)
+    return wall, sum(done)
 
 
 def _cpu_of(pid: int) -> float:
@@ -284,13 +285,11 @@ def _cpu_of(pid: int) -> float:
         return 0.0
 
 
-async def _warm(runner: object) -> None:
+async def _warm(runner: object, pools: list[Any]) -> None:
     from evaluation.scoring_bridge import warm
 
-    for adapter in runner.adapters.values():  # type: ignore[attr-defined]
-        pool = getattr(adapter, "_pool", None)
-        if pool is not None:
-            await pool.wait_ready()
+    for pool in pools:
+        await pool.wait_ready()
     await asyncio.get_running_loop().run_in_executor(runner._score_pool, warm)  # type: ignore[attr-defined]
 
 

@@ -245,7 +245,9 @@ def test_calls_through_worker_processes_keep_retries_and_limits_in_the_run() -> 
     with OpenAIServer(
         Script(latency_s=0.05, faults=[Fault("429", match="T429", times=1)])
     ) as server:
-        adapter = LiteLLMAdapter(server_spec(server.url, concurrency=2), pool=CallPool(1))
+        adapter = LiteLLMAdapter(
+            server_spec(server.url, concurrency=2), pool=CallPool(1, prepare_inline=True)
+        )
         try:
 
             async def go() -> list:

@@ -48,7 +48,9 @@ def create_model(spec: ModelSpec) -> ModelAdapter:
     from evaluation.models.litellm_adapter import LiteLLMAdapter
 
     if spec.processes:
-        from evaluation.models.call_pool import CallPool
+        from evaluation.models.call_pool import PREPARE_INLINE, CallPool
+        from evaluation.models.providers import profile_for
 
-        return LiteLLMAdapter(spec, pool=CallPool(spec.processes))
+        inline = profile_for(spec).provider in PREPARE_INLINE
+        return LiteLLMAdapter(spec, pool=CallPool(spec.processes, prepare_inline=inline))
     return LiteLLMAdapter(spec)

@@ -11,8 +11,8 @@ Workers are spawned (never forked: the run has threads), die with their parent (
 PR_SET_PDEATHSIG, and end-of-pipe), and import litellm once, in parallel, at start.
 
 A worker's hot path is its event loop alone. It reads requests from its pipe (a socket pair, in
-``multiprocessing.Connection``'s framing) and buffers its replies on the loop, and for the
-routes in :data:`PREPARE_INLINE` it also runs litellm's request building there
+``multiprocessing.Connection``'s framing) and buffers its replies on the loop, and in a pool
+for a route of :data:`PREPARE_INLINE` it also runs litellm's request building there
 (``litellm.acompletion`` hands ``litellm.completion`` to the loop's default executor). Each
 thread hop costs a wake-up and two GIL hand-overs: with a dozen calls in flight the reader
 thread and the executor hop cost about 6% of a worker's CPU. Other executor work (DNS lookups,
@@ -31,11 +31,8 @@ import pickle
 import signal
 import socket
 import struct
-import sys
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextvars import ContextVar
 from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
@@ -43,7 +40,6 @@ from typing import Any
 # litellm routes whose request building does no I/O (the OpenAI SDK route: OpenAI and any
 # OpenAI-compatible server reached as ``openai/<model>`` with an api_base).
 PREPARE_INLINE = frozenset({"openai"})
-_prepare_inline: ContextVar[bool] = ContextVar("prepare_inline", default=False)
 
 
 def _die_with_parent() -> None:
@@ -87,31 +83,29 @@ def summarise_response(resp: Any) -> dict[str, Any]:
     }
 
 
-def _is_litellm_prepare(fn: Callable[..., Any]) -> bool:
-    """Is ``fn`` litellm.acompletion's request building (``partial(ctx.run, partial(completion,
-    ...))``, as handed to ``loop.run_in_executor``)?"""
-    inner = fn.args[0] if isinstance(fn, partial) and fn.args else None
-    main = sys.modules.get("litellm.main")
-    return (
-        isinstance(inner, partial)
-        and main is not None
-        and inner.func is getattr(main, "completion", None)
-    )
+class _WorkerLoop(asyncio.SelectorEventLoop):
+    """A worker's event loop. With ``inline`` set to litellm's ``completion``, the request
+    building ``litellm.acompletion`` hands to the default executor (``partial(ctx.run,
+    partial(completion, ...))``) runs on the loop itself, its result in a loop future (no
+    thread, no wake-up); everything else still goes to the executor."""
 
+    inline: Callable[..., Any] | None = None
 
-class _LoopExecutor(ThreadPoolExecutor):
-    """A worker loop's default executor: litellm's request building runs inline for calls
-    marked ``_prepare_inline`` (set per call task), everything else in threads."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        if not (_prepare_inline.get() and _is_litellm_prepare(fn)):
-            return super().submit(fn, *args, **kwargs)
-        done: Future[Any] = Future()
-        try:
-            done.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # as a pool thread would: the awaiting call re-raises it
-            done.set_exception(exc)
-        return done
+    def run_in_executor(self, executor: Any, func: Any, *args: Any) -> Any:  # type: ignore[override]
+        inner = func.args[0] if isinstance(func, partial) and func.args else None
+        if (
+            executor is None
+            and self.inline is not None
+            and isinstance(inner, partial)
+            and inner.func is self.inline
+        ):
+            done = self.create_future()
+            try:
+                done.set_result(func(*args))
+            except BaseException as exc:  # as a pool thread would: the awaiting call re-raises it
+                done.set_exception(exc)
+            return done
+        return super().run_in_executor(executor, func, *args)
 
 
 _SIZE = struct.Struct("!i")  # multiprocessing.Connection's frame header
@@ -148,7 +142,8 @@ class _Channel(asyncio.Protocol):
                 start = 12
             if len(self._buf) < start + size:
                 return
-            msg = pickle.loads(self._buf[start : start + size])
+            with memoryview(self._buf) as view:  # no copy of the frame (its images) first
+                msg = pickle.loads(view[start : start + size])
             del self._buf[: start + size]
             self._on_message(msg)
 
@@ -163,7 +158,7 @@ class _Channel(asyncio.Protocol):
         self._transport.write(head + data)
 
 
-def _worker(conn: Connection) -> None:
+def _worker(conn: Connection, prepare_inline: bool) -> None:
     _die_with_parent()
     from evaluation.models.litellm_adapter import (
         classify_exception,
@@ -176,11 +171,13 @@ def _worker(conn: Connection) -> None:
     # sight, so its full collections stop walking them (about 0.4 ms a call otherwise).
     gc.collect()
     gc.freeze()
-    loop = asyncio.new_event_loop()
-    loop.set_default_executor(_LoopExecutor(thread_name_prefix="litellm-prepare"))
+    loop = _WorkerLoop()
+    if prepare_inline:
+        import litellm.main
 
-    async def call(req_id: int, kwargs: dict[str, Any], hard_timeout: float, inline: bool) -> None:
-        _prepare_inline.set(inline)  # this call's task only
+        loop.inline = litellm.main.completion
+
+    async def call(req_id: int, kwargs: dict[str, Any], hard_timeout: float) -> None:
         try:
             resp = await asyncio.wait_for(litellm.acompletion(**kwargs), hard_timeout)
             channel.send({"id": req_id, "ok": summarise_response(resp)})
@@ -202,7 +199,7 @@ def _worker(conn: Connection) -> None:
         if msg is None:
             loop.stop()
             return
-        task = loop.create_task(call(msg["id"], msg["kwargs"], msg["hard_timeout"], msg["inline"]))
+        task = loop.create_task(call(msg["id"], msg["kwargs"], msg["hard_timeout"]))
         calls.add(task)
         task.add_done_callback(calls.discard)
 
@@ -217,7 +214,9 @@ def _worker(conn: Connection) -> None:
 class CallPool:
     """N worker processes; ``call`` returns the worker's reply for one attempt."""
 
-    def __init__(self, processes: int) -> None:
+    def __init__(self, processes: int, *, prepare_inline: bool = False) -> None:
+        """``prepare_inline``: the pool's route is in :data:`PREPARE_INLINE` (its request
+        building may run on the workers' loops)."""
         ctx = mp.get_context("spawn")
         self._conns: list[Connection] = []
         self._procs = []
@@ -230,7 +229,9 @@ class CallPool:
         self._send_lock = threading.Lock()
         for n in range(processes):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child,), daemon=True, name=f"litellm-{n}")
+            proc = ctx.Process(
+                target=_worker, args=(child, prepare_inline), daemon=True, name=f"litellm-{n}"
+            )
             proc.start()
             child.close()
             self._conns.append(parent)
@@ -261,11 +262,8 @@ class CallPool:
         for ev in self._ready:
             await asyncio.to_thread(ev.wait)
 
-    async def call(
-        self, kwargs: dict[str, Any], hard_timeout: float, *, prepare_inline: bool = False
-    ) -> dict[str, Any]:
-        """One attempt in the least busy worker; ``prepare_inline``: the route is in
-        :data:`PREPARE_INLINE` (its request building may run on the worker's loop)."""
+    async def call(self, kwargs: dict[str, Any], hard_timeout: float) -> dict[str, Any]:
+        """One attempt in the least busy worker."""
         n = min(range(len(self._conns)), key=self._load.__getitem__)
         if not self._ready[n].is_set():
             await asyncio.to_thread(self._ready[n].wait)
@@ -275,14 +273,7 @@ class CallPool:
         self._pending[req_id] = (loop, fut)
         with self._send_lock:
             self._load[n] += 1
-            self._conns[n].send(
-                {
-                    "id": req_id,
-                    "kwargs": kwargs,
-                    "hard_timeout": hard_timeout,
-                    "inline": prepare_inline,
-                }
-            )
+            self._conns[n].send({"id": req_id, "kwargs": kwargs, "hard_timeout": hard_timeout})
         return await fut
 
     def close(self) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from evaluation.errors import ModelConfigError
-from evaluation.models.call_pool import PREPARE_INLINE, CallPool, summarise_response
+from evaluation.models.call_pool import CallPool, summarise_response
 from evaluation.models.fitting import Adjustment, fit_images
 from evaluation.models.limiter import AdaptiveLimiter
 from evaluation.models.providers import price_known, profile_for, unsent_params
@@ -284,9 +284,7 @@ class LiteLLMAdapter:
     async def _attempt(self, kwargs: dict[str, Any], hard_timeout: float) -> dict[str, Any]:
         """One call: {"ok": summary} or {"error": {kind, message, retry_after}}."""
         if self._pool is not None:
-            return await self._pool.call(
-                kwargs, hard_timeout, prepare_inline=self.profile.provider in PREPARE_INLINE
-            )
+            return await self._pool.call(kwargs, hard_timeout)
         litellm = import_litellm()
         try:
             resp = await asyncio.wait_for(litellm.acompletion(**kwargs), hard_timeout)

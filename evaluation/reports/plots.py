@@ -104,6 +104,7 @@ def breakdowns(r: SummaryReport) -> bytes | None:
         ax = fig.add_subplot((len(dims) + 1) // 2, 2, n + 1)
         keys = sorted({x.key for x in rows if x.dimension == dim})
         width = 0.8 / max(1, len(models))
+        crowded = len(keys) * len(models) > 8  # upright labels of narrow bars overlap
         for j, m in enumerate(models):
             xs, vals, lo, hi = [], [], [], []
             for i, k in enumerate(keys):
@@ -120,13 +121,12 @@ def breakdowns(r: SummaryReport) -> bytes | None:
             bars = ax.bar(
                 xs, vals, width, yerr=[lo, hi], capsize=2, label=_short(m, 20), color=PALETTE[j % 8]
             )
-            crowded = len(keys) * len(models) > 8  # upright labels of narrow bars overlap
             ax.bar_label(  # a 0.00 bar is still seen
                 bars, fmt="%.2f", fontsize=6 if crowded else 7, padding=2,
                 rotation=90 if crowded else 0,
             )  # fmt: skip
         ax.set_xticks(range(len(keys)), [_short(k, 16) for k in keys], rotation=20, ha="right")
-        ax.set_ylim(0, 1.25 if len(keys) * len(models) > 8 else 1.12)  # room for upright labels
+        ax.set_ylim(0, 1.25 if crowded else 1.12)  # room for upright labels
         ax.set_title(f"accuracy by {dim.replace('_', ' ')}")
         ax.grid(axis="y", alpha=0.3)
         if n == 0:

