@@ -41,7 +41,7 @@ from evaluation.records import Case as EvalCase
 from evaluation.reports.rundata import SampleResult
 from evaluation.reports.storeread import run_from_store
 from evaluation.runconfig import RunConfig
-from evaluation.store import STORE_FILE
+from evaluation.store import STORE_FILE, RunStore
 from gateway.cache import check_uid
 from gateway.pipeline import CaseResult, EvaluationResult
 from gateway.routing import Route
@@ -190,8 +190,6 @@ def _link_series(index: IndexResult, series_uids: set[str], folder: Path) -> Pat
 
 def _errors(engine_dir: Path) -> dict[tuple[str, TaskFamily], str]:
     """Why a sample failed (transport, refusal, format), by model and task."""
-    from evaluation.store import RunStore
-
     store = RunStore(engine_dir)
     try:
         rows = store.samples()

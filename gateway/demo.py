@@ -178,14 +178,12 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
             modality = "CT" if all(h.Modality == "CT" for h in headers) else "MR"
             for model in run.models:
                 mine = [s for s in run.samples_of(case.case_id) if s.scored.model == model]
-                by_task: dict[TaskFamily, Answer] = {}
-                for s in mine:
-                    family = s.scored.family
-                    if family in (TaskFamily.LESION, TaskFamily.DIFFERENTIAL) and isinstance(
-                        s.answer, Answer
-                    ):
-                        by_task.setdefault(family, s.answer)
-                answer = merged_answer(by_task)
+                answer = merged_answer(
+                    (s.scored.family, s.answer)
+                    for s in mine
+                    if s.scored.family in (TaskFamily.LESION, TaskFamily.DIFFERENTIAL)
+                    and isinstance(s.answer, Answer)
+                )
                 if answer is None:
                     continue
                 sr = build_sr(headers, answer, model, "demo", instance_number=1, modality=modality)

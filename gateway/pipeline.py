@@ -72,9 +72,6 @@ class EvaluationResult(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     # The engine's run as the report bundle reads it; the pipeline writes its checklist.
     run: RunData = Field(exclude=True, repr=False)
-    # The case's checklist as printed from that bundle (set by the pipeline).
-    pdf: bytes = Field(default=b"", exclude=True, repr=False)
-    html: str = Field(default="", exclude=True, repr=False)
 
 
 @runtime_checkable
@@ -333,7 +330,6 @@ class StudyPipeline:
         result = self.evaluator.evaluate(folder, route, work)
         self._stage(job, "writing the checklist", 0.65)
         checklist = write_checklist(result.run, work / "report")
-        result.html, result.pdf = checklist.html, checklist.pdf or b""
         warnings = [*result.warnings, *checklist.warnings]
         self._stage(job, "waiting for the upload to Orthanc", 0.8)
         self._finish_uploads(job)
@@ -365,7 +361,7 @@ class StudyPipeline:
         else:
             warnings.append("no checklist PDF written back to PACS: it could not be printed")
         METRICS.inc("reports_stored_total", len(sr_paths) + (pdf_uid is not None))
-        self.runs.write_report(job.run_id, result)
+        self.runs.write_report(job.run_id, result, html=checklist.html, pdf=checklist.pdf)
         info = {
             "run_id": job.run_id,
             "trigger": job.trigger,
@@ -396,8 +392,4 @@ class StudyPipeline:
 
 def sr_answer(cases: list[CaseResult]) -> Answer | None:
     """One model's answer for its SR (:func:`gateway.sr.merged_answer` of its answered tasks)."""
-    by_task: dict[TaskFamily, Answer] = {}
-    for c in cases:
-        if c.answer is not None:
-            by_task.setdefault(c.task, c.answer)
-    return merged_answer(by_task)
+    return merged_answer((c.task, c.answer) for c in cases if c.answer is not None)

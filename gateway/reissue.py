@@ -113,11 +113,11 @@ def reissue_case(
     if review.signed_off_at is None:
         raise ReissueError("only a signed-off case can be re-issued")
     case = run.case(case_id)
-    by_model: dict[str, dict[TaskFamily, Answer]] = {}
+    by_model: dict[str, list[tuple[TaskFamily, Answer]]] = {}
     for s, _ in reviewed_samples(run.samples_of(case_id)):
         if s.ablation == FULL_INPUT and isinstance(s.answer, Answer):
-            tasks = by_model.setdefault(s.scored.model, {})
-            tasks.setdefault(s.scored.family, corrected_answer(s.answer, answer_key(s), review))
+            corrected = corrected_answer(s.answer, answer_key(s), review)
+            by_model.setdefault(s.scored.model, []).append((s.scored.family, corrected))
     if not by_model:
         raise ReissueError(f"case {case_id!r} has no diagnostic answer to report")
     headers, modality = _source_headers(orthanc, case)
@@ -125,8 +125,8 @@ def reissue_case(
     named = gateway_info(run).get("unverified_sr") or {}
     number = max((_number(d) for d in earlier), default=0) + 1  # next in the series
     uids = []
-    for model, by_task in by_model.items():
-        answer = merged_answer(by_task)
+    for model, answers in by_model.items():
+        answer = merged_answer(answers)
         assert answer is not None
         prior = predecessor(earlier, model, named.get(model))
         sr = build_sr(headers, answer, model, "clinician-reviewed", number, (), modality)
@@ -137,8 +137,8 @@ def reissue_case(
             observer_name=review.reviewer[:64],
             organization=organization,
             replaces=[prior] if prior is not None else [],
+            instance_number=number,
         )
-        signed.InstanceNumber = number
         number += 1
         buf = io.BytesIO()
         pydicom.dcmwrite(buf, signed, enforce_file_format=True)

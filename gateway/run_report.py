@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation.reports.bundle import bundle_images, load_checklist, write_report
-from evaluation.reports.html import render_checklist
+from evaluation.reports.bundle import write_report
 from evaluation.reports.loader import RUNDATA_FILE, save_run
 from evaluation.reports.rundata import RunData
 from evaluation.reports.summary import case_slug
@@ -41,14 +40,13 @@ def write_checklist(run: RunData, folder: Path) -> Checklist:
     if len(run.cases) != 1:
         raise ValueError(f"a gateway run holds one case (the study), not {len(run.cases)}")
     shutil.rmtree(folder, ignore_errors=True)
-    index = write_report(run, folder, pdf=True, workers=1, summary_pdf=False)
+    index = write_report(run, folder, pdf=True, workers=1, summary=False)
     slug = case_slug(run.cases[0].case_id)
-    cl = load_checklist(folder, slug)
     pdf = folder / "cases" / f"{slug}.pdf"
     return Checklist(
         folder=folder,
         run=run,
-        html=render_checklist(cl, bundle_images(folder)(cl)),
+        html=Path(index.cases[run.cases[0].case_id]).read_text(),  # the page, no summary link
         pdf=pdf.read_bytes() if pdf.is_file() else None,
         warnings=list(index.warnings),
     )

@@ -149,14 +149,17 @@ class RunStore:
                 break
         return out
 
-    def write_report(self, run_id: str, result: EvaluationResult) -> None:
+    def write_report(
+        self, run_id: str, result: EvaluationResult, html: str = "", pdf: bytes | None = None
+    ) -> None:
+        """The run's result, and its checklist page and print (when there are)."""
         d = self.run_dir(run_id)
         self._write(d / "report.json", result.model_dump_json(indent=2))
-        if result.html:
-            self._write(d / "report.html", result.html)
-        if result.pdf:
+        if html:
+            self._write(d / "report.html", html)
+        if pdf:
             with atomic_writer(d / "report.pdf", fsync=False) as fh:
-                fh.write(result.pdf)
+                fh.write(pdf)
 
     def report_path(self, run_id: str, kind: str) -> Path:
         path = self.run_dir(run_id) / f"report.{kind}"

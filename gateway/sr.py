@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -280,8 +280,10 @@ def verify_sr(
     organization: str,
     when: datetime | None = None,
     replaces: Sequence[Dataset] | None = None,
+    instance_number: int | None = None,
 ) -> Dataset:
-    """The signed version of an SR: VERIFIED, FINAL, with the verifying observer; new instance.
+    """The signed version of an SR: VERIFIED, FINAL, with the verifying observer; new instance
+    (numbered ``instance_number``, by default the one after ``sr``'s).
 
     Its predecessor documents are ``replaces`` (the stored documents it supersedes; empty: none),
     by default ``sr`` itself. ``sr`` is left as it was.
@@ -291,7 +293,11 @@ def verify_sr(
     new.file_meta = FileMetaDataset(sr.file_meta) if hasattr(sr, "file_meta") else FileMetaDataset()
     new.SOPInstanceUID = generate_uid()
     new.file_meta.MediaStorageSOPInstanceUID = new.SOPInstanceUID
-    new.InstanceNumber = int(sr.get("InstanceNumber", 1) or 1) + 1
+    new.InstanceNumber = (
+        instance_number
+        if instance_number is not None
+        else int(sr.get("InstanceNumber", 1) or 1) + 1
+    )
     new.ContentDate = when.strftime("%Y%m%d")
     new.ContentTime = when.strftime("%H%M%S")
     new.VerificationFlag = "VERIFIED"
@@ -339,11 +345,15 @@ def load_sr(ds: Dataset) -> hd.sr.Comprehensive3DSR:
     return Comprehensive3DSR.from_dataset(ds)
 
 
-def merged_answer(by_task: Mapping[TaskFamily, Answer]) -> Answer | None:
-    """One model's answer for its SR (``by_task``: its answer per task, in run order): the
-    findings from the lesion task, else the first answer's; the diagnosis and differential from
-    the differential task, else the first answer's. The UNVERIFIED SR written back after a run
-    and the VERIFIED one a clinician re-issues are built by this one rule."""
+def merged_answer(answers: Iterable[tuple[TaskFamily, Answer]]) -> Answer | None:
+    """One model's answer for its SR (``answers``: its (task, answer) pairs in run order, the
+    first of each task counts): the findings from the lesion task, else the first answer's; the
+    diagnosis and differential from the differential task, else the first answer's. The
+    UNVERIFIED SR written back after a run and the VERIFIED one a clinician re-issues are built
+    by this one rule."""
+    by_task: dict[TaskFamily, Answer] = {}
+    for task, answer in answers:
+        by_task.setdefault(task, answer)
     if not by_task:
         return None
     first = next(iter(by_task.values()))

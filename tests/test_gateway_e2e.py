@@ -337,11 +337,7 @@ def test_api_evaluation_run_serves_reports_images_metrics_and_audit(
     )
     assert r.status_code == 202, r.text
     run_id = r.json()["run_id"]
-    deadline = time.monotonic() + 60
-    run = gateway.get(f"/runs/{run_id}", gateway.reviewer).json()
-    while run["status"] in ("queued", "running") and time.monotonic() < deadline:
-        time.sleep(0.3)
-        run = gateway.get(f"/runs/{run_id}", gateway.reviewer).json()
+    run = gateway.wait_run(run_id)
     assert run["status"] == "done" and run["progress"] == 1.0 and run["trigger"] == "api", run
     report = gateway.get(f"/runs/{run_id}/report.json", gateway.reviewer).json()
     assert [c["task"] for c in report["cases"]] == ["lesion"]

@@ -105,12 +105,12 @@ def write_report(
     pdf: bool = True,
     reviews: list[CaseReview] | None = None,
     workers: int = 2,
-    summary_pdf: bool = True,
+    summary: bool = True,
 ) -> ReportIndex:
     """Write the checklists and the summary of ``run`` into ``out``.
 
-    ``summary_pdf=False`` prints only the checklists (the gateway: its review pages print the
-    live summary on request)."""
+    ``summary=False`` writes the checklists alone, their pages without a summary link (the
+    gateway: its review pages build the live summary on request)."""
     out = Path(out)
     (out / "cases").mkdir(parents=True, exist_ok=True)
     save_run(run, out / RUNDATA_FILE)
@@ -123,14 +123,15 @@ def write_report(
     ]
     _copy_images(run, checklists, out)
     loaders = bundle_images(out)
-    index = ReportIndex(out=str(out), summary_html=str(out / "summary.html"))
+    index = ReportIndex(out=str(out), summary_html=str(out / "summary.html") if summary else "")
+    summary_href = "../summary.html" if summary else None
     jobs: list[tuple[Path, Path]] = []
 
     def write_case(cl: CaseChecklist) -> tuple[Path, tuple[Path, Path] | None]:
         slug = case_slug(cl.case_id)
         (out / "cases" / f"{slug}.json").write_text(cl.model_dump_json(indent=2))
         html = out / "cases" / f"{slug}.html"
-        html.write_text(render_checklist(cl, loaders(cl), summary_href="../summary.html"))
+        html.write_text(render_checklist(cl, loaders(cl), summary_href=summary_href))
         if not pdf:
             return html, None
         printable = out / "cases" / f".{slug}.print.html"
@@ -143,12 +144,13 @@ def write_report(
             index.cases[cl.case_id] = str(html)
             if job is not None:
                 jobs.append(job)
-    report = build_summary(run, reviews or [], checklists)
-    plots = all_plots(report)
-    (out / "summary.json").write_text(report.model_dump_json(indent=2))
-    (out / "summary.html").write_text(render_summary(report, plots))
+    if summary:
+        report = build_summary(run, reviews or [], checklists)
+        plots = all_plots(report)
+        (out / "summary.json").write_text(report.model_dump_json(indent=2))
+        (out / "summary.html").write_text(render_summary(report, plots))
     if pdf:
-        if summary_pdf:
+        if summary:
             printable = out / ".summary.print.html"
             printable.write_text(render_summary(report, plots, print_mode=True))
             jobs.append((printable, out / "summary.pdf"))
