@@ -5,7 +5,7 @@ A NIfTI file becomes the same record a DICOM stack does, so that everything down
 
 * geometry comes from the NIfTI header only (``img.affine`` already maps voxel (i, j, k) to RAS
   mm; no pixel data is read while indexing);
-* the contrast class comes from the shared header classifier (:func:`dicom.sequences.classify`)
+* the contrast class comes from the shared header classifier (:func:`dicom.classify.classify`)
   fed with a :class:`~dicom.headers.FrameHeader` built from the BIDS sidecar (BIDS timings are in
   seconds and converted to ms) and, for diffusion, from a sibling ``.bval`` file;
 * without a sidecar only the file name is evidence, and the confidence is capped at 0.5.
@@ -31,11 +31,11 @@ import nibabel as nib
 import numpy as np
 from nibabel.affines import voxel_sizes
 
+from dicom.classify import SeriesContext, classify
 from dicom.errors import DecodeError
 from dicom.geometry import plane_of
 from dicom.headers import DEFAULT_MEMORY_CAP, FrameHeader, contrast_agent_or_none
 from dicom.records import NIFTI_SOP_CLASS, FileError, FrameRef, IndexResult, Plane, SeriesInfo
-from dicom.sequences import SeriesContext, classify
 
 # Marks a SeriesInfo read from NIfTI: dicom.pixels dispatches on it to load_nifti_volume.
 NIFTI_SUFFIXES = (".nii.gz", ".nii")

@@ -145,9 +145,10 @@ def choose_diffusion_volume(
 def clear_caches() -> None:
     """Forget what earlier reads and renders left in this process (scan templates, converted
     header values, loaded fonts and rasterised labels), e.g. to time a cold render."""
-    from dicom import fastread, montage
+    from dicom import montage
+    from dicom.headers import clear_caches
 
-    fastread.clear_caches()
+    clear_caches()
     montage.clear_caches()
 
 

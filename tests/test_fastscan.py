@@ -19,11 +19,12 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 from pydicom.tag import BaseTag
 
-from dicom import fastscan
-from dicom.fastread import clear_caches, read_frames_fast
-from dicom.headers import _f, _floats, _i, _s, read_frames
+from dicom.headers import scan
+from dicom.headers.fast import clear_caches, read_frames_fast
+from dicom.headers.frame import _f, _floats, _i, _s
+from dicom.headers.read import read_frames
+from dicom.headers.scanned import _plain_value
 from dicom.index import build_series
-from dicom.scanned import _plain_value
 from dicom.sources import iter_sources
 
 BRAINIX_T2 = "brainix/BRAINIX/DICOM/T2"
@@ -257,9 +258,9 @@ def test_files_scan_alike_with_and_without_templates(corpus: Path, tmp_path: Pat
     clear_caches()
     for path in sorted(tmp_path.iterdir()):
         with open(path, "rb") as fp:
-            a = fastscan.scan_file(fp, path.stat().st_size, templates=True)
+            a = scan.scan_file(fp, path.stat().st_size, templates=True)
         with open(path, "rb") as fp:
-            b = fastscan.scan_file(fp, path.stat().st_size, templates=False)
+            b = scan.scan_file(fp, path.stat().st_size, templates=False)
         assert (a.stop, a.after, a.implicit) == (b.stop, b.after, b.implicit)
         assert {t: (r.VR, r.value) for t, r in a.elements.items()} == {
             t: (r.VR, r.value) for t, r in b.elements.items()

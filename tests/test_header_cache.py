@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from dicom.fastread import clear_caches
-from dicom.header_cache import ENV_VAR, HeaderCache
+from dicom.headers.cache import ENV_VAR, HeaderCache
+from dicom.headers.fast import clear_caches
 from dicom.index import index_path
 
 BRAINIX_T1 = "brainix/BRAINIX/DICOM/T1"

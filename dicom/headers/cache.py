@@ -26,21 +26,15 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from dicom.headers import FrameHeader
+from dicom.headers.frame import FrameHeader
 from dicom.records import FileError
 from dicom.sources import ZIP_SEP
 
 ENV_VAR = "NEUROSANDBOX_HEADER_CACHE"
 _FIELDS = tuple(f.name for f in fields(FrameHeader))
-_CODE = (
-    "headers.py",
-    "multiframe.py",
-    "fastread.py",
-    "fastscan.py",
-    "scanned.py",
-    "scantemplate.py",
-    "sources.py",
-)
+# The sources whose change invalidates the cache: this subpackage and the file walk.
+_HERE = Path(__file__).resolve().parent
+_CODE = (*sorted(f"headers/{p.name}" for p in _HERE.glob("*.py")), "sources.py")
 ReadResult = tuple[str, list[FrameHeader] | None, FileError | None]
 
 
@@ -51,7 +45,7 @@ def cache_dir_from_env() -> Path | None:
 
 def _code_key(memory_cap: int) -> str:
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]
     for name in _CODE:
         h.update((here / name).read_bytes())
     libs = "|".join(_version(name) for name in ("pydicom", "nibabel", "numpy"))

@@ -1,37 +1,27 @@
-"""Header-only reading: one DICOM file -> one FrameHeader per 2D image it holds.
+"""The frame header record and the rules that read each of its fields from a dataset.
 
-Classic objects give one frame; enhanced multi-frame objects give one per frame, with the
-per-frame and shared functional groups flattened; Siemens mosaics give one per tile.
-No pixel data is read here.
+Shared by the pydicom path (dicom.headers.read), the fast path (dicom.headers.fast) and the
+multi-frame splitters (dicom.headers.multiframe).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pydicom
 from pydicom.dataset import Dataset
-from pydicom.errors import InvalidDicomError
 from pydicom.uid import UID
 
-from dicom.errors import (
-    InvalidImageError,
-    NonImageError,
-    NotDicomError,
-    TooLargeError,
-    UnreadableHeaderError,
-)
-from dicom.sources import is_plain_file, open_source
+from dicom.errors import InvalidImageError, NonImageError, TooLargeError
 
 if TYPE_CHECKING:
-    from dicom.scanned import ScannedDataset
+    from dicom.headers.scanned import ScannedDataset
 
 DEFAULT_MEMORY_CAP = 1 << 30  # 1 GiB
 # Values larger than this are not read in the header pass (Siemens XA puts 150 kB blobs there).
-_DEFER_SIZE = 64 * 1024
+DEFER_SIZE = 64 * 1024
 
 NATIVE_LITTLE_ENDIAN = {
     "1.2.840.10008.1.2",  # Implicit VR Little Endian
@@ -104,69 +94,6 @@ class FrameHeader:
     mosaic_slices: int | None = None
     window: tuple[float, float] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
-
-
-def read_frames(
-    path: str, memory_cap: int = DEFAULT_MEMORY_CAP, fast: bool = True
-) -> list[FrameHeader]:
-    """Read the header of one file and return its frames; raise an ImagingError subclass.
-
-    Files go through the fast scanner (dicom.fastscan) first; whatever it does not handle,
-    and any file it finds an error in, is parsed again by pydicom, so that errors and unusual
-    files get pydicom's behaviour and messages. ``fast=False`` forces pydicom.
-    """
-    if fast:
-        from dicom.fastread import read_frames_fast  # imports this module
-
-        frames = read_frames_fast(path, memory_cap)
-        if frames is not None:
-            return frames
-    try:
-        fp = open_source(path, max_bytes=4 * memory_cap)
-    except OSError as exc:
-        raise UnreadableHeaderError(f"{path}: cannot open: {exc}") from exc
-    with fp:
-        head = fp.read(132)
-        fp.seek(0)
-        has_preamble = len(head) == 132 and head[128:132] == b"DICM"
-        if not has_preamble and not _looks_like_raw_dataset(head):
-            raise NotDicomError(f"{path}: not a DICOM file (no DICM preamble, no DICOM tags)")
-        try:
-            ds = pydicom.dcmread(
-                fp, stop_before_pixels=True, defer_size=_DEFER_SIZE, force=not has_preamble
-            )
-            pixel_offset = None
-            if "Rows" in ds or "Columns" in ds:
-                pos = fp.tell()
-                plain = is_plain_file(path)
-                pixel_offset = pixel_data_offset(
-                    path,
-                    pos,
-                    fp.read(12),
-                    _s(getattr(ds.file_meta, "TransferSyntaxUID", "") or ""),
-                    os.fstat(fp.fileno()).st_size if plain else None,
-                )
-            # Touch the elements the index needs now, so that a malformed value fails here.
-            frames = _frames_from_dataset(path, ds, pixel_offset, memory_cap)
-        except RecursionError as exc:
-            raise UnreadableHeaderError(
-                f"{path}: header nests sequences too deeply to parse safely"
-            ) from exc
-        except InvalidDicomError as exc:
-            raise NotDicomError(f"{path}: not a DICOM file ({exc})") from exc
-        except (NonImageError, InvalidImageError, TooLargeError):
-            raise
-        except Exception as exc:
-            raise UnreadableHeaderError(f"{path}: unreadable header: {exc}") from exc
-    return frames
-
-
-def _looks_like_raw_dataset(head: bytes) -> bool:
-    """A DICOM dataset without preamble starts with a group 0x0002 or 0x0008 tag."""
-    if len(head) < 8:
-        return False
-    group = int.from_bytes(head[0:2], "little")
-    return group in (0x0002, 0x0008)
 
 
 _PIXEL_TAGS = (b"\xe0\x7f\x10\x00", b"\xe0\x7f\x08\x00", b"\xe0\x7f\x09\x00")
@@ -324,28 +251,12 @@ def _vendor_diffusion(
     return b, direction
 
 
-def _frames_from_dataset(
-    path: str, ds: Dataset, pixel_offset: int | None, memory_cap: int
-) -> list[FrameHeader]:
-    base = series_fields(path, ds, memory_cap)
-    set_file_fields(base, path, ds, pixel_offset)
-    if "PerFrameFunctionalGroupsSequence" in ds or "SharedFunctionalGroupsSequence" in ds:
-        from dicom.multiframe import enhanced_frames  # imports this module
-
-        return enhanced_frames(base, ds)
-    if "MOSAIC" in base.image_type:
-        from dicom.multiframe import mosaic_frames
-
-        return mosaic_frames(base, ds)
-    return [base]
-
-
 # Elements whose values usually change from file to file within a series, in three tiers.
 # FILE_KEYWORDS are unique to each file; VOLUME_* elements repeat across the files of a volume
 # or b-value; WINDOW_KEYWORDS repeat in some series and change with every slice in others.
 # set_unique_fields reads only the first, set_volume_fields only the second (and series
 # elements), window_of only the third, and series_fields none: so that the fast path
-# (dicom.fastread) can share each tier's fields between files whose raw values for it are
+# (dicom.headers.fast) can share each tier's fields between files whose raw values for it are
 # identical.
 FILE_KEYWORDS = ("SOPInstanceUID", "ImagePositionPatient", "InstanceNumber")
 WINDOW_KEYWORDS = ("WindowCenter", "WindowWidth")
@@ -508,3 +419,8 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
     if len(po) == 2:
         base.extras["patient_orientation"] = po
     return base
+
+
+def text_value(value: Any, limit: int = 256) -> str:
+    """A header value as bounded text (what FrameHeader's text fields hold)."""
+    return _s(value, limit)

@@ -1,6 +1,6 @@
 """Frames of multi-frame objects: enhanced objects (functional groups) and Siemens mosaics.
 
-Split from dicom.headers, which calls these for the objects that need them; both read the
+Split from dicom.headers.read, which calls these for the objects that need them; both read the
 whole header with pydicom (the fast scanner hands these objects over).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from pydicom.dataset import Dataset
 
-from dicom.headers import FrameHeader, _cs, _f, _first_item, _floats, _group_value, _i, _s
+from dicom.headers.frame import FrameHeader, _cs, _f, _first_item, _floats, _group_value, _i, _s
 
 
 def mosaic_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:

@@ -1,4 +1,4 @@
-"""The fast path of the header pass: dicom.fastscan + dicom.scanned + shared fields.
+"""The fast path of the header pass: dicom.headers.elements + dicom.headers.scanned + shared fields.
 
 For a file the fast scanner handles, the fields that are the same for the files of a series
 (dicom.headers.series_fields) are computed once per distinct set of raw series values and
@@ -13,8 +13,9 @@ import os
 from dataclasses import fields
 from typing import Any
 
-from dicom.fastscan import NEEDED_TAGS, keyword_tag, scan_file
-from dicom.headers import (
+from dicom.headers import scanned, template
+from dicom.headers.elements import NEEDED_TAGS, keyword_tag
+from dicom.headers.frame import (
     FILE_KEYWORDS,
     VOLUME_FIELDS,
     VOLUME_KEYWORDS,
@@ -27,7 +28,8 @@ from dicom.headers import (
     set_volume_fields,
     window_of,
 )
-from dicom.scanned import ScannedDataset
+from dicom.headers.scan import scan_file
+from dicom.headers.scanned import ScannedDataset
 from dicom.sources import is_plain_file, open_source
 
 _FILE_TAGS = frozenset(keyword_tag(kw) for kw in FILE_KEYWORDS)
@@ -57,12 +59,11 @@ _MAX_WINDOWS = 4096
 def clear_caches() -> None:
     """Forget what earlier reads left in this process (scan templates, converted values and
     series fields), e.g. to time a cold read."""
-    from dicom import scanned, scantemplate
 
     _SERIES_MEMO.clear()
     _WINDOW_MEMO.clear()
     scanned.clear_memo()
-    scantemplate.clear()
+    template.clear()
 
 
 def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:

@@ -12,7 +12,7 @@ elements. A sibling is scanned along the template in runs:
   needed element its value is taken from the sibling;
 - an element whose length differs too (a UID, a position, a name) is compared by its tag and
   VR, and its length is read from the sibling's header, with the same two outcomes;
-- anything else is walked by ``fastscan.step``, as a file without template would be.
+- anything else is walked by ``elements.step``, as a file without template would be.
 
 What differs is learned from the first siblings. If a walked element has another tag than
 the template's, the template is dropped and the rest of the file is walked element by element.
@@ -27,7 +27,7 @@ from typing import cast
 from pydicom.dataelem import RawDataElement, empty_value_for_VR
 from pydicom.tag import BaseTag
 
-from dicom.fastscan import (
+from dicom.headers.elements import (
     FALLBACK_TAGS,
     NEEDED_TAGS,
     UNDEFINED,

@@ -18,7 +18,7 @@ from pydicom.hooks import hooks
 from pydicom.hooks import raw_element_value as default_raw_element_value
 from pydicom.hooks import raw_element_vr as default_raw_element_vr
 
-from dicom.fastscan import (
+from dicom.headers.elements import (
     CHARSET_TAG,
     FALLBACK_KEYWORDS,
     KEYWORD_TAGS,

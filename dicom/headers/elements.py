@@ -4,10 +4,10 @@ pydicom stays the parser of record. This scanner only walks the element headers 
 little-endian Part 10 file (explicit or implicit VR), keeps the raw bytes of the top-level
 elements in ``NEEDED_TAGS``, steps over everything else by its length (the 150 kB Siemens
 blobs are never decoded) and stops at Pixel Data, where pydicom's ``stop_before_pixels``
-stops. ``dicom.scanned.ScannedDataset`` converts the kept elements with pydicom's own code.
+stops. ``dicom.headers.scanned.ScannedDataset`` converts the kept elements with pydicom's own code.
 
 The files of a series mostly share their bytes. After one full walk, a file becomes a
-template (dicom.scantemplate): later files of the same size compare whole runs of elements
+template (dicom.headers.template): later files of the same size compare whole runs of elements
 against it in C (``bytes.startswith``) and walk only the elements that differ.
 
 Anything unusual raises ``Fallback`` and the caller parses the file with pydicom: no preamble,
@@ -137,7 +137,7 @@ _SPECIAL_TAGS = NEEDED_TAGS | FALLBACK_TAGS | _PIXEL_TAGS
 _ITEM, _ITEM_END, _SEQ_END = 0xFFFEE000, 0xFFFEE00D, 0xFFFEE0DD
 UNDEFINED = 0xFFFFFFFF
 _MAX_DEPTH = 16
-_CHUNK = 16 * 1024
+CHUNK = 16 * 1024
 
 # Explicit VR header size (8 or 12 bytes) by the two VR bytes read as a little-endian uint16;
 # a VR missing from the table is unknown.
@@ -166,11 +166,11 @@ class Reader:
 
     __slots__ = ("base", "data", "fp", "size")
 
-    def __init__(self, fp: Any, size: int, first: int = _CHUNK) -> None:
+    def __init__(self, fp: Any, size: int, first: int = CHUNK) -> None:
         self.fp = fp
         self.size = size
         self.base = 0
-        self.data = fp.read(max(first, _CHUNK))
+        self.data = fp.read(max(first, CHUNK))
 
     def view(self, pos: int, n: int) -> tuple[bytes, int]:
         off = pos - self.base
@@ -178,7 +178,7 @@ class Reader:
             if pos + n > self.size:
                 raise Fallback(f"element at byte {pos} runs past the end of the file")
             self.fp.seek(pos)
-            self.data = self.fp.read(max(n, _CHUNK))
+            self.data = self.fp.read(max(n, CHUNK))
             self.base, off = pos, 0
         return self.data, off
 
@@ -222,62 +222,7 @@ class ScannedHeader:
         return tuple(out)
 
 
-def scan_file(fp: Any, size: int, templates: bool = True) -> ScannedHeader:
-    """Scan an open plain file of ``size`` bytes; raise Fallback when pydicom must parse it.
-
-    ``templates=False`` walks every element (no comparison with earlier files).
-    """
-    from dicom import scantemplate
-
-    tmpl = scantemplate.find(size) if templates else None
-    rd = Reader(fp, size, tmpl.read_hint if tmpl is not None else _CHUNK)
-    head = rd.data
-    if len(head) < 140 or head[128:132] != b"DICM":
-        raise Fallback("no DICM preamble")
-    meta, pos = _scan_meta(rd, 132)
-    ts_raw = meta.get(TS_TAG)
-    if ts_raw is None or not ts_raw.value:
-        raise Fallback("no transfer syntax in the file meta")
-    ts = ts_raw.value.decode("ascii", "replace").rstrip("\x00 ")
-    if ts == IMPLICIT_LE:
-        implicit = True
-    elif ts in EXPLICIT_LE_SYNTAXES:
-        implicit = False
-    else:
-        raise Fallback(f"transfer syntax {ts!r} is not scanned")
-    if pos >= size:
-        raise Fallback("no dataset after the file meta")
-    data, off = rd.view(pos, min(8, size - pos))
-    if len(data) - off >= 6:
-        if data[off] == 0 and data[off + 1] == 0:
-            raise Fallback("command set group present")
-        vr0, vr1 = data[off + 4], data[off + 5]
-        looks_explicit = 0x40 < vr0 < 0x5B and 0x40 < vr1 < 0x5B
-        if looks_explicit == implicit:
-            raise Fallback("dataset VR encoding differs from its transfer syntax")
-    elements: dict[int, RawDataElement] = {}
-    start = pos
-    stop = -1
-    if tmpl is not None and tmpl.implicit == implicit:
-        pos, matched = tmpl.follow(rd, pos, elements)
-        if pos < 0:
-            stop = -pos - 1
-        if not matched:
-            scantemplate.forget(tmpl)
-    if stop < 0:
-        bounds: list[int] | None = [] if templates and tmpl is None else None
-        stop = scan_dataset(rd, pos, implicit, elements, bounds)
-        if bounds is not None:
-            scantemplate.remember(rd, implicit, start, bounds, stop, elements)
-    after = b""
-    if stop < size:
-        n = min(12, size - stop)
-        data, off = rd.view(stop, n)
-        after = bytes(data[off : off + n])
-    return ScannedHeader(meta, elements, implicit, stop, after, size)
-
-
-def _scan_meta(rd: Reader, pos: int) -> tuple[dict[int, RawDataElement], int]:
+def scan_meta(rd: Reader, pos: int) -> tuple[dict[int, RawDataElement], int]:
     """File meta elements (explicit VR little endian) up to the first non-0002 group."""
     meta: dict[int, RawDataElement] = {}
     last = -1

@@ -1,0 +1,108 @@
+"""Header-only reading of one file: one FrameHeader per 2D image it holds.
+
+Classic objects give one frame; enhanced multi-frame objects give one per frame, with the
+per-frame and shared functional groups flattened; Siemens mosaics give one per tile.
+No pixel data is read here. The fast scanner (dicom.headers.fast) reads most files; pydicom
+reads the rest, and every file the scanner finds an error in.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pydicom
+from pydicom.dataset import Dataset
+from pydicom.errors import InvalidDicomError
+
+from dicom.errors import (
+    InvalidImageError,
+    NonImageError,
+    NotDicomError,
+    TooLargeError,
+    UnreadableHeaderError,
+)
+from dicom.headers.fast import read_frames_fast
+from dicom.headers.frame import (
+    DEFAULT_MEMORY_CAP,
+    DEFER_SIZE,
+    FrameHeader,
+    pixel_data_offset,
+    series_fields,
+    set_file_fields,
+    text_value,
+)
+from dicom.headers.multiframe import enhanced_frames, mosaic_frames
+from dicom.sources import is_plain_file, open_source
+
+
+def read_frames(
+    path: str, memory_cap: int = DEFAULT_MEMORY_CAP, fast: bool = True
+) -> list[FrameHeader]:
+    """Read the header of one file and return its frames; raise an ImagingError subclass.
+
+    Files go through the fast scanner (dicom.headers.scan) first; whatever it does not handle,
+    and any file it finds an error in, is parsed again by pydicom, so that errors and unusual
+    files get pydicom's behaviour and messages. ``fast=False`` forces pydicom.
+    """
+    if fast:
+        frames = read_frames_fast(path, memory_cap)
+        if frames is not None:
+            return frames
+    try:
+        fp = open_source(path, max_bytes=4 * memory_cap)
+    except OSError as exc:
+        raise UnreadableHeaderError(f"{path}: cannot open: {exc}") from exc
+    with fp:
+        head = fp.read(132)
+        fp.seek(0)
+        has_preamble = len(head) == 132 and head[128:132] == b"DICM"
+        if not has_preamble and not _looks_like_raw_dataset(head):
+            raise NotDicomError(f"{path}: not a DICOM file (no DICM preamble, no DICOM tags)")
+        try:
+            ds = pydicom.dcmread(
+                fp, stop_before_pixels=True, defer_size=DEFER_SIZE, force=not has_preamble
+            )
+            pixel_offset = None
+            if "Rows" in ds or "Columns" in ds:
+                pos = fp.tell()
+                plain = is_plain_file(path)
+                pixel_offset = pixel_data_offset(
+                    path,
+                    pos,
+                    fp.read(12),
+                    text_value(getattr(ds.file_meta, "TransferSyntaxUID", "") or ""),
+                    os.fstat(fp.fileno()).st_size if plain else None,
+                )
+            # Touch the elements the index needs now, so that a malformed value fails here.
+            frames = _frames_from_dataset(path, ds, pixel_offset, memory_cap)
+        except RecursionError as exc:
+            raise UnreadableHeaderError(
+                f"{path}: header nests sequences too deeply to parse safely"
+            ) from exc
+        except InvalidDicomError as exc:
+            raise NotDicomError(f"{path}: not a DICOM file ({exc})") from exc
+        except (NonImageError, InvalidImageError, TooLargeError):
+            raise
+        except Exception as exc:
+            raise UnreadableHeaderError(f"{path}: unreadable header: {exc}") from exc
+    return frames
+
+
+def _looks_like_raw_dataset(head: bytes) -> bool:
+    """A DICOM dataset without preamble starts with a group 0x0002 or 0x0008 tag."""
+    if len(head) < 8:
+        return False
+    group = int.from_bytes(head[0:2], "little")
+    return group in (0x0002, 0x0008)
+
+
+def _frames_from_dataset(
+    path: str, ds: Dataset, pixel_offset: int | None, memory_cap: int
+) -> list[FrameHeader]:
+    base = series_fields(path, ds, memory_cap)
+    set_file_fields(base, path, ds, pixel_offset)
+    if "PerFrameFunctionalGroupsSequence" in ds or "SharedFunctionalGroupsSequence" in ds:
+        return enhanced_frames(base, ds)
+    if "MOSAIC" in base.image_type:
+        return mosaic_frames(base, ds)
+    return [base]
