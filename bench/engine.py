@@ -149,8 +149,8 @@ def run_ours(
 ) -> tuple[float, float]:
     """Wall time of one run, and the CPU it took (the run's process and its litellm workers)."""
     from evaluation.datasets import DatasetSpec, load_dataset
+    from evaluation.modelio import GenerateConfig
     from evaluation.models import create_model, resolve_specs
-    from evaluation.records import GenerateConfig
     from evaluation.runconfig import RunConfig
     from evaluation.runner import Runner
     from evaluation.store import RunStore

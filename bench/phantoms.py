@@ -6,7 +6,7 @@
    and grid caches are warmed by one untimed case first, as in any suite run.
 2. Writer peer, same run, interleaved: the series of one full MR+contrast case written
    (a) by plain pydicom, one Dataset per slice + dcmwrite(enforce_file_format=True), and
-   (b) by dicom.phantoms.dicomio.SeriesWriter (header encoded once, per-slice parts spliced),
+   (b) by evaluation.datasets.phantoms.dicomio.SeriesWriter (header encoded once, per-slice parts spliced),
    byte-identical output; median of N, ratio ours / pydicom.
 Run: .venv/bin/python bench/phantoms.py [--reps 3] [--cases 1,2,3]
 """
@@ -30,16 +30,16 @@ from pydicom.dataset import Dataset
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dicom.phantoms import case_spec, generate_case  # noqa: E402
-from dicom.phantoms.acquire import acquire_diffusion, acquire_mr  # noqa: E402
-from dicom.phantoms.anatomy import get_anatomy  # noqa: E402
-from dicom.phantoms.atlas import get_atlas  # noqa: E402
-from dicom.phantoms.dicomio import SeriesWriter, full_dataset  # noqa: E402
-from dicom.phantoms.grids import MR_AXIAL, SAG_T1, grid_tissues  # noqa: E402
-from dicom.phantoms.lesions import plan_lesions  # noqa: E402
-from dicom.phantoms.scene import build_scene  # noqa: E402
-from dicom.phantoms.series import StudyHeader, series_instances  # noqa: E402
-from dicom.phantoms.tissue import protocols  # noqa: E402
+from evaluation.datasets.phantoms import case_spec, generate_case  # noqa: E402
+from evaluation.datasets.phantoms.acquire import acquire_diffusion, acquire_mr  # noqa: E402
+from evaluation.datasets.phantoms.anatomy import get_anatomy  # noqa: E402
+from evaluation.datasets.phantoms.atlas import get_atlas  # noqa: E402
+from evaluation.datasets.phantoms.dicomio import SeriesWriter, full_dataset  # noqa: E402
+from evaluation.datasets.phantoms.grids import MR_AXIAL, SAG_T1, grid_tissues  # noqa: E402
+from evaluation.datasets.phantoms.lesions import plan_lesions  # noqa: E402
+from evaluation.datasets.phantoms.scene import build_scene  # noqa: E402
+from evaluation.datasets.phantoms.series import StudyHeader, series_instances  # noqa: E402
+from evaluation.datasets.phantoms.tissue import protocols  # noqa: E402
 
 
 def _timed(fn: Callable[[], None]) -> tuple[float, float]:

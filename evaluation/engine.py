@@ -16,10 +16,10 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from evaluation.case import Case
 from evaluation.datasets import Dataset, load_dataset
 from evaluation.errors import DatasetError, StoreError
 from evaluation.prompts import default_prompts
-from evaluation.records import Case
 from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
 from evaluation.scoring_bridge import rescore_run, scoring_snapshot

@@ -158,11 +158,12 @@ def eval_command(
     durable: Annotated[bool, typer.Option("--durable", help="fsync every commit")] = False,
 ) -> None:
     """Run models on a dataset: every response is stored before it is scored; resumable."""
+    from evaluation.case import TaskFamily
     from evaluation.datasets import DatasetSpec
     from evaluation.engine import start_run
+    from evaluation.modelio import GenerateConfig
     from evaluation.models import resolve_specs
     from evaluation.phi import PHIPolicy
-    from evaluation.records import GenerateConfig, TaskFamily
     from evaluation.runconfig import RunConfig
     from evaluation.tasks import Ablation
     from gateway.settings import get_settings

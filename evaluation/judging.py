@@ -15,9 +15,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from evaluation.answers import Answer
 from evaluation.models import ModelSpec, create_model
 from evaluation.phi import PHIGate, is_trusted, scrub_text
-from evaluation.records import Answer
 
 JUDGE_FILE = "judge.json"
 

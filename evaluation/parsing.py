@@ -18,8 +18,10 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, Field, ValidationError
 
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.case import TaskFamily
 from evaluation.prompts import PromptSet, default_prompts
-from evaluation.records import Answer, ClassificationAnswer, ParseStatus, TaskFamily
+from evaluation.scores import ParseStatus
 from evaluation.tasks import REQUIRED_KEYS, schema_name
 
 MAX_REPLY_CHARS = 400_000

@@ -27,9 +27,10 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field
 
+from evaluation.case import Case
 from evaluation.ehr import identifying_terms
 from evaluation.errors import PHIError
-from evaluation.records import Case, ImagePart, Message, TextPart
+from evaluation.modelio import ImagePart, Message, TextPart
 
 LOOPBACK = "loopback"
 REDACTED = "[REDACTED]"

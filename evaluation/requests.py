@@ -11,8 +11,8 @@ import hashlib
 import json
 from typing import Any
 
+from evaluation.modelio import GenerateConfig, Message, TextPart
 from evaluation.models.spec import ModelSpec
-from evaluation.records import GenerateConfig, Message, TextPart
 
 
 def cache_key(

@@ -9,10 +9,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from evaluation.case import TaskFamily
 from evaluation.datasets import DatasetSpec
+from evaluation.modelio import GenerateConfig
 from evaluation.models.spec import ModelSpec
 from evaluation.phi import PHIPolicy
-from evaluation.records import GenerateConfig, TaskFamily
 from evaluation.tasks import DEFAULT_MAX_IMAGES, Ablation
 
 PACKAGES = (

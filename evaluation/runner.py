@@ -17,27 +17,26 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
+from evaluation.case import Case, TaskFamily
 from evaluation.datasets import Dataset, ImageStore
 from evaluation.errors import StoreError
+from evaluation.modelio import (
+    GenerateConfig,
+    ImagePart,
+    Message,
+    ModelAdapter,
+    ModelOutput,
+    TextPart,
+)
 from evaluation.models import create_model
 from evaluation.models.context import RequestContext, current_request
 from evaluation.models.spec import ModelSpec
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.phi import GateResult, PHIGate, audit_record
 from evaluation.prompts import PromptSet, default_prompts
-from evaluation.records import (
-    Case,
-    GenerateConfig,
-    ImagePart,
-    Message,
-    ModelAdapter,
-    ModelOutput,
-    ParseStatus,
-    TaskFamily,
-    TextPart,
-)
 from evaluation.requests import cache_key, prompt_hash, request_record
 from evaluation.runconfig import RunConfig
+from evaluation.scores import ParseStatus
 from evaluation.scoring_bridge import ScoringBridge, parsed_record, total_output
 from evaluation.store import RunStore
 from evaluation.store_writes import (

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from evaluation.case import TaskFamily
 from evaluation.engine_cli import ProgressBar, _fail, _show, print_run, table_console
 from evaluation.errors import EvaluationError
-from evaluation.records import TaskFamily
 
 runs_app = typer.Typer(
     help="List, show, resume, re-score and export evaluation runs.", no_args_is_help=True

@@ -12,9 +12,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from evaluation.case import Case, TaskFamily
+from evaluation.modelio import ModelOutput
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.prompts import PromptSet, default_prompts
-from evaluation.records import Case, ErrorLabel, ModelOutput, ParseStatus, Score, TaskFamily
+from evaluation.scores import ErrorLabel, ParseStatus, Score
 from evaluation.store import RunStore, sample_id
 from evaluation.units import shown_case
 

@@ -23,9 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from evaluation.case import Case
 from evaluation.errors import StoreError
+from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
-from evaluation.records import Case, ErrorLabel, ModelOutput, Score
+from evaluation.scores import ErrorLabel, Score
 from evaluation.store_writes import (
     GroupCommitter,
     Statements,

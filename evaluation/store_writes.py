@@ -16,8 +16,9 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
+from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
-from evaluation.records import ErrorLabel, ModelOutput, Score
+from evaluation.scores import ErrorLabel, Score
 
 if TYPE_CHECKING:
     from evaluation.store import RunStore

@@ -16,10 +16,11 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
+from evaluation.case import Case, ImageRef, Question, TaskFamily
 from evaluation.ehr import ehr_text
 from evaluation.errors import PromptError
+from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.prompts import PromptSet, to_parts
-from evaluation.records import Case, ImagePart, ImageRef, Message, Question, TaskFamily, TextPart
 
 
 class Ablation(StrEnum):

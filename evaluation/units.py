@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from evaluation.case import Case, ImageRef
 from evaluation.models.spec import ModelSpec
-from evaluation.records import Case, ImageRef
 from evaluation.tasks import TaskItem
 
 

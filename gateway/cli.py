@@ -235,7 +235,7 @@ from evaluation.reports.cli import report_command  # noqa: E402 (reports)
 app.command("report")(report_command)
 
 
-from dicom.phantoms.cli import phantoms_command  # noqa: E402 (phantom suite)
+from evaluation.datasets.phantoms.cli import phantoms_command  # noqa: E402 (phantom suite)
 
 app.command("phantoms")(phantoms_command)
 

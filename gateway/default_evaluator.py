@@ -23,24 +23,19 @@ from pathlib import Path
 
 from dicom.index import index_path
 from dicom.records import IndexResult
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.case import Case as EvalCase
+from evaluation.case import ImageRef, Provenance, TaskFamily
 from evaluation.datasets import Dataset, DatasetSpec, dataset_hash
 from evaluation.datasets.rendering import RenderPlan, render_study
 from evaluation.engine import start_run
+from evaluation.modelio import GenerateConfig
 from evaluation.models import resolve_specs
 from evaluation.phi import PHIPolicy
-from evaluation.records import (
-    Answer,
-    ClassificationAnswer,
-    GenerateConfig,
-    ImageRef,
-    ParseStatus,
-    Provenance,
-    TaskFamily,
-)
-from evaluation.records import Case as EvalCase
 from evaluation.reports.rundata import SampleResult
 from evaluation.reports.storeread import run_from_store
 from evaluation.runconfig import RunConfig
+from evaluation.scores import ParseStatus
 from evaluation.store import STORE_FILE, RunStore
 from gateway.cache import check_uid
 from gateway.pipeline import CaseResult, EvaluationResult

@@ -47,8 +47,8 @@ def _done(t0: float, text: str = "") -> None:
 
 
 def _suite(out: Path, cases: int, seed: int) -> Path:
-    from dicom.phantoms import SuiteManifest, generate_suite
-    from dicom.phantoms.series import GENERATOR_VERSION
+    from evaluation.datasets.phantoms import SuiteManifest, generate_suite
+    from evaluation.datasets.phantoms.series import GENERATOR_VERSION
 
     suite = out / "suite"
     manifest = suite / "suite.json"
@@ -148,7 +148,8 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
     """One UNVERIFIED SR per model and the checklist PDF into each case's study in Orthanc.
 
     Returns the Orthanc ids of the instances stored."""
-    from evaluation.records import Answer, TaskFamily
+    from evaluation.answers import Answer
+    from evaluation.case import TaskFamily
     from evaluation.reports import load_run
     from gateway.orthanc import OrthancClient
     from gateway.sr import build_pdf, build_sr, merged_answer

@@ -25,8 +25,10 @@ import pydicom
 from pydantic import BaseModel, Field
 
 from dicom.index import index_path
-from evaluation.records import Answer, Finding, ImageRef, ParseStatus, Score, TaskFamily
+from evaluation.answers import Answer, Finding
+from evaluation.case import ImageRef, TaskFamily
 from evaluation.reports.rundata import RunData
+from evaluation.scores import ParseStatus, Score
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.metrics import METRICS

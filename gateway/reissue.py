@@ -13,7 +13,8 @@ import io
 import pydicom
 from pydicom.dataset import Dataset
 
-from evaluation.records import Answer, Case, DifferentialItem, Finding, TaskFamily
+from evaluation.answers import Answer, DifferentialItem, Finding
+from evaluation.case import Case, TaskFamily
 from evaluation.reports.checklist import answer_key, reviewed_samples
 from evaluation.reports.reviews import CaseReview, Verdict
 from evaluation.reports.rundata import FULL_INPUT, RunData

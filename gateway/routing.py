@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dicom.records import CLINICAL_CLASSES, SequenceClass
-from evaluation.records import TaskFamily
+from evaluation.case import TaskFamily
 
 REFERENCE_MODEL = "reference/image-rules"
 CLINICAL = [c.value for c in SequenceClass if c in CLINICAL_CLASSES]  # in enum order

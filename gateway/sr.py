@@ -35,7 +35,8 @@ from pydicom.sr.codedict import codes
 from pydicom.tag import Tag
 from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
-from evaluation.records import Answer, Finding, TaskFamily
+from evaluation.answers import Answer, Finding
+from evaluation.case import TaskFamily
 from gateway.cache import InvalidUIDError, check_uid
 
 ENCAPSULATED_PDF_STORAGE = "1.2.840.10008.5.1.4.1.1.104.1"
@@ -44,7 +45,7 @@ LOCAL_SCHEME = "99NEUROSANDBOX"
 DIAGNOSIS = CodedConcept("439401001", "SCT", "Diagnosis")
 DEVICE_UID = generate_uid(entropy_srcs=["neurosandbox-device"])
 
-# The atlas regions of evaluation.records.REGIONS; SNOMED CT where the code is in pydicom's
+# The atlas regions of evaluation.case.REGIONS; SNOMED CT where the code is in pydicom's
 # dictionary, a local code otherwise (never a guessed SNOMED code).
 _REGION_CODES: dict[str, tuple[str, str, str]] = {
     "frontal": ("83251001", "SCT", "Frontal lobe"),

@@ -1,4 +1,4 @@
-"""Small synthetic MR studies for the gateway tests (until dicom/phantoms lands).
+"""Small synthetic MR studies for the gateway tests (until evaluation/datasets/phantoms lands).
 
 A head (ellipse), ventricles, and on FLAIR/T2 one bright lesion in the patient's left or right
 hemisphere; headers classify as FLAIR/T2/T1 by their physics (TR/TE/TI, ScanningSequence).

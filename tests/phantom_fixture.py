@@ -38,17 +38,17 @@ PHANTOM_MORE = {
 class PhantomSuite:
     root: Path
     seed: int
-    manifest: object  # dicom.phantoms.SuiteManifest
+    manifest: object  # evaluation.datasets.phantoms.SuiteManifest
     cases: dict[str, int] = field(default_factory=lambda: dict(PHANTOM_CASES))
 
     def case_dir(self, key: str) -> Path:
-        from dicom.phantoms import case_spec
+        from evaluation.datasets.phantoms import case_spec
 
         return self.root / case_spec(self.cases[key]).case_id
 
 
 def _generate(root: Path, cases: dict[str, int]) -> PhantomSuite:
-    from dicom.phantoms import generate_suite
+    from evaluation.datasets.phantoms import generate_suite
 
     manifest = generate_suite(root, max(cases.values()), PHANTOM_SEED, only=sorted(cases.values()))
     return PhantomSuite(root, PHANTOM_SEED, manifest, dict(cases))
@@ -72,7 +72,7 @@ class Study:
 
     def __init__(self, folder: Path) -> None:
         from dicom.index import index_path
-        from evaluation.records import Case
+        from evaluation.case import Case
 
         self.folder = folder
         self.case = Case.model_validate_json((folder / "case.json").read_text(encoding="utf-8"))

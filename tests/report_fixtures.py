@@ -11,18 +11,11 @@ from gateway_synth import make_study
 from scoring_cases import ms_case, normal_case, stroke_case
 
 from dicom.render import RenderOptions, render_path
-from evaluation.records import (
-    Answer,
-    Case,
-    DifferentialItem,
-    Finding,
-    ImageRef,
-    ModelOutput,
-    ParseStatus,
-    SequenceIdentified,
-    TaskFamily,
-)
+from evaluation.answers import Answer, DifferentialItem, Finding, SequenceIdentified
+from evaluation.case import Case, ImageRef, TaskFamily
+from evaluation.modelio import ModelOutput
 from evaluation.reports.rundata import RunData, SampleResult
+from evaluation.scores import ParseStatus
 from evaluation.scoring import make_scored_sample
 
 XSS_MODEL = '<script>alert("model")</script><img src=x onerror=alert(1)>'

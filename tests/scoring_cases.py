@@ -1,25 +1,22 @@
 """Phantom-like cases for the scoring tests: the diagnoses, regions and signals the phantom
-suite uses (dicom.phantoms), written by hand so each test states exactly what the truth is."""
+suite uses (evaluation.datasets.phantoms), written by hand so each test states exactly what the truth is."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from evaluation.records import (
-    Answer,
+from evaluation.answers import Answer, DifferentialItem, Finding, SequenceIdentified
+from evaluation.case import (
     Case,
     Diagnosis,
-    DifferentialItem,
     Difficulty,
     DiseaseGroup,
     Enhancement,
-    Finding,
     GroundTruth,
     Hemisphere,
     ImageRef,
     LesionTruth,
     Provenance,
-    SequenceIdentified,
     Signal,
 )
 

@@ -14,9 +14,7 @@ import pytest
 from engine_helpers import brain_png, data_uri, phantom_subset, write_nmb
 from PIL import Image
 
-from evaluation.datasets import DatasetSpec, ImageStore, detect_kind, load_dataset
-from evaluation.errors import DatasetError
-from evaluation.records import (
+from evaluation.case import (
     Case,
     Diagnosis,
     DiseaseGroup,
@@ -27,6 +25,8 @@ from evaluation.records import (
     Signal,
     TaskFamily,
 )
+from evaluation.datasets import DatasetSpec, ImageStore, detect_kind, load_dataset
+from evaluation.errors import DatasetError
 from evaluation.tasks import images_for, plan_tasks
 
 

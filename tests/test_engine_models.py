@@ -14,19 +14,14 @@ import pytest
 from engine_helpers import brain_png, server_spec
 from openai_server import Fault, OpenAIServer, Script
 
+from evaluation.case import TaskFamily
+from evaluation.modelio import GenerateConfig, ImagePart, Message, TextPart
 from evaluation.models import create_model, resolve_specs
 from evaluation.models.context import RequestContext, current_request
 from evaluation.models.limiter import AdaptiveLimiter
 from evaluation.models.litellm_adapter import LiteLLMAdapter
 from evaluation.parsing import parse_answer
-from evaluation.records import (
-    GenerateConfig,
-    ImagePart,
-    Message,
-    ParseStatus,
-    TaskFamily,
-    TextPart,
-)
+from evaluation.scores import ParseStatus
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 CFG = GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=300, seed=5, timeout_s=10)

@@ -9,23 +9,13 @@ from pathlib import Path
 import pytest
 from engine_helpers import brain_png
 
+from evaluation.case import Case, Diagnosis, GroundTruth, ImageRef, Provenance, TaskFamily, Turn
 from evaluation.ehr import ehr_text, identifying_terms
+from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.parsing import json_candidates, parse_answer
 from evaluation.phi import PHIGate, PHIPolicy, is_trusted, png_text_chunks, scrub_text
 from evaluation.prompts import PromptSet, default_prompts, to_parts
-from evaluation.records import (
-    Case,
-    Diagnosis,
-    GroundTruth,
-    ImagePart,
-    ImageRef,
-    Message,
-    ParseStatus,
-    Provenance,
-    TaskFamily,
-    TextPart,
-    Turn,
-)
+from evaluation.scores import ParseStatus
 from evaluation.tasks import Ablation, TaskItem, build_turns, images_for, plan_tasks
 
 BUNDLE = {

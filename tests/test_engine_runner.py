@@ -16,13 +16,14 @@ import pytest
 from engine_helpers import phantom_subset, server_spec, write_nmb
 from openai_server import Fault, OpenAIServer, Script
 
+from evaluation.case import TaskFamily
 from evaluation.datasets import DatasetSpec
 from evaluation.engine import open_dataset, rescore, resume_run, start_run
 from evaluation.errors import StoreError
 from evaluation.export import export_run
+from evaluation.modelio import GenerateConfig
 from evaluation.models import resolve_specs
 from evaluation.phi import PHIPolicy
-from evaluation.records import GenerateConfig, TaskFamily
 from evaluation.runconfig import RunConfig
 from evaluation.store import RunStore, sample_id
 

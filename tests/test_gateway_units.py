@@ -16,8 +16,10 @@ from highdicom.sr import Comprehensive3DSR
 from openai_server import OpenAIServer
 from pydicom.uid import generate_uid
 
-from evaluation.records import Answer, DifferentialItem, Finding, ParseStatus, TaskFamily
+from evaluation.answers import Answer, DifferentialItem, Finding
+from evaluation.case import TaskFamily
 from evaluation.reports import load_run
+from evaluation.scores import ParseStatus
 from evaluation.store import RunStore
 from gateway.auth import Role, TokenStore
 from gateway.cache import InstanceCache, InvalidUIDError, atomic_writer, check_uid

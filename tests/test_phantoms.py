@@ -15,7 +15,7 @@ from phantom_fixture import PHANTOM_CASES, PhantomSuite, Study, centres, flat, s
 from scipy import ndimage
 
 from dicom.pixels import load_volume
-from evaluation.records import Difficulty, DiseaseGroup, Signal, TaskFamily
+from evaluation.case import Difficulty, DiseaseGroup, Signal, TaskFamily
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_mask_labels_are_the_lesions_and_lie_where_the_truth_says(
 def test_flair_inside_ms_plaques_is_brighter_than_surrounding_white_matter(
     studies: dict[str, Study],
 ) -> None:
-    from dicom.phantoms.anatomy import get_anatomy
+    from evaluation.datasets.phantoms.anatomy import get_anatomy
 
     st = studies["ms"]
     flair, aff = st.volume("FLAIR")
@@ -157,7 +157,7 @@ def test_haematoma_is_60_to_85_hu_on_ct_and_dark_with_no_mr_here(studies: dict[s
 
 
 def test_enhancement_shows_only_on_t1c(studies: dict[str, Study]) -> None:
-    from dicom.phantoms.tissue import TissueParams, protocols, signal
+    from evaluation.datasets.phantoms.tissue import TissueParams, protocols, signal
 
     st = studies["gbm"]
     pre = [

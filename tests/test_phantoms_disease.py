@@ -17,7 +17,7 @@ import pytest
 from phantom_fixture import MIRROR, PhantomSuite, Studies, Study, centres, flat, sample
 from scipy import ndimage
 
-from evaluation.records import Signal
+from evaluation.case import Signal
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def studies(phantom_suite: PhantomSuite, phantom_more: PhantomSuite) -> Studies:
 
 @functools.cache
 def _parenchyma() -> np.ndarray:
-    from dicom.phantoms.anatomy import get_anatomy
+    from evaluation.datasets.phantoms.anatomy import get_anatomy
 
     a = get_anatomy()
     return a.fraction("gm") + a.fraction("wm")
@@ -35,7 +35,7 @@ def _parenchyma() -> np.ndarray:
 
 def _brain_at(pts: np.ndarray) -> np.ndarray:
     """Grey + white matter fraction of the normal head at RAS points."""
-    from dicom.phantoms.anatomy import get_anatomy
+    from evaluation.datasets.phantoms.anatomy import get_anatomy
 
     return get_anatomy().sample(_parenchyma(), pts)
 
@@ -91,7 +91,7 @@ def _lesion_points(st: Study, label: int = 1) -> np.ndarray:
 def test_aca_and_pca_infarcts_lie_in_their_territories_bright_on_dwi_dark_on_adc(
     studies: Studies,
 ) -> None:
-    from dicom.phantoms.atlas import DEEP, LOBES, deep_structure, lobe
+    from evaluation.datasets.phantoms.atlas import DEEP, LOBES, deep_structure, lobe
 
     for key, territory, lobes in (
         ("aca-hyperacute", "ACA", ("frontal", "parietal")),
@@ -170,7 +170,7 @@ def test_haematoma_is_dark_on_swi_and_ringed_by_hypodense_oedema_on_ct(
 def test_metastases_are_several_enhancing_lesions_at_the_grey_white_junction(
     studies: Studies,
 ) -> None:
-    from dicom.phantoms.atlas import get_atlas
+    from evaluation.datasets.phantoms.atlas import get_atlas
 
     st = studies["mets"]
     lesions = st.truth.lesions
@@ -200,8 +200,8 @@ def test_metastases_are_several_enhancing_lesions_at_the_grey_white_junction(
 def test_ring_enhancing_walls_enclose_their_core(studies: Studies) -> None:
     """The enhancing wall of a glioblastoma or a ring metastasis is closed: necrosis never
     reaches the lesion's surface, whatever the draw of the eccentric, irregular core."""
-    from dicom.phantoms.atlas import get_atlas
-    from dicom.phantoms.lesions import plan_lesions
+    from evaluation.datasets.phantoms.atlas import get_atlas
+    from evaluation.datasets.phantoms.lesions import plan_lesions
 
     for key in ("gbm", "mets"):
         st = studies[key]
@@ -235,7 +235,7 @@ def test_ring_enhancing_walls_enclose_their_core(studies: Studies) -> None:
 
 def _inner_table_mm(st: Study, label: int = 1) -> tuple[np.ndarray, float]:
     """mm from each voxel of a lesion, and from its centre, to the inner table of the skull."""
-    from dicom.phantoms.anatomy import get_anatomy
+    from evaluation.datasets.phantoms.anatomy import get_anatomy
 
     inside = st.mask == label
     idx = np.argwhere(inside)
@@ -276,7 +276,7 @@ def test_meningioma_sits_on_the_dura_and_enhances_homogeneously(studies: Studies
 
 
 def test_ms_plaques_include_t1_black_holes_and_enhancing_plaques(studies: Studies) -> None:
-    from dicom.phantoms.anatomy import get_anatomy
+    from evaluation.datasets.phantoms.anatomy import get_anatomy
 
     st = studies["ms"]
     facts = st.case.provenance.extra["lesion_facts"]
@@ -327,9 +327,9 @@ def test_ms_plaques_include_t1_black_holes_and_enhancing_plaques(studies: Studie
 @pytest.mark.parametrize("index", [2, 12, 22])
 def test_every_ms_case_has_a_black_hole_and_l1_l3_an_enhancing_plaque(index: int) -> None:
     """Over many seeds (plans only, no images): the guarantee holds whatever the draws."""
-    from dicom.phantoms import case_spec
-    from dicom.phantoms.atlas import get_atlas
-    from dicom.phantoms.lesions import plan_lesions
+    from evaluation.datasets.phantoms import case_spec
+    from evaluation.datasets.phantoms.atlas import get_atlas
+    from evaluation.datasets.phantoms.lesions import plan_lesions
 
     spec = case_spec(index)
     assert spec.group == "ms"
@@ -356,7 +356,7 @@ def test_lesion_region_and_lobe_agree_with_the_atlas_at_the_lesion_centre(
 ) -> None:
     """Truth names a lesion by where most of it lies; the atlas at its centre must agree,
     allowing 3 mm for a centre that sits on a lobe boundary (central sulcus, Sylvian line)."""
-    from dicom.phantoms.atlas import DEEP, LOBES, get_atlas
+    from evaluation.datasets.phantoms.atlas import DEEP, LOBES, get_atlas
 
     atlas = get_atlas()
     ball = np.array([(i, j, k) for i in (-3, 0, 3) for j in (-3, 0, 3) for k in (-3, 0, 3)])

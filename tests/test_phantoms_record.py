@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from phantom_fixture import PhantomSuite
 
-from evaluation.records import Case, DiseaseGroup, Enhancement
+from evaluation.case import Case, DiseaseGroup, Enhancement
 
 TEMPERATURE, CRP, WBC = "8310-5", "1988-5", "6690-2"  # LOINC
 SCALES = {"stroke": "NIH Stroke Scale total score", "ms": "EDSS", "ich": "Glasgow coma score total"}
@@ -86,11 +86,11 @@ def check_record(bundle: dict[str, Any], group: str, difficulty: str) -> None:
 
 def test_every_record_carries_conditions_medications_reason_labs_and_scales() -> None:
     """Over many seeds and every scheduled case (records only, no images)."""
-    from dicom.phantoms import case_specs
-    from dicom.phantoms.clinical import scenario
-    from dicom.phantoms.ehr import build_bundle, note_text
-    from dicom.phantoms.identity import make_identity
-    from dicom.phantoms.masses import PRIMARIES
+    from evaluation.datasets.phantoms import case_specs
+    from evaluation.datasets.phantoms.clinical import scenario
+    from evaluation.datasets.phantoms.ehr import build_bundle, note_text
+    from evaluation.datasets.phantoms.identity import make_identity
+    from evaluation.datasets.phantoms.masses import PRIMARIES
 
     when = dt.datetime(2024, 3, 2, 10, 15)
     empty_lists = 0

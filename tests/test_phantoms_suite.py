@@ -19,9 +19,9 @@ from phantom_fixture import PHANTOM_CASES, PhantomSuite
 from pydicom.dataset import Dataset
 from pydicom.uid import UID, ExplicitVRLittleEndian
 
-from dicom.phantoms import GROUPS, case_specs, generate_suite
-from dicom.phantoms.spec import sequences_for
-from evaluation.records import Case
+from evaluation.case import Case
+from evaluation.datasets.phantoms import GROUPS, case_specs, generate_suite
+from evaluation.datasets.phantoms.spec import sequences_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,7 +165,7 @@ def test_every_file_is_part10_explicit_little_endian_with_unique_valid_uids(
 
 
 def test_the_fast_writer_writes_exactly_what_pydicom_writes(phantom_suite: PhantomSuite) -> None:
-    from dicom.phantoms.dicomio import SeriesWriter, full_dataset
+    from evaluation.datasets.phantoms.dicomio import SeriesWriter, full_dataset
 
     for series in sorted((phantom_suite.case_dir("l3") / "dicom").iterdir()):
         path = sorted(series.glob("*.dcm"))[-1]
@@ -218,7 +218,7 @@ def test_planted_phi_is_where_the_ground_truth_says(phantom_suite: PhantomSuite)
 
 
 def test_patient_names_round_trip_in_their_character_sets() -> None:
-    from dicom.phantoms.identity import _NAMES
+    from evaluation.datasets.phantoms.identity import _NAMES
 
     charsets = {cs for cs, *_ in _NAMES}
     assert {"ISO_IR 100", "ISO_IR 126", "ISO_IR 144", "ISO_IR 192", ""} <= charsets
@@ -252,7 +252,7 @@ def test_mask_is_gzip_with_a_zero_timestamp(phantom_suite: PhantomSuite) -> None
 def test_atlas_names_known_mni_points() -> None:
     import numpy as np
 
-    from dicom.phantoms.atlas import DEEP, LOBES, deep_structure, lobe
+    from evaluation.datasets.phantoms.atlas import DEEP, LOBES, deep_structure, lobe
 
     pts = {
         (30, 30, 30): ("frontal", ""),
@@ -273,7 +273,7 @@ def test_atlas_names_known_mni_points() -> None:
 
 
 def test_tissue_contrasts_follow_the_physics() -> None:
-    from dicom.phantoms.tissue import normal_tissues, protocols, signal
+    from evaluation.datasets.phantoms.tissue import normal_tissues, protocols, signal
 
     for field_t in (1.5, 3.0):
         t, p = normal_tissues(field_t), protocols(field_t)
@@ -337,12 +337,12 @@ def test_every_group_and_difficulty_plans_lesions_and_a_record_over_many_seeds()
 
     import numpy as np
 
-    from dicom.phantoms.atlas import get_atlas
-    from dicom.phantoms.clinical import scenario
-    from dicom.phantoms.ehr import build_bundle, note_text
-    from dicom.phantoms.identity import make_identity
-    from dicom.phantoms.lesions import plan_lesions
-    from dicom.phantoms.spec import turns_for
+    from evaluation.datasets.phantoms.atlas import get_atlas
+    from evaluation.datasets.phantoms.clinical import scenario
+    from evaluation.datasets.phantoms.ehr import build_bundle, note_text
+    from evaluation.datasets.phantoms.identity import make_identity
+    from evaluation.datasets.phantoms.lesions import plan_lesions
+    from evaluation.datasets.phantoms.spec import turns_for
 
     atlas = get_atlas()
     seen_sites: set[str] = set()

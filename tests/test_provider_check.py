@@ -15,11 +15,11 @@ import yaml
 from providers import AnthropicServer, GeminiServer, OllamaServer, OpenAICompatServer
 from typer.testing import CliRunner
 
+from evaluation.modelio import GenerateConfig, ImagePart, Message, TextPart
 from evaluation.models import load_models_file
 from evaluation.models.check import tiny_png
 from evaluation.models.litellm_adapter import LiteLLMAdapter
 from evaluation.models.providers import profile_for
-from evaluation.records import GenerateConfig, ImagePart, Message, TextPart
 from gateway.cli import app
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -14,9 +14,10 @@ from openai_server import DEFAULT_REPLY
 from providers import AnthropicServer, Fault, OpenAICompatServer
 from providers.harness import FAMILIES, expected_cost
 
+from evaluation.case import TaskFamily
 from evaluation.datasets import DatasetSpec
 from evaluation.engine import start_run
-from evaluation.records import GenerateConfig, TaskFamily
+from evaluation.modelio import GenerateConfig
 from evaluation.runconfig import RunConfig
 from evaluation.store import RunStore
 

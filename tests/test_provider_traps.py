@@ -30,10 +30,10 @@ from providers.harness import (
     phantom_messages,
 )
 
+from evaluation.modelio import GenerateConfig, ImagePart, Message, TextPart
 from evaluation.models.litellm_adapter import LiteLLMAdapter
 from evaluation.models.providers import profile_for
 from evaluation.models.spec import ModelSpec
-from evaluation.records import GenerateConfig, ImagePart, Message, TextPart
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 CFG = GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=300, timeout_s=30)

@@ -31,9 +31,11 @@ from providers.harness import (
     raw_images,
 )
 
+from evaluation.case import TaskFamily
+from evaluation.modelio import GenerateConfig
 from evaluation.models.litellm_adapter import LiteLLMAdapter
 from evaluation.parsing import parse_answer
-from evaluation.records import GenerateConfig, ParseStatus, TaskFamily
+from evaluation.scores import ParseStatus
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 CFG = GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=300, seed=5, timeout_s=20)

@@ -16,7 +16,6 @@ import pytest
 from report_fixtures import BAD, GOOD, XSS_MODEL, build_run, dump
 from typer.testing import CliRunner
 
-from evaluation.records import ErrorCategory
 from evaluation.reports.agreement import review_stats
 from evaluation.reports.checklist import answer_key, build_checklist
 from evaluation.reports.html import render_checklist
@@ -32,6 +31,7 @@ from evaluation.reports.reviews import (
 )
 from evaluation.reports.rundata import RunData
 from evaluation.reports.summary import build_summary, case_slug
+from evaluation.scores import ErrorCategory
 from gateway.cli import app
 
 

@@ -11,10 +11,11 @@ from openai_server import OpenAIServer, Script
 
 from evaluation.datasets import DatasetSpec
 from evaluation.engine import start_run
-from evaluation.records import GenerateConfig, ParseStatus
+from evaluation.modelio import GenerateConfig
 from evaluation.reports import load_run, write_report
 from evaluation.reports.model import FlagKind
 from evaluation.runconfig import RunConfig
+from evaluation.scores import ParseStatus
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

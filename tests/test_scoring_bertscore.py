@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from scoring_cases import answer, ms_case
 
-from evaluation.records import ParseStatus, TaskFamily
+from evaluation.case import TaskFamily
+from evaluation.scores import ParseStatus
 from evaluation.scoring import score_sample
 from evaluation.scoring.bertscore import BertScoreUnavailable, bertscore_many
 

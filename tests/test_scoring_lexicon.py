@@ -9,13 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.records import (
-    Diagnosis,
-    DiseaseGroup,
-    GenerateConfig,
-    Message,
-    ModelOutput,
-)
+from evaluation.case import Diagnosis, DiseaseGroup
+from evaluation.modelio import GenerateConfig, Message, ModelOutput
 from evaluation.scoring.judge import EquivalenceJudge, JudgeCache, unknown_pairs
 from evaluation.scoring.lexicon import (
     Concept,
@@ -40,7 +35,7 @@ PHANTOM_DIAGNOSES = {
     "Brain metastases": "brain_metastases",
     "Meningioma": "meningioma",
     "Brain abscess": "brain_abscess",
-    # as dicom.phantoms.truth words them
+    # as evaluation.datasets.phantoms.truth words them
     "No structural intracranial abnormality (normal study)": "normal",
     "Acute ischaemic stroke, left MCA territory (cardioembolic, atrial fibrillation)": "mca_infarct",
     "Acute intracerebral haemorrhage, left basal ganglia (hypertensive)": "ich",

@@ -9,7 +9,8 @@ import json
 import pytest
 from scoring_cases import gbm_case
 
-from evaluation.records import GenerateConfig, Message, ModelOutput, TaskFamily
+from evaluation.case import TaskFamily
+from evaluation.modelio import GenerateConfig, Message, ModelOutput
 from evaluation.scoring.rubric import (
     DIMENSIONS,
     grade,

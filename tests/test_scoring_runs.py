@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from evaluation.datasets import DatasetSpec
 from evaluation.engine import start_run
-from evaluation.records import GenerateConfig
+from evaluation.modelio import GenerateConfig
 from evaluation.reports.agreement import review_stats
 from evaluation.reports.checklist import answer_key
 from evaluation.reports.loader import load_run

@@ -15,13 +15,10 @@ from scoring_cases import (
     stroke_case,
 )
 
-from evaluation.records import (
-    ClassificationAnswer,
-    DiseaseGroup,
-    ModelOutput,
-    ParseStatus,
-    TaskFamily,
-)
+from evaluation.answers import ClassificationAnswer
+from evaluation.case import DiseaseGroup, TaskFamily
+from evaluation.modelio import ModelOutput
+from evaluation.scores import ParseStatus
 from evaluation.scoring import ScoredSample, compare, make_scored_sample, summarise
 from evaluation.scoring.lesions import match_lesions
 from evaluation.scoring.stats import wilson

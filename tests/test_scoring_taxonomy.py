@@ -18,16 +18,9 @@ from scoring_cases import (
     stroke_case,
 )
 
-from evaluation.records import (
-    Case,
-    ClassificationAnswer,
-    DiseaseGroup,
-    ErrorCategory,
-    ErrorLabel,
-    ParseStatus,
-    Score,
-    TaskFamily,
-)
+from evaluation.answers import ClassificationAnswer
+from evaluation.case import Case, DiseaseGroup, TaskFamily
+from evaluation.scores import ErrorCategory, ErrorLabel, ParseStatus, Score
 from evaluation.scoring import (
     classify_error,
     effective_error,

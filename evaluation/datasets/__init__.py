@@ -18,12 +18,12 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from evaluation.case import Case, ImageRef
 from evaluation.datasets.neural_medbench import ColumnMap, load_neural_medbench
 from evaluation.datasets.neurovlm import load_neurovlm
 from evaluation.datasets.rendering import RenderPlan
 from evaluation.datasets.suite import load_manifest, load_suite
 from evaluation.errors import DatasetError
-from evaluation.records import Case, ImageRef
 
 DatasetKind = Literal["auto", "suite", "manifest", "neural-medbench", "neurovlm"]
 

@@ -16,8 +16,8 @@ import re
 import warnings
 from pathlib import Path
 
+from evaluation.case import ImageRef
 from evaluation.errors import DatasetError
-from evaluation.records import ImageRef
 
 MAX_IMAGE_BYTES = 40 * 1024 * 1024
 MAX_PIXELS = 8192 * 8192

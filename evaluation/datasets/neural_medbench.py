@@ -18,9 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from evaluation.datasets.images import decode_data_uri, image_ref
-from evaluation.errors import DatasetError
-from evaluation.records import (
+from evaluation.case import (
     Case,
     Diagnosis,
     Difficulty,
@@ -30,6 +28,8 @@ from evaluation.records import (
     TaskFamily,
     Turn,
 )
+from evaluation.datasets.images import decode_data_uri, image_ref
+from evaluation.errors import DatasetError
 
 MAX_FILE_BYTES = 4 * 1024**3
 MAX_TEXT_CHARS = 50_000

@@ -13,9 +13,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from evaluation.case import Case, Diagnosis, DiseaseGroup, GroundTruth, Provenance, TaskFamily
 from evaluation.datasets.images import image_ref
 from evaluation.errors import DatasetError
-from evaluation.records import Case, Diagnosis, DiseaseGroup, GroundTruth, Provenance, TaskFamily
 
 COLUMNS = (
     "dataset",

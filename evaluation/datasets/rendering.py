@@ -20,8 +20,8 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from dicom.records import RenderedImage
+from evaluation.case import Case, ImageRef
 from evaluation.errors import DatasetError
-from evaluation.records import Case, ImageRef
 
 MONTAGE_CLASSES = ("FLAIR", "DWI", "ADC", "T1C", "T2", "T1", "SWI", "T2STAR", "CT", "PD", "TRACE")
 CLASSIFICATION_PREFERENCE = ("FLAIR", "T1C", "T2", "T1", "CT")

@@ -1,7 +1,7 @@
 """Case folders (the phantom suite) and a hospital's own case manifests (YAML or JSON).
 
 A suite folder holds ``suite.json`` (optional: name and the ordered case list) and one folder
-per case with ``case.json`` (an ``evaluation.records.Case``), ``ehr.json``, ``note.txt`` and the
+per case with ``case.json`` (an ``evaluation.case.Case``), ``ehr.json``, ``note.txt`` and the
 study (``study_path``, relative to the case folder, or absolute). A manifest lists cases whose
 study lives in a folder/zip or in Orthanc (``orthanc: {url, study_uid}``), with the EHR bundle,
 the note and the ground truth given inline or as files next to the manifest.
@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from evaluation.case import Case, GroundTruth, Provenance, Question, TaskFamily, Turn
 from evaluation.datasets.rendering import RenderPlan, render_study
 from evaluation.errors import DatasetError
-from evaluation.records import Case, GroundTruth, Provenance, Question, TaskFamily, Turn
 
 MAX_JSON_BYTES = 20 * 1024 * 1024
 MAX_NOTE_BYTES = 1024 * 1024

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evaluation.modelio import ModelAdapter
 from evaluation.models.spec import (
     BUILTIN,
     REFERENCE_IMAGE,
@@ -18,7 +19,6 @@ from evaluation.models.spec import (
     load_models_file,
     resolve_specs,
 )
-from evaluation.records import ModelAdapter
 
 __all__ = [
     "BUILTIN",

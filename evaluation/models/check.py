@@ -21,8 +21,8 @@ from PIL import Image
 from pydantic import BaseModel
 
 from evaluation.errors import ModelConfigError
+from evaluation.modelio import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 from evaluation.models.spec import ModelSpec
-from evaluation.records import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 
 if TYPE_CHECKING:
     from evaluation.models.litellm_adapter import LiteLLMAdapter

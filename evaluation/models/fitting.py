@@ -24,8 +24,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.models.providers import ProviderProfile
-from evaluation.records import ImagePart, Message, TextPart
 
 log = logging.getLogger(__name__)
 Adjustment = dict[str, Any]

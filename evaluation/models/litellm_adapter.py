@@ -35,12 +35,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from evaluation.errors import ModelConfigError
+from evaluation.modelio import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 from evaluation.models.call_pool import CallPool, summarise_response
 from evaluation.models.fitting import Adjustment, fit_images
 from evaluation.models.limiter import AdaptiveLimiter
 from evaluation.models.providers import price_known, profile_for, unsent_params
 from evaluation.models.spec import ModelSpec
-from evaluation.records import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 
 log = logging.getLogger(__name__)
 _DATA_URLS: OrderedDict[str, str] = OrderedDict()

@@ -6,15 +6,9 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from evaluation.records import (
-    Answer,
-    ClassificationAnswer,
-    DifferentialItem,
-    ImagePart,
-    Message,
-    TaskFamily,
-    TextPart,
-)
+from evaluation.answers import Answer, ClassificationAnswer, DifferentialItem
+from evaluation.case import TaskFamily
+from evaluation.modelio import ImagePart, Message, TextPart
 
 _TASKS = {
     "differential diagnosis": TaskFamily.DIFFERENTIAL,

@@ -14,6 +14,9 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 
+from evaluation.answers import Answer, Finding, SequenceIdentified
+from evaluation.case import TaskFamily
+from evaluation.modelio import GenerateConfig, Message, ModelOutput
 from evaluation.models.image_analysis import Blob, analyse_image, plane_of, sequence_of
 from evaluation.models.reference_common import (
     DX,
@@ -24,15 +27,6 @@ from evaluation.models.reference_common import (
     ranked,
     reply,
     task_of,
-)
-from evaluation.records import (
-    Answer,
-    Finding,
-    GenerateConfig,
-    Message,
-    ModelOutput,
-    SequenceIdentified,
-    TaskFamily,
 )
 
 SIGNAL_WORD = {

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+from evaluation.answers import Answer
+from evaluation.case import TaskFamily
+from evaluation.modelio import GenerateConfig, Message, ModelOutput
 from evaluation.models.reference_common import (
     DX,
     Hypothesis,
@@ -19,7 +22,6 @@ from evaluation.models.reference_common import (
     reply,
     task_of,
 )
-from evaluation.records import Answer, GenerateConfig, Message, ModelOutput, TaskFamily
 
 # (diagnosis, [(pattern, weight)]): patterns on lower-cased clinical text.
 RULES: list[tuple[str, list[tuple[str, float]]]] = [

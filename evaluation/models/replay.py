@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.errors import ModelConfigError
+from evaluation.modelio import GenerateConfig, Message, ModelOutput
 from evaluation.models.context import current_request
-from evaluation.records import GenerateConfig, Message, ModelOutput
 
 Key = tuple[str, str, int, int | None]
 

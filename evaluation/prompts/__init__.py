@@ -21,7 +21,7 @@ from typing import Any
 import jinja2
 
 from evaluation.errors import PromptError
-from evaluation.records import ImagePart, TextPart
+from evaluation.modelio import ImagePart, TextPart
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 SCHEMA_DIR = Path(__file__).parent / "schemas"

@@ -8,10 +8,10 @@ from itertools import combinations
 
 from pydantic import BaseModel, Field
 
-from evaluation.records import ErrorLabel, Score
 from evaluation.reports.checklist import answer_key, reviewed_samples
 from evaluation.reports.reviews import CaseReview, Verdict, signed_off
 from evaluation.reports.rundata import RunData, SampleResult
+from evaluation.scores import ErrorLabel, Score
 from evaluation.scoring import grader_calibration
 from evaluation.scoring.scored import ScoredSample
 from evaluation.scoring.stats import Estimate, cohen_kappa, wilson

@@ -8,9 +8,10 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.case import Case
 from evaluation.ehr import ehr_text, identifying_terms, note_from_bundle
 from evaluation.phi import scrub_text
-from evaluation.records import Answer, Case, ClassificationAnswer
 from evaluation.reports.flags import answer_flags
 from evaluation.reports.model import (
     AnswerChecklist,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from evaluation.records import Case, ParseStatus
+from evaluation.case import Case
 from evaluation.reports.model import AnswerChecklist, Flag, FlagKind, Mark
 from evaluation.reports.rundata import SampleResult
+from evaluation.scores import ParseStatus
 
 
 def answer_flags(case: Case, a: AnswerChecklist, s: SampleResult, low: float) -> list[Flag]:

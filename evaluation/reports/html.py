@@ -22,10 +22,10 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from PIL import Image
 
-from evaluation.records import ErrorCategory
 from evaluation.reports.model import FLAG_TITLES, CaseChecklist
 from evaluation.reports.reviews import CaseReview
 from evaluation.reports.summary import SummaryReport
+from evaluation.scores import ErrorCategory
 
 TEMPLATES = Path(__file__).with_name("templates")
 THUMB_PX = 320

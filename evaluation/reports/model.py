@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from evaluation.records import ErrorCategory, ParseStatus
+from evaluation.scores import ErrorCategory, ParseStatus
 
 CHECKLIST_VERSION = 1
 SCHEMA_FILE = Path(__file__).with_name("checklist.schema.json")

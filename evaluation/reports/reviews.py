@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from evaluation.records import ErrorCategory, ErrorLabel
+from evaluation.scores import ErrorCategory, ErrorLabel
 from evaluation.scoring.taxonomy import override_error
 
 MAX_TEXT = 4000

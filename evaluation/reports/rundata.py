@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from evaluation.records import Answer, Case, ClassificationAnswer
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.case import Case
 from evaluation.scoring.scored import ScoredSample
 
 RUNDATA_VERSION = 1

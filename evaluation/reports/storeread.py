@@ -12,8 +12,10 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from evaluation.records import Answer, ClassificationAnswer, ParseStatus, TaskFamily
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.case import TaskFamily
 from evaluation.reports.rundata import RunData, SampleResult
+from evaluation.scores import ParseStatus
 from evaluation.scoring.scored import ScoredSample, case_modality
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from evaluation.records import REGIONS, Enhancement, Signal
+from evaluation.case import REGIONS, Enhancement, Signal
 from evaluation.scoring.text import normalise
 
 _MCA = ("frontal", "parietal", "temporal", "insula", "basal ganglia", "internal capsule")

@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from evaluation.records import Score
+from evaluation.scores import Score
 
 DEFAULT_LAYER = 6
 _SCORERS: dict[tuple[str, int], Any] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel
 
-from evaluation.records import TaskFamily
+from evaluation.case import TaskFamily
 from evaluation.scoring.scored import ScoredSample
 from evaluation.scoring.stats import (
     DEFAULT_BOOT,

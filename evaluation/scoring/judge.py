@@ -17,14 +17,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from evaluation.records import (
-    Answer,
-    Case,
-    GenerateConfig,
-    Message,
-    ModelAdapter,
-    TextPart,
-)
+from evaluation.answers import Answer
+from evaluation.case import Case
+from evaluation.modelio import GenerateConfig, Message, ModelAdapter, TextPart
 from evaluation.scoring.lexicon import Lexicon, match_diagnosis
 from evaluation.scoring.text import normalise
 from evaluation.scoring.untrusted import extract_json, fence

@@ -28,7 +28,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from evaluation.records import Case, DiseaseGroup, Enhancement, Finding, LesionTruth
+from evaluation.answers import Finding
+from evaluation.case import Case, DiseaseGroup, Enhancement, LesionTruth
 from evaluation.scoring import anatomy as A
 
 NearKind = Literal["wrong_side", "adjacent_region", "wrong_sequence", "wrong_signal", "unlocalised"]

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import yaml
 from pydantic import BaseModel, Field
 
-from evaluation.records import Diagnosis, DiseaseGroup
+from evaluation.case import Diagnosis, DiseaseGroup
 from evaluation.scoring.text import normalise, tokens
 
 if TYPE_CHECKING:

@@ -13,7 +13,9 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 from pydantic import BaseModel, Field
 
-from evaluation.records import Case, ClassificationAnswer, DiseaseGroup, ParseStatus, Score
+from evaluation.answers import ClassificationAnswer
+from evaluation.case import Case, DiseaseGroup
+from evaluation.scores import ParseStatus, Score
 from evaluation.scoring.lexicon import Lexicon, default_lexicon
 from evaluation.scoring.stats import Estimate, cluster_resamples, percentile_interval, wilson
 from evaluation.scoring.untrusted import extract_json

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import re
 
-from evaluation.records import Answer, Case, ImageRef, Score
+from evaluation.answers import Answer
+from evaluation.case import Case, ImageRef
+from evaluation.scores import Score
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.text import normalise
 

@@ -19,16 +19,9 @@ import jsonschema
 import numpy as np
 from pydantic import BaseModel
 
-from evaluation.records import (
-    Case,
-    ErrorCategory,
-    GenerateConfig,
-    Message,
-    ModelAdapter,
-    Score,
-    TaskFamily,
-    TextPart,
-)
+from evaluation.case import Case, TaskFamily
+from evaluation.modelio import GenerateConfig, Message, ModelAdapter, TextPart
+from evaluation.scores import ErrorCategory, Score
 from evaluation.scoring.untrusted import extract_json, fence
 
 PROMPT_VERSION = "rubric-v1"

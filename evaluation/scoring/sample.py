@@ -6,15 +6,9 @@ the BERTScore model and, when given, the judge cache, so a run can be rescored f
 
 from __future__ import annotations
 
-from evaluation.records import (
-    Answer,
-    Case,
-    ClassificationAnswer,
-    DiseaseGroup,
-    ParseStatus,
-    Score,
-    TaskFamily,
-)
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.case import Case, DiseaseGroup, TaskFamily
+from evaluation.scores import ParseStatus, Score
 from evaluation.scoring.judge import JudgeCache
 from evaluation.scoring.lesions import match_lesions
 from evaluation.scoring.lexicon import Lexicon, default_lexicon, match_diagnosis

@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from evaluation.records import (
-    Answer,
-    Case,
-    ClassificationAnswer,
-    Difficulty,
-    DiseaseGroup,
-    ErrorLabel,
-    ModelOutput,
-    ParseStatus,
-    Score,
-    TaskFamily,
-)
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.case import Case, Difficulty, DiseaseGroup, TaskFamily
+from evaluation.modelio import ModelOutput
+from evaluation.scores import ErrorLabel, ParseStatus, Score
 from evaluation.scoring.judge import JudgeCache
 from evaluation.scoring.sample import ranked_names, score_sample
 from evaluation.scoring.taxonomy import classify_error, effective_error

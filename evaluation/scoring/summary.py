@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, Field
 
-from evaluation.records import ParseStatus, TaskFamily
+from evaluation.case import TaskFamily
+from evaluation.scores import ParseStatus
 from evaluation.scoring.lesions import LesionMatchResult
 from evaluation.scoring.neurovlm import (
     ClassRow,

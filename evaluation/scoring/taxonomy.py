@@ -40,17 +40,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from evaluation.records import (
-    Answer,
-    Case,
-    ClassificationAnswer,
-    DiseaseGroup,
-    ErrorCategory,
-    ErrorLabel,
-    ParseStatus,
-    Score,
-    TaskFamily,
-)
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.case import Case, DiseaseGroup, TaskFamily
+from evaluation.scores import ErrorCategory, ErrorLabel, ParseStatus, Score
 from evaluation.scoring.lesions import LesionMatchResult
 from evaluation.scoring.lexicon import default_lexicon
 from evaluation.scoring.sample import final_diagnosis

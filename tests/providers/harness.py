@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from evaluation.case import Case
+from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.models.spec import ModelSpec
-from evaluation.records import Case, ImagePart, Message, TextPart
 from providers.anthropic import AnthropicServer
 from providers.base import ProviderServer
 from providers.gemini import GeminiServer
@@ -199,9 +200,9 @@ def phantom_messages(suite: Any, cache: Path) -> tuple[Case, list[Message]]:
     if key not in _MESSAGES:
         from engine_helpers import phantom_subset
 
+        from evaluation.case import TaskFamily
         from evaluation.datasets import DatasetSpec, ImageStore, load_dataset
         from evaluation.prompts import default_prompts
-        from evaluation.records import TaskFamily
         from evaluation.tasks import build_turns, plan_tasks
 
         folder = phantom_subset(suite, ("ms",), cache / "ms-suite")

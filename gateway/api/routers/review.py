@@ -12,7 +12,6 @@ from typing import Annotated
 from fastapi import APIRouter, Form, HTTPException, Path, Request, status
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from evaluation.records import ErrorCategory
 from evaluation.reports.html import ReviewView, csp, render_checklist, render_page, render_summary
 from evaluation.reports.pdf import PdfError, pdf_bytes
 from evaluation.reports.reviews import (
@@ -23,6 +22,7 @@ from evaluation.reports.reviews import (
     export_csv,
     export_json,
 )
+from evaluation.scores import ErrorCategory
 from gateway.api.deps import Ctx
 from gateway.orthanc import OrthancError
 from gateway.reissue import ReissueError, reissue_case

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from pydantic import BaseModel, Field
 
 from dicom.records import SequenceClass
-from evaluation.records import TaskFamily
+from evaluation.case import TaskFamily
 from gateway.api.deps import Ctx, Token, errors
 from gateway.orthanc import OrthancError, SeriesSummary, StudySummary
 from gateway.routing import CLINICAL, Route

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from dicom.phantoms.atlas import Atlas
-from dicom.phantoms.masses import abscess, glioblastoma, meningioma, metastases
-from dicom.phantoms.placement import Plan, candidates, pick
-from dicom.phantoms.scene import Component, Lesion
-from dicom.phantoms.shapes import Blob, align, rotation
-from dicom.phantoms.tissue import Modifier
-from dicom.phantoms.vascular import haemorrhage, ischaemic_stroke
+from evaluation.datasets.phantoms.atlas import Atlas
+from evaluation.datasets.phantoms.masses import abscess, glioblastoma, meningioma, metastases
+from evaluation.datasets.phantoms.placement import Plan, candidates, pick
+from evaluation.datasets.phantoms.scene import Component, Lesion
+from evaluation.datasets.phantoms.shapes import BlobShape, align, rotation
+from evaluation.datasets.phantoms.tissue import Modifier
+from evaluation.datasets.phantoms.vascular import haemorrhage, ischaemic_stroke
 
 GROUPS: tuple[str, ...] = (
     "normal",
@@ -49,7 +49,7 @@ def multiple_sclerosis(rng: np.random.Generator, atlas: Atlas, difficulty: str) 
     n_active = 0 if difficulty == "L2" else int(rng.integers(1, 3))
     active = set(rng.choice(len(kinds), size=min(n_active, len(kinds)), replace=False).tolist())
     placed: list[np.ndarray] = []
-    drawn: list[tuple[str, np.ndarray, float, Blob, bool]] = []
+    drawn: list[tuple[str, np.ndarray, float, BlobShape, bool]] = []
     for i, kind in enumerate(kinds):
         c = pick(rng, candidates(atlas, kind), avoid=placed, spacing=14.0)
         placed.append(c)
@@ -68,7 +68,7 @@ def multiple_sclerosis(rng: np.random.Generator, atlas: Atlas, difficulty: str) 
         else:
             rot = rotation(rng)
             radii = (r, r * 0.85, r * 1.2)
-        blob = Blob.make(rng, c, radii, rot, wobble=0.08, edge=0.8)
+        blob = BlobShape.make(rng, c, radii, rot, wobble=0.08, edge=0.8)
         # Black holes (T1-dark chronic plaques) in deep white matter, where they are typical.
         black_hole = i not in active and kind == "periventricular" and rng.random() < 0.35
         drawn.append((kind, c, r, blob, black_hole))

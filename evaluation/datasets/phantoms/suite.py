@@ -12,11 +12,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from dicom.phantoms.anatomy import ANATOMY_SOURCE, get_anatomy
-from dicom.phantoms.atlas import get_atlas
-from dicom.phantoms.case import CaseResult, generate_case
-from dicom.phantoms.series import GENERATOR, GENERATOR_VERSION
-from dicom.phantoms.spec import CaseSpec, case_specs
+from evaluation.datasets.phantoms.anatomy import ANATOMY_SOURCE, get_anatomy
+from evaluation.datasets.phantoms.atlas import get_atlas
+from evaluation.datasets.phantoms.case import GeneratedCase, generate_case
+from evaluation.datasets.phantoms.series import GENERATOR, GENERATOR_VERSION
+from evaluation.datasets.phantoms.spec import CaseSpec, case_specs
 
 ProgressFn = Callable[[int, int, str], None]
 MANIFEST_SCHEMA = 1
@@ -26,7 +26,7 @@ class SuiteCase(BaseModel):
     case_id: str
     index: int
     group: str  # phantom group (normal, ms, stroke-mca, ...)
-    disease_group: str  # evaluation.records.DiseaseGroup value
+    disease_group: str  # evaluation.case.DiseaseGroup value
     difficulty: str
     diagnosis: str
     icd10: str | None = None
@@ -52,7 +52,7 @@ class SuiteManifest(BaseModel):
         )
 
 
-def suite_case(result: CaseResult, spec: CaseSpec) -> SuiteCase:
+def suite_case(result: GeneratedCase, spec: CaseSpec) -> SuiteCase:
     gt = result.case.ground_truth
     assert gt is not None
     return SuiteCase(

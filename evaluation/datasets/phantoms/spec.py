@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from dicom.phantoms.clinical import Clinical
-from dicom.phantoms.lesions import GROUPS
-from evaluation.records import Turn
+from evaluation.case import Turn
+from evaluation.datasets.phantoms.clinical import Clinical
+from evaluation.datasets.phantoms.lesions import GROUPS
 
 _ORDER = (
     "normal",

@@ -9,11 +9,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from dicom.phantoms.atlas import Atlas
-from dicom.phantoms.placement import Plan, candidates, in_lobes, oedema, on_side, pick, side
-from dicom.phantoms.scene import Component, Lesion
-from dicom.phantoms.shapes import Blob, MassEffect, Shell, Within, align, rotation
-from dicom.phantoms.tissue import Modifier
+from evaluation.datasets.phantoms.atlas import Atlas
+from evaluation.datasets.phantoms.placement import (
+    Plan,
+    candidates,
+    in_lobes,
+    oedema,
+    on_side,
+    pick,
+    side,
+)
+from evaluation.datasets.phantoms.scene import Component, Lesion
+from evaluation.datasets.phantoms.shapes import (
+    BlobShape,
+    MassEffect,
+    Shell,
+    Within,
+    align,
+    rotation,
+)
+from evaluation.datasets.phantoms.tissue import Modifier
 
 
 def _ring_tumour(
@@ -27,7 +42,7 @@ def _ring_tumour(
     oedema_scale: float,
     wall: float,
 ) -> list[Component]:
-    outer = Blob.make(
+    outer = BlobShape.make(
         rng, centre, (r, r * float(rng.uniform(0.85, 1.0)), r * 0.9), rotation(rng), wobble=wobble
     )
     # An eccentric core with its own irregularity gives a wall of uneven, nodular thickness;
@@ -36,7 +51,7 @@ def _ring_tumour(
     shift = rng.normal(0, 1, 3) * r * wobble * 0.5
     rc = r * core_scale
     inner = Within(
-        Blob.make(
+        BlobShape.make(
             rng, centre + shift, (rc, rc * 0.9, rc * 0.85), rotation(rng), wobble=wobble * 1.2
         ),
         outer.scaled(1.0 - wall),
@@ -63,7 +78,7 @@ def glioblastoma(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Pla
             comps.append(
                 Component(
                     "susceptibility focus",
-                    Blob.make(rng, p, (2.0, 2.0, 2.0)),
+                    BlobShape.make(rng, p, (2.0, 2.0, 2.0)),
                     "replace",
                     Modifier(t2s=0.1, t2=0.6, hu=20, gd=0.2),
                     base="gm",
@@ -130,7 +145,7 @@ def metastases(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Plan:
             comps = _ring_tumour(rng, c, r, 0.5, 0.12, solid, necrosis, 3.0, wall=0.2)
             enh = "ring"
         else:
-            blob = Blob.make(rng, c, (r, r, r * 0.9), wobble=0.08)
+            blob = BlobShape.make(rng, c, (r, r, r * 0.9), wobble=0.08)
             comps = [
                 oedema(blob.scaled(3.0, 0.3)),
                 Component("nodule", blob, "replace", solid, base="gm"),
@@ -179,9 +194,9 @@ def meningioma(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Plan:
     # A dome on the dura: flattened along the ray, centred just inside the inner table, so the
     # part inside the skull has a broad dural base.
     centre = dura - d * 0.3 * r
-    blob = Blob.make(rng, centre, (r, r * 0.95, r * 0.8), align(d), wobble=0.06)
+    blob = BlobShape.make(rng, centre, (r, r * 0.95, r * 0.8), align(d), wobble=0.06)
     tumour = Modifier(t1=0.97, t2=1.08, pd=1.02, adc=0.95, hu=10, gd=0.5)
-    tail = Blob.make(rng, dura - d * 1.5, (2.1 * r, 2.1 * r, 1.3), align(d))
+    tail = BlobShape.make(rng, dura - d * 1.5, (2.1 * r, 2.1 * r, 1.3), align(d))
     comps = []
     has_oedema = rng.random() < 0.35
     if has_oedema:
@@ -202,7 +217,7 @@ def meningioma(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Plan:
         comps.append(
             Component(
                 "calcification",
-                Blob.make(rng, centre - d * 0.3 * r, (3.0, 3.0, 3.0)),
+                BlobShape.make(rng, centre - d * 0.3 * r, (3.0, 3.0, 3.0)),
                 "replace",
                 Modifier(t2=0.3, t2s=0.1, pd=0.3, hu=250, gd=0.1),
                 base="gm",

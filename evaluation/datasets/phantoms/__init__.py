@@ -2,7 +2,7 @@
 
 Public API::
 
-    from dicom.phantoms import generate_suite, generate_case, case_specs
+    from evaluation.datasets.phantoms import generate_suite, generate_case, case_specs
     manifest = generate_suite("out/phantoms", n_cases=30, seed=0)
     result = generate_case("out/phantoms", 7, seed=0)   # or a CaseSpec
 
@@ -15,16 +15,16 @@ planted PHI), measure and truth (ground truth), spec (the case schedule), case a
 
 from __future__ import annotations
 
-from dicom.phantoms.case import CaseResult, generate_case
-from dicom.phantoms.lesions import GROUPS
-from dicom.phantoms.spec import SCHEDULE, CaseSpec, case_spec, case_specs
-from dicom.phantoms.suite import SuiteCase, SuiteManifest, generate_suite
+from evaluation.datasets.phantoms.case import GeneratedCase, generate_case
+from evaluation.datasets.phantoms.lesions import GROUPS
+from evaluation.datasets.phantoms.spec import SCHEDULE, CaseSpec, case_spec, case_specs
+from evaluation.datasets.phantoms.suite import SuiteCase, SuiteManifest, generate_suite
 
 __all__ = [
     "GROUPS",
     "SCHEDULE",
-    "CaseResult",
     "CaseSpec",
+    "GeneratedCase",
     "SuiteCase",
     "SuiteManifest",
     "case_spec",

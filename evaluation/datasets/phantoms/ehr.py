@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from dicom.phantoms.clinical import Clinical, Obs
-from dicom.phantoms.dicomio import uid
-from dicom.phantoms.identity import Identity
-from evaluation.records import PlantedPHI
+from evaluation.case import PlantedPHI
+from evaluation.datasets.phantoms.clinical import Clinical, Obs
+from evaluation.datasets.phantoms.dicomio import uid
+from evaluation.datasets.phantoms.identity import Identity
 
 _TYPOS = (
     ("weakness", "weaknes"),

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dicom.phantoms.atlas import Atlas, deep_structure, lobe
-from dicom.phantoms.scene import Component, Lesion
-from dicom.phantoms.shapes import Blob
-from dicom.phantoms.tissue import Modifier
+from evaluation.datasets.phantoms.atlas import Atlas, deep_structure, lobe
+from evaluation.datasets.phantoms.scene import Component, Lesion
+from evaluation.datasets.phantoms.shapes import BlobShape
+from evaluation.datasets.phantoms.tissue import Modifier
 
 
 @dataclass
@@ -83,7 +83,7 @@ def side(rng: np.random.Generator) -> int:
 
 
 def in_lobes(*names: str) -> Callable[[np.ndarray], np.ndarray]:
-    from dicom.phantoms.atlas import LOBES
+    from evaluation.datasets.phantoms.atlas import LOBES
 
     codes = [LOBES.index(n) for n in names]
     return lambda p: np.isin(lobe(p[:, 0], p[:, 1], p[:, 2]), codes)
@@ -106,9 +106,9 @@ WM_ONLY = (("gm", 0.2), ("wm", 1.0))
 GREY_AND_WHITE = (("gm", 0.8), ("wm", 1.0))
 
 
-def oedema(blob: Blob, strength: tuple[tuple[str, float], ...] = WM_ONLY) -> Component:
+def oedema(blob: BlobShape, strength: tuple[tuple[str, float], ...] = WM_ONLY) -> Component:
     """Oedema (vasogenic by default: mostly white matter), fading out over several millimetres."""
-    soft = Blob(
+    soft = BlobShape(
         blob.centre, blob.radii, blob.rot, blob.wobble, blob.wobble_dirs, 0.2 * min(blob.radii)
     )
     return Component("oedema", soft, "modify", OEDEMA, strength=strength, in_mask=False)

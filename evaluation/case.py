@@ -1,14 +1,14 @@
-"""Typed records shared by the benchmark: cases, ground truth, answers, model calls, scores.
+"""The case vocabulary, the bottom of evaluation: cases, ground truth, lesions and their enums.
 
-These are the contract between the phantom generator (``dicom.phantoms``), the dataset loaders,
-the task families, the model adapters, the scorers, the run store and the reports. They are
-versioned (``schema_version``) and validated at the boundary; inside, code trusts the types.
+The contract between the dataset sources (the phantom generator included), the loaders, the
+task families, the scorers and the run store. Versioned (``schema_version``) and validated at
+the boundary; inside, code trusts the types. Imports nothing of the project.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -69,7 +69,7 @@ class Enhancement(StrEnum):
     HETEROGENEOUS = "heterogeneous"
 
 
-# Regions of the coordinate atlas (dicom.phantoms builds it on MNI space); answers may use
+# Regions of the coordinate atlas (evaluation.datasets.phantoms builds it on MNI space); answers may use
 # other words, which scoring normalises to these.
 REGIONS: tuple[str, ...] = (
     "frontal",
@@ -204,149 +204,3 @@ class Case(BaseModel):
     turns: list[Turn] = Field(default_factory=list)
     provenance: Provenance
     root: str | None = Field(default=None, exclude=True)  # folder the case was loaded from
-
-
-# --------------------------------------------------------------------------- answers
-
-
-class SequenceIdentified(BaseModel):
-    image: str | None = None  # image label or index the model refers to
-    sequence: str
-
-
-class Finding(BaseModel):
-    description: str = ""
-    sequence: str | None = None
-    hemisphere: str | None = None
-    region: str | None = None
-    signal: str | None = None
-    size_mm: float | None = None
-    enhancement: str | None = None
-
-
-class DifferentialItem(BaseModel):
-    diagnosis: str
-    icd10: str | None = None
-    likelihood: float | None = None
-    evidence_for: list[str] = Field(default_factory=list)
-    evidence_against: list[str] = Field(default_factory=list)
-
-
-class Answer(BaseModel):
-    """The answer every diagnostic task asks for; this schema IS the reviewed checklist."""
-
-    sequences_identified: list[SequenceIdentified] = Field(default_factory=list)
-    findings: list[Finding] = Field(default_factory=list)
-    differential: list[DifferentialItem] = Field(default_factory=list)
-    final_diagnosis: str | None = None
-    rationale: str = ""
-    confidence: float | None = Field(default=None, ge=0, le=1)
-    next_steps: list[str] = Field(default_factory=list)
-
-
-class ClassificationAnswer(BaseModel):
-    """NeuroVLM-Bench's strict JSON answer (null = abstain)."""
-
-    modality: Literal["CT", "MRI"] | None = None
-    specialized_sequence: Literal["FLAIR", "T1", "T2", "T1C+"] | None = None
-    plane: Literal["axial", "sagittal", "coronal"] | None = None
-    diagnosis_name: (
-        Literal["tumor", "stroke", "multiple sclerosis", "normal", "other abnormalities"] | None
-    ) = None
-    diagnosis_detailed: str | None = None
-    icd10_code: str | None = None
-    severity_score: float | None = Field(default=None, ge=0, le=1)
-    diagnosis_confidence: float | None = Field(default=None, ge=0, le=1)
-    severity_confidence: float | None = Field(default=None, ge=0, le=1)
-
-
-# --------------------------------------------------------------------------- model calls
-
-
-class TextPart(BaseModel):
-    type: Literal["text"] = "text"
-    text: str
-
-
-class ImagePart(BaseModel):
-    type: Literal["image"] = "image"
-    png: bytes = Field(repr=False)
-    sha256: str
-    label: str = ""
-
-
-class Message(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: list[TextPart | ImagePart]
-
-
-class GenerateConfig(BaseModel):
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = None
-    seed: int | None = None
-    json_mode: bool = False
-    timeout_s: float = 120.0
-
-
-class ModelOutput(BaseModel):
-    """What a model returned for one call (one sample)."""
-
-    text: str = ""
-    finish_reason: str | None = None
-    refusal: bool = False  # a refusal or safety block, recorded as such, never a wrong answer
-    error: str | None = None  # transport/provider failure after retries
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cost_usd: float | None = None
-    latency_s: float | None = None
-    retries: int = 0
-    raw: dict[str, Any] | None = None  # provider response (JSON) as received
-    # What the adapter changed to fit the provider (images montaged, split, re-encoded or
-    # downscaled; parameters not sent or clamped), each {"kind", ..., "reason"}; see
-    # evaluation.models.fitting. Stored with the response, so the run records it.
-    adjustments: list[dict[str, Any]] = Field(default_factory=list)
-
-
-@runtime_checkable
-class ModelAdapter(Protocol):
-    """Anything that answers messages: litellm models, the reference models, replay."""
-
-    name: str
-
-    async def generate(self, messages: list[Message], config: GenerateConfig) -> ModelOutput: ...
-
-
-# --------------------------------------------------------------------------- results
-
-
-class ParseStatus(StrEnum):
-    OK = "ok"
-    FORMAT_FAILURE = "format_failure"  # no valid JSON for the schema: unscored, counted
-    REFUSAL = "refusal"
-    ERROR = "error"  # the call failed
-
-
-class Score(BaseModel):
-    scorer: str  # e.g. "diagnosis_match", "lesion_f1", "bertscore", "rubric"
-    value: float | None  # None = unscored (never zero for "could not score")
-    explanation: str = ""
-    details: dict[str, Any] = Field(default_factory=dict)
-
-
-class ErrorCategory(StrEnum):
-    PERCEPTUAL = "perceptual"
-    REASONING = "reasoning"
-    KNOWLEDGE_GAP = "knowledge_gap"
-    GROUNDING = "grounding"
-    VISUAL_HALLUCINATION = "visual_hallucination"
-    FORMAT_FAILURE = "format_failure"
-    REFUSAL = "refusal"
-
-
-class ErrorLabel(BaseModel):
-    category: ErrorCategory
-    sub_labels: list[str] = Field(default_factory=list)  # missed_lesion, hallucinated_finding...
-    evidence: str
-    assigned_by: str  # "rule", "grader:<model>", "clinician:<name>"
-    assigned_at: str | None = None  # ISO 8601

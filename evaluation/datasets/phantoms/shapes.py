@@ -35,7 +35,7 @@ def align(axis: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class Blob:
+class BlobShape:
     """Irregular ellipsoid: radii along the columns of ``rot``, radius wobble by direction."""
 
     centre: tuple[float, float, float]
@@ -53,7 +53,7 @@ class Blob:
         rot: np.ndarray | None = None,
         wobble: float = 0.0,
         edge: float = 1.0,
-    ) -> Blob:
+    ) -> BlobShape:
         dirs = []
         for _ in range(5 if wobble > 0 else 0):
             v = rng.normal(size=3)
@@ -68,7 +68,7 @@ class Blob:
                 )
             )
         r = np.eye(3) if rot is None else rot
-        return Blob(
+        return BlobShape(
             (float(centre[0]), float(centre[1]), float(centre[2])),
             (float(radii[0]), float(radii[1]), float(radii[2])),
             tuple(tuple(float(v) for v in row) for row in r),
@@ -77,8 +77,8 @@ class Blob:
             edge,
         )
 
-    def scaled(self, factor: float, wobble: float | None = None) -> Blob:
-        return Blob(
+    def scaled(self, factor: float, wobble: float | None = None) -> BlobShape:
+        return BlobShape(
             self.centre,
             (self.radii[0] * factor, self.radii[1] * factor, self.radii[2] * factor),
             self.rot,
@@ -119,8 +119,8 @@ class Blob:
 class Within:
     """``inner`` cut back to lie inside ``bound`` (a necrotic core kept inside its wall)."""
 
-    inner: Blob
-    bound: Blob
+    inner: BlobShape
+    bound: BlobShape
 
     def box(self) -> tuple[np.ndarray, np.ndarray]:
         return self.inner.box()
@@ -133,8 +133,8 @@ class Within:
 class Shell:
     """The part of ``outer`` outside ``inner`` (a rim)."""
 
-    outer: Blob
-    inner: Blob | Within
+    outer: BlobShape
+    inner: BlobShape | Within
 
     def box(self) -> tuple[np.ndarray, np.ndarray]:
         return self.outer.box()
@@ -147,7 +147,7 @@ class Shell:
 class Masked:
     """A blob limited by a soft coordinate rule (a vascular territory, a dural layer...)."""
 
-    blob: Blob
+    blob: BlobShape
     rule: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] = field(compare=False)
 
     def box(self) -> tuple[np.ndarray, np.ndarray]:
@@ -157,7 +157,7 @@ class Masked:
         return (self.blob(x, y, z) * self.rule(x, y, z)).astype(np.float32)
 
 
-Shape = Blob | Shell | Masked | Within
+Shape = BlobShape | Shell | Masked | Within
 
 
 @dataclass(frozen=True)

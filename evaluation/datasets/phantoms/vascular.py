@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dicom.phantoms.atlas import Atlas
-from dicom.phantoms.placement import (
+from evaluation.datasets.phantoms.atlas import Atlas
+from evaluation.datasets.phantoms.placement import (
     GREY_AND_WHITE,
     Plan,
     candidates,
@@ -21,9 +21,9 @@ from dicom.phantoms.placement import (
     pick,
     side,
 )
-from dicom.phantoms.scene import Component, Lesion
-from dicom.phantoms.shapes import Blob, Masked, MassEffect, rotation
-from dicom.phantoms.tissue import Modifier
+from evaluation.datasets.phantoms.scene import Component, Lesion
+from evaluation.datasets.phantoms.shapes import BlobShape, Masked, MassEffect, rotation
+from evaluation.datasets.phantoms.tissue import Modifier
 
 
 def _territory(name: str, sx: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
@@ -92,7 +92,9 @@ def ischaemic_stroke(
         hours = float(rng.uniform(2.0, 5.0))
     centre = np.array([sx * hx, cy, cz]) + rng.normal(0, 3.0, 3)
     r = float(rng.uniform(rlo, rhi))
-    blob = Blob.make(rng, centre, (r, r * 0.85, r * 0.8), rotation(rng, 0.5), wobble=0.2, edge=2.0)
+    blob = BlobShape.make(
+        rng, centre, (r, r * 0.85, r * 0.8), rotation(rng, 0.5), wobble=0.2, edge=2.0
+    )
     shape = Masked(blob, _territory(territory, sx))
     comp = Component("infarct", shape, "modify", stroke_modifier(hours))
     lesion = Lesion(
@@ -132,7 +134,7 @@ def haemorrhage(rng: np.random.Generator, atlas: Atlas, difficulty: str) -> Plan
     volume_ml = float(rng.uniform(8, 18) if site == "cerebellar" else rng.uniform(12, 45))
     r = float((3 * volume_ml * 1000 / (4 * np.pi)) ** (1 / 3))
     radii = (r * float(rng.uniform(0.85, 1.1)), r * float(rng.uniform(1.0, 1.2)), r * 0.85)
-    blob = Blob.make(rng, centre, radii, rotation(rng, 0.6), wobble=0.2, edge=1.0)
+    blob = BlobShape.make(rng, centre, radii, rotation(rng, 0.6), wobble=0.2, edge=1.0)
     clot = Modifier(t1=1.0, t2=0.45, t2s=0.08, pd=1.0, adc=0.7, hu=float(rng.uniform(30, 38)))
     comps = [
         oedema(blob.scaled(1.45, 0.2), GREY_AND_WHITE),

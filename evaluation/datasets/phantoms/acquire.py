@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dicom.phantoms.grids import Grid, bin_array
-from dicom.phantoms.scene import Scene
-from dicom.phantoms.tissue import Protocol, normal_tissues, signal
+from evaluation.datasets.phantoms.grids import Grid, bin_array
+from evaluation.datasets.phantoms.scene import Scene
+from evaluation.datasets.phantoms.tissue import Protocol, normal_tissues, signal
 
 MAX_STORED = 4095  # 12 bits stored
 CT_OFFSET = 1024
@@ -35,7 +35,7 @@ _WM_LEVEL = {
 
 
 @dataclass
-class Volume:
+class AcquiredVolume:
     """One stored 3D image of a series (i, j, k) plus per-volume header values."""
 
     data: np.ndarray  # uint16
@@ -46,7 +46,7 @@ class Volume:
 class Acquired:
     role: str
     grid: Grid
-    volumes: list[Volume]
+    volumes: list[AcquiredVolume]
     window: tuple[float, float]  # centre, width suggested in the header
     protocol: Protocol
     field_t: float
@@ -126,7 +126,7 @@ def acquire_mr(
     snr = _SNR[role] * (1.0 if field_t >= 2 else 0.65)
     img = rician(clean * bias_field(scene.grid, rng), wm / snr, rng)
     data = _store(img * np.float32(_WM_LEVEL[role] / wm))
-    return Acquired(role, scene.grid, [Volume(data)], _window(data), proto, field_t)
+    return Acquired(role, scene.grid, [AcquiredVolume(data)], _window(data), proto, field_t)
 
 
 def acquire_diffusion(
@@ -135,7 +135,7 @@ def acquire_diffusion(
     """DWI (b=0 and b=1000 volumes of one series) and the ADC map computed from them."""
     b0 = bin_array(scene.signal(proto, field_t, b=0.0), factor)
     b1 = bin_array(scene.signal(proto, field_t, b=proto.b), factor)
-    from dicom.phantoms.grids import binned
+    from evaluation.datasets.phantoms.grids import binned
 
     grid = binned(scene.grid, factor)
     bias = bias_field(grid, rng)
@@ -156,7 +156,7 @@ def acquire_diffusion(
         "dwi",
         grid,
         [
-            Volume(
+            AcquiredVolume(
                 d0,
                 {
                     "DiffusionBValue": 0.0,
@@ -164,7 +164,7 @@ def acquire_diffusion(
                     "DiffusionDirectionality": "NONE",
                 },
             ),
-            Volume(
+            AcquiredVolume(
                 d1,
                 {
                     "DiffusionBValue": float(proto.b),
@@ -177,7 +177,7 @@ def acquire_diffusion(
         proto,
         field_t,
     )
-    adc_acq = Acquired("adc", grid, [Volume(adc_data)], (1200.0, 2400.0), proto, field_t)
+    adc_acq = Acquired("adc", grid, [AcquiredVolume(adc_data)], (1200.0, 2400.0), proto, field_t)
     return dwi, adc_acq
 
 
@@ -186,4 +186,4 @@ def acquire_ct(scene: Scene, proto: Protocol, rng: np.random.Generator) -> Acqui
     hu = scene.signal(proto, 3.0)
     noisy = hu + gaussian(hu.shape, rng) * np.float32(4.0)
     data = np.clip(np.rint(noisy + CT_OFFSET), 0, MAX_STORED).astype(np.uint16)
-    return Acquired("ct", scene.grid, [Volume(data)], (40.0, 80.0), proto, 0.0)
+    return Acquired("ct", scene.grid, [AcquiredVolume(data)], (40.0, 80.0), proto, 0.0)

@@ -22,7 +22,7 @@ import nibabel as nib
 import numpy as np
 from scipy import ndimage
 
-from dicom.phantoms.tissue import TISSUES
+from evaluation.datasets.phantoms.tissue import TISSUES
 
 _FILES = {
     "t1": "mni_icbm152_t1_tal_nlin_sym_09a_converted.nii.gz",

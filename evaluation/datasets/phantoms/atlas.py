@@ -3,7 +3,7 @@
 Lobes and deep structures come from coordinate rules (planes and ellipsoids fitted by eye to
 the MNI152 2009a template: central sulcus, Sylvian line, tentorium, thalamus, basal ganglia);
 periventricular and juxtacortical white matter come from distance maps to the ventricles and
-the cortex of the template itself. Region names are those of ``evaluation.records.REGIONS``.
+the cortex of the template itself. Region names are those of ``evaluation.case.REGIONS``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
-from dicom.phantoms.anatomy import Anatomy, cached_arrays, get_anatomy
-from evaluation.records import Hemisphere
+from evaluation.case import Hemisphere
+from evaluation.datasets.phantoms.anatomy import Anatomy, cached_arrays, get_anatomy
 
 LOBES: tuple[str, ...] = ("frontal", "parietal", "temporal", "occipital", "insula")
 

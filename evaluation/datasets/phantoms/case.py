@@ -1,7 +1,7 @@
 """One phantom case: plan lesions, simulate and write every series, the mask, record and truth.
 
 Layout of a case folder: ``dicom/<MR|CT>_<nn>_<role>/IM0001.dcm...``, ``masks/lesions.nii.gz``,
-``ehr.json`` (FHIR R4 Bundle), ``note.txt`` and ``case.json`` (evaluation.records.Case).
+``ehr.json`` (FHIR R4 Bundle), ``note.txt`` and ``case.json`` (evaluation.case.Case).
 All randomness comes from (seed, case index), so the same seed gives the same bytes.
 """
 
@@ -18,26 +18,38 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from dicom.phantoms import truth
-from dicom.phantoms.acquire import Acquired, acquire_ct, acquire_diffusion, acquire_mr
-from dicom.phantoms.anatomy import get_anatomy
-from dicom.phantoms.atlas import get_atlas
-from dicom.phantoms.clinical import scenario
-from dicom.phantoms.ehr import build_bundle, note_text
-from dicom.phantoms.grids import CT_AXIAL, MR_AXIAL, SAG_T1, anatomy_tissues, grid_tissues
-from dicom.phantoms.identity import make_identity
-from dicom.phantoms.lesions import plan_lesions
-from dicom.phantoms.measure import (
+from evaluation.case import Case, GroundTruth, PlantedPHI, Provenance, TaskFamily
+from evaluation.datasets.phantoms import truth
+from evaluation.datasets.phantoms.acquire import Acquired, acquire_ct, acquire_diffusion, acquire_mr
+from evaluation.datasets.phantoms.anatomy import get_anatomy
+from evaluation.datasets.phantoms.atlas import get_atlas
+from evaluation.datasets.phantoms.clinical import scenario
+from evaluation.datasets.phantoms.ehr import build_bundle, note_text
+from evaluation.datasets.phantoms.grids import (
+    CT_AXIAL,
+    MR_AXIAL,
+    SAG_T1,
+    anatomy_tissues,
+    grid_tissues,
+)
+from evaluation.datasets.phantoms.identity import make_identity
+from evaluation.datasets.phantoms.lesions import plan_lesions
+from evaluation.datasets.phantoms.measure import (
     lesion_patch,
     lesion_signals,
     lesion_truth,
     restricted_diffusion,
 )
-from dicom.phantoms.scene import Lesion, Scene, build_scene, label_map
-from dicom.phantoms.series import GENERATOR, GENERATOR_VERSION, SERIES, StudyHeader, write_series
-from dicom.phantoms.spec import CaseSpec, sequences_for, turns_for
-from dicom.phantoms.tissue import protocols
-from evaluation.records import Case, GroundTruth, PlantedPHI, Provenance, TaskFamily
+from evaluation.datasets.phantoms.scene import Lesion, Scene, build_scene, label_map
+from evaluation.datasets.phantoms.series import (
+    GENERATOR,
+    GENERATOR_VERSION,
+    SERIES,
+    StudyHeader,
+    write_series,
+)
+from evaluation.datasets.phantoms.spec import CaseSpec, sequences_for, turns_for
+from evaluation.datasets.phantoms.tissue import protocols
 
 _AGE = {
     "normal": (22, 62),
@@ -54,7 +66,7 @@ _MR_ROLE_CLASS = {r: SERIES[r].seq_class for r in SERIES}
 
 
 @dataclass
-class CaseResult:
+class GeneratedCase:
     case: Case
     folder: Path
     files: dict[str, str]  # path relative to the case folder -> sha256
@@ -95,9 +107,9 @@ def _midline_shift(lesions: list[Lesion]) -> float:
     return shift
 
 
-def generate_case(out_dir: str | Path, spec_or_index: CaseSpec | int, seed: int) -> CaseResult:
+def generate_case(out_dir: str | Path, spec_or_index: CaseSpec | int, seed: int) -> GeneratedCase:
     """Generate one case into ``out_dir/<case_id>`` and return its Case record and file hashes."""
-    from dicom.phantoms.spec import case_spec
+    from evaluation.datasets.phantoms.spec import case_spec
 
     spec = spec_or_index if isinstance(spec_or_index, CaseSpec) else case_spec(spec_or_index)
     folder = Path(out_dir) / spec.case_id
@@ -302,7 +314,7 @@ def generate_case(out_dir: str | Path, spec_or_index: CaseSpec | int, seed: int)
         for p in sorted(folder.rglob("*"))
         if p.is_file()
     }
-    return CaseResult(case=case, folder=folder, files=files, series=series_info)
+    return GeneratedCase(case=case, folder=folder, files=files, series=series_info)
 
 
 def _jsonable(d: dict[str, object]) -> dict[str, object]:

@@ -13,10 +13,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from dicom.phantoms.atlas import Atlas
-from dicom.phantoms.scene import Lesion, Part, Patch, Scene, intersect, patch_values
-from dicom.phantoms.tissue import TISSUES, Protocol, TissueParams, normal_tissues, signal
-from evaluation.records import Enhancement, Hemisphere, LesionTruth, Signal
+from evaluation.case import Enhancement, Hemisphere, LesionTruth, Signal
+from evaluation.datasets.phantoms.atlas import Atlas
+from evaluation.datasets.phantoms.scene import Lesion, Part, Patch, Scene, intersect, patch_values
+from evaluation.datasets.phantoms.tissue import (
+    TISSUES,
+    Protocol,
+    TissueParams,
+    normal_tissues,
+    signal,
+)
 
 MR_HYPER, MR_HYPO = 1.15, 0.87
 CT_HYPER, CT_HYPO = 6.0, -4.0

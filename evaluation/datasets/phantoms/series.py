@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from pydicom.dataset import Dataset
 
-from dicom.phantoms.acquire import CT_OFFSET, Acquired
-from dicom.phantoms.dicomio import SeriesWriter, uid
-from dicom.phantoms.grids import Grid
+from evaluation.datasets.phantoms.acquire import CT_OFFSET, Acquired
+from evaluation.datasets.phantoms.dicomio import SeriesWriter, uid
+from evaluation.datasets.phantoms.grids import Grid
 
 MR_STORAGE = "1.2.840.10008.5.1.4.1.1.4"
 CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2"

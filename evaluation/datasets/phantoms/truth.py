@@ -7,8 +7,8 @@ tissue model), the acquired sequences and the clinical record.
 
 from __future__ import annotations
 
-from dicom.phantoms.clinical import Clinical
-from evaluation.records import Diagnosis, DiseaseGroup, LesionTruth, Signal
+from evaluation.case import Diagnosis, DiseaseGroup, LesionTruth, Signal
+from evaluation.datasets.phantoms.clinical import Clinical
 
 G = DiseaseGroup
 

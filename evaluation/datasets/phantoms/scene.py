@@ -16,9 +16,9 @@ from typing import Literal
 import numpy as np
 from scipy import ndimage
 
-from dicom.phantoms.grids import Grid, GridTissues
-from dicom.phantoms.shapes import MassEffect, Shape
-from dicom.phantoms.tissue import (
+from evaluation.datasets.phantoms.grids import Grid, GridTissues
+from evaluation.datasets.phantoms.shapes import MassEffect, Shape
+from evaluation.datasets.phantoms.tissue import (
     BRAIN_TISSUES,
     TISSUES,
     Modifier,
@@ -57,7 +57,7 @@ class Lesion:
     components: list[Component]
     centre: tuple[float, float, float]
     mass_effect: MassEffect | None = None
-    enhancement: str = "none"  # an evaluation.records.Enhancement value
+    enhancement: str = "none"  # an evaluation.case.Enhancement value
     fine_region: bool = False  # small white-matter lesion: periventricular/juxtacortical names
     extra_axial: bool = False
     facts: dict[str, object] = field(default_factory=dict)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 
-from dicom.phantoms.anatomy import Anatomy
-from dicom.phantoms.tissue import TISSUES
+from evaluation.datasets.phantoms.anatomy import Anatomy
+from evaluation.datasets.phantoms.tissue import TISSUES
 
 
 @dataclass(frozen=True)
