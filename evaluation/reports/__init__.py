@@ -13,7 +13,7 @@ import importlib
 from typing import Any
 
 # Public names -> the module defining them. Loaded on first use (PEP 562), so that importing
-# a submodule (the CLI registers ``evaluation.reports.cli`` at start-up) does not pull in
+# a submodule (the CLI registers ``gateway.cli.report`` at start-up) does not pull in
 # matplotlib, Jinja2 and the scorers.
 _EXPORTS = {
     "ReportIndex": "bundle",

@@ -1,4 +1,4 @@
-"""Command-line groups of the gateway: ``pacs``, ``tokens`` and ``serve`` (registered in cli.py)."""
+"""``neurosandbox pacs``: the local Orthanc (Debian package) on loopback ports."""
 
 from __future__ import annotations
 
@@ -8,21 +8,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from gateway.cli.console import console, fail
 from gateway.settings import get_settings
 
-console = Console(stderr=True)
 pacs_app = typer.Typer(
     help="The local Orthanc (Debian package) on loopback ports.", no_args_is_help=True
 )
-tokens_app = typer.Typer(help="API bearer tokens (stored hashed).", no_args_is_help=True)
-
-
-def _fail(message: str, code: int = 1) -> None:
-    console.print(f"[red]error:[/red] {escape(message)}")
-    raise typer.Exit(code)
 
 
 @pacs_app.command("up")
@@ -36,8 +29,7 @@ def pacs_up(
     try:
         ep = pacs.up()
     except PacsError as exc:
-        _fail(str(exc))
-        return
+        raise fail(str(exc)) from None
     if as_json:
         print(ep.model_dump_json(indent=2))
     else:
@@ -107,8 +99,9 @@ def pacs_config(
     ep = resolve_endpoints(settings)
     password = orthanc_password(settings, ep)
     if not password:
-        _fail("set NEUROSANDBOX_ORTHANC_PASSWORD_FILE (or NEUROSANDBOX_ORTHANC_PASSWORD)")
-        return
+        raise fail(
+            "set NEUROSANDBOX_ORTHANC_PASSWORD_FILE (or NEUROSANDBOX_ORTHANC_PASSWORD)"
+        ) from None
     config = render_config(
         name="NeuroSandbox",
         storage_dir=storage,
@@ -128,55 +121,3 @@ def pacs_config(
     )
     write_secret(out, json.dumps(config, indent=2))
     console.print(f"wrote {escape(str(out))}")
-
-
-@tokens_app.command("create")
-def tokens_create(
-    role: Annotated[str, typer.Option("--role", help="reviewer or admin")] = "reviewer",
-    name: Annotated[str, typer.Option("--name", help="who or what uses it")] = "",
-) -> None:
-    """Create a token; it is printed once (stdout) and stored only as a hash."""
-    from gateway.auth import Role, TokenStore
-
-    try:
-        r = Role(role)
-    except ValueError:
-        _fail(f"--role must be reviewer or admin, not {role!r}", 2)
-        return
-    store = TokenStore(get_settings().data_dir / "secret" / "tokens.json")
-    rec, token = store.create(r, name)
-    console.print(f"token {rec.id} ({rec.role.value}) created; it is shown only now:")
-    print(token)
-
-
-@tokens_app.command("list")
-def tokens_list() -> None:
-    """Token ids, names, roles (never the secrets)."""
-    from gateway.auth import TokenStore
-
-    for rec in TokenStore(get_settings().data_dir / "secret" / "tokens.json").list():
-        state = "revoked" if rec.revoked else "active"
-        print(f"{rec.id}\t{rec.role.value}\t{state}\t{rec.created_at}\t{rec.name}")
-
-
-@tokens_app.command("revoke")
-def tokens_revoke(token_id: Annotated[str, typer.Argument(help="token id")]) -> None:
-    """Revoke a token (takes effect at once, also in a running server)."""
-    from gateway.auth import TokenError, TokenStore
-
-    try:
-        TokenStore(get_settings().data_dir / "secret" / "tokens.json").revoke(token_id)
-    except TokenError as exc:
-        _fail(str(exc))
-    console.print(f"token {escape(token_id)} revoked")
-
-
-def serve_command() -> None:
-    """Run the HTTP API and the DICOM node together (settings: NEUROSANDBOX_* variables)."""
-    from gateway.routing import RoutingError
-    from gateway.serve import serve
-
-    try:
-        serve(get_settings())
-    except RoutingError as exc:
-        _fail(str(exc), 2)

@@ -16,8 +16,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from evaluation.case import TaskFamily
-from evaluation.engine_cli import ProgressBar, _fail, _show, print_run, table_console
 from evaluation.errors import EvaluationError
+from gateway.cli.console import ProgressBar, fail, print_run, show_run, table_console
 
 runs_app = typer.Typer(
     help="List, show, resume, re-score and export evaluation runs.", no_args_is_help=True
@@ -108,10 +108,10 @@ def runs_show(
             json.dump(out, sys.stdout, indent=2, default=str)
             sys.stdout.write("\n")
             return
-        _show(run_dir)
+        show_run(run_dir)
         _show_calibration(run_dir, log)
     except EvaluationError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 # The review log is unreadable, or the run cannot be loaded for it (e.g. its dataset is gone).
@@ -204,7 +204,7 @@ def runs_compare(
     try:
         family = TaskFamily(task) if task else None
     except ValueError:
-        raise _fail(
+        raise fail(
             f"unknown task family {task!r}; one of {', '.join(f.value for f in TaskFamily)}"
         ) from None
     try:
@@ -214,15 +214,15 @@ def runs_compare(
             if model_a is None and model_b is None and len(models) == 2:
                 model_a, model_b = models
             if model_a is None or model_b is None:
-                raise _fail(f"give --a and --b: the run's models are {', '.join(models) or 'none'}")
+                raise fail(f"give --a and --b: the run's models are {', '.join(models) or 'none'}")
             for m in (model_a, model_b):
                 if m not in models:
-                    raise _fail(f"model {m!r} is not in this run ({', '.join(models)})")
+                    raise fail(f"model {m!r} is not in this run ({', '.join(models)})")
             result = compare(store, model_a, model_b, family=family, n_boot=n_boot)
         finally:
             store.close()
     except (EvaluationError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     if as_json:
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
         return
@@ -277,7 +277,7 @@ def runs_resume(
                 )
             )
     except EvaluationError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     print_run(stats, run_dir)
 
 
@@ -292,9 +292,9 @@ def runs_rescore(
     try:
         counts = rescore(run_dir, bertscore=bertscore)
     except EvaluationError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     console.print(", ".join(f"{k} {v}" for k, v in counts.items()))
-    _show(run_dir)
+    show_run(run_dir)
 
 
 @runs_app.command("judge")
@@ -339,7 +339,7 @@ def runs_judge(
             result = asyncio.run(judge_run(run_dir, spec, progress=progress))
         counts = rescore(run_dir)
     except EvaluationError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     console.print(
         f"{result.pairs} undecided pair(s): {result.asked} asked now, {result.equivalent} "
         f"equivalent, {result.not_equivalent} not, {result.unreadable} unreadable, "
@@ -347,7 +347,7 @@ def runs_judge(
         f"{escape(result.cache)}"
     )
     console.print(", ".join(f"{k} {v}" for k, v in counts.items()))
-    _show(run_dir)
+    show_run(run_dir)
 
 
 @runs_app.command("export")
@@ -366,5 +366,5 @@ def runs_export(
         finally:
             store.close()
     except EvaluationError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     console.print(f"wrote {n} records to {escape(str(out))}")

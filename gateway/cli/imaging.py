@@ -1,4 +1,4 @@
-"""The `neurosandbox` command line."""
+"""``neurosandbox inspect`` and ``render``: the imaging core on a file, folder, zip or NIfTI."""
 
 from __future__ import annotations
 
@@ -13,14 +13,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gateway.cli.console import console
 from gateway.settings import get_settings
-
-app = typer.Typer(
-    help="NeuroSandbox: evaluate vision-language models on neuro MRI/CT from a PACS.",
-    no_args_is_help=True,
-    add_completion=False,
-)
-console = Console(stderr=True)
 
 
 def _progress(done: int, total: int) -> None:
@@ -28,7 +22,6 @@ def _progress(done: int, total: int) -> None:
         console.print(f"  read {done}/{total} headers", end="\r")
 
 
-@app.command()
 def inspect(
     path: Annotated[
         Path, typer.Argument(help="DICOM file, folder (recursive), zip archive or NIfTI file")
@@ -100,7 +93,6 @@ def inspect(
         Console().print(err)
 
 
-@app.command()
 def render(
     path: Annotated[Path, typer.Argument(help="DICOM file, folder, zip archive or NIfTI file")],
     out: Annotated[Path, typer.Option("--out", help="output folder for PNGs and manifest.json")],
@@ -192,63 +184,3 @@ def render(
     )
     if not manifest.images:
         raise typer.Exit(1)
-
-
-@app.command()
-def demo(
-    out: Annotated[Path, typer.Option("--out", help="output folder")] = Path("out/demo"),
-    cases: Annotated[int, typer.Option(help="phantom cases to generate")] = 25,
-    seed: Annotated[int, typer.Option(help="phantom suite seed")] = 0,
-    samples: Annotated[int, typer.Option(help="independent samples per task (pass@k)")] = 1,
-    keep: Annotated[
-        bool, typer.Option("--keep", envvar="KEEP", help="leave Orthanc running afterwards")
-    ] = False,
-) -> None:
-    """The main job: local Orthanc, phantom suite sent by C-STORE, evaluation of every task
-    family with the reference models (plus NEUROSANDBOX_MODELS), reports, SR and PDF back in
-    Orthanc, leaderboard. A second run reuses the suite, the studies and the render cache."""
-    import os
-
-    from gateway.demo import REFERENCE_MODELS, DemoError, run_demo
-
-    settings = get_settings()
-    extra = (
-        [m for m in settings.models if m not in REFERENCE_MODELS]
-        if os.environ.get("NEUROSANDBOX_MODELS")
-        else []
-    )
-    try:
-        run_demo(settings, out, cases, seed, samples, keep, extra)
-    except DemoError as exc:
-        console.print(f"[red]error:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from None
-
-
-from gateway.commands import pacs_app, serve_command, tokens_app  # noqa: E402 (PACS gateway)
-
-app.add_typer(pacs_app, name="pacs")
-app.add_typer(tokens_app, name="tokens")
-app.command("serve")(serve_command)
-
-from evaluation.reports.cli import report_command  # noqa: E402 (reports)
-
-app.command("report")(report_command)
-
-
-from evaluation.datasets.phantoms.cli import phantoms_command  # noqa: E402 (phantom suite)
-
-app.command("phantoms")(phantoms_command)
-
-from evaluation.engine_cli import eval_command  # noqa: E402 (evaluation engine)
-from evaluation.runs_cli import runs_app  # noqa: E402
-
-app.command("eval")(eval_command)
-app.add_typer(runs_app, name="runs")
-
-from gateway.models_cli import models_app  # noqa: E402 (models check)
-
-app.add_typer(models_app, name="models")
-
-
-def main() -> None:  # pragma: no cover
-    app()

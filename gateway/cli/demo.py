@@ -20,12 +20,14 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import Annotated
 
 import pydicom
+import typer
 from rich.console import Console
 from rich.markup import escape
 
-from gateway.settings import Settings
+from gateway.settings import Settings, get_settings
 
 REFERENCE_MODELS = ["reference/image-rules", "reference/text-prior"]
 STORESCU = "/usr/bin/storescu"
@@ -121,10 +123,10 @@ def _evaluate(
 ) -> None:
     from evaluation.datasets import DatasetSpec
     from evaluation.engine import start_run
-    from evaluation.engine_cli import ProgressBar, print_run
     from evaluation.models import resolve_specs
     from evaluation.phi import PHIPolicy
     from evaluation.runconfig import RunConfig
+    from gateway.cli.console import ProgressBar, print_run
 
     specs = resolve_specs(
         REFERENCE_MODELS + extra,
@@ -300,3 +302,30 @@ def run_demo(
     for w in index.warnings:
         console.print(f"  [yellow]warning:[/yellow] {escape(w)}")
     return report_dir
+
+
+def demo_command(
+    out: Annotated[Path, typer.Option("--out", help="output folder")] = Path("out/demo"),
+    cases: Annotated[int, typer.Option(help="phantom cases to generate")] = 25,
+    seed: Annotated[int, typer.Option(help="phantom suite seed")] = 0,
+    samples: Annotated[int, typer.Option(help="independent samples per task (pass@k)")] = 1,
+    keep: Annotated[
+        bool, typer.Option("--keep", envvar="KEEP", help="leave Orthanc running afterwards")
+    ] = False,
+) -> None:
+    """The main job: local Orthanc, phantom suite sent by C-STORE, evaluation of every task
+    family with the reference models (plus NEUROSANDBOX_MODELS), reports, SR and PDF back in
+    Orthanc, leaderboard. A second run reuses the suite, the studies and the render cache."""
+    import os
+
+    settings = get_settings()
+    extra = (
+        [m for m in settings.models if m not in REFERENCE_MODELS]
+        if os.environ.get("NEUROSANDBOX_MODELS")
+        else []
+    )
+    try:
+        run_demo(settings, out, cases, seed, samples, keep, extra)
+    except DemoError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None

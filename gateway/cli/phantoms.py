@@ -1,4 +1,4 @@
-"""`neurosandbox phantoms`: generate the synthetic phantom suite (registered in gateway/cli.py)."""
+"""`neurosandbox phantoms`: generate the synthetic phantom suite (registered in gateway/cli/)."""
 
 from __future__ import annotations
 

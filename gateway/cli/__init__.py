@@ -1,0 +1,40 @@
+"""The `neurosandbox` command line: the composition root, one module per command group.
+
+Commands read the settings (gateway.settings) and call the libraries with explicit arguments.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from gateway.cli.demo import demo_command
+from gateway.cli.eval import eval_command
+from gateway.cli.imaging import inspect, render
+from gateway.cli.models import models_app
+from gateway.cli.pacs import pacs_app
+from gateway.cli.phantoms import phantoms_command
+from gateway.cli.report import report_command
+from gateway.cli.runs import runs_app
+from gateway.cli.serve import serve_command
+from gateway.cli.tokens import tokens_app
+
+app = typer.Typer(
+    help="NeuroSandbox: evaluate vision-language models on neuro MRI/CT from a PACS.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command("inspect")(inspect)
+app.command("render")(render)
+app.command("demo")(demo_command)
+app.add_typer(pacs_app, name="pacs")
+app.add_typer(tokens_app, name="tokens")
+app.command("serve")(serve_command)
+app.command("report")(report_command)
+app.command("phantoms")(phantoms_command)
+app.command("eval")(eval_command)
+app.add_typer(runs_app, name="runs")
+app.add_typer(models_app, name="models")
+
+
+def main() -> None:  # pragma: no cover
+    app()

@@ -1,0 +1,53 @@
+"""``neurosandbox tokens``: API bearer tokens (stored hashed)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+
+from gateway.cli.console import console, fail
+from gateway.settings import get_settings
+
+tokens_app = typer.Typer(help="API bearer tokens (stored hashed).", no_args_is_help=True)
+
+
+@tokens_app.command("create")
+def tokens_create(
+    role: Annotated[str, typer.Option("--role", help="reviewer or admin")] = "reviewer",
+    name: Annotated[str, typer.Option("--name", help="who or what uses it")] = "",
+) -> None:
+    """Create a token; it is printed once (stdout) and stored only as a hash."""
+    from gateway.auth import Role, TokenStore
+
+    try:
+        r = Role(role)
+    except ValueError:
+        raise fail(f"--role must be reviewer or admin, not {role!r}", 2) from None
+    store = TokenStore(get_settings().data_dir / "secret" / "tokens.json")
+    rec, token = store.create(r, name)
+    console.print(f"token {rec.id} ({rec.role.value}) created; it is shown only now:")
+    print(token)
+
+
+@tokens_app.command("list")
+def tokens_list() -> None:
+    """Token ids, names, roles (never the secrets)."""
+    from gateway.auth import TokenStore
+
+    for rec in TokenStore(get_settings().data_dir / "secret" / "tokens.json").list():
+        state = "revoked" if rec.revoked else "active"
+        print(f"{rec.id}\t{rec.role.value}\t{state}\t{rec.created_at}\t{rec.name}")
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(token_id: Annotated[str, typer.Argument(help="token id")]) -> None:
+    """Revoke a token (takes effect at once, also in a running server)."""
+    from gateway.auth import TokenError, TokenStore
+
+    try:
+        TokenStore(get_settings().data_dir / "secret" / "tokens.json").revoke(token_id)
+    except TokenError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"token {escape(token_id)} revoked")
