@@ -13,15 +13,24 @@ import asyncio
 import datetime as dt
 import json
 import queue
+import sqlite3
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
 from evaluation.scores import ErrorLabel, Score
 
-if TYPE_CHECKING:
-    from evaluation.store import RunStore
+
+class CommitTarget(Protocol):
+    """What the writer thread needs of a store (evaluation.store.RunStore has both)."""
+
+    @property
+    def lock(self) -> threading.RLock: ...
+
+    @property
+    def connection(self) -> sqlite3.Connection: ...
+
 
 Statements = list[tuple[str, tuple[Any, ...]]]
 _STOP = object()
@@ -39,7 +48,7 @@ def sample_id(case_id: str, task: str, model: str, sample: int) -> str:
 class GroupCommitter:
     """Commits statement groups from one writer thread; ``submit`` awaits the commit."""
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: CommitTarget) -> None:
         self._store = store
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)

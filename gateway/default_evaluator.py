@@ -38,7 +38,7 @@ from evaluation.runconfig import RunConfig
 from evaluation.scores import ParseStatus
 from evaluation.store import STORE_FILE, RunStore
 from gateway.cache import check_uid
-from gateway.pipeline import CaseResult, EvaluationResult
+from gateway.results import CaseResult, EvaluationResult
 from gateway.routing import Route
 from gateway.settings import Settings
 

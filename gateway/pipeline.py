@@ -22,20 +22,17 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import pydicom
-from pydantic import BaseModel, Field
 
 from dicom.index import index_path
-from evaluation.answers import Answer, Finding
-from evaluation.case import ImageRef, TaskFamily
-from evaluation.reports.rundata import RunData
-from evaluation.scores import ParseStatus, Score
+from evaluation.answers import Answer
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient
+from gateway.results import CaseResult, EvaluationResult
 from gateway.routing import Route, Router, StudyFacts
 from gateway.run_report import publish, write_checklist
-from gateway.runs import RunRecord, RunStatus, RunStore
+from gateway.runs import RunRecord, RunStatus, StudyRunStore
 from gateway.scp import ReceivedStudy, uid_key
 from gateway.sr import (
     build_pdf,
@@ -47,33 +44,6 @@ from gateway.sr import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class CaseResult(BaseModel):
-    """One model's answer to one task on the study."""
-
-    case_id: str
-    model: str
-    task: TaskFamily
-    answer: Answer | None = None
-    final_diagnosis: str | None = None
-    findings: list[Finding] = Field(default_factory=list)
-    scores: list[Score] = Field(default_factory=list)
-    parse_status: ParseStatus = ParseStatus.OK
-    error: str | None = None
-
-
-class EvaluationResult(BaseModel):
-    evaluator: str
-    study_uid: str
-    route: Route
-    cases: list[CaseResult] = Field(default_factory=list)
-    images: list[ImageRef] = Field(default_factory=list)  # paths relative to the work folder
-    evaluated_series_uids: list[str] = Field(default_factory=list)
-    modality: str = "MR"
-    warnings: list[str] = Field(default_factory=list)
-    # The engine's run as the report bundle reads it; the pipeline writes its checklist.
-    run: RunData = Field(exclude=True, repr=False)
 
 
 @runtime_checkable
@@ -112,7 +82,7 @@ class StudyPipeline:
         orthanc: OrthancClient,
         evaluator: Evaluator,
         router: Router,
-        runs: RunStore,
+        runs: StudyRunStore,
         audit: AuditLog,
         cache: InstanceCache,
         upload_threads: int = 4,

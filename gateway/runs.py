@@ -22,7 +22,7 @@ from gateway.cache import atomic_writer
 from gateway.routing import Route
 
 if TYPE_CHECKING:
-    from gateway.pipeline import EvaluationResult
+    from gateway.results import EvaluationResult
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -74,7 +74,7 @@ class RunNotFoundError(KeyError):
     """No run with this id."""
 
 
-class RunStore:
+class StudyRunStore:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.runs_dir = root / "runs"

@@ -12,7 +12,7 @@ from gateway.api import GatewayContext, create_app
 from gateway.audit import AuditLog
 from gateway.auth import TokenStore
 from gateway.orthanc import OrthancClient
-from gateway.runs import RunStore
+from gateway.runs import StudyRunStore
 from gateway.settings import Settings
 
 
@@ -28,7 +28,7 @@ def build_context(
     return GatewayContext(
         settings=settings,
         orthanc=OrthancClient(orthanc_url, user, password, timeout_s=30),
-        runs=RunStore(data),
+        runs=StudyRunStore(data),
         audit=AuditLog(data / "audit.jsonl"),
         tokens=TokenStore(data / "secret" / "tokens.json"),
     )

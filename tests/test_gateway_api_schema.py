@@ -22,7 +22,7 @@ from gateway.default_evaluator import DefaultEvaluator
 from gateway.orthanc import OrthancClient
 from gateway.pipeline import StudyPipeline
 from gateway.routing import Router
-from gateway.runs import RunStore
+from gateway.runs import StudyRunStore
 
 pytestmark = pytest.mark.integration
 TOKEN: dict[str, str] = {}
@@ -33,7 +33,7 @@ def api_schema(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathF
     data: Path = tmp_path_factory.mktemp("schema-data")
     ep = orthanc_server.endpoints
     orthanc = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=30)
-    runs, audit = RunStore(data), AuditLog(data / "audit.jsonl")
+    runs, audit = StudyRunStore(data), AuditLog(data / "audit.jsonl")
     tokens = TokenStore(data / "tokens.json")
     TOKEN["admin"] = tokens.create(Role.ADMIN, "schemathesis")[1]
     settings_ = orthanc_server.settings.model_copy(update={"data_dir": data})

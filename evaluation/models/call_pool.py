@@ -160,7 +160,7 @@ class _Channel(asyncio.Protocol):
 
 def _worker(conn: Connection, prepare_inline: bool) -> None:
     _die_with_parent()
-    from evaluation.models.litellm_adapter import (
+    from evaluation.models.litellm_lib import (
         classify_exception,
         import_litellm,
         retry_after_of,

@@ -97,7 +97,7 @@ def split_model(litellm_model: str) -> tuple[str, str]:
     prefix, _, rest = litellm_model.partition("/")
     if rest and prefix in FAMILIES:
         return prefix, rest
-    from evaluation.models.litellm_adapter import import_litellm
+    from evaluation.models.litellm_lib import import_litellm
 
     try:
         model, provider, _, _ = import_litellm().get_llm_provider(litellm_model)
@@ -178,7 +178,7 @@ def price_known(litellm_model: str) -> bool:
     Looked up in ``litellm.model_cost`` itself: ``get_model_info`` invents a zero-priced entry
     for an unknown Anthropic model and asks a live Ollama server, neither of which we want.
     """
-    from evaluation.models.litellm_adapter import import_litellm
+    from evaluation.models.litellm_lib import import_litellm
 
     prices = import_litellm().model_cost
     provider, model = split_model(litellm_model)
@@ -207,7 +207,7 @@ ALIASES = {
 
 def unsent_params(profile: ProviderProfile, params: dict[str, Any]) -> list[str]:
     """Which of ``params`` (OpenAI names) litellm will not send to this provider and model."""
-    from evaluation.models.litellm_adapter import import_litellm
+    from evaluation.models.litellm_lib import import_litellm
 
     litellm = import_litellm()
     try:

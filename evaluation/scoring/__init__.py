@@ -7,7 +7,8 @@ is async (``grade``); ``rubric_from_outputs`` rebuilds it from stored grader rep
 """
 
 from evaluation.scoring.compare import PairedComparison, compare
-from evaluation.scoring.judge import EquivalenceJudge, JudgeCache, unknown_pairs
+from evaluation.scoring.judge import EquivalenceJudge, unknown_pairs
+from evaluation.scoring.judge_cache import JudgeCache
 from evaluation.scoring.lexicon import Lexicon, MatchLevel, default_lexicon, match_diagnosis
 from evaluation.scoring.passk import ranked_pass_at_k, sampled_pass_at_k
 from evaluation.scoring.rubric import grade, grader_calibration, rubric_from_outputs

@@ -35,7 +35,7 @@ from evaluation.case import Diagnosis, DiseaseGroup
 from evaluation.scoring.text import normalise, tokens
 
 if TYPE_CHECKING:
-    from evaluation.scoring.judge import JudgeCache
+    from evaluation.scoring.judge_cache import JudgeCache
 
 LEXICON_PATH = Path(__file__).with_name("data") / "neuro_lexicon.yaml"
 _NEGATION_BEFORE = frozenset({"no", "not", "without", "excluding", "exclude", "excluded", "non"})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case, DiseaseGroup, TaskFamily
 from evaluation.scores import ParseStatus, Score
-from evaluation.scoring.judge import JudgeCache
+from evaluation.scoring.judge_cache import JudgeCache
 from evaluation.scoring.lesions import match_lesions
 from evaluation.scoring.lexicon import Lexicon, default_lexicon, match_diagnosis
 from evaluation.scoring.neurovlm import classification_scores

@@ -8,7 +8,7 @@ from gateway.audit import AuditLog
 from gateway.auth import TokenStore
 from gateway.orthanc import OrthancClient
 from gateway.pipeline import StudyPipeline
-from gateway.runs import RunStore
+from gateway.runs import StudyRunStore
 from gateway.settings import Settings
 
 
@@ -16,7 +16,7 @@ from gateway.settings import Settings
 class GatewayContext:
     settings: Settings
     orthanc: OrthancClient
-    runs: RunStore
+    runs: StudyRunStore
     audit: AuditLog
     tokens: TokenStore
     pipeline: StudyPipeline | None = None  # None: the API can read but not start evaluations
@@ -27,7 +27,7 @@ class GatewayContext:
         return cls(
             settings=settings,
             orthanc=OrthancClient.from_settings(settings),
-            runs=RunStore(data),
+            runs=StudyRunStore(data),
             audit=AuditLog(data / "audit.jsonl"),
             tokens=TokenStore(data / "secret" / "tokens.json"),
         )
