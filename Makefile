@@ -23,6 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 test: setup
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
@@ -32,6 +33,7 @@ bench: setup
 	$(PY) bench/render.py
 
 lint: setup
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/ruff check dicom gateway evaluation tests bench
 	$(VENV)/bin/ruff format --check dicom gateway evaluation tests bench
 	$(VENV)/bin/mypy

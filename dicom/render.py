@@ -13,6 +13,7 @@ to grey, fitted, labelled (dicom.montage) and encoded (dicom.png).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Callable
@@ -408,3 +409,29 @@ def render_path(
     out.mkdir(parents=True, exist_ok=True)
     (out / "manifest.json").write_text(manifest.model_dump_json(indent=2))
     return manifest
+
+
+# Every module whose code decides the bytes of a rendered PNG: a change to any of them must
+# invalidate cached renders.
+RENDER_MODULES = (
+    "render",
+    "display",
+    "window",
+    "montage",
+    "png",
+    "pixels",
+    "percentile",
+    "geometry",
+)
+
+
+@functools.cache  # the sources do not change while a process runs
+def renderer_version() -> str:
+    """A digest of the renderer's code: the part of a render cache key that says which code drew it."""
+    import importlib
+
+    h = hashlib.sha256()
+    for name in RENDER_MODULES:
+        module = importlib.import_module(f"dicom.{name}")
+        h.update(name.encode() + b"\0" + Path(str(module.__file__)).read_bytes())
+    return h.hexdigest()[:16]

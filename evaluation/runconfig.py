@@ -6,13 +6,14 @@ import importlib.metadata
 import subprocess
 import uuid
 from pathlib import Path
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
 from evaluation.case import TaskFamily
 from evaluation.datasets import DatasetSpec
 from evaluation.modelio import GenerateConfig
-from evaluation.models.spec import ModelSpec
+from evaluation.models.spec import ModelSpec, resolve_specs
 from evaluation.phi import PHIPolicy
 from evaluation.tasks import DEFAULT_MAX_IMAGES, Ablation
 
@@ -32,6 +33,22 @@ PACKAGES = (
 )
 # Neural-MedBench decoding: zero-shot, temperature 0.7, top_p 0.95.
 DEFAULT_GENERATE = GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=2048)
+
+
+class EngineSettings(Protocol):
+    """What a run takes from the service's settings (gateway.settings.Settings has each field).
+
+    Declared here so that evaluation never imports the gateway: the composition root hands its
+    settings object in.
+    """
+
+    models: list[str]  # model names when none are given
+    models_file: Path | None
+    api_base: str | None
+    concurrency: int
+    call_processes: int
+    phi_trusted_hosts: list[str]
+    cache_dir: Path
 
 
 class RunConfig(BaseModel):
@@ -56,6 +73,52 @@ class RunConfig(BaseModel):
     )
     cache_dir: str | None = None  # render cache (None: settings)
     durable: bool = False  # fsync every commit (power-loss safe)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: EngineSettings,
+        dataset: DatasetSpec,
+        *,
+        models: list[str] | None = None,
+        graders: list[str] | None = None,
+        models_file: Path | None = None,
+        api_base: str | None = None,
+        api_key_env: str | None = None,
+        concurrency: int | None = None,
+        processes: int | None = None,
+        trusted_hosts: list[str] | None = None,
+        cache_dir: Path | None = None,
+        **fields: Any,
+    ) -> RunConfig:
+        """The one way a command, the demo or the gateway builds a run: the arguments given win,
+        the settings fill the rest (models, models file, endpoint, concurrency, worker processes,
+        trusted hosts, render cache). ``fields`` are the other RunConfig fields, as given."""
+        models_file = models_file or settings.models_file
+        api_base = api_base or settings.api_base
+        specs = resolve_specs(
+            models or list(settings.models),
+            models_file=models_file,
+            api_base=api_base,
+            api_key_env=api_key_env,
+            concurrency=concurrency or settings.concurrency,
+            processes=processes if processes is not None else settings.call_processes,
+        )
+        jury = (
+            resolve_specs(
+                graders, models_file=models_file, api_base=api_base, api_key_env=api_key_env
+            )
+            if graders
+            else []
+        )
+        return cls(
+            dataset=dataset,
+            models=specs,
+            graders=jury,
+            phi=PHIPolicy(trusted=trusted_hosts or list(settings.phi_trusted_hosts)),
+            cache_dir=str((cache_dir or settings.cache_dir).resolve()),
+            **fields,
+        )
 
     def seed_for(self, sample: int) -> int | None:
         return None if self.seed is None else self.seed + sample

@@ -21,22 +21,28 @@ import os
 import shutil
 from pathlib import Path
 
-from dicom.index import index_path
-from dicom.records import IndexResult
-from evaluation.answers import Answer, ClassificationAnswer
-from evaluation.case import Case as EvalCase
-from evaluation.case import ImageRef, Provenance, TaskFamily
-from evaluation.datasets import Dataset, DatasetSpec, dataset_hash
-from evaluation.datasets.rendering import RenderPlan, render_study
-from evaluation.engine import start_run
-from evaluation.modelio import GenerateConfig
-from evaluation.models import resolve_specs
-from evaluation.phi import PHIPolicy
-from evaluation.reports.rundata import SampleResult
-from evaluation.reports.storeread import run_from_store
-from evaluation.runconfig import RunConfig
-from evaluation.scores import ParseStatus
-from evaluation.store import STORE_FILE, RunStore
+from dicom import IndexResult, index_path
+from evaluation import (
+    STORE_FILE,
+    Answer,
+    ClassificationAnswer,
+    Dataset,
+    DatasetSpec,
+    GenerateConfig,
+    ImageRef,
+    ParseStatus,
+    Provenance,
+    RenderPlan,
+    RunConfig,
+    RunStore,
+    SampleResult,
+    TaskFamily,
+    dataset_hash,
+    render_study,
+    run_from_store,
+    start_run,
+)
+from evaluation import Case as EvalCase
 from gateway.cache import check_uid
 from gateway.results import CaseResult, EvaluationResult
 from gateway.routing import Route
@@ -86,8 +92,8 @@ def case_result(sample: SampleResult, error: str | None) -> CaseResult:
 class DefaultEvaluator:
     name = "neurosandbox-gateway-engine-0.3"
 
-    def __init__(self, settings: Settings | None = None, plan: RenderPlan | None = None) -> None:
-        self.settings = settings or Settings()
+    def __init__(self, settings: Settings, plan: RenderPlan | None = None) -> None:
+        self.settings = settings
         self.plan = plan or RenderPlan()
 
     def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult:
@@ -129,21 +135,15 @@ class DefaultEvaluator:
         dataset = Dataset(
             name="PACS study", kind="suite", spec=spec, cases=[case], hash=dataset_hash([case])
         )
-        cfg = self.settings
-        config = RunConfig(
+        config = RunConfig.from_settings(
+            self.settings,
+            spec,
+            models=list(route.models),
+            cache_dir=cache,
             run_id=work_dir.name,
-            dataset=spec,
-            models=resolve_specs(
-                list(route.models),
-                models_file=cfg.models_file,
-                api_base=cfg.api_base,
-                concurrency=cfg.concurrency,
-            ),
             tasks=tasks,
             generate=GENERATE.model_copy(),
-            phi=PHIPolicy(trusted=list(cfg.phi_trusted_hosts)),
             bertscore=False,
-            cache_dir=str(cache.resolve()),
         )
         engine_dir = work_dir / "engine"
         asyncio.run(start_run(config, engine_dir, dataset=dataset))

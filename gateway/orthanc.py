@@ -21,8 +21,7 @@ from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian
 from pyorthanc import Orthanc
 
-from dicom.index import index_path
-from dicom.records import SeriesInfo
+from dicom import SeriesInfo, index_path
 from gateway.cache import InstanceCache, check_uid
 
 log = logging.getLogger(__name__)

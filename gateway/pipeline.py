@@ -23,8 +23,8 @@ from typing import Protocol, runtime_checkable
 
 import pydicom
 
-from dicom.index import index_path
-from evaluation.answers import Answer
+from dicom import index_path
+from evaluation import Answer
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.metrics import METRICS

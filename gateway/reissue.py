@@ -13,11 +13,19 @@ import io
 import pydicom
 from pydicom.dataset import Dataset
 
-from evaluation.answers import Answer, DifferentialItem, Finding
-from evaluation.case import Case, TaskFamily
-from evaluation.reports.checklist import answer_key, reviewed_samples
-from evaluation.reports.reviews import CaseReview, Verdict
-from evaluation.reports.rundata import FULL_INPUT, RunData
+from evaluation import (
+    FULL_INPUT,
+    Answer,
+    Case,
+    CaseReview,
+    DifferentialItem,
+    Finding,
+    RunData,
+    TaskFamily,
+    Verdict,
+    answer_key,
+    reviewed_samples,
+)
 from gateway.orthanc import OrthancClient, OrthancError
 from gateway.run_report import gateway_info
 from gateway.sr import build_sr, merged_answer, model_of, series_uid_for, verify_sr

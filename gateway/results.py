@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from evaluation.answers import Answer, Finding
-from evaluation.case import ImageRef, TaskFamily
-from evaluation.reports.rundata import RunData
-from evaluation.scores import ParseStatus, Score
+from evaluation import Answer, Finding, ImageRef, ParseStatus, RunData, Score, TaskFamily
 from gateway.routing import Route
 
 

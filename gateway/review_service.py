@@ -6,14 +6,22 @@ import re
 import threading
 from pathlib import Path
 
-from evaluation.reports.bundle import bundle_images, load_checklist, load_checklists
-from evaluation.reports.html import ImageLoader
-from evaluation.reports.loader import RUNDATA_FILE, RunLoadError, load_run
-from evaluation.reports.model import CaseChecklist
-from evaluation.reports.plots import all_plots
-from evaluation.reports.reviews import ReviewStore
-from evaluation.reports.rundata import RunData
-from evaluation.reports.summary import SummaryReport, build_summary, case_slug
+from evaluation import (
+    RUNDATA_FILE,
+    CaseChecklist,
+    ImageLoader,
+    ReviewStore,
+    RunData,
+    RunLoadError,
+    SummaryReport,
+    all_plots,
+    build_summary,
+    bundle_images,
+    case_slug,
+    load_checklist,
+    load_checklists,
+    load_run,
+)
 from gateway.review_auth import SessionStore
 from gateway.settings import Settings
 

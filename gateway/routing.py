@@ -13,8 +13,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dicom.records import CLINICAL_CLASSES, SequenceClass
-from evaluation.case import TaskFamily
+from dicom import CLINICAL_CLASSES, SequenceClass
+from evaluation import TaskFamily
 
 REFERENCE_MODEL = "reference/image-rules"
 CLINICAL = [c.value for c in SequenceClass if c in CLINICAL_CLASSES]  # in enum order

@@ -16,10 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation.reports.bundle import write_report
-from evaluation.reports.loader import RUNDATA_FILE, save_run
-from evaluation.reports.rundata import RunData
-from evaluation.reports.summary import case_slug
+from evaluation import RUNDATA_FILE, RunData, case_slug, save_run, write_report
 
 GATEWAY_KEY = "gateway"  # RunData.config entry written by the gateway
 

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from dicom.headers import DEFAULT_MEMORY_CAP
+from dicom import DEFAULT_MEMORY_CAP
 
 
 class Settings(BaseSettings):

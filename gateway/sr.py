@@ -35,8 +35,7 @@ from pydicom.sr.codedict import codes
 from pydicom.tag import Tag
 from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 
-from evaluation.answers import Answer, Finding
-from evaluation.case import TaskFamily
+from evaluation import Answer, Finding, TaskFamily
 from gateway.cache import InvalidUIDError, check_uid
 
 ENCAPSULATED_PDF_STORAGE = "1.2.840.10008.5.1.4.1.1.104.1"

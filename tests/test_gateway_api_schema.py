@@ -23,6 +23,7 @@ from gateway.orthanc import OrthancClient
 from gateway.pipeline import StudyPipeline
 from gateway.routing import Router
 from gateway.runs import StudyRunStore
+from gateway.settings import Settings
 
 pytestmark = pytest.mark.integration
 TOKEN: dict[str, str] = {}
@@ -40,7 +41,12 @@ def api_schema(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathF
     ctx = GatewayContext(settings_, orthanc, runs, audit, tokens)
     # A pipeline that is never started: evaluations are accepted and stay queued.
     ctx.pipeline = StudyPipeline(
-        orthanc, DefaultEvaluator(), Router(), runs, audit, InstanceCache(data / "cache")
+        orthanc,
+        DefaultEvaluator(Settings(data_dir=data)),
+        Router(),
+        runs,
+        audit,
+        InstanceCache(data / "cache"),
     )
     app = create_app(ctx)
     return schemathesis.openapi.from_asgi(

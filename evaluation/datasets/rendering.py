@@ -10,7 +10,6 @@ study or renderer renders afresh. Every PNG is re-hashed when it is read back.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from dicom.records import RenderedImage
+from dicom import RenderedImage, renderer_version
 from evaluation.case import Case, ImageRef
 from evaluation.errors import DatasetError
 
@@ -44,31 +43,6 @@ class RenderedStudy(BaseModel):
     images: list[ImageRef]
     burned_in_series: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
-
-
-# Every module whose code decides the bytes of a rendered PNG: a change to any of them must
-# invalidate cached renders.
-RENDER_MODULES = (
-    "render",
-    "display",
-    "window",
-    "montage",
-    "png",
-    "pixels",
-    "percentile",
-    "geometry",
-)
-
-
-@functools.cache  # the sources do not change while a process runs
-def _renderer_version() -> str:
-    import importlib
-
-    h = hashlib.sha256()
-    for name in RENDER_MODULES:
-        module = importlib.import_module(f"dicom.{name}")
-        h.update(name.encode() + b"\0" + Path(str(module.__file__)).read_bytes())
-    return h.hexdigest()[:16]
 
 
 def study_digest(path: Path) -> str:
@@ -124,7 +98,7 @@ def render_study(
         {
             "study": study_digest(study),
             "plan": plan.model_dump(),
-            "renderer": _renderer_version(),
+            "renderer": renderer_version(),
             "lesion_z": lesion_z,
         },
         sort_keys=True,
@@ -180,10 +154,14 @@ def _render(
     lesion_z: float | None,
     memory_cap: int | None,
 ) -> RenderedStudy:
-    from dicom.errors import ImagingError
-    from dicom.headers import DEFAULT_MEMORY_CAP
-    from dicom.index import index_path
-    from dicom.render import CLINICAL_CLASSES, RenderOptions, render_path
+    from dicom import (
+        CLINICAL_CLASSES,
+        DEFAULT_MEMORY_CAP,
+        ImagingError,
+        RenderOptions,
+        index_path,
+        render_path,
+    )
 
     cap = memory_cap or DEFAULT_MEMORY_CAP
     try:

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evaluation.units import RunStats
+from evaluation import RunStats
 
 console = Console(stderr=True)
 
@@ -84,8 +84,7 @@ def print_run(stats: RunStats, run_dir: Path) -> None:
 
 
 def show_run(run_dir: Path) -> None:
-    from evaluation.scoring_bridge import ScoringUnavailable, summary
-    from evaluation.store import RunStore
+    from evaluation import RunStore, ScoringUnavailable, summary
 
     store = RunStore(run_dir)
     try:

@@ -49,8 +49,7 @@ def _done(t0: float, text: str = "") -> None:
 
 
 def _suite(out: Path, cases: int, seed: int) -> Path:
-    from evaluation.datasets.phantoms import SuiteManifest, generate_suite
-    from evaluation.datasets.phantoms.series import GENERATOR_VERSION
+    from evaluation import GENERATOR_VERSION, SuiteManifest, generate_suite
 
     suite = out / "suite"
     manifest = suite / "suite.json"
@@ -121,25 +120,11 @@ def _send(suite: Path, settings: Settings, endpoints: object) -> tuple[int, int]
 def _evaluate(
     suite: Path, run_dir: Path, settings: Settings, samples: int, extra: list[str]
 ) -> None:
-    from evaluation.datasets import DatasetSpec
-    from evaluation.engine import start_run
-    from evaluation.models import resolve_specs
-    from evaluation.phi import PHIPolicy
-    from evaluation.runconfig import RunConfig
+    from evaluation import DatasetSpec, RunConfig, start_run
     from gateway.cli.console import ProgressBar, print_run
 
-    specs = resolve_specs(
-        REFERENCE_MODELS + extra,
-        models_file=settings.models_file,
-        api_base=settings.api_base,
-        concurrency=settings.concurrency,
-    )
-    config = RunConfig(
-        dataset=DatasetSpec(path=str(suite)),
-        models=specs,
-        samples=samples,
-        phi=PHIPolicy(trusted=list(settings.phi_trusted_hosts)),
-        cache_dir=str(settings.cache_dir.resolve()),
+    config = RunConfig.from_settings(
+        settings, DatasetSpec(path=str(suite)), models=REFERENCE_MODELS + extra, samples=samples
     )
     with ProgressBar() as bar:
         stats = asyncio.run(start_run(config, run_dir, on_progress=bar))
@@ -150,9 +135,7 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
     """One UNVERIFIED SR per model and the checklist PDF into each case's study in Orthanc.
 
     Returns the Orthanc ids of the instances stored."""
-    from evaluation.answers import Answer
-    from evaluation.case import TaskFamily
-    from evaluation.reports import load_run
+    from evaluation import Answer, TaskFamily, load_run
     from gateway.orthanc import OrthancClient
     from gateway.sr import build_pdf, build_sr, merged_answer
 
@@ -231,7 +214,7 @@ def run_demo(
     settings: Settings, out: Path, cases: int, seed: int, samples: int, keep: bool, extra: list[str]
 ) -> Path:
     """Run every step; returns the report folder."""
-    from evaluation.reports import ReportIndex, load_run, write_report
+    from evaluation import ReportIndex, load_run, write_report
     from gateway import demo_state as state
     from gateway.pacs_local import LocalPacs, orthanc_password
 

@@ -52,7 +52,7 @@ def _read(path: Path) -> Any:
 
 def reusable_run(runs: Path, inputs: dict[str, Any]) -> Path | None:
     """The newest complete run made from these inputs, if any."""
-    from evaluation.store import RunStore
+    from evaluation import RunStore
 
     if not runs.is_dir():
         return None

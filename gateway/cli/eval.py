@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from evaluation.errors import EvaluationError
+from evaluation import EvaluationError
 from gateway.cli.console import ProgressBar, console, csv_list, fail, print_run
 
 
@@ -99,43 +99,26 @@ def eval_command(
     durable: Annotated[bool, typer.Option("--durable", help="fsync every commit")] = False,
 ) -> None:
     """Run models on a dataset: every response is stored before it is scored; resumable."""
-    from evaluation.case import TaskFamily
-    from evaluation.datasets import DatasetSpec
-    from evaluation.engine import start_run
-    from evaluation.modelio import GenerateConfig
-    from evaluation.models import resolve_specs
-    from evaluation.phi import PHIPolicy
-    from evaluation.runconfig import RunConfig
-    from evaluation.tasks import Ablation
+    from evaluation import (
+        Ablation,
+        DatasetSpec,
+        GenerateConfig,
+        RunConfig,
+        TaskFamily,
+        start_run,
+    )
     from gateway.settings import get_settings
 
     settings = get_settings()
     try:
-        specs = resolve_specs(
-            model or list(settings.models),
-            models_file=models_file or settings.models_file,
-            api_base=api_base or settings.api_base,
-            api_key_env=api_key_env,
-            concurrency=concurrency or settings.concurrency,
-            processes=processes if processes is not None else settings.call_processes,
-        )
-        graders = (
-            resolve_specs(
-                grader,
-                models_file=models_file or settings.models_file,
-                api_base=api_base or settings.api_base,
-                api_key_env=api_key_env,
-            )
-            if grader
-            else []
-        )
         families = [TaskFamily(t) for t in csv_list(tasks)] or None
         if bertscore_model is not None and not (bertscore_model / "config.json").is_file():
             raise EvaluationError(
                 f"--bertscore-model {bertscore_model}: not a local model folder (no config.json)"
             )
-        config = RunConfig(
-            dataset=DatasetSpec(
+        config = RunConfig.from_settings(
+            settings,
+            DatasetSpec(
                 path=str(suite),
                 kind=kind,
                 answers=str(answers) if answers else None,
@@ -143,7 +126,14 @@ def eval_command(
                 image_root=str(image_root) if image_root else None,
                 limit=limit,
             ),
-            models=specs,
+            models=model or None,
+            graders=grader or None,
+            models_file=models_file,
+            api_base=api_base,
+            api_key_env=api_key_env,
+            concurrency=concurrency,
+            processes=processes,
+            trusted_hosts=trust or None,
             tasks=families,
             samples=samples,
             ablation=Ablation(ablation),
@@ -152,12 +142,9 @@ def eval_command(
             ),
             seed=seed,
             max_images=max_images,
-            phi=PHIPolicy(trusted=trust or list(settings.phi_trusted_hosts)),
             bertscore=bertscore,
             bertscore_model=str(bertscore_model.absolute()) if bertscore_model else None,
             bertscore_layer=bertscore_layer,
-            graders=graders,
-            cache_dir=str(settings.cache_dir.resolve()),
             durable=durable,
         )
     except (EvaluationError, ValueError) as exc:

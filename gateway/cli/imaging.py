@@ -39,7 +39,7 @@ def inspect(
     spacing, affine as 4x4 RAS, n_files, errors...), then one object per file that could not be
     used, with "class": "ERROR" and its message in "errors".
     """
-    from dicom.index import index_path
+    from dicom import index_path
 
     settings = get_settings()
     if not path.exists():
@@ -139,8 +139,7 @@ def render(
     ] = False,
 ) -> None:
     """Render VLM-ready PNGs (labelled montages, optionally single slices) and manifest.json."""
-    from dicom.errors import ImagingError
-    from dicom.render import RenderOptions, render_path
+    from dicom import ImagingError, RenderOptions, render_path
 
     settings = get_settings()
     if not path.exists():

@@ -36,9 +36,7 @@ def models_check(
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Send one tiny image + JSON-mode request; report reachability, images, JSON, cost, latency."""
-    from evaluation.errors import ModelConfigError
-    from evaluation.models import load_models_file, resolve_specs
-    from evaluation.models.check import check_model
+    from evaluation import ModelConfigError, check_model, load_models_file, resolve_specs
     from gateway.settings import get_settings
 
     settings = get_settings()

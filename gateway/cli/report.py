@@ -32,10 +32,7 @@ def report_command(
     workers: Annotated[int, typer.Option(min=1, max=8, help="Chromium processes at once")] = 2,
 ) -> None:
     """Write per-case checklists (JSON, HTML, PDF) and the run summary (JSON, HTML, PDF)."""
-    from evaluation.reports.bundle import write_report
-    from evaluation.reports.loader import RunLoadError, load_run
-    from evaluation.reports.reviews import ReviewStore
-    from evaluation.reports.summary import case_slug
+    from evaluation import ReviewStore, RunLoadError, case_slug, load_run, write_report
     from gateway.settings import get_settings
 
     settings = get_settings()

@@ -15,8 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from evaluation.case import TaskFamily
-from evaluation.errors import EvaluationError
+from evaluation import EvaluationError, TaskFamily
 from gateway.cli.console import ProgressBar, fail, print_run, show_run, table_console
 
 runs_app = typer.Typer(
@@ -32,7 +31,7 @@ def runs_list(
     ] = None,
 ) -> None:
     """List the runs under a folder: id, status, dataset, models, samples."""
-    from evaluation.store import STORE_FILE, RunStore
+    from evaluation import STORE_FILE, RunStore
     from gateway.settings import get_settings
 
     root = folder or get_settings().runs_dir
@@ -83,8 +82,7 @@ def runs_show(
 ) -> None:
     """Status, counts per model and the leaderboard of a run; with clinician reviews, how well
     the rubric grader agrees with them."""
-    from evaluation.scoring_bridge import ScoringUnavailable, summary
-    from evaluation.store import RunStore
+    from evaluation import RunStore, ScoringUnavailable, summary
 
     try:
         log = _review_log(reviews)
@@ -133,9 +131,7 @@ def _review_log(reviews: Path | None) -> Path | None:
 
 def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
     """The run's ReviewStats, or None when there is no log or it holds nothing on this run."""
-    from evaluation.reports.agreement import review_stats
-    from evaluation.reports.loader import load_run
-    from evaluation.reports.reviews import ReviewStore
+    from evaluation import ReviewStore, load_run, review_stats
 
     if log is None:
         return None
@@ -147,7 +143,7 @@ def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
 
 def _show_calibration(run_dir: Path, log: Path | None) -> None:
     """Review progress and the grader's Pearson r with the clinicians' ratings, if any."""
-    from evaluation.store import RunStore
+    from evaluation import RunStore
 
     if log is None:
         return
@@ -198,8 +194,7 @@ def runs_compare(
     as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
 ) -> None:
     """Two models on the cases both answered: McNemar and a paired bootstrap (by patient)."""
-    from evaluation.scoring_bridge import compare
-    from evaluation.store import RunStore
+    from evaluation import RunStore, compare
 
     try:
         family = TaskFamily(task) if task else None
@@ -264,7 +259,7 @@ def runs_resume(
     allow_changed_dataset: Annotated[bool, typer.Option("--allow-changed-dataset")] = False,
 ) -> None:
     """Continue a run: stored responses are reused; only missing or failed calls are made."""
-    from evaluation.engine import resume_run
+    from evaluation import resume_run
 
     try:
         with ProgressBar() as bar:
@@ -287,7 +282,7 @@ def runs_rescore(
     bertscore: Annotated[bool | None, typer.Option("--bertscore/--no-bertscore")] = None,
 ) -> None:
     """Parse and score every stored response again. Never calls a model."""
-    from evaluation.engine import rescore
+    from evaluation import rescore
 
     try:
         counts = rescore(run_dir, bertscore=bertscore)
@@ -315,9 +310,7 @@ def runs_judge(
     apart in the summary. Strings carrying the patient's identifiers never go to an untrusted
     endpoint.
     """
-    from evaluation.engine import rescore
-    from evaluation.judging import judge_run
-    from evaluation.models import resolve_specs
+    from evaluation import judge_run, rescore, resolve_specs
     from gateway.settings import get_settings
 
     settings = get_settings()
@@ -356,8 +349,7 @@ def runs_export(
     out: Annotated[Path, typer.Option("--out", help="output file: .jsonl or .parquet")],
 ) -> None:
     """One record per case x task x model x sample, with the answer and its scores."""
-    from evaluation.export import export_run
-    from evaluation.store import RunStore
+    from evaluation import RunStore, export_run
 
     try:
         store = RunStore(run_dir)

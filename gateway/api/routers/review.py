@@ -12,17 +12,22 @@ from typing import Annotated
 from fastapi import APIRouter, Form, HTTPException, Path, Request, status
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from evaluation.reports.html import ReviewView, csp, render_checklist, render_page, render_summary
-from evaluation.reports.pdf import PdfError, pdf_bytes
-from evaluation.reports.reviews import (
+from evaluation import (
     Action,
+    ErrorCategory,
+    PdfError,
     ReviewError,
     ReviewEvent,
+    ReviewView,
     Verdict,
+    csp,
     export_csv,
     export_json,
+    pdf_bytes,
+    render_checklist,
+    render_page,
+    render_summary,
 )
-from evaluation.scores import ErrorCategory
 from gateway.api.deps import Ctx
 from gateway.orthanc import OrthancError
 from gateway.reissue import ReissueError, reissue_case

@@ -9,8 +9,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import FileResponse, Response
 
-from evaluation.case import ImageRef
-from evaluation.reports.html import csp
+from evaluation import ImageRef, csp
 from gateway.api.deps import Ctx, Token, errors
 from gateway.runs import RunNotFoundError, RunRecord
 

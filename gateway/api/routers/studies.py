@@ -7,8 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from pydantic import BaseModel, Field
 
-from dicom.records import SequenceClass
-from evaluation.case import TaskFamily
+from dicom import SequenceClass
+from evaluation import TaskFamily
 from gateway.api.deps import Ctx, Token, errors
 from gateway.orthanc import OrthancError, SeriesSummary, StudySummary
 from gateway.routing import CLINICAL, Route
