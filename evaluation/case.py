@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -177,13 +177,58 @@ class Question(BaseModel):
     family: TaskFamily | None = None
 
 
+class NeuroVLMLabels(BaseModel):
+    """One row of NeuroVLM-Bench's image_mapping.csv, as its columns name the labels."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    dataset: str = ""
+    file_path: str = ""
+    class_: str = Field(default="", alias="class")
+    original_class: str = ""
+    subclass: str = ""
+    modality: str = ""
+    modality_subtype: str = ""
+    plane: str = ""
+
+
+class PhantomProvenance(BaseModel):
+    """How the phantom generator made a case: its schedule entry, series and drawn facts."""
+
+    group: str
+    difficulty: str
+    case_index: int
+    field_strength_t: float
+    series: list[dict[str, Any]] = Field(default_factory=list)  # uid, class, role per series
+    facts: dict[str, Any] = Field(default_factory=dict)  # territory, onset hours, ...
+    lesion_facts: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class Provenance(BaseModel):
     source: str  # "phantom", "orthanc", "folder", "neural-medbench", "neurovlm-bench"
     study_uids: list[str] = Field(default_factory=list)
     dataset: str | None = None
     generator: str | None = None  # e.g. "neurosandbox-phantoms 1" with seed
     seed: int | None = None
-    extra: dict[str, Any] = Field(default_factory=dict)
+    # Series whose pixels carry burned-in text: the PHI gate drops their images for remote models.
+    burned_in_series: list[str] = Field(default_factory=list)
+    neurovlm: NeuroVLMLabels | None = None  # the labels of a NeuroVLM-Bench row
+    answers_by_question: dict[str, Any] = Field(default_factory=dict)  # Neural-MedBench answers
+    phantom: PhantomProvenance | None = None  # how the phantom generator made the case
+
+    @model_validator(mode="before")
+    @classmethod
+    def _untyped_extra(cls, data: Any) -> Any:
+        """Cases stored before these fields were typed kept them in a dict named ``extra``."""
+        if isinstance(data, dict) and isinstance(data.get("extra"), dict):
+            data = dict(data)
+            extra = dict(data.pop("extra"))
+            for key in ("burned_in_series", "neurovlm", "answers_by_question"):
+                if key in extra:
+                    data.setdefault(key, extra.pop(key))
+            if extra and data.get("source") == "phantom":
+                data.setdefault("phantom", extra)
+        return data
 
 
 class Case(BaseModel):

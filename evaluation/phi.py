@@ -210,7 +210,7 @@ class PHIGate:
         if is_trusted(api_base, self.policy, local=local):
             return messages, GateResult(remote=False, deidentified=False)
         terms = self.terms_for(case)
-        burned = set(case.provenance.extra.get("burned_in_series", []) or [])
+        burned = set(case.provenance.burned_in_series)
         burned_hashes = {
             img.sha256 for img in case.images if img.series_uid and img.series_uid in burned
         }

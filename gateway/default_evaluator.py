@@ -127,7 +127,7 @@ class DefaultEvaluator:
         rendered = render_study(study, case, cache, self.plan, self.settings.memory_cap)
         case.images = rendered.images
         if rendered.burned_in_series:  # the PHI gate drops these images for remote models
-            case.provenance.extra["burned_in_series"] = rendered.burned_in_series
+            case.provenance.burned_in_series = rendered.burned_in_series
         warnings = list(rendered.warnings)
         if len(tasks) < len(route.tasks):
             warnings.append("multi-turn not run: it needs a scripted case (turns), not a study")

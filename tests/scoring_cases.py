@@ -84,7 +84,9 @@ def case(
             modality="CT" if series == ("CT",) else "MRI",
             plane="axial",
         ),
-        provenance=Provenance(source="phantom", extra=extra.get("provenance", {})),
+        provenance=Provenance.model_validate(
+            {"source": "phantom", "extra": extra.get("provenance", {})}
+        ),
     )
 
 

@@ -262,11 +262,44 @@ def test_neurovlm_mapping_and_image_root(tmp_path: Path) -> None:
         (tmp_path / "images" / "stroke" / "a.png").resolve()
     )  # clean PNG: used as is
     assert b.images[0].path.endswith(".png") and "cache" in b.images[0].path  # JPEG converted
-    assert (
-        b.ground_truth.plane == "coronal"
-        and b.provenance.extra["neurovlm"]["modality_subtype"] == "T1C+"
-    )  # type: ignore[union-attr]
+    assert b.ground_truth.plane == "coronal"  # type: ignore[union-attr]
+    assert b.provenance.neurovlm is not None and b.provenance.neurovlm.modality_subtype == "T1C+"
     assert any("outside" in w for w in ds.warnings)
+
+
+def test_neurovlm_labels_reach_the_scorer_as_the_loader_read_them(tmp_path: Path) -> None:
+    """One typed label record from loader to scorer: sequence and subtype are scored."""
+    from evaluation.scoring.neurovlm import neurovlm_truth
+
+    mapping = _neurovlm(tmp_path)
+    ds = load_dataset(
+        DatasetSpec(path=str(mapping), image_root=str(tmp_path / "images")), tmp_path / "cache"
+    )
+    a, b = ds.cases
+    truth_b = neurovlm_truth(b)
+    assert (truth_b.cls, truth_b.subclass, truth_b.sequence) == ("tumor", "glioma", "T1C+")
+    truth_a = neurovlm_truth(a)
+    assert (truth_a.cls, truth_a.subclass, truth_a.modality) == ("stroke", "hemorrhagic", "CT")
+
+
+def test_old_case_snapshots_keep_their_untyped_provenance_labels() -> None:
+    """A case stored before the typed record (provenance.extra) loads into the typed fields."""
+    from evaluation.case import Case
+
+    case = Case.model_validate(
+        {
+            "case_id": "c1",
+            "provenance": {
+                "source": "neurovlm-bench",
+                "extra": {
+                    "neurovlm": {"class": "tumor", "subclass": "glioma"},
+                    "burned_in_series": ["1.2"],
+                },
+            },
+        }
+    )
+    assert case.provenance.neurovlm is not None and case.provenance.neurovlm.subclass == "glioma"
+    assert case.provenance.burned_in_series == ["1.2"]
 
 
 def test_dataset_hash_follows_image_bytes_and_case_content(tmp_path: Path) -> None:

@@ -260,6 +260,6 @@ def _case(
         provenance=Provenance(
             source="neural-medbench",
             dataset=str(source),
-            extra={"answers_by_question": by_q} if by_q else {},
+            answers_by_question=by_q,
         ),
     )

@@ -1,7 +1,7 @@
 """NeuroVLM-Bench: ``image_mapping.csv`` (dataset, file_path, class, original_class, subclass,
 modality, modality_subtype, plane) plus an image root; one classification case per row.
 
-The label fields the scorer needs (sequence, subtype) travel in ``provenance.extra["neurovlm"]``;
+The label fields the scorer needs (sequence, subtype) travel in ``provenance.neurovlm`` (a typed NeuroVLMLabels);
 class, modality and plane also fill the ground truth. A row whose image is missing, unreadable
 or outside the image root is reported and skipped.
 """
@@ -13,7 +13,15 @@ import re
 from pathlib import Path
 from typing import Any
 
-from evaluation.case import Case, Diagnosis, DiseaseGroup, GroundTruth, Provenance, TaskFamily
+from evaluation.case import (
+    Case,
+    Diagnosis,
+    DiseaseGroup,
+    GroundTruth,
+    NeuroVLMLabels,
+    Provenance,
+    TaskFamily,
+)
 from evaluation.datasets.images import image_ref
 from evaluation.errors import DatasetError
 
@@ -135,7 +143,9 @@ def load_neurovlm(
                 provenance=Provenance(
                     source="neurovlm-bench",
                     dataset=_norm(row.get("dataset")) or None,
-                    extra={"neurovlm": {k: _norm(row.get(k)) for k in COLUMNS if k in row}},
+                    neurovlm=NeuroVLMLabels.model_validate(
+                        {k: _norm(row.get(k)) for k in COLUMNS if k in row}
+                    ),
                 ),
             )
         )

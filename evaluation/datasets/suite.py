@@ -105,7 +105,7 @@ def load_case_dir(
         case.images = rendered.images
         warnings.extend(f"{case.case_id}: {w}" for w in rendered.warnings)
         if rendered.burned_in_series:
-            case.provenance.extra["burned_in_series"] = rendered.burned_in_series
+            case.provenance.burned_in_series = rendered.burned_in_series
     return case, warnings
 
 
@@ -255,5 +255,5 @@ def _finish(
         case.images = rendered.images
         warnings.extend(f"{case.case_id}: {w}" for w in rendered.warnings)
         if rendered.burned_in_series:
-            case.provenance.extra["burned_in_series"] = rendered.burned_in_series
+            case.provenance.burned_in_series = rendered.burned_in_series
     return case, warnings

@@ -1,6 +1,6 @@
 """NeuroVLM-Bench structured classification: per-answer scores and the benchmark's metrics.
 
-Truth comes from the NeuroVLM loader's labels when present (``case.provenance.extra`` keys
+Truth comes from the NeuroVLM loader's labels when present (``case.provenance.neurovlm``, keys
 ``class``, ``subclass``, ``modality``, ``plane``, ``modality_subtype``), else it is derived from
 the ground truth (disease group -> class, lexicon concept -> tumour subtype, images -> modality,
 plane and sequence). Abstention (null) is counted wrong and also reported apart.
@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from evaluation.answers import ClassificationAnswer
-from evaluation.case import Case, DiseaseGroup
+from evaluation.case import Case, DiseaseGroup, NeuroVLMLabels
 from evaluation.scores import ParseStatus, Score
 from evaluation.scoring.lexicon import Lexicon, default_lexicon
 from evaluation.scoring.stats import Estimate, cluster_resamples, percentile_interval, wilson
@@ -78,15 +78,13 @@ def _norm_class(value: object) -> str | None:
 
 
 def neurovlm_truth(case: Case, lexicon: Lexicon | None = None) -> NeuroVLMTruth:
-    extra = case.provenance.extra
+    labels = case.provenance.neurovlm or NeuroVLMLabels()
     truth = NeuroVLMTruth(
-        cls=_norm_class(extra.get("class")),
-        subclass=(str(extra["subclass"]).strip().lower() or None)
-        if extra.get("subclass")
-        else None,
-        modality=extra.get("modality"),
-        plane=(extra.get("plane") or None),
-        sequence=_SEQ.get(str(extra.get("modality_subtype") or "").upper()),
+        cls=_norm_class(labels.class_),
+        subclass=labels.subclass.strip().lower() or None,
+        modality=labels.modality or None,
+        plane=labels.plane or None,
+        sequence=_SEQ.get(labels.modality_subtype.upper()),
     )
     gt = case.ground_truth
     if gt is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import nibabel as nib
 import numpy as np
 
-from evaluation.case import Case, GroundTruth, PlantedPHI, Provenance, TaskFamily
+from evaluation.case import Case, GroundTruth, PhantomProvenance, PlantedPHI, Provenance, TaskFamily
 from evaluation.datasets.phantoms import truth
 from evaluation.datasets.phantoms.acquire import Acquired, acquire_ct, acquire_diffusion, acquire_mr
 from evaluation.datasets.phantoms.anatomy import get_anatomy
@@ -295,15 +295,15 @@ def generate_case(out_dir: str | Path, spec_or_index: CaseSpec | int, seed: int)
             study_uids=[h.study_uid for h in headers.values()],
             generator=f"{GENERATOR} {GENERATOR_VERSION}",
             seed=seed,
-            extra={
-                "group": spec.group,
-                "difficulty": spec.difficulty,
-                "case_index": spec.index,
-                "field_strength_t": field_t,
-                "series": series_info,
-                "facts": _jsonable(plan.facts),
-                "lesion_facts": [_jsonable(les.facts) for les in plan.lesions],
-            },
+            phantom=PhantomProvenance(
+                group=spec.group,
+                difficulty=spec.difficulty,
+                case_index=spec.index,
+                field_strength_t=field_t,
+                series=series_info,
+                facts=_jsonable(plan.facts),
+                lesion_facts=[_jsonable(les.facts) for les in plan.lesions],
+            ),
         ),
     )
     _write_json(folder / "ehr.json", bundle)
