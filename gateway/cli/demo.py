@@ -184,7 +184,7 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
 
 
 def _already_written_back(run_dir: Path, settings: Settings) -> int | None:
-    from gateway import demo_state as state
+    from gateway.cli import demo_state as state
     from gateway.orthanc import OrthancClient, OrthancError
 
     client = OrthancClient.from_settings(settings)
@@ -215,7 +215,7 @@ def run_demo(
 ) -> Path:
     """Run every step; returns the report folder."""
     from evaluation import ReportIndex, load_run, write_report
-    from gateway import demo_state as state
+    from gateway.cli import demo_state as state
     from gateway.pacs_local import LocalPacs, orthanc_password
 
     t_all = time.perf_counter()
