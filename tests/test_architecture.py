@@ -26,14 +26,19 @@ def test_import_linter_contracts_are_kept() -> None:
     assert "broken" in out.stdout and "0 broken" in out.stdout
 
 
-def _our_imports(path: Path) -> set[str]:
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports absolutely (module level and inside functions)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found.add(node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-    return {m for m in found if m.split(".")[0] in PACKAGES}
+    return found
+
+
+def _our_imports(path: Path) -> set[str]:
+    return {m for m in _imports(path) if m.split(".")[0] in PACKAGES}
 
 
 def test_case_vocabulary_is_the_bottom_of_evaluation() -> None:
@@ -83,16 +88,24 @@ def test_every_command_lives_in_the_composition_root() -> None:
         str(p.relative_to(ROOT))
         for p in _sources(*PACKAGES)
         if p.relative_to(ROOT).parts[:2] != ("gateway", "cli")
-        and "typer" in {m.split(".")[0] for m in _imports_any(p)}
+        and "typer" in {m.split(".")[0] for m in _imports(p)}
     ]
     assert offenders == []
 
 
-def _imports_any(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-    return found
+def test_every_public_name_is_the_object_its_module_defines() -> None:
+    """A face name is never shadowed by a submodule of the same name (dicom.classify is both a
+    module and the function the face exports), whatever was imported before."""
+    import importlib
+    import pkgutil
+
+    for pkg in ("dicom", "evaluation", "evaluation.reports"):
+        face = importlib.import_module(pkg)
+        for info in pkgutil.walk_packages(face.__path__, pkg + "."):
+            importlib.import_module(info.name)
+        stub = ast.parse((ROOT / pkg.replace(".", "/") / "__init__.pyi").read_text())
+        for node in stub.body:
+            assert isinstance(node, ast.ImportFrom) and node.level == 1 and node.module
+            module = importlib.import_module(f"{pkg}.{node.module}")
+            for alias in node.names:
+                assert getattr(face, alias.name) is getattr(module, alias.name), (pkg, alias.name)

@@ -45,9 +45,8 @@ def cache_dir_from_env() -> Path | None:
 
 def _code_key(memory_cap: int) -> str:
     h = hashlib.sha256()
-    here = Path(__file__).resolve().parents[1]
     for name in _CODE:
-        h.update((here / name).read_bytes())
+        h.update((_HERE.parent / name).read_bytes())
     libs = "|".join(_version(name) for name in ("pydicom", "nibabel", "numpy"))
     h.update(f"{libs}|{sys.version}|{memory_cap}|{_FIELDS}".encode())
     return h.hexdigest()[:32]

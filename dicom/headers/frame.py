@@ -419,8 +419,3 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
     if len(po) == 2:
         base.extras["patient_orientation"] = po
     return base
-
-
-def text_value(value: Any, limit: int = 256) -> str:
-    """A header value as bounded text (what FrameHeader's text fields hold)."""
-    return _s(value, limit)

@@ -26,10 +26,10 @@ from dicom.headers.frame import (
     DEFAULT_MEMORY_CAP,
     DEFER_SIZE,
     FrameHeader,
+    _s,
     pixel_data_offset,
     series_fields,
     set_file_fields,
-    text_value,
 )
 from dicom.headers.multiframe import enhanced_frames, mosaic_frames
 from dicom.sources import is_plain_file, open_source
@@ -70,7 +70,7 @@ def read_frames(
                     path,
                     pos,
                     fp.read(12),
-                    text_value(getattr(ds.file_meta, "TransferSyntaxUID", "") or ""),
+                    _s(getattr(ds.file_meta, "TransferSyntaxUID", "") or ""),
                     os.fstat(fp.fileno()).st_size if plain else None,
                 )
             # Touch the elements the index needs now, so that a malformed value fails here.

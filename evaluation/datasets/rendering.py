@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from dicom import RenderedImage, renderer_version
+from dicom import RenderedImage
 from evaluation.case import Case, ImageRef
 from evaluation.errors import DatasetError
 
@@ -90,6 +90,8 @@ def render_study(
     memory_cap: int | None = None,
 ) -> RenderedStudy:
     """Images of ``study`` for ``case`` (rendered now, or read back from the cache)."""
+    from dicom import renderer_version
+
     plan = plan or RenderPlan()
     if not study.exists():
         raise DatasetError(f"case {case.case_id}: study not found at {study}")

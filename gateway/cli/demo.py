@@ -27,6 +27,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gateway.cli import demo_state as state
 from gateway.settings import Settings, get_settings
 
 REFERENCE_MODELS = ["reference/image-rules", "reference/text-prior"]
@@ -184,7 +185,6 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
 
 
 def _already_written_back(run_dir: Path, settings: Settings) -> int | None:
-    from gateway.cli import demo_state as state
     from gateway.orthanc import OrthancClient, OrthancError
 
     client = OrthancClient.from_settings(settings)
@@ -215,7 +215,6 @@ def run_demo(
 ) -> Path:
     """Run every step; returns the report folder."""
     from evaluation import ReportIndex, load_run, write_report
-    from gateway.cli import demo_state as state
     from gateway.pacs_local import LocalPacs, orthanc_password
 
     t_all = time.perf_counter()

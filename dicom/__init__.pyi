@@ -1,0 +1,37 @@
+# The public face: the one list of its names, each imported on first use (lazy_loader);
+# type checkers read this stub. Nothing outside the package imports past it.
+from .classify import classify as classify
+from .deid import Deidentifier as Deidentifier
+from .deid import DeidPolicy as DeidPolicy
+from .errors import ImagingError as ImagingError
+from .headers.batch import read_headers as read_headers
+from .headers.frame import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
+from .index import index_path as index_path
+from .pixels import load_volume as load_volume
+from .records import (
+    CLINICAL_CLASSES as CLINICAL_CLASSES,
+)
+from .records import (
+    FileError as FileError,
+)
+from .records import (
+    IndexResult as IndexResult,
+)
+from .records import (
+    RenderedImage as RenderedImage,
+)
+from .records import (
+    SequenceClass as SequenceClass,
+)
+from .records import (
+    SeriesInfo as SeriesInfo,
+)
+from .render import (
+    RenderOptions as RenderOptions,
+)
+from .render import (
+    render_path as render_path,
+)
+from .render import (
+    renderer_version as renderer_version,
+)

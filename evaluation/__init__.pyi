@@ -1,0 +1,163 @@
+# The public face: the one list of its names, each imported on first use (lazy_loader);
+# type checkers read this stub. Nothing outside the package imports past it.
+from .answers import (
+    Answer as Answer,
+)
+from .answers import (
+    ClassificationAnswer as ClassificationAnswer,
+)
+from .answers import (
+    DifferentialItem as DifferentialItem,
+)
+from .answers import (
+    Finding as Finding,
+)
+from .case import (
+    Case as Case,
+)
+from .case import (
+    ImageRef as ImageRef,
+)
+from .case import (
+    Provenance as Provenance,
+)
+from .case import (
+    TaskFamily as TaskFamily,
+)
+from .datasets import Dataset as Dataset
+from .datasets import DatasetSpec as DatasetSpec
+from .datasets import dataset_hash as dataset_hash
+from .datasets.phantoms.anatomy import AnatomyError as AnatomyError
+from .datasets.phantoms.series import GENERATOR_VERSION as GENERATOR_VERSION
+from .datasets.phantoms.suite import (
+    SuiteManifest as SuiteManifest,
+)
+from .datasets.phantoms.suite import (
+    generate_suite as generate_suite,
+)
+from .datasets.rendering import RenderPlan as RenderPlan
+from .datasets.rendering import render_study as render_study
+from .engine import rescore as rescore
+from .engine import resume_run as resume_run
+from .engine import start_run as start_run
+from .errors import EvaluationError as EvaluationError
+from .errors import ModelConfigError as ModelConfigError
+from .export import export_run as export_run
+from .judging import judge_run as judge_run
+from .modelio import GenerateConfig as GenerateConfig
+from .models import load_models_file as load_models_file
+from .models import resolve_specs as resolve_specs
+from .models.check import check_model as check_model
+from .phi import PHIPolicy as PHIPolicy
+from .reports.agreement import review_stats as review_stats
+from .reports.bundle import (
+    ReportIndex as ReportIndex,
+)
+from .reports.bundle import (
+    bundle_images as bundle_images,
+)
+from .reports.bundle import (
+    load_checklist as load_checklist,
+)
+from .reports.bundle import (
+    load_checklists as load_checklists,
+)
+from .reports.bundle import (
+    write_report as write_report,
+)
+from .reports.checklist import answer_key as answer_key
+from .reports.checklist import reviewed_samples as reviewed_samples
+from .reports.html import (
+    ImageLoader as ImageLoader,
+)
+from .reports.html import (
+    ReviewView as ReviewView,
+)
+from .reports.html import (
+    csp as csp,
+)
+from .reports.html import (
+    render_checklist as render_checklist,
+)
+from .reports.html import (
+    render_page as render_page,
+)
+from .reports.html import (
+    render_summary as render_summary,
+)
+from .reports.loader import (
+    RUNDATA_FILE as RUNDATA_FILE,
+)
+from .reports.loader import (
+    RunLoadError as RunLoadError,
+)
+from .reports.loader import (
+    load_run as load_run,
+)
+from .reports.loader import (
+    save_run as save_run,
+)
+from .reports.model import CaseChecklist as CaseChecklist
+from .reports.pdf import PdfError as PdfError
+from .reports.pdf import pdf_bytes as pdf_bytes
+from .reports.plots import all_plots as all_plots
+from .reports.reviews import (
+    Action as Action,
+)
+from .reports.reviews import (
+    CaseReview as CaseReview,
+)
+from .reports.reviews import (
+    ReviewError as ReviewError,
+)
+from .reports.reviews import (
+    ReviewEvent as ReviewEvent,
+)
+from .reports.reviews import (
+    ReviewStore as ReviewStore,
+)
+from .reports.reviews import (
+    Verdict as Verdict,
+)
+from .reports.reviews import (
+    export_csv as export_csv,
+)
+from .reports.reviews import (
+    export_json as export_json,
+)
+from .reports.rundata import (
+    FULL_INPUT as FULL_INPUT,
+)
+from .reports.rundata import (
+    RunData as RunData,
+)
+from .reports.rundata import (
+    SampleResult as SampleResult,
+)
+from .reports.storeread import run_from_store as run_from_store
+from .reports.summary import (
+    SummaryReport as SummaryReport,
+)
+from .reports.summary import (
+    build_summary as build_summary,
+)
+from .reports.summary import (
+    case_slug as case_slug,
+)
+from .runconfig import RunConfig as RunConfig
+from .scores import ErrorCategory as ErrorCategory
+from .scores import ParseStatus as ParseStatus
+from .scores import Score as Score
+from .scoring_bridge import (
+    ScoringUnavailable as ScoringUnavailable,
+)
+from .scoring_bridge import (
+    compare as compare,
+)
+from .scoring_bridge import (
+    summary as summary,
+)
+from .store import STORE_FILE as STORE_FILE
+from .store import RunStore as RunStore
+from .tasks import Ablation as Ablation
+from .units import RunStats as RunStats
