@@ -24,6 +24,7 @@ from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
 from evaluation.scoring_bridge import rescore_run, scoring_snapshot
 from evaluation.store import STORE_FILE, RunStore
+from evaluation.store_rows import RunRow
 from evaluation.units import RunStats
 
 log = logging.getLogger(__name__)
@@ -75,13 +76,13 @@ async def start_run(
         store.close()
 
 
-def load_config(run_dir: Path) -> tuple[RunConfig, dict[str, object]]:
+def load_config(run_dir: Path) -> tuple[RunConfig, RunRow]:
     store = RunStore(run_dir)
     try:
         row = store.run_row()
     finally:
         store.close()
-    return RunConfig.model_validate(row["config"]), row
+    return RunConfig.model_validate(row.config), row
 
 
 async def resume_run(
@@ -100,9 +101,9 @@ async def resume_run(
             if spec.kind == "litellm":
                 spec.api_base = api_base
     dataset = open_dataset(config, cache_dir)
-    if dataset.hash != row["dataset_hash"] and not allow_changed_dataset:
+    if dataset.hash != row.dataset_hash and not allow_changed_dataset:
         raise StoreError(
-            f"the dataset changed since the run started (hash {str(row['dataset_hash'])[:12]} -> "
+            f"the dataset changed since the run started (hash {row.dataset_hash[:12]} -> "
             f"{dataset.hash[:12]}); resume would mix two datasets"
         )
     store = RunStore(run_dir, durable=config.durable)
@@ -158,7 +159,7 @@ def rescore(
 
 def _rescore_cases(
     config: RunConfig,
-    row: dict[str, object],
+    row: RunRow,
     snapshots: dict[str, Case],
     cache_dir: Path | None,
 ) -> dict[str, Case]:
@@ -173,10 +174,10 @@ def _rescore_cases(
             ) from exc
         log.info("dataset not loadable (%s): rescoring from the run's case snapshots", exc)
         return dict(snapshots)
-    if dataset.hash != row["dataset_hash"]:
+    if dataset.hash != row.dataset_hash:
         log.warning(
             "the dataset on disk changed since the run (hash %s -> %s): %s",
-            str(row["dataset_hash"])[:12],
+            row.dataset_hash[:12],
             dataset.hash[:12],
             "scores use the run's own copy of each case"
             if snapshots

@@ -21,15 +21,15 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
     scores = store.scores()
     labels = store.error_labels()
     for row in store.samples():
-        sid = sample_id(row["case_id"], row["task"], row["model"], row["sample"])
+        sid = sample_id(row.case_id, row.task, row.model, row.sample)
         turns = []
         totals: dict[str, float] = {}
         graders = {
             t["grader"]: (responses[t["cache_key"]].text if t["cache_key"] in responses else None)
-            for t in row["turns"]
+            for t in row.turns
             if "grader" in t
         }
-        for t in (t for t in row["turns"] if "grader" not in t):
+        for t in (t for t in row.turns if "grader" not in t):
             out = responses.get(t["cache_key"])
             entry = {**t, "response_text": out.text if out else None}
             if out is not None:
@@ -39,25 +39,25 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
                     if value is not None:
                         totals[name] = totals.get(name, 0) + value
             turns.append(entry)
-        parsed = row["parsed"] or {}
+        parsed = row.parsed or {}
         answer = parsed.get("answer")
         label = labels.get(sid)
         yield {
-            "run_id": run["run_id"],
-            "dataset_hash": run["dataset_hash"],
-            "case_id": row["case_id"],
-            "task": row["task"],
-            "family": row["family"],
-            "model": row["model"],
-            "sample": row["sample"],
-            "status": row["status"],
-            "parse_error": row["parse_error"] or None,
+            "run_id": run.run_id,
+            "dataset_hash": run.dataset_hash,
+            "case_id": row.case_id,
+            "task": row.task,
+            "family": row.family,
+            "model": row.model,
+            "sample": row.sample,
+            "status": row.status,
+            "parse_error": row.parse_error or None,
             "final_diagnosis": (answer or {}).get("final_diagnosis"),
             "answer": answer,
             "response_text": turns[-1]["response_text"] if turns else None,
             "turns": turns,
             "grader_replies": graders or None,
-            "image_hashes": row["image_hashes"],
+            "image_hashes": row.image_hashes,
             "scores": {s.scorer: s.value for s in scores.get(sid, [])},
             "score_explanations": {s.scorer: s.explanation for s in scores.get(sid, [])},
             "error_label": label.model_dump(mode="json") if label else None,

@@ -65,9 +65,9 @@ async def judge_run(
     pairs: list[tuple[str, str]] = []
     withheld: set[tuple[str, str]] = set()
     for row in rows:
-        parsed = row.get("parsed") or {}
+        parsed = row.parsed or {}
         answer = parsed.get("answer")
-        case = cases.get(row["case_id"])
+        case = cases.get(row.case_id)
         if case is None or not isinstance(answer, dict) or "final_diagnosis" not in answer:
             continue  # classification answers and unparsed replies have no diagnosis strings
         for pair in unknown_pairs(case, Answer.model_validate(answer)):

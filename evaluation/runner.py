@@ -129,9 +129,9 @@ class Runner:
     async def run(self) -> RunStats:
         self._cached = self.store.responses()
         done = {
-            (r["case_id"], r["task"], r["model"], r["sample"])
+            (r.case_id, r.task, r.model, r.sample)
             for r in self.store.samples()
-            if r["status"] in _DONE
+            if r.status in _DONE
         }
         units = self.units()
         self.stats.units_total = len(units)
@@ -167,7 +167,7 @@ class Runner:
                     if callable(close):
                         close()
         counts = self.store.counts()
-        self.store.set_status("complete" if counts.get("samples_error", 0) == 0 else "incomplete")
+        self.store.set_status("complete" if counts.of_status("error") == 0 else "incomplete")
         self._progress()
         return self.stats
 

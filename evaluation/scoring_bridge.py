@@ -143,20 +143,20 @@ def rescore_run(
         bertscore_model=bertscore_model,
         bertscore_layer=bertscore_layer,
     )
-    run_id = store.run_row()["run_id"]
+    run_id = store.run_row().run_id
     responses = store.responses()
     counts = {"rescored": 0, "unscored": 0, "missing_case": 0, "errors": 0}
     for row in store.samples():
-        if row["status"] == ParseStatus.ERROR.value:
+        if row.status == ParseStatus.ERROR.value:
             counts["errors"] += 1
             continue
-        case = cases.get(row["case_id"])
+        case = cases.get(row.case_id)
         if case is None:
             counts["missing_case"] += 1
             continue
-        family = TaskFamily(row["family"])
-        turns = [t for t in row["turns"] if "grader" not in t]
-        graders = [t for t in row["turns"] if "grader" in t]
+        family = TaskFamily(row.family)
+        turns = [t for t in row.turns if "grader" not in t]
+        graders = [t for t in row.turns if "grader" in t]
         outputs = [responses[t["cache_key"]] for t in turns if t["cache_key"] in responses]
         if len(outputs) != len(turns) or not outputs:
             counts["errors"] += 1
@@ -164,18 +164,18 @@ def rescore_run(
         final = outputs[-1]
         parsed = parse_answer(final.text, family, refusal=final.refusal, prompts=prompts)
         sid = store.record_sample(
-            case_id=row["case_id"],
-            task=row["task"],
-            family=row["family"],
-            model=row["model"],
-            sample=row["sample"],
+            case_id=row.case_id,
+            task=row.task,
+            family=row.family,
+            model=row.model,
+            sample=row.sample,
             status=parsed.status.value,
-            turns=row["turns"],
+            turns=row.turns,
             parsed=parsed_record(parsed),
             parse_error=parsed.error,
-            image_hashes=row["image_hashes"],
+            image_hashes=row.image_hashes,
         )
-        assert sid == sample_id(row["case_id"], row["task"], row["model"], row["sample"])
+        assert sid == sample_id(row.case_id, row.task, row.model, row.sample)
         if case.ground_truth is None:
             counts["unscored"] += 1
             continue
@@ -191,12 +191,12 @@ def rescore_run(
             }
             extra.append(rubric_from_outputs(replies))
         scores, label, scored = bridge.score(
-            shown_case(case, row["image_hashes"]),
+            shown_case(case, row.image_hashes),
             family,
-            row["model"],
+            row.model,
             parsed,
             total_output(outputs),
-            row["sample"],
+            row.sample,
             run_id,
             extra,
         )

@@ -28,6 +28,7 @@ from evaluation.errors import StoreError
 from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
 from evaluation.scores import ErrorLabel, Score
+from evaluation.store_rows import RunRow, SampleRow, StoreCounts
 from evaluation.store_writes import (
     GroupCommitter,
     Statements,
@@ -248,7 +249,7 @@ class RunStore:
             ),
         )
 
-    def run_row(self) -> dict[str, Any]:
+    def run_row(self) -> RunRow:
         with self._lock:
             cur = self._db.execute("SELECT * FROM run")
             row = cur.fetchone()
@@ -258,7 +259,7 @@ class RunStore:
         out = dict(zip(names, row, strict=True))
         out["config"] = json.loads(out.pop("config_json"))
         out["packages"] = json.loads(out.pop("packages_json") or "{}")
-        return out
+        return RunRow.model_validate(out)
 
     def set_status(self, status: str) -> None:
         self._exec("UPDATE run SET status=?, updated_at=?", (status, now()))
@@ -320,7 +321,7 @@ class RunStore:
             for k, v in self._all("SELECT cache_key, output_json FROM responses")
         }
 
-    def samples(self) -> list[dict[str, Any]]:
+    def samples(self) -> list[SampleRow]:
         with self._lock:
             cur = self._db.execute("SELECT * FROM samples ORDER BY case_id, task, model, sample")
             names = [d[0] for d in cur.description]
@@ -331,7 +332,7 @@ class RunStore:
             r["turns"] = json.loads(r.pop("turns_json"))
             r["parsed"] = json.loads(r.pop("parsed_json")) if r["parsed_json"] else None
             r["image_hashes"] = json.loads(r["image_hashes"])
-            out.append(r)
+            out.append(SampleRow.model_validate(r))
         return out
 
     def scores(self) -> dict[str, list[Score]]:
@@ -363,12 +364,14 @@ class RunStore:
             j for (j,) in self._all("SELECT scored_json FROM scored_samples ORDER BY sample_id")
         ]
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> StoreCounts:
         keys = ("requests", "responses", "failures", "samples", "scores", "audit")
-        out = {k: int(self._one(f"SELECT COUNT(*) FROM {k}")[0]) for k in keys}  # type: ignore[index]
-        for status, n in self._all("SELECT status, COUNT(*) FROM samples GROUP BY status"):
-            out[f"samples_{status}"] = int(n)
-        return out
+        tables = {k: int(self._one(f"SELECT COUNT(*) FROM {k}")[0]) for k in keys}  # type: ignore[index]
+        by_status = {
+            str(status): int(n)
+            for status, n in self._all("SELECT status, COUNT(*) FROM samples GROUP BY status")
+        }
+        return StoreCounts(**tables, by_status=by_status)
 
     def audit(self) -> Iterator[AuditRecord]:
         for (j,) in self._all("SELECT record_json FROM audit ORDER BY id"):

@@ -191,9 +191,9 @@ def _errors(engine_dir: Path) -> dict[tuple[str, TaskFamily], str]:
     finally:
         store.close()
     return {
-        (r["model"], TaskFamily(r["family"])): str(r["parse_error"])
+        (r.model, TaskFamily(r.family)): str(r.parse_error)
         for r in rows
-        if r.get("parse_error") and r["status"] != ParseStatus.OK.value
+        if r.parse_error and r.status != ParseStatus.OK.value
     }
 
 

@@ -65,18 +65,18 @@ def test_run_samples_failures_format_failures_then_resume(tmp_path: Path) -> Non
         # Samples are independent calls: 3 per task; the failing case used 2 attempts each.
         assert server.stats.calls == 4 * 3 + 3 * 2
         store = _store(run)
-        rows = {(r["case_id"], r["sample"]): r for r in store.samples()}
+        rows = {(r.case_id, r.sample): r for r in store.samples()}
         assert (
-            rows[("nmb-002", 0)]["status"] == "error"
-            and "InternalServerError" in rows[("nmb-002", 0)]["parse_error"]
+            rows[("nmb-002", 0)].status == "error"
+            and "InternalServerError" in rows[("nmb-002", 0)].parse_error
         )
-        assert rows[("nmb-001", 0)]["status"] == "format_failure"
+        assert rows[("nmb-001", 0)].status == "format_failure"
         scores = store.scores()
         fmt = scores[sample_id("nmb-001", "differential#q1", "test-model", 0)]
         assert fmt and all(s.value is None for s in fmt)  # unscored, never a wrong answer
         ok = scores[sample_id("nmb-000", "differential#q1", "test-model", 0)]
         assert any(s.scorer == "diagnosis_match" and s.value == 1.0 for s in ok)
-        assert store.run_row()["status"] == "incomplete" and store.counts()["failures"] == 3
+        assert store.run_row().status == "incomplete" and store.counts().failures == 3
         store.close()
         # Resume once the endpoint recovers: only the failed calls are made.
         server.script.faults.clear()
@@ -84,9 +84,7 @@ def test_run_samples_failures_format_failures_then_resume(tmp_path: Path) -> Non
         stats = asyncio.run(resume_run(run))
         assert server.stats.calls - before == 3 and stats.cached == 0
         store = _store(run)
-        assert (
-            store.run_row()["status"] == "complete" and store.counts().get("samples_error", 0) == 0
-        )
+        assert store.run_row().status == "complete" and store.counts().of_status("error") == 0
         store.close()
 
 
@@ -132,8 +130,8 @@ def test_multiturn_conversation_keeps_the_models_earlier_answers(
     assert n_images[0] >= 1 and n_images[2] == 0  # series revealed in turns, none on the last
     store = _store(tmp_path / "run")
     (row,) = store.samples()
-    assert [t["turn"] for t in row["turns"]] == [1, 2, 3] and row["status"] == "ok"
-    assert row["parsed"]["answer"]["final_diagnosis"] == "normal study"
+    assert [t["turn"] for t in row.turns] == [1, 2, 3] and row.status == "ok"
+    assert row.parsed["answer"]["final_diagnosis"] == "normal study"
     store.close()
 
 
@@ -190,7 +188,7 @@ def test_rescore_never_calls_a_model_and_export_writes_every_sample(tmp_path: Pa
     counts = rescore(run)
     assert counts["rescored"] == 6 and calls == 6
     store = _store(run)
-    assert store.counts()["responses"] == 6 and len(store.scored_samples()) == 6
+    assert store.counts().responses == 6 and len(store.scored_samples()) == 6
     n = export_run(store, tmp_path / "out.jsonl")
     recs = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert n == 6 and {(r["case_id"], r["sample"]) for r in recs} == {
@@ -280,9 +278,9 @@ def test_reference_models_run_the_phantoms_offline(phantom_suite, tmp_path: Path
     store = _store(tmp_path / "run")
     assert len(store.scored_samples()) == stats.units_total
     answers = {
-        (r["case_id"].split("-", 2)[-1], r["model"]): r["parsed"]["answer"]
+        (r.case_id.split("-", 2)[-1], r.model): r.parsed["answer"]
         for r in store.samples()
-        if r["task"] == "differential"
+        if r.task == "differential"
     }
     store.close()
     # The image baseline puts the infarct on the side it is (radiological images: image left =
@@ -410,5 +408,31 @@ def test_run_with_litellm_worker_processes(tmp_path: Path) -> None:
         assert server.stats.calls == 6
     assert stats.errors == 0 and stats.scored == 6 and stats.cost_usd > 0
     store = _store(tmp_path / "run")
-    assert store.run_row()["status"] == "complete" and len(store.scored_samples()) == 6
+    assert store.run_row().status == "complete" and len(store.scored_samples()) == 6
     store.close()
+
+
+def test_the_run_store_hands_back_typed_rows(tmp_path: Path) -> None:
+    """Rows of the run store are records (RunRow, SampleRow, StoreCounts), never dicts."""
+    from evaluation.store_rows import RunRow, SampleRow, StoreCounts
+
+    data, answers = write_nmb(tmp_path / "data", 2)
+    config = _config(
+        DatasetSpec(path=str(data), answers=str(answers)),
+        resolve_specs(["reference/text-prior"]),
+        tmp_path,
+    )
+    run = tmp_path / "run"
+    asyncio.run(start_run(config, run))
+    store = _store(run)
+    row = store.run_row()
+    assert (
+        isinstance(row, RunRow) and row.status == "complete" and row.config["run_id"] == row.run_id
+    )
+    samples = store.samples()
+    assert samples and all(isinstance(s, SampleRow) for s in samples)
+    assert all(isinstance(s.sample, int) and isinstance(s.image_hashes, list) for s in samples)
+    counts = store.counts()
+    assert isinstance(counts, StoreCounts) and counts.samples == len(samples)
+    assert sum(counts.by_status.values()) == counts.samples
+    assert counts.of_status("error") == 0 and counts.flat()["samples"] == counts.samples

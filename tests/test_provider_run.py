@@ -54,7 +54,7 @@ def test_anthropic_run_samples_usage_cost_overload_and_refusal_in_the_store(
     assert stats.errors == 0 and stats.refusals == 1
     store = RunStore(run)
     try:
-        statuses = sorted(r["status"] for r in store.samples())
+        statuses = sorted(r.status for r in store.samples())
         assert statuses == ["ok", "ok", "refusal"]  # the refusal is recorded, not scored wrong
         outputs = list(store.responses().values())
         cost = expected_cost(fam.model, 1200, 80)
@@ -88,8 +88,8 @@ def test_vllm_run_records_the_montage_it_sent_for_the_servers_image_limit(
         (output,) = store.responses().values()
         (montage,) = [a for a in output.adjustments if a["kind"] == "montage"]
         # The run records which images went into the montage: all the sample was shown.
-        assert montage["images"] == row["image_hashes"] and len(montage["images"]) == 7
-        assert row["status"] == "ok"
+        assert montage["images"] == row.image_hashes and len(montage["images"]) == 7
+        assert row.status == "ok"
         stored = json.loads(
             store.connection.execute("SELECT output_json FROM responses").fetchone()[0]
         )

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import TaskFamily
 from evaluation.reports.rundata import RunData, SampleResult
 from evaluation.scores import ParseStatus
 from evaluation.scoring.scored import ScoredSample, case_modality
+from evaluation.store_rows import SampleRow
 
 if TYPE_CHECKING:
     from evaluation.datasets import Dataset
@@ -39,8 +40,8 @@ def _scored_json(store_file: Path) -> dict[str, str]:
         db.close()
 
 
-def _parsed(row: dict[str, Any], family: TaskFamily) -> Answer | ClassificationAnswer | None:
-    raw = (row.get("parsed") or {}).get("answer")
+def _parsed(row: SampleRow, family: TaskFamily) -> Answer | ClassificationAnswer | None:
+    raw = (row.parsed or {}).get("answer")
     if raw is None:
         return None
     model = ClassificationAnswer if family is TaskFamily.CLASSIFICATION else Answer
@@ -62,7 +63,7 @@ def run_from_store(
     config, row = load_config(rundir)
     dataset = dataset or open_dataset(config, cache_dir)
     warnings = list(dataset.warnings)
-    if dataset.hash != row["dataset_hash"]:
+    if dataset.hash != row.dataset_hash:
         warnings.append("the dataset changed since the run; the report shows today's truth")
     store = RunStore(rundir)
     try:
@@ -74,29 +75,29 @@ def run_from_store(
     cases = {c.case_id: c for c in dataset.cases}
     samples: list[SampleResult] = []
     for r in rows:
-        case = cases.get(r["case_id"])
+        case = cases.get(r.case_id)
         if case is None:
-            warnings.append(f"case {r['case_id']!r} of the run is not in the dataset any more")
+            warnings.append(f"case {r.case_id!r} of the run is not in the dataset any more")
             continue
-        family = TaskFamily(r["family"])
-        turns = r["turns"]
+        family = TaskFamily(r.family)
+        turns = r.turns
         last = responses.get(turns[-1]["cache_key"]) if turns else None
-        sid = r["sample_id"]
+        sid = r.sample_id
         if sid in scored:
             sc = ScoredSample.model_validate_json(scored[sid])
         else:  # an error, or a case without ground truth: counted, never scored
             gt = case.ground_truth
             sc = ScoredSample(
-                run_id=row["run_id"],
+                run_id=row.run_id,
                 case_id=case.case_id,
                 patient_id=case.patient_id or case.case_id,
-                model=r["model"],
+                model=r.model,
                 family=family,
-                sample_index=r["sample"],
+                sample_index=r.sample,
                 difficulty=gt.difficulty if gt else None,
                 disease_group=gt.final_diagnosis.group if gt else None,
                 modality=case_modality(case),
-                status=ParseStatus(r["status"]),
+                status=ParseStatus(r.status),
             )
         samples.append(
             SampleResult(
@@ -104,19 +105,19 @@ def run_from_store(
                 answer=_parsed(r, family),
                 text=last.text if last is not None else "",
                 ablation=config.ablation.value,
-                images_sent=list(r["image_hashes"]),
+                images_sent=list(r.image_hashes),
                 turn=len(turns) - 1 if turns else None,
             )
         )
-    cfg: dict[str, Any] = row["config"] if isinstance(row["config"], dict) else {}
+    cfg = row.config
     used = {s.scored.case_id for s in samples}
     run_cases = [c for c in dataset.cases if c.case_id in used]
     return RunData(
-        run_id=str(row["run_id"]),
+        run_id=row.run_id,
         title=dataset.name if dataset.name == dataset.kind else f"{dataset.name} ({dataset.kind})",
-        created_at=str(row["created_at"]),
-        config={**cfg, "status": row["status"], "warnings": warnings[:50]},
-        code_version=row.get("code_version"),
+        created_at=row.created_at,
+        config={**cfg, "status": row.status, "warnings": warnings[:50]},
+        code_version=row.code_version,
         cases=run_cases,
         case_roots={c.case_id: str(c.root) for c in run_cases if c.root},
         samples=samples,

@@ -90,14 +90,14 @@ def show_run(run_dir: Path) -> None:
     try:
         row = store.run_row()
         counts = store.counts()
-        table = Table(title=f"run {row['run_id']} ({row['status']})")
+        table = Table(title=f"run {row.run_id} ({row.status})")
         table.add_column("model")
         for col in ("samples", "ok", "format", "refusal", "error"):
             table.add_column(col, justify="right")
         per: dict[str, dict[str, int]] = {}
         for r in store.samples():
-            d = per.setdefault(r["model"], {})
-            d[r["status"]] = d.get(r["status"], 0) + 1
+            d = per.setdefault(r.model, {})
+            d[r.status] = d.get(r.status, 0) + 1
         for m, d in per.items():
             table.add_row(
                 escape(m),
@@ -106,9 +106,9 @@ def show_run(run_dir: Path) -> None:
             )
         table_console().print(table)
         console.print(
-            f"dataset {escape(str(row['dataset_name']))} hash {str(row['dataset_hash'])[:12]}; "
-            f"{counts['requests']} requests, {counts['responses']} responses, {counts['audit']} audited payloads; "
-            f"code {escape(str(row['code_version']))}"
+            f"dataset {escape(str(row.dataset_name))} hash {row.dataset_hash[:12]}; "
+            f"{counts.requests} requests, {counts.responses} responses, {counts.audit} audited payloads; "
+            f"code {escape(str(row.code_version))}"
         )
         try:
             summ = summary(store)

@@ -64,7 +64,7 @@ def reusable_run(runs: Path, inputs: dict[str, Any]) -> Path | None:
             row = store.run_row()
         finally:
             store.close()
-        if row and row.get("status") == "complete":
+        if row.status == "complete":
             return run_dir
     return None
 

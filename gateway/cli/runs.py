@@ -42,20 +42,20 @@ def runs_list(
         try:
             store = RunStore(path.parent)
             row = store.run_row()
-            n = store.counts()["samples"]
+            n = store.counts().samples
             store.close()
         except EvaluationError as exc:
             table.add_row(
                 escape(path.parent.name), "-", f"unreadable: {escape(str(exc))}", "", "", "", ""
             )
             continue
-        models = ", ".join(m["name"] for m in row["config"]["models"])
+        models = ", ".join(m["name"] for m in row.config["models"])
         table.add_row(
             escape(path.parent.name),
-            row["run_id"],
-            row["status"],
-            row["created_at"][:19],
-            escape(str(row["dataset_name"])),
+            row.run_id,
+            row.status,
+            row.created_at[:19],
+            escape(str(row.dataset_name)),
             escape(models),
             str(n),
         )
@@ -90,7 +90,10 @@ def runs_show(
             store = RunStore(run_dir)
             try:
                 row = store.run_row()
-                out: dict[str, Any] = {"run": row, "counts": store.counts()}
+                out: dict[str, Any] = {
+                    "run": row.model_dump(mode="json"),
+                    "counts": store.counts().flat(),
+                }
                 try:
                     summ = summary(store)
                     out["summary"] = summ.model_dump(mode="json") if summ else None
@@ -99,7 +102,7 @@ def runs_show(
             finally:
                 store.close()
             try:
-                stats = _review_stats(run_dir, row["run_id"], log)
+                stats = _review_stats(run_dir, row.run_id, log)
                 out["reviews"] = stats.model_dump(mode="json") if stats else None
             except _REVIEW_ERRORS as exc:
                 out["reviews_error"] = str(exc)
@@ -149,7 +152,7 @@ def _show_calibration(run_dir: Path, log: Path | None) -> None:
         return
     store = RunStore(run_dir)
     try:
-        run_id = store.run_row()["run_id"]
+        run_id = store.run_row().run_id
     finally:
         store.close()
     try:
@@ -205,7 +208,7 @@ def runs_compare(
     try:
         store = RunStore(run_dir)
         try:
-            models = sorted({r["model"] for r in store.samples()})
+            models = sorted({r.model for r in store.samples()})
             if model_a is None and model_b is None and len(models) == 2:
                 model_a, model_b = models
             if model_a is None or model_b is None:
