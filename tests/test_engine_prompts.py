@@ -370,3 +370,22 @@ def test_gate_applies_only_to_untrusted_endpoints_and_strips_png_text() -> None:
     img = out[0].content[1]
     assert isinstance(img, ImagePart) and png_text_chunks(img.png) == []
     assert img.sha256 == hashlib.sha256(img.png).hexdigest()
+
+
+def test_gate_withholds_burned_in_series_named_by_a_case_stored_before_typed_provenance() -> None:
+    """The burned-in series list travels in Case.provenance whatever shape the case was stored
+    in: a run snapshot written with the old untyped ``extra`` dict still withholds the image."""
+    png = brain_png(3)
+    sha = hashlib.sha256(png).hexdigest()
+    stored = {
+        "case_id": "c-burned",
+        "images": [{"path": "a.png", "sha256": sha, "label": "T1", "series_uid": "1.2.3"}],
+        "provenance": {"source": "folder", "extra": {"burned_in_series": ["1.2.3"]}},
+    }
+    case = Case.model_validate_json(json.dumps(stored))
+    msgs = [Message(role="user", content=[ImagePart(png=png, sha256=sha, label="T1")])]
+    out, res = PHIGate(PHIPolicy()).prepare(msgs, case, "https://api.openai.com/v1")
+    assert res.dropped_images == [sha]
+    assert not any(isinstance(p, ImagePart) for p in out[0].content)
+    same, res = PHIGate(PHIPolicy()).prepare(msgs, case, "http://127.0.0.1:8000/v1")
+    assert same is msgs and res.dropped_images == []
