@@ -436,3 +436,37 @@ def test_the_run_store_hands_back_typed_rows(tmp_path: Path) -> None:
     assert isinstance(counts, StoreCounts) and counts.samples == len(samples)
     assert sum(counts.by_status.values()) == counts.samples
     assert counts.of_status("error") == 0 and counts.flat()["samples"] == counts.samples
+
+
+def test_run_config_from_settings_fills_what_the_caller_left_out(tmp_path: Path) -> None:
+    """Settings give the defaults (models, endpoint, concurrency, trusted hosts, cache); what the
+    command line names wins. The gateway's Settings satisfies evaluation's EngineSettings."""
+    from gateway.settings import Settings
+
+    settings = Settings(
+        models=["reference/text-prior", "openai/gpt-4o"],
+        api_base="http://127.0.0.1:9/v1",
+        concurrency=3,
+        phi_trusted_hosts=["loopback", "10.0.0.0/8"],
+        cache_dir=tmp_path / "cache",
+    )
+    spec = DatasetSpec(path="suite")
+    by_settings = RunConfig.from_settings(settings, spec, samples=2)
+    assert [m.name for m in by_settings.models] == ["reference/text-prior", "openai/gpt-4o"]
+    gpt = by_settings.models[1]
+    assert gpt.api_base == "http://127.0.0.1:9/v1" and gpt.concurrency == 3
+    assert by_settings.phi.trusted == ["loopback", "10.0.0.0/8"] and by_settings.samples == 2
+    assert by_settings.cache_dir == str((tmp_path / "cache").resolve())
+    named = RunConfig.from_settings(
+        settings,
+        spec,
+        models=["openai/gpt-4o-mini"],
+        api_base="http://127.0.0.1:8/v1",
+        concurrency=5,
+        trusted_hosts=["loopback"],
+        graders=["openai/gpt-4o"],
+    )
+    (mini,) = named.models
+    assert mini.name == "openai/gpt-4o-mini" and mini.api_base == "http://127.0.0.1:8/v1"
+    assert mini.concurrency == 5 and named.phi.trusted == ["loopback"]
+    assert [g.api_base for g in named.graders] == ["http://127.0.0.1:8/v1"]
