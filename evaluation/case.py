@@ -138,10 +138,6 @@ class GroundTruth(BaseModel):
     plane: Literal["axial", "sagittal", "coronal"] | None = None
     phi: list[PlantedPHI] = Field(default_factory=list)
 
-    @property
-    def is_normal(self) -> bool:
-        return self.final_diagnosis.group is DiseaseGroup.NORMAL or not self.lesions
-
 
 # --------------------------------------------------------------------------- cases
 

@@ -429,6 +429,7 @@ class Runner:
             unit.sample,
             self.config.run_id,
             extra,
+            len(shown),
         )
 
         async def store_scores() -> None:

@@ -63,7 +63,9 @@ class ScoringBridge:
         sample: int,
         run_id: str | None,
         extra_scores: list[Score] | None = None,
+        images_shown: int | None = None,
     ) -> tuple[list[Score], ErrorLabel | None, str]:
+        """``images_shown``: how many images the requests carried (what the run recorded)."""
         scoring = _scoring()
         scored = scoring.make_scored_sample(
             case,
@@ -80,6 +82,7 @@ class ScoringBridge:
             extra_scores=extra_scores,
             bertscore_model=self.bertscore_model,
             bertscore_layer=self.bertscore_layer,
+            images_shown=images_shown,
         )
         return list(scored.scores), scored.error, scored.model_dump_json()
 
@@ -199,6 +202,7 @@ def rescore_run(
             row.sample,
             run_id,
             extra,
+            len(row.image_hashes),
         )
         store.record_scores(sid, scores, label, scored)
         counts["rescored"] += 1

@@ -34,6 +34,7 @@ from evaluation.reports.model import (
 from evaluation.reports.rundata import FULL_INPUT, SampleResult
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lesions import LesionMatchResult
+from evaluation.scoring.truth import is_normal_control
 from evaluation.scoring.recognition import resolve_image
 from evaluation.scoring.sample import final_diagnosis
 from evaluation.scoring.scored import case_modality
@@ -117,7 +118,7 @@ def _truth(case: Case) -> TruthSummary | None:
         differential=[d.name for d in gt.differential],
         key_findings=gt.key_findings,
         rationale=gt.rationale,
-        normal_control=gt.is_normal,
+        normal_control=is_normal_control(gt),
     )
 
 

@@ -6,6 +6,7 @@ from evaluation.case import Case
 from evaluation.reports.model import AnswerChecklist, Flag, FlagKind, Mark
 from evaluation.reports.rundata import SampleResult
 from evaluation.scores import ParseStatus
+from evaluation.scoring.truth import is_normal_control
 
 
 def answer_flags(case: Case, a: AnswerChecklist, s: SampleResult, low: float) -> list[Flag]:
@@ -18,7 +19,7 @@ def answer_flags(case: Case, a: AnswerChecklist, s: SampleResult, low: float) ->
         flags.append(Flag(kind=FlagKind.REFUSAL, detail="the model refused or was blocked"))
     elif status is ParseStatus.ERROR:
         flags.append(Flag(kind=FlagKind.CALL_ERROR, detail="the call failed"))
-    normal = case.ground_truth is not None and case.ground_truth.is_normal
+    normal = case.ground_truth is not None and is_normal_control(case.ground_truth)
     halluc = [f"finding {f.index}" for f in a.findings if f.mark is Mark.HALLUCINATED]
     subs = set(s.scored.error.sub_labels) if s.scored.error else set()
     nfp = s.scored.value("normal_control_false_positive")

@@ -341,3 +341,33 @@ def enhancement_compatible(stated: Enhancement | str, truth: Enhancement) -> boo
         return stated == truth
     loose = {Enhancement.HETEROGENEOUS}  # heterogeneous fits ring and nodular patterns
     return stated == truth or (stated in loose and truth is not Enhancement.HOMOGENEOUS)
+
+
+# --------------------------------------------------------------------------- size
+
+_SIZE = re.compile(
+    r"(\d+(?:\.\d+)?)((?:\s*(?:x|×|by)\s*\d+(?:\.\d+)?)*)\s*(mm|cm|millimet\w*|centimet\w*)\b",
+    re.IGNORECASE,
+)
+
+
+def size_mm_in(text: str | None) -> float | None:
+    """The largest dimension a phrase states, in mm ("3 x 2.5 cm" -> 30.0), or None."""
+    if not text:
+        return None
+    best: float | None = None
+    for m in _SIZE.finditer(text):
+        numbers = [float(m.group(1))] + [float(x) for x in re.findall(r"\d+(?:\.\d+)?", m.group(2))]
+        scale = 10.0 if m.group(3).lower().startswith(("cm", "centi")) else 1.0
+        value = max(numbers) * scale
+        if 0 < value < 1000:
+            best = value if best is None else max(best, value)
+    return best
+
+
+def sizes_compatible(stated: float, truth: float) -> bool:
+    """A stated size contradicts the truth when it is off by more than a factor of 2.5 and
+    more than 5 mm (sizes read off a few slices are rough)."""
+    lo, hi = sorted((stated, truth))
+    return lo > 0 and (hi / lo <= 2.5 or hi - lo <= 5.0)
+

@@ -1,43 +1,75 @@
 """Match a model's findings to the ground-truth lesions of a case.
 
 A finding is read from its structured fields, falling back to its description: side, atlas
-regions (``anatomy.regions_in``), sequence, signal direction and enhancement. Against each lesion:
+regions (``anatomy.regions_in``), sequence, signal direction, size and enhancement. Each
+(finding, lesion) pair is placed first:
 
-- strict match: a region in {lesion.region, lesion.lobe}, a compatible side, and, where the
-  finding states them, a sequence on which the lesion is visible and a signal that fits it;
-- near match (the right lesion, wrongly tied): ``wrong_side`` (same region, other hemisphere),
-  ``adjacent_region`` (same side, a neighbouring region), both only when the stated sequence,
-  signal and enhancement fit the lesion; ``wrong_sequence`` (claimed on a
-  sequence where the lesion is invisible, or one the case does not have), ``wrong_signal`` (a
-  visible sequence with the opposite signal), ``unlocalised`` (no location, attributes fit);
-- otherwise the finding is hallucinated, except a finding with neither location nor attributes
-  ("mass effect"), which counts against precision but not as a hallucination (on a normal
-  control every positive finding is a hallucination). Findings that deny disease ("no acute lesion") are
-  ignored. An enhancement pattern that contradicts the lesion is kept as a description error.
+- ``same``: a region in {lesion.region, lesion.lobe} and a compatible side;
+- near (the right lesion, wrongly tied), only when every stated attribute fits the lesion:
+  ``wrong_side`` (same region, other hemisphere), ``adjacent_region`` (same side, a
+  neighbouring region), ``unlocalised`` (no location, but a sequence, signal or enhancement);
+- otherwise the pair is impossible.
 
-Matching is many-to-many: one finding may cover several lesions ("bilateral periventricular
-plaques") and several findings may describe one lesion. Precision = strictly matched findings /
-positive findings; recall = strictly detected lesions / lesions; ``missed`` lesions have no strict
-or near match at all.
+and costed over every stated attribute: location (exact region before lobe, stated side before
+unstated), sequence (``wrong_sequence``: claimed on a sequence where the lesion is invisible, or
+one the case lacks), signal (``wrong_signal``), enhancement and size (description errors).
+
+Each lesion is judged against its best finding, chosen by a one-to-one assignment of minimum
+total cost (Hungarian, ``scipy.optimize.linear_sum_assignment``), so the description errors of
+two lesions in one lobe are never pooled: the ring-enhancing lesion is judged against the
+ring-enhancing finding, the nodular one against the nodular finding. Matching stays
+many-to-many where that is right: a lesion the assignment leaves without a finding is covered by
+a finding already assigned elsewhere when that finding sits at its place and fits it ("bilateral
+periventricular plaques" covering plaques on both sides).
+
+- A lesion is ``detected`` when its best finding is at its place with a fitting sequence and
+  signal; ``near`` when the best finding is at the wrong place (near kinds) or at its place on a
+  wrong sequence / signal; ``missed`` when it has none. Enhancement and size errors of the best
+  finding are the lesion's description errors.
+- A finding that is no lesion's best finding is ``redundant`` when it sits at a lesion's place
+  (another sequence, a restatement): it is not penalised, unless every lesion there contradicts
+  it, which is a description error of the closest one. Otherwise it is ``hallucinated``: a
+  finding at a place where no lesion is counts as invented even when a real lesion lies near
+  it (mirrored to the other side, in the neighbouring lobe). A finding with neither location
+  nor attributes ("mass effect"), or one without a location whose attributes fit a lesion, is
+  ``unlocalised``: it counts against precision but is not a hallucination (on a normal control
+  every positive finding is a hallucination). Findings that deny disease ("no acute lesion")
+  are ignored.
+
+Precision = findings matched or redundant / positive findings; recall = detected lesions /
+lesions; ``recall_location`` also counts lesions found at their place on a wrong sequence or
+signal.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, Field
+from scipy.optimize import linear_sum_assignment
 
 from evaluation.answers import Finding
-from evaluation.case import Case, DiseaseGroup, Enhancement, LesionTruth
+from evaluation.case import Case, Enhancement, Hemisphere, LesionTruth, TaskFamily
 from evaluation.scoring import anatomy as A
+from evaluation.scoring.truth import is_normal_control
 
 NearKind = Literal["wrong_side", "adjacent_region", "wrong_sequence", "wrong_signal", "unlocalised"]
+Place = Literal["same", "wrong_side", "adjacent_region", "unlocalised"]
 _NEGATIVE = re.compile(
     r"^\s*(no|none|nil|normal|unremarkable|nothing|negative|without)\b"
     r"|\bno (acute |focal |significant |definite )*(abnormalit|lesion|finding|pathology)",
     re.IGNORECASE,
 )
+# Costs of a pair: any near place costs more than every attribute error at the same place, so
+# a finding at the lesion's place is always its best one.
+_NEAR_COST = {"wrong_side": 10.0, "adjacent_region": 10.0, "unlocalised": 12.0}
+_LOBE_ONLY = 0.25  # the finding names the lesion's lobe, not its finer region
+_SIDE_UNSTATED = 0.1  # no side, or "bilateral", for a one-sided lesion
+_IMPOSSIBLE = 1e6
 
 
 class ReadFinding(BaseModel):
@@ -48,13 +80,18 @@ class ReadFinding(BaseModel):
     sequence: str | None = None
     direction: str | None = None
     enhancement: str | None = None
+    size_mm: float | None = None
+
+    @property
+    def has_attributes(self) -> bool:
+        return bool(self.sequence or self.direction or self.enhancement)
 
 
 class FindingMatch(BaseModel):
     index: int
-    status: Literal["matched", "near", "hallucinated", "unlocalised", "negative"]
+    status: Literal["matched", "redundant", "near", "hallucinated", "unlocalised", "negative"]
     read: ReadFinding
-    lesions: list[str] = Field(default_factory=list)  # strictly matched lesion ids
+    lesions: list[str] = Field(default_factory=list)  # lesions it detects, or restates
     near: dict[str, list[str]] = Field(default_factory=dict)  # lesion id -> near kinds
     description_errors: list[str] = Field(default_factory=list)
 
@@ -62,8 +99,9 @@ class FindingMatch(BaseModel):
 class LesionOutcome(BaseModel):
     lesion_id: str
     status: Literal["detected", "near", "missed"]
+    finding: int | None = None  # index of its best finding
     near_kinds: list[str] = Field(default_factory=list)
-    findings: list[int] = Field(default_factory=list)
+    findings: list[int] = Field(default_factory=list)  # best finding first, then restatements
     description_errors: list[str] = Field(default_factory=list)
 
 
@@ -73,6 +111,7 @@ class LesionMatchResult(BaseModel):
     normal_control: bool
     n_positive: int
     n_matched: int
+    n_redundant: int = 0
     n_hallucinated: int
     n_detected: int
     n_near: int
@@ -84,6 +123,9 @@ class LesionMatchResult(BaseModel):
     hallucination_rate: float | None
     missed_rate: float | None
     normal_false_positive: bool | None
+    images_shown: int | None = None  # images the request carried (None: not recorded)
+    # why missed lesions do not count against this answer ("" when they do)
+    missed_not_counted: str = ""
 
 
 def read_finding(f: Finding) -> ReadFinding:
@@ -93,12 +135,14 @@ def read_finding(f: Finding) -> ReadFinding:
     seq = A.sequence_class(f.sequence) or (None if f.sequence else A.sequence_class(desc))
     direction = A.signal_direction(f.signal, seq) or A.signal_direction(desc, seq)
     enh = A.enhancement_of(f.enhancement) or A.enhancement_of(desc)
+    size = f.size_mm if f.size_mm is not None and 0 < f.size_mm < 1000 else A.size_mm_in(desc)
     return ReadFinding(
         side=side,
         regions=sorted(regions),
         sequence=seq,
         direction=direction,
         enhancement=str(enh) if enh is not None else None,
+        size_mm=size,
     )
 
 
@@ -110,7 +154,7 @@ def _is_negative(f: Finding, r: ReadFinding) -> bool:
 
 
 def _attribute_kinds(r: ReadFinding, lesion: LesionTruth, shown: set[str]) -> list[str]:
-    """wrong_sequence / wrong_signal for a finding located on the lesion."""
+    """wrong_sequence / wrong_signal of a finding against a lesion."""
     truth = {A.EQUIVALENT_SEQUENCES.get(k, k): A.direction_of(v) for k, v in lesion.signal.items()}
     kinds: list[str] = []
     if r.sequence is not None:
@@ -130,18 +174,79 @@ def _attribute_kinds(r: ReadFinding, lesion: LesionTruth, shown: set[str]) -> li
 
 
 def _description_errors(r: ReadFinding, lesion: LesionTruth) -> list[str]:
-    if r.enhancement is None:
-        return []
-    stated: Enhancement | str = (
-        r.enhancement if r.enhancement == "any" else Enhancement(r.enhancement)
-    )
-    if A.enhancement_compatible(stated, lesion.enhancement):
-        return []
-    return [f"enhancement stated {r.enhancement}, truth {lesion.enhancement.value}"]
+    errors = []
+    if r.enhancement is not None:
+        stated: Enhancement | str = (
+            r.enhancement if r.enhancement == "any" else Enhancement(r.enhancement)
+        )
+        if not A.enhancement_compatible(stated, lesion.enhancement):
+            errors.append(f"enhancement stated {r.enhancement}, truth {lesion.enhancement.value}")
+    if r.size_mm is not None and lesion.size_mm:
+        if not A.sizes_compatible(r.size_mm, lesion.size_mm):
+            errors.append(f"size stated {r.size_mm:.0f} mm, truth {lesion.size_mm:.0f} mm")
+    return errors
 
 
-def _attributes_fit(r: ReadFinding, lesion: LesionTruth, shown: set[str]) -> bool:
-    return not _attribute_kinds(r, lesion, shown) and not _description_errors(r, lesion)
+@dataclass(frozen=True)
+class _Pair:
+    """One finding against one lesion: where it is, what is wrong, what it costs."""
+
+    place: Place
+    kinds: tuple[str, ...]  # wrong_sequence / wrong_signal
+    errors: tuple[str, ...]  # enhancement / size description errors
+    cost: float
+
+    @property
+    def fits(self) -> bool:
+        return not self.kinds and not self.errors
+
+
+def _pair(r: ReadFinding, lesion: LesionTruth, shown: set[str]) -> _Pair | None:
+    """How ``r`` relates to ``lesion``; None when it cannot be that lesion."""
+    where = {lesion.region, *([lesion.lobe] if lesion.lobe else [])}
+    kinds = tuple(_attribute_kinds(r, lesion, shown))
+    errors = tuple(_description_errors(r, lesion))
+    fits = not kinds and not errors
+    side_ok = A.sides_compatible(r.side, lesion.hemisphere.value)
+    place: Place
+    if not r.regions:
+        if not (fits and r.has_attributes):
+            return None
+        place = "unlocalised"
+    elif set(r.regions) & where:
+        if side_ok:
+            cost = 0.0 if lesion.region in r.regions else _LOBE_ONLY
+            if r.side != lesion.hemisphere.value and lesion.hemisphere is not Hemisphere.MIDLINE:
+                cost += _SIDE_UNSTATED
+            cost += len(kinds) + len(errors) + _size_cost(r, lesion)
+            return _Pair("same", kinds, errors, cost)
+        if not fits:
+            return None
+        place = "wrong_side"
+    elif side_ok and fits and any(frozenset((a, b)) in A.ADJACENT for a in r.regions for b in where):
+        place = "adjacent_region"
+    else:
+        return None
+    return _Pair(place, (), (), _NEAR_COST[place] + _size_cost(r, lesion))
+
+
+def _size_cost(r: ReadFinding, lesion: LesionTruth) -> float:
+    """A small cost for a size that differs (within tolerance): it tells two lesions of one
+    region apart when nothing else does."""
+    if r.size_mm is None or not lesion.size_mm:
+        return 0.0
+    return min(abs(math.log(r.size_mm / lesion.size_mm)), 1.0) * 0.2
+
+
+def _assign(pairs: dict[tuple[int, int], _Pair], n_lesions: int, n_findings: int) -> dict[int, int]:
+    """Lesion index -> finding index, one-to-one, of minimum total cost over possible pairs."""
+    if not pairs:
+        return {}
+    cost = np.full((n_lesions, n_findings), _IMPOSSIBLE)
+    for (li, fi), p in pairs.items():
+        cost[li, fi] = p.cost
+    rows, cols = linear_sum_assignment(cost)
+    return {int(li): int(fi) for li, fi in zip(rows, cols, strict=True) if (li, fi) in pairs}
 
 
 def match_lesions(case: Case, findings: list[Finding]) -> LesionMatchResult | None:
@@ -150,67 +255,107 @@ def match_lesions(case: Case, findings: list[Finding]) -> LesionMatchResult | No
     gt = case.ground_truth
     if gt is None:
         return None
-    normal = gt.final_diagnosis.group is DiseaseGroup.NORMAL and not gt.lesions
+    normal = is_normal_control(gt)
     if not gt.lesions and not normal:
         return None
     shown = {i.series_class for i in case.images if i.series_class}
-    outcomes = {L.id: LesionOutcome(lesion_id=L.id, status="missed") for L in gt.lesions}
-    matches: list[FindingMatch] = []
-    for idx, f in enumerate(findings):
-        r = read_finding(f)
-        fm = FindingMatch(index=idx, status="hallucinated", read=r)
-        if _is_negative(f, r):
-            fm.status = "negative"
-            matches.append(fm)
+    lesions = gt.lesions
+    read = [read_finding(f) for f in findings]
+    negative = [_is_negative(f, r) for f, r in zip(findings, read, strict=True)]
+    pairs: dict[tuple[int, int], _Pair] = {}
+    for fi, r in enumerate(read):
+        if negative[fi]:
             continue
-        for L in gt.lesions:
-            where = {L.region, *([L.lobe] if L.lobe else [])}
-            side_ok = A.sides_compatible(r.side, L.hemisphere.value)
-            kinds: list[str] = []
-            if not r.regions:
-                if _attributes_fit(r, L, shown) and (r.sequence or r.direction or r.enhancement):
-                    kinds = ["unlocalised"]
-            elif set(r.regions) & where:
-                if side_ok:
-                    kinds = _attribute_kinds(r, L, shown)
-                    if not kinds:
-                        fm.lesions.append(L.id)
-                        fm.description_errors += _description_errors(r, L)
-                        continue
-                elif _attributes_fit(r, L, shown):
-                    kinds = ["wrong_side"]
-            elif (
-                side_ok
-                and any(frozenset((a, b)) in A.ADJACENT for a in r.regions for b in where)
-                and _attributes_fit(r, L, shown)
-            ):
-                kinds = ["adjacent_region"]
-            if kinds:
-                fm.near[L.id] = kinds
+        for li, lesion in enumerate(lesions):
+            p = _pair(r, lesion, shown)
+            if p is not None:
+                pairs[li, fi] = p
+    best = _assign(pairs, len(lesions), len(findings))
+    for li in range(len(lesions)):
+        if li in best:
+            continue
+        covering = [  # a finding at this lesion's place that fits it, assigned elsewhere
+            (p.cost, fi) for (lj, fi), p in pairs.items() if lj == li and p.place == "same" and p.fits
+        ]
+        if covering:
+            best[li] = min(covering)[1]
+    outcomes = [LesionOutcome(lesion_id=les.id, status="missed") for les in lesions]
+    matches = [
+        FindingMatch(index=fi, status="negative" if negative[fi] else "hallucinated", read=r)
+        for fi, r in enumerate(read)
+    ]
+    for li, fi in sorted(best.items()):
+        p, o, fm = pairs[li, fi], outcomes[li], matches[fi]
+        o.finding, o.findings = fi, [fi]
+        o.description_errors = list(p.errors)
+        if p.place == "same" and not p.kinds:
+            o.status = "detected"
+            fm.lesions.append(o.lesion_id)
+            fm.description_errors += [f"{o.lesion_id}: {e}" for e in p.errors]
+        else:
+            o.status = "near"
+            o.near_kinds = sorted(p.kinds if p.place == "same" else (p.place,))
+            fm.near[o.lesion_id] = o.near_kinds
+    chosen = set(best.values())
+    for fm in matches:
+        if fm.status == "negative":
+            continue
         if fm.lesions:
             fm.status = "matched"
-        elif fm.near:
+        elif fm.index in chosen:
             fm.status = "near"
-        elif not r.regions and not normal and not (r.sequence or r.direction or r.enhancement):
-            fm.status = "unlocalised"  # "mass effect": nothing to check it against
         else:
-            fm.status = "hallucinated"
-        matches.append(fm)
-        for lid in fm.lesions:
-            outcomes[lid].findings.append(idx)
-            outcomes[lid].description_errors += fm.description_errors
-    for fm in matches:
-        if fm.status != "near":
-            continue  # a finding that matched one lesion is explained; it ties no other
-        for lid, kinds in fm.near.items():
-            o = outcomes[lid]
-            if not o.findings or o.status == "near":
-                o.near_kinds = sorted({*o.near_kinds, *kinds})
-    for o in outcomes.values():
-        o.status = "detected" if o.findings else ("near" if o.near_kinds else "missed")
-        if o.status == "detected":
-            o.near_kinds = []
-    return _summarise(matches, list(outcomes.values()), normal)
+            _unchosen(fm, pairs, outcomes, normal)
+    return _summarise(matches, outcomes, normal)
+
+
+def _unchosen(
+    fm: FindingMatch,
+    pairs: dict[tuple[int, int], _Pair],
+    outcomes: list[LesionOutcome],
+    normal: bool,
+) -> None:
+    """Status of a finding that is no lesion's best: a restatement or an invention."""
+    here = {li: p for (li, fi), p in pairs.items() if fi == fm.index and p.place == "same"}
+    if here:
+        fm.status = "redundant"
+        fm.lesions = [outcomes[li].lesion_id for li in sorted(here)]
+        for li in here:
+            outcomes[li].findings.append(fm.index)
+        if not any(p.fits for p in here.values()):
+            li, p = min(here.items(), key=lambda kv: (kv[1].cost, kv[0]))
+            o = outcomes[li]
+            said = [f"restatement (finding {fm.index + 1}): " + x for x in (*p.kinds, *p.errors)]
+            fm.description_errors += [f"{o.lesion_id}: {x}" for x in (*p.kinds, *p.errors)]
+            o.description_errors += said
+        return
+    fits_somewhere = any(fi == fm.index for (_, fi) in pairs)
+    if not fm.read.regions and not normal and (not fm.read.has_attributes or fits_somewhere):
+        fm.status = "unlocalised"  # nothing to place it by: counts against precision only
+    else:
+        fm.status = "hallucinated"
+
+
+def count_missed(
+    res: LesionMatchResult, family: TaskFamily, called_normal: bool, images_shown: int
+) -> LesionMatchResult:
+    """Whether the lesions an answer did not name count against it (the one rule the scores,
+    the error label and the checklist read): not when no image was shown (a text-only
+    request), nor when the answer reports no finding to a task that does not ask for lesions
+    (a differential that only ranks diagnoses), unless it called an abnormal study normal or
+    the case is a normal control. When they do not count, recall, F1 and the missed rate are
+    None."""
+    why = ""
+    if images_shown == 0:
+        why = "no image was shown (text only): missed lesions do not count"
+    elif not (
+        res.n_positive or family is TaskFamily.LESION or called_normal or res.normal_control
+    ):
+        why = "the answer reports no finding and the task does not ask for lesions"
+    update: dict[str, object] = {"images_shown": images_shown, "missed_not_counted": why}
+    if why:
+        update |= {"recall": None, "f1": None, "missed_rate": None, "recall_location": None}
+    return res.model_copy(update=update)
 
 
 def _ratio(a: int, b: int) -> float | None:
@@ -221,7 +366,7 @@ def _summarise(
     matches: list[FindingMatch], lesions: list[LesionOutcome], normal: bool
 ) -> LesionMatchResult:
     positive = [m for m in matches if m.status != "negative"]
-    n_matched = sum(m.status == "matched" for m in positive)
+    n_matched = sum(m.status in ("matched", "redundant") for m in positive)
     n_hall = sum(m.status == "hallucinated" for m in positive)
     detected = sum(o.status == "detected" for o in lesions)
     near = sum(o.status == "near" for o in lesions)
@@ -246,6 +391,7 @@ def _summarise(
         normal_control=normal,
         n_positive=len(positive),
         n_matched=n_matched,
+        n_redundant=sum(m.status == "redundant" for m in positive),
         n_hallucinated=n_hall,
         n_detected=detected,
         n_near=near,

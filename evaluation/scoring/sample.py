@@ -7,14 +7,15 @@ the BERTScore model and, when given, the judge cache, so a run can be rescored f
 from __future__ import annotations
 
 from evaluation.answers import Answer, ClassificationAnswer
-from evaluation.case import Case, DiseaseGroup, TaskFamily
+from evaluation.case import Case, TaskFamily
 from evaluation.scores import ParseStatus, Score
 from evaluation.scoring.judge_cache import JudgeCache
-from evaluation.scoring.lesions import match_lesions
+from evaluation.scoring.lesions import count_missed, match_lesions
 from evaluation.scoring.lexicon import Lexicon, default_lexicon, match_diagnosis
 from evaluation.scoring.neurovlm import classification_scores
 from evaluation.scoring.passk import rank_of_truth
 from evaluation.scoring.recognition import recognition_scores
+from evaluation.scoring.truth import names_normal
 
 ANSWER_SCORERS = (
     "diagnosis_match",
@@ -64,8 +65,17 @@ def score_sample(
     lexicon: Lexicon | None = None,
     bertscore_model: str | None = None,
     bertscore_layer: int | None = None,
+    images_shown: int | None = None,
 ) -> list[Score]:
-    """Every score of one sample; an unscored sample gets scores whose value is None."""
+    """Every score of one sample; an unscored sample gets scores whose value is None.
+
+    ``images_shown`` is the number of images the request carried (the run records it); None
+    means every image of ``case``. With none shown (a text-only ablation) nothing visual is
+    scored: no sequence recognition, and missed lesions do not count against the answer.
+    """
+    shown = len(case.images) if images_shown is None else images_shown
+    if shown == 0 and case.images:
+        case = case.model_copy(update={"images": []})
     if family is TaskFamily.CLASSIFICATION:
         cls = parsed if isinstance(parsed, ClassificationAnswer) else None
         return classification_scores(case, status if cls else _not_ok(status), cls, text)
@@ -74,7 +84,7 @@ def score_sample(
         return _unscored(names, f"unscored: {status.value}")
     lex = lexicon or default_lexicon()
     scores = _diagnosis_scores(case, parsed, lex, judge)
-    scores += _lesion_scores(case, parsed)
+    scores += _lesion_scores(case, family, parsed, shown)
     scores += recognition_scores(case, parsed)
     scores.append(_knowledge(parsed, lex))
     if "bertscore" in names:
@@ -149,20 +159,20 @@ def _diagnosis_scores(
     return [main, credit, diff]
 
 
-def _lesion_scores(case: Case, ans: Answer) -> list[Score]:
+def _lesion_scores(case: Case, family: TaskFamily, ans: Answer, shown: int) -> list[Score]:
     res = match_lesions(case, ans.findings)
     names = ANSWER_SCORERS[3:9]
     if res is None:
         return _unscored(names, "no lesion ground truth for this case")
+    res = count_missed(res, family, names_normal(final_diagnosis(ans)), shown)
     detail = {"match": res.model_dump(mode="json")}
     summary = (
         f"{res.n_detected}/{len(res.lesions)} lesions found, {res.n_near} misplaced, "
         f"{res.n_missed} missed; {res.n_matched}/{res.n_positive} findings matched, "
         f"{res.n_hallucinated} hallucinated"
     )
-    normal = case.ground_truth is not None and (
-        case.ground_truth.final_diagnosis.group is DiseaseGroup.NORMAL
-    )
+    uncounted = f"{summary} ({res.missed_not_counted})" if res.missed_not_counted else summary
+    normal = res.normal_control
     nfp = (
         Score(
             scorer="normal_control_false_positive",
@@ -175,13 +185,13 @@ def _lesion_scores(case: Case, ans: Answer) -> list[Score]:
         )
     )
     return [
-        Score(scorer="lesion_f1", value=res.f1, explanation=summary, details=detail),
+        Score(scorer="lesion_f1", value=res.f1, explanation=uncounted, details=detail),
         Score(scorer="lesion_precision", value=res.precision, explanation=summary),
-        Score(scorer="lesion_recall", value=res.recall, explanation=summary),
+        Score(scorer="lesion_recall", value=res.recall, explanation=uncounted),
         Score(
             scorer="hallucinated_finding_rate", value=res.hallucination_rate, explanation=summary
         ),
-        Score(scorer="missed_lesion_rate", value=res.missed_rate, explanation=summary),
+        Score(scorer="missed_lesion_rate", value=res.missed_rate, explanation=uncounted),
         nfp,
     ]
 

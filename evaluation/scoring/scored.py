@@ -34,6 +34,7 @@ class ScoredSample(BaseModel):
     cost_usd: float | None = None
     latency_s: float | None = None
     ranked_differential: list[str] = Field(default_factory=list)
+    images_shown: int | None = None  # images the request carried (None: not recorded)
 
     def score(self, name: str) -> Score | None:
         return next((s for s in self.scores if s.scorer == name), None)
@@ -88,8 +89,13 @@ def make_scored_sample(
     extra_scores: list[Score] | None = None,
     bertscore_model: str | None = None,
     bertscore_layer: int | None = None,
+    images_shown: int | None = None,
 ) -> ScoredSample:
-    """Score one sample and label its error (extra_scores, e.g. a rubric, refine the label)."""
+    """Score one sample and label its error (extra_scores, e.g. a rubric, refine the label).
+
+    ``images_shown``: how many images the request carried (the run's record); None means every
+    image of ``case``."""
+    shown = len(case.images) if images_shown is None else images_shown
     scores = score_sample(
         case,
         family,
@@ -100,6 +106,7 @@ def make_scored_sample(
         judge=judge,
         bertscore_model=bertscore_model,
         bertscore_layer=bertscore_layer,
+        images_shown=shown,
     )
     scores += extra_scores or []
     gt = case.ground_truth
@@ -115,10 +122,11 @@ def make_scored_sample(
         modality=case_modality(case),
         status=status,
         scores=scores,
-        error=classify_error(case, family, status, parsed, scores),
+        error=classify_error(case, family, status, parsed, scores, images_shown=shown),
         prompt_tokens=output.prompt_tokens if output else None,
         completion_tokens=output.completion_tokens if output else None,
         cost_usd=output.cost_usd if output else None,
         latency_s=output.latency_s if output else None,
         ranked_differential=ranked_names(parsed) if isinstance(parsed, Answer) else [],
+        images_shown=shown,
     )

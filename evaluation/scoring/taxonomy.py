@@ -7,45 +7,54 @@ match wins; every rule that fires also adds its sub-label.
 Parse status
   R1 refusal (status refusal)                                              -> refusal
   R2 no parsed answer (format failure; call error gets sub-label call_error) -> format_failure
-Diagnostic answers (differential, lesion, rationale, multi-turn). Lesion evidence is used when
-the case has lesion truth (or is a normal control) and the answer reported findings, or the task
-is lesion recognition, or the answer called the study normal:
+Diagnostic answers (differential, lesion, rationale, multi-turn). Lesion evidence comes from
+``lesions.match_lesions``; whether lesions the answer omits count is decided once, by
+``lesions.count_missed`` (not with no image shown, nor for an answer without findings to a task
+that does not ask for them), and read here, by the scores and by the checklist. A normal
+control is ``truth.is_normal_control``.
   R3 a positive finding on a normal control                 -> visual_hallucination
-  R4 a lesion with no strict or near match (missed_lesion), or an abnormal study called
-     normal                                                 -> perceptual
-  R5 a finding that matches no lesion (hallucinated_finding) -> visual_hallucination
-  R6 the right lesion tied to the wrong side, neighbouring region or no place
-     (localisation_error), or to a sequence where it is not visible / the case lacks, or an
+  R4 a lesion with no best finding (missed_lesion), when omissions count, or an abnormal
+     study called normal                                    -> perceptual
+  R5 a finding at a place where no lesion is (hallucinated_finding), even beside a real
+     one                                                    -> visual_hallucination
+  R6 a lesion whose best finding is on the wrong side, in a neighbouring region or nowhere
+     (localisation_error), or on a sequence where it is not visible / the case lacks, or an
      image's sequence misnamed (sequence_misidentification) -> grounding
-  R7 the right lesion with the wrong signal or enhancement, wrong modality or plane
-     (inaccurate_description)                               -> perceptual
+  R7 the right lesion with the wrong signal, enhancement or size (also in a restatement that
+     contradicts it), wrong modality or plane (inaccurate_description) -> perceptual
   R8 an ICD-10 code the answer states that contradicts the lexicon's code for that diagnosis
      (icd10_contradiction)                                  -> knowledge_gap
   R9 diagnosis wrong or only partly right (wrong_diagnosis / partial_diagnosis) with the
      perception above correct, or not checkable            -> reasoning
+  R10 no image shown (text-only request): R3-R7 and the recognition checks never fire and
+     omitted lesions do not count; a finding or attribute the truth does not hold was made up
+     (fabricated_without_images)                           -> reasoning
 Classification answers (NeuroVLM): abstention -> refusal (abstention); abnormal class on a
 normal image -> visual_hallucination; "normal" on an abnormal image -> perceptual; sequence
 wrong -> grounding; modality or plane wrong -> perceptual; a subtype that does not belong to the
 stated class (subtype_inconsistent) or an ICD-10 code contradicting it (icd10_contradiction) ->
-knowledge_gap; wrong class or subtype -> reasoning.
+knowledge_gap; wrong class or subtype -> reasoning. With no image shown, an abnormal class on a
+normal case is reasoning (fabricated_without_images) and sequence, modality and plane are not
+checked.
 
-Refinement: when R9 (or the classification reasoning rule) fires without lesion evidence, the
-rules cannot tell perception from reasoning; if the rubric grader named one of the paper's five
+Refinement: when R9 (or the classification reasoning rule) fires without lesion evidence on a
+request that carried images, the rules cannot tell perception from reasoning; if the rubric grader named one of the paper's five
 categories, its choice is taken (assigned_by "grader:<models>"). A clinician's override wins
 over both (``override_error``/``effective_error``), stored with who and when.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from evaluation.answers import Answer, ClassificationAnswer
-from evaluation.case import Case, DiseaseGroup, TaskFamily
+from evaluation.case import Case, TaskFamily
 from evaluation.scores import ErrorCategory, ErrorLabel, ParseStatus, Score
-from evaluation.scoring.lesions import LesionMatchResult
-from evaluation.scoring.lexicon import default_lexicon
+from evaluation.scoring.lesions import FindingMatch, LesionMatchResult
 from evaluation.scoring.sample import final_diagnosis
+from evaluation.scoring.truth import is_normal_control, names_normal
 
 PAPER_CATEGORIES = frozenset(
     {
@@ -74,8 +83,12 @@ def classify_error(
     status: ParseStatus,
     parsed: Answer | ClassificationAnswer | None,
     scores: list[Score],
+    images_shown: int | None = None,
 ) -> ErrorLabel | None:
-    """The error label of one sample by the rules above; None when it is fully correct."""
+    """The error label of one sample by the rules above; None when it is fully correct.
+
+    ``images_shown``: the images the request carried (None: every image of ``case``); with
+    none, no visual category can fire."""
     if status is ParseStatus.REFUSAL:
         return _label(ErrorCategory.REFUSAL, [], ["the model refused or was blocked"])
     if status is not ParseStatus.OK or parsed is None:
@@ -83,10 +96,11 @@ def classify_error(
         why = "the call failed" if status is ParseStatus.ERROR else "no valid JSON answer"
         return _label(ErrorCategory.FORMAT_FAILURE, sub, [why])
     by = {s.scorer: s for s in scores}
+    blind = (len(case.images) if images_shown is None else images_shown) == 0
     if isinstance(parsed, ClassificationAnswer):
-        label, refinable = _classification(by)
+        label, refinable = _classification(by, blind)
     else:
-        label, refinable = _diagnostic(case, family, parsed, by)
+        label, refinable = _diagnostic(case, family, parsed, by, blind)
     if label is not None and refinable:
         label = _refine(label, by.get("rubric"))
     return label
@@ -98,22 +112,19 @@ def _value(by: dict[str, Score], name: str) -> float | None:
 
 
 def _diagnostic(
-    case: Case, family: TaskFamily, ans: Answer, by: dict[str, Score]
+    case: Case, family: TaskFamily, ans: Answer, by: dict[str, Score], blind: bool
 ) -> tuple[ErrorLabel | None, bool]:
     gt = case.ground_truth
-    normal_case = gt is not None and gt.final_diagnosis.group is DiseaseGroup.NORMAL
-    final = final_diagnosis(ans)
-    found = default_lexicon().lookup(final) if final else None
-    pred_normal = bool(found and found.concept_id == "normal")
+    normal_case = gt is not None and is_normal_control(gt)
+    pred_normal = names_normal(final_diagnosis(ans))
     lesion_score = by.get("lesion_f1")
     res = (
         LesionMatchResult.model_validate(lesion_score.details["match"])
         if lesion_score is not None and "match" in lesion_score.details
         else None
     )
-    usable = res is not None and (
-        res.n_positive > 0 or family is TaskFamily.LESION or pred_normal or normal_case
-    )
+    # perception is checkable when the lesions an answer omits count, or it reported findings
+    usable = res is not None and (not res.missed_not_counted or res.n_positive > 0)
     subs: list[str] = []
     ev: dict[str, list[str]] = {}
 
@@ -121,18 +132,15 @@ def _diagnostic(
         subs.append(sub)
         ev.setdefault(rule, []).append(text)
 
-    if usable and res is not None:
+    if res is not None and blind:
+        _invented(res, note)
+    elif res is not None:
         for f in res.findings:
             if f.status == "hallucinated":
-                where = f"{f.read.side or ''} {'/'.join(f.read.regions) or 'unlocalised'}".strip()
                 rule = "R3" if normal_case else "R5"
-                note(
-                    rule,
-                    "hallucinated_finding",
-                    f"finding {f.index + 1} ({where}) matches no lesion",
-                )
+                note(rule, "hallucinated_finding", f"finding {f.index + 1} ({_where(f)}) matches no lesion")
         for o in res.lesions:
-            if o.status == "missed":
+            if o.status == "missed" and not res.missed_not_counted:
                 note("R4", "missed_lesion", f"lesion {o.lesion_id} missed")
             kinds = set(o.near_kinds)
             if kinds & _LOCATION_KINDS:
@@ -151,20 +159,21 @@ def _diagnostic(
                 note("R7", "inaccurate_description", f"lesion {o.lesion_id}: wrong signal")
             for err in o.description_errors:
                 note("R7", "inaccurate_description", f"lesion {o.lesion_id}: {err}")
-    if pred_normal and not normal_case and gt is not None:
+    if pred_normal and not normal_case and gt is not None and not blind:
         note("R4", "missed_lesion", f"called normal; truth {gt.final_diagnosis.name}")
-    seq = by.get("sequence_recognition")
-    if seq is not None and seq.value is not None and seq.value < 1:
-        wrong = seq.details.get("misidentified", [])
-        note("R6", "sequence_misidentification", f"sequences misnamed: {wrong}")
-    for name in ("modality_accuracy", "plane_accuracy"):
-        v = _value(by, name)
-        if v is not None and v < 1:
-            note(
-                "R7",
-                "inaccurate_description",
-                f"{name.split('_')[0]} wrong ({by[name].explanation})",
-            )
+    if not blind:
+        seq = by.get("sequence_recognition")
+        if seq is not None and seq.value is not None and seq.value < 1:
+            wrong = seq.details.get("misidentified", [])
+            note("R6", "sequence_misidentification", f"sequences misnamed: {wrong}")
+        for name in ("modality_accuracy", "plane_accuracy"):
+            v = _value(by, name)
+            if v is not None and v < 1:
+                note(
+                    "R7",
+                    "inaccurate_description",
+                    f"{name.split('_')[0]} wrong ({by[name].explanation})",
+                )
     know = by.get("knowledge_consistency")
     if know is not None and know.value == 0.0:
         for c in know.details.get("contradictions", []):
@@ -186,6 +195,7 @@ def _diagnostic(
         ("R7", ErrorCategory.PERCEPTUAL),
         ("R8", ErrorCategory.KNOWLEDGE_GAP),
         ("R9", ErrorCategory.REASONING),
+        ("R10", ErrorCategory.REASONING),
     ]
     for rule, cat in order:
         if rule in ev:
@@ -193,15 +203,37 @@ def _diagnostic(
             evidence += [f"{r}: " + "; ".join(v) for r, v in ev.items() if r != rule]
             if rule == "R9":
                 evidence.append(
-                    "findings consistent with the truth"
+                    "no image was shown (text only)"
+                    if blind
+                    else "findings consistent with the truth"
                     if usable
                     else "no lesion evidence to check perception"
                 )
-            return _label(cat, subs, evidence), rule == "R9" and not usable
+            return _label(cat, subs, evidence), rule == "R9" and not usable and not blind
     return None, False
 
 
-def _classification(by: dict[str, Score]) -> tuple[ErrorLabel | None, bool]:
+def _where(f: FindingMatch) -> str:
+    return f"{f.read.side or ''} {'/'.join(f.read.regions) or 'unlocalised'}".strip()
+
+
+def _invented(res: LesionMatchResult, note: Callable[[str, str, str], None]) -> None:
+    """R10, text only: whatever a finding states that the truth does not hold was made up
+    without images (a reasoning error: nothing was there to be seen or misplaced)."""
+    for f in res.findings:
+        if f.status in ("hallucinated", "near"):
+            note(
+                "R10",
+                "fabricated_without_images",
+                f"finding {f.index + 1} ({_where(f)}) stated with no image shown; no lesion is there",
+            )
+    for o in res.lesions:
+        wrong = [k for k in o.near_kinds if o.status == "detected" or k not in _LOCATION_KINDS]
+        for err in [*wrong, *o.description_errors]:
+            note("R10", "fabricated_without_images", f"lesion {o.lesion_id}: {err}, with no image shown")
+
+
+def _classification(by: dict[str, Score], blind: bool) -> tuple[ErrorLabel | None, bool]:
     main = by.get("classification_correct")
     if main is None or main.value is None:
         return None, False
@@ -225,9 +257,12 @@ def _classification(by: dict[str, Score]) -> tuple[ErrorLabel | None, bool]:
         return _label(
             ErrorCategory.REFUSAL, ["abstention"], ["diagnosis_name is null (abstained)"]
         ), False
+    if blind:  # no image: nothing could be seen, misplaced or misnamed
+        wrong = {n: v for n, v in wrong.items() if n == "classification_subtype"}
     rules: list[tuple[bool, ErrorCategory, str, str]] = [
-        (truth == "normal" and stated != "normal", ErrorCategory.VISUAL_HALLUCINATION, "hallucinated_finding", f"{stated!r} on a normal image"),
-        (truth != "normal" and stated == "normal", ErrorCategory.PERCEPTUAL, "missed_lesion", f"called normal; truth {truth!r}"),
+        (blind and truth == "normal" and stated != "normal", ErrorCategory.REASONING, "fabricated_without_images", f"{stated!r} on a normal image, with no image shown"),
+        (not blind and truth == "normal" and stated != "normal", ErrorCategory.VISUAL_HALLUCINATION, "hallucinated_finding", f"{stated!r} on a normal image"),
+        (not blind and truth != "normal" and stated == "normal", ErrorCategory.PERCEPTUAL, "missed_lesion", f"called normal; truth {truth!r}"),
         ("sequence_recognition" in wrong, ErrorCategory.GROUNDING, "sequence_misidentification", "sequence: " + wrong.get("sequence_recognition", Score(scorer="", value=None)).explanation),
         ("modality_accuracy" in wrong or "plane_accuracy" in wrong, ErrorCategory.PERCEPTUAL, "inaccurate_description", "; ".join(f"{n}: {wrong[n].explanation}" for n in ("modality_accuracy", "plane_accuracy") if n in wrong)),
         (bool(subtype), ErrorCategory.KNOWLEDGE_GAP, "subtype_inconsistent", "; ".join(subtype)),
@@ -240,7 +275,7 @@ def _classification(by: dict[str, Score]) -> tuple[ErrorLabel | None, bool]:
     cat = fired[0][0]
     return _label(
         cat, [s for _, s, _ in fired], [t for _, _, t in fired]
-    ), cat is ErrorCategory.REASONING
+    ), cat is ErrorCategory.REASONING and not blind
 
 
 def _refine(label: ErrorLabel, rubric: Score | None) -> ErrorLabel:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from evaluation.datasets.phantoms.case import GeneratedCase, generate_case
 from evaluation.datasets.phantoms.lesions import GROUPS
+from evaluation.datasets.phantoms.reference import reference_answer
 from evaluation.datasets.phantoms.spec import SCHEDULE, CaseSpec, case_spec, case_specs
 from evaluation.datasets.phantoms.suite import SuiteCase, SuiteManifest, generate_suite
 
@@ -31,4 +32,5 @@ __all__ = [
     "case_specs",
     "generate_case",
     "generate_suite",
+    "reference_answer",
 ]

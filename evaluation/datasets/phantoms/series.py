@@ -21,7 +21,7 @@ from evaluation.datasets.phantoms.grids import Grid
 MR_STORAGE = "1.2.840.10008.5.1.4.1.1.4"
 CT_STORAGE = "1.2.840.10008.5.1.4.1.1.2"
 GENERATOR = "neurosandbox-phantoms"
-GENERATOR_VERSION = "3"  # bump when the same seed gives other files
+GENERATOR_VERSION = "4"  # bump when the same seed gives other files
 CONTRAST_AGENT = "gadoterate meglumine"
 
 

@@ -114,7 +114,7 @@ def differential(group: str, final: Diagnosis) -> list[Diagnosis]:
             d(name="Small vessel ischaemic disease", icd10="I67.9"),
         ],
         "stroke": [
-            d(name="Postictal (Todd) paresis after a seizure", icd10="G40.9"),
+            d(name="Postictal (Todd) paresis after a seizure", icd10="G83.8"),
             d(name="Hypoglycaemia", icd10="E16.2"),
             d(name="Migraine with aura", icd10="G43.1"),
         ],
