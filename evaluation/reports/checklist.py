@@ -45,6 +45,7 @@ MAX_IMAGE_BYTES = 64 * 1024 * 1024
 _ZERO_REF = re.compile(r"^\s*(image\s*#?\s*)?0\s*$", re.I)
 _FINDING_MARKS = {
     "matched": Mark.MATCHED,
+    "redundant": Mark.MATCHED,
     "near": Mark.NEAR,
     "hallucinated": Mark.HALLUCINATED,
     "unlocalised": Mark.UNLOCALISED,
@@ -180,6 +181,8 @@ def _findings(case: Case, ans: Answer, match: LesionMatchResult | None) -> list[
     for i, f in enumerate(ans.findings):
         m = by_index.get(i)
         notes = [f"{lid}: {', '.join(kinds)}" for lid, kinds in (m.near.items() if m else [])]
+        if m and m.status == "redundant":
+            notes.insert(0, f"restates {', '.join(m.lesions)}")
         notes += m.description_errors if m else []
         items.append(
             FindingItem(
@@ -206,9 +209,13 @@ def _lesions(case: Case, match: LesionMatchResult | None) -> list[LesionItem]:
         return []
     outcomes = {o.lesion_id: o for o in match.lesions} if match else {}
     items = []
+    uncounted = match.missed_not_counted if match else ""
     for lesion in gt.lesions:
         o = outcomes.get(lesion.id)
         note = ", ".join(o.near_kinds + o.description_errors) if o else ""
+        mark = _LESION_MARKS.get(o.status, Mark.NOT_CHECKED) if o else Mark.NOT_CHECKED
+        if mark is Mark.MISSED and uncounted:
+            mark, note = Mark.NOT_CHECKED, f"not named; not counted: {uncounted}"
         items.append(
             LesionItem(
                 item_id=f"lesion.{lesion.id}",
@@ -219,7 +226,7 @@ def _lesions(case: Case, match: LesionMatchResult | None) -> list[LesionItem]:
                 lobe=lesion.lobe,
                 size_mm=lesion.size_mm,
                 visible_on=lesion.visible_on,
-                mark=_LESION_MARKS.get(o.status, Mark.NOT_CHECKED) if o else Mark.NOT_CHECKED,
+                mark=mark,
                 findings=[n + 1 for n in o.findings] if o else [],
                 note=note,
             )

@@ -32,7 +32,7 @@ class Mark(StrEnum):
     NEGATIVE = "negative"  # a finding that denies disease ("no acute lesion")
     CORRECT = "correct"
     WRONG = "wrong"
-    NOT_CHECKED = "not_checked"  # no truth to compare with
+    NOT_CHECKED = "not_checked"  # no truth to compare with, or not counted (see the note)
 
 
 class FlagKind(StrEnum):
@@ -41,6 +41,7 @@ class FlagKind(StrEnum):
     SEQUENCE_MISIDENTIFIED = "sequence_misidentified"
     LOW_CONFIDENCE = "low_confidence"
     FINDINGS_ON_NORMAL_CONTROL = "findings_on_normal_control"
+    FABRICATED_WITHOUT_IMAGES = "fabricated_without_images"
     FORMAT_FAILURE = "format_failure"
     REFUSAL = "refusal"
     CALL_ERROR = "call_error"
@@ -52,6 +53,7 @@ FLAG_TITLES: dict[FlagKind, str] = {
     FlagKind.SEQUENCE_MISIDENTIFIED: "Sequence misidentified",
     FlagKind.LOW_CONFIDENCE: "Low confidence",
     FlagKind.FINDINGS_ON_NORMAL_CONTROL: "Findings on a normal control",
+    FlagKind.FABRICATED_WITHOUT_IMAGES: "Findings stated without images",
     FlagKind.FORMAT_FAILURE: "Format failure",
     FlagKind.REFUSAL: "Refusal",
     FlagKind.CALL_ERROR: "Call error",
