@@ -148,6 +148,8 @@ from .runconfig import RunConfig as RunConfig
 from .scores import ErrorCategory as ErrorCategory
 from .scores import ParseStatus as ParseStatus
 from .scores import Score as Score
+from .scoring.version import SCORING_VERSION as SCORING_VERSION
+from .scoring.version import version_name as version_name
 from .scoring_bridge import (
     ScoringUnavailable as ScoringUnavailable,
 )

@@ -22,7 +22,7 @@ from evaluation.errors import DatasetError, StoreError
 from evaluation.prompts import default_prompts
 from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
-from evaluation.scoring_bridge import rescore_run, scoring_snapshot
+from evaluation.scoring_bridge import RescoreCounts, rescore_run, scoring_snapshot
 from evaluation.store import STORE_FILE, RunStore
 from evaluation.store_rows import RunRow
 from evaluation.units import RunStats
@@ -118,7 +118,7 @@ async def resume_run(
 
 def rescore(
     run_dir: Path, *, cache_dir: Path | None = None, bertscore: bool | None = None
-) -> dict[str, int]:
+) -> RescoreCounts:
     """Re-parse and re-score every stored response (never calls a model).
 
     Cases come from the run's own snapshots; the dataset on disk is read only for cases a run

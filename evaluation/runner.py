@@ -434,13 +434,17 @@ class Runner:
 
         async def store_scores() -> None:
             try:
-                scores, label, scored = await fut
+                record = await fut
             except Exception as exc:
                 self.stats.scoring_errors += 1
                 if self.stats.scoring_errors == 1:
                     log.warning("scoring failed (run `runs rescore` later): %s", exc)
                 return
-            await self._commit(score_statements(sid, scores, label, scored))
+            await self._commit(
+                score_statements(
+                    sid, record.scores, record.label, record.scored_json, record.scoring_version
+                )
+            )
             self.stats.scored += 1
 
         task = asyncio.ensure_future(store_scores())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from evaluation.case import Case, TaskFamily
@@ -40,6 +41,17 @@ def warm() -> None:
     _scoring()
 
 
+@dataclass(frozen=True)
+class ScoreRecord:
+    """What scoring one sample gives the store: scores, label, the ScoredSample JSON and the
+    scoring version they were made with."""
+
+    scores: list[Score]
+    label: ErrorLabel | None
+    scored_json: str
+    scoring_version: str | None
+
+
 class ScoringBridge:
     def __init__(
         self,
@@ -64,7 +76,7 @@ class ScoringBridge:
         run_id: str | None,
         extra_scores: list[Score] | None = None,
         images_shown: int | None = None,
-    ) -> tuple[list[Score], ErrorLabel | None, str]:
+    ) -> ScoreRecord:
         """``images_shown``: how many images the requests carried (what the run recorded)."""
         scoring = _scoring()
         scored = scoring.make_scored_sample(
@@ -84,7 +96,9 @@ class ScoringBridge:
             bertscore_layer=self.bertscore_layer,
             images_shown=images_shown,
         )
-        return list(scored.scores), scored.error, scored.model_dump_json()
+        return ScoreRecord(
+            list(scored.scores), scored.error, scored.model_dump_json(), scored.scoring_version
+        )
 
 
 def scoring_snapshot(case: Case) -> Case:
@@ -124,6 +138,64 @@ def total_output(outputs: list[ModelOutput]) -> ModelOutput:
     )
 
 
+class RescoreCounts(dict[str, int]):
+    """What a rescore did: the counts (rescored, unscored, missing_case, errors) as a dict, and
+    what changed: the scoring versions the samples had before and the one they have now, and
+    how many samples' scores and error labels moved."""
+
+    def __init__(self, **counts: int) -> None:
+        super().__init__(**counts)
+        self.version: str | None = None
+        self.versions_before: dict[str | None, int] = {}
+        self.scores_changed = 0
+        self.labels_changed = 0
+
+    def compare(
+        self,
+        was_scored: bool,
+        old_version: str | None,
+        old_scores: list[Score],
+        old_label: ErrorLabel | None,
+        new: ScoreRecord,
+    ) -> None:
+        self.version = new.scoring_version
+        if was_scored:
+            self.versions_before[old_version] = self.versions_before.get(old_version, 0) + 1
+
+        def values(scores: list[Score]) -> dict[str, float | None]:
+            return {x.scorer: None if x.value is None else round(x.value, 9) for x in scores}
+
+        if was_scored and values(old_scores) != values(new.scores):
+            self.scores_changed += 1
+
+        def key(label: ErrorLabel | None) -> tuple[str, list[str]] | None:
+            return (label.category.value, label.sub_labels) if label else None
+
+        if was_scored and key(old_label) != key(new.label):
+            self.labels_changed += 1
+
+    @property
+    def version_changed(self) -> int:
+        """Samples scored before with another scoring version."""
+        return sum(n for v, n in self.versions_before.items() if v != self.version)
+
+    def message(self) -> str:
+        """One sentence for the user: which version, whether it changed, what moved."""
+        from evaluation.scoring.version import version_name
+
+        now = version_name(self.version)
+        old = {version_name(v): n for v, n in self.versions_before.items() if v != self.version}
+        if old:
+            was = ", ".join(f"{v} ({n} samples)" for v, n in sorted(old.items()))
+            head = f"scoring version changed: {was} -> {now}"
+        else:
+            head = f"scoring version {now} (unchanged)"
+        return (
+            f"{head}; scores changed on {self.scores_changed} samples, "
+            f"error labels on {self.labels_changed}"
+        )
+
+
 def rescore_run(
     store: RunStore,
     cases: Mapping[str, Case],
@@ -133,7 +205,7 @@ def rescore_run(
     judge: Any = None,
     bertscore_model: str | None = None,
     bertscore_layer: int | None = None,
-) -> dict[str, int]:
+) -> RescoreCounts:
     """Parse every stored final response again and score it against ``cases`` (by case id);
     no model is ever called.
 
@@ -148,7 +220,10 @@ def rescore_run(
     )
     run_id = store.run_row().run_id
     responses = store.responses()
-    counts = {"rescored": 0, "unscored": 0, "missing_case": 0, "errors": 0}
+    counts = RescoreCounts(rescored=0, unscored=0, missing_case=0, errors=0)
+    before_versions = store.sample_scoring_versions()
+    before_scores = store.scores()
+    before_labels = store.error_labels()
     for row in store.samples():
         if row.status == ParseStatus.ERROR.value:
             counts["errors"] += 1
@@ -193,7 +268,7 @@ def rescore_run(
                 for t in graders
             }
             extra.append(rubric_from_outputs(replies))
-        scores, label, scored = bridge.score(
+        record = bridge.score(
             shown_case(case, row.image_hashes),
             family,
             row.model,
@@ -204,8 +279,17 @@ def rescore_run(
             extra,
             len(row.image_hashes),
         )
-        store.record_scores(sid, scores, label, scored)
+        store.record_scores(
+            sid, record.scores, record.label, record.scored_json, record.scoring_version
+        )
         counts["rescored"] += 1
+        counts.compare(
+            sid in before_versions,
+            before_versions.get(sid),
+            before_scores.get(sid, []),
+            before_labels.get(sid),
+            record,
+        )
     return counts
 
 

@@ -108,6 +108,7 @@ CREATE TABLE IF NOT EXISTS scores (
     explanation TEXT NOT NULL,
     details_json TEXT NOT NULL,
     scored_at TEXT NOT NULL,
+    scoring_version TEXT,
     PRIMARY KEY (sample_id, scorer)
 );
 CREATE TABLE IF NOT EXISTS error_labels (
@@ -162,11 +163,22 @@ class RunStore:
             self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path}: not a usable run store: {exc}") from exc
+        self._add_columns()
         version = self._one("SELECT value FROM meta WHERE key='store_version'")
         if version is None:
             self._exec("INSERT INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
         elif int(version[0]) != STORE_VERSION:
             raise StoreError(f"{path}: store version {version[0]}, this code reads {STORE_VERSION}")
+
+    def _add_columns(self) -> None:
+        """Columns added since a store was created (NULL in old rows: "not recorded")."""
+        cols = {r[1] for r in self._all("PRAGMA table_info(scores)")}
+        if "scoring_version" not in cols:
+            try:
+                self._exec("ALTER TABLE scores ADD COLUMN scoring_version TEXT")
+            except sqlite3.OperationalError as exc:  # read-only file: old rows read as NULL
+                if "readonly" not in str(exc).replace("-", "").lower():
+                    raise
 
     # ------------------------------------------------------------------ plumbing
 
@@ -308,9 +320,10 @@ class RunStore:
         scores: list[Score],
         label: ErrorLabel | None,
         scored_json: str | None = None,
+        scoring_version: str | None = None,
     ) -> None:
         """Scores and error label of a sample, replacing earlier ones (one transaction)."""
-        self._tx(score_statements(sid, scores, label, scored_json))
+        self._tx(score_statements(sid, scores, label, scored_json, scoring_version))
 
     # ------------------------------------------------------------------ reads
 
@@ -344,6 +357,23 @@ class RunStore:
                 Score(scorer=scorer, value=value, explanation=expl, details=json.loads(details))
             )
         return out
+
+    def scoring_versions(self) -> dict[str | None, int]:
+        """Scored samples per scoring version (None: scored before versions were recorded)."""
+        if "scoring_version" not in {r[1] for r in self._all("PRAGMA table_info(scores)")}:
+            n = self._one("SELECT COUNT(DISTINCT sample_id) FROM scores")
+            return {None: n[0]} if n and n[0] else {}
+        return {
+            v: n
+            for v, n in self._all(
+                "SELECT scoring_version, COUNT(DISTINCT sample_id) FROM scores "
+                "GROUP BY scoring_version ORDER BY scoring_version"
+            )
+        }
+
+    def sample_scoring_versions(self) -> dict[str, str | None]:
+        """The scoring version of every scored sample."""
+        return dict(self._all("SELECT sample_id, MAX(scoring_version) FROM scores GROUP BY sample_id"))
 
     def error_labels(self) -> dict[str, ErrorLabel]:
         return {

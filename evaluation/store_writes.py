@@ -222,7 +222,11 @@ def sample_statements(
 
 
 def score_statements(
-    sid: str, scores: list[Score], label: ErrorLabel | None, scored_json: str | None
+    sid: str,
+    scores: list[Score],
+    label: ErrorLabel | None,
+    scored_json: str | None,
+    scoring_version: str | None = None,
 ) -> Statements:
     t = now()
     statements: Statements = [
@@ -235,8 +239,9 @@ def score_statements(
     for s in scores:
         statements.append(
             (
-                "INSERT OR REPLACE INTO scores VALUES (?,?,?,?,?,?)",
-                (sid, s.scorer, s.value, s.explanation, json.dumps(s.details), t),
+                "INSERT OR REPLACE INTO scores (sample_id, scorer, value, explanation, "
+                "details_json, scored_at, scoring_version) VALUES (?,?,?,?,?,?,?)",
+                (sid, s.scorer, s.value, s.explanation, json.dumps(s.details), t, scoring_version),
             )
         )
     if label is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 from phantom_fixture import PhantomSuite
 
+from evaluation.answers import Finding
 from evaluation.case import Case, TaskFamily
 from evaluation.datasets.phantoms import GROUPS
 from evaluation.datasets.phantoms.reference import reference_answer
@@ -125,3 +126,88 @@ def test_a_change_to_generated_truth_bumps_the_generator_version(
         "the generated truth changed without a new GENERATOR_VERSION "
         f"(evaluation/datasets/phantoms/series.py); digest now {digest}"
     )
+
+
+# --------------------------------------------------------------------------- injected errors
+# The phantom reference answers with one error injected by rule, on every generated case it
+# applies to: the labels must not depend on the hand-written cases of the conformance module.
+
+_MIRROR = {"left": "right", "right": "left"}
+
+
+def _place(les) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    return (les.hemisphere.value, les.region)
+
+
+def _mirrored(finding, les):  # type: ignore[no-untyped-def]
+    from evaluation.datasets.phantoms.truth import where
+
+    from evaluation.case import Hemisphere
+
+    other = les.model_copy(update={"hemisphere": Hemisphere(_MIRROR[les.hemisphere.value])})
+    return finding.model_copy(
+        update={"hemisphere": other.hemisphere.value, "region": where(other), "description": f"{where(other)} {les.type}"}
+    )
+
+
+def _injected(c: Case):  # type: ignore[no-untyped-def]
+    """(kind, answer, images_shown, category, sub-label) for every error that applies to c."""
+    from evaluation.answers import DifferentialItem
+    from evaluation.case import DiseaseGroup
+    from evaluation.scores import ErrorCategory as C
+
+    gt = c.ground_truth
+    assert gt is not None
+    ref = reference_answer(c)
+    out = []
+    other = "glioblastoma" if gt.final_diagnosis.group is not DiseaseGroup.TUMOUR else "multiple sclerosis"
+    out.append(("wrong diagnosis", ref.model_copy(update={"final_diagnosis": other, "differential": [DifferentialItem(diagnosis=other)]}), None, C.REASONING, "wrong_diagnosis"))
+    wrong_code = "I63.9" if gt.final_diagnosis.group is not DiseaseGroup.ISCHAEMIC_STROKE else "C71.9"
+    diff = [d.model_copy(update={"icd10": wrong_code}) if i == 0 else d for i, d in enumerate(ref.differential)]
+    out.append(("contradicting ICD-10", ref.model_copy(update={"differential": diff}), None, C.KNOWLEDGE_GAP, "icd10_contradiction"))
+    if not gt.lesions:
+        extra = Finding(description="left frontal FLAIR hyperintense focus", sequence="FLAIR", signal="hyperintense", region="left frontal lobe", hemisphere="left")
+        out.append(("finding on a normal control", ref.model_copy(update={"findings": [extra]}), None, C.VISUAL_HALLUCINATION, "hallucinated_finding"))
+        return out
+    places = [_place(les) for les in gt.lesions]
+    lateral = [i for i, les in enumerate(gt.lesions) if les.hemisphere.value in _MIRROR]
+    for i in lateral:  # a lesion alone at its place, with nothing at its mirror image
+        les = gt.lesions[i]
+        mirror = (_MIRROR[les.hemisphere.value], les.region)
+        if places.count(_place(les)) != 1 or mirror in places or (les.lobe and any(
+            (h, r) == mirror or (h == mirror[0] and x.lobe == les.lobe) for x in gt.lesions for h, r in [_place(x)]
+        )):
+            continue
+        kept = [f for j, f in enumerate(ref.findings) if j != i]
+        out.append(("lesion omitted", ref.model_copy(update={"findings": kept}), None, C.PERCEPTUAL, "missed_lesion"))
+        beside = [*ref.findings, _mirrored(ref.findings[i], les)]
+        out.append(("mirrored extra finding", ref.model_copy(update={"findings": beside}), None, C.VISUAL_HALLUCINATION, "hallucinated_finding"))
+        if len(gt.lesions) == 1:
+            swapped = [_mirrored(ref.findings[i], les)]
+            out.append(("hemisphere swapped", ref.model_copy(update={"findings": swapped}), None, C.GROUNDING, "localisation_error"))
+        invented = [_mirrored(ref.findings[i], les)]
+        out.append(("text only, invented and missed", ref.model_copy(update={"findings": invented}), 0, C.REASONING, "fabricated_without_images"))
+        break
+    return out
+
+
+def test_injected_errors_on_every_phantom_case_get_their_label(phantom_cases: list[Case]) -> None:
+    tally: dict[str, list[int]] = {}
+    wrong = []
+    for c in phantom_cases:
+        for kind, ans, shown, category, sub in _injected(c):
+            s = make_scored_sample(
+                c, TaskFamily.LESION, "m", ParseStatus.OK, ans, "", bertscore=False, images_shown=shown
+            )
+            ok = s.error is not None and s.error.category is category and sub in s.error.sub_labels
+            if shown == 0 and s.error is not None:
+                ok = ok and "missed_lesion" not in s.error.sub_labels
+            t = tally.setdefault(kind, [0, 0])
+            t[0] += ok
+            t[1] += 1
+            if not ok:
+                got = f"{s.error.category} {s.error.sub_labels} {s.error.evidence}" if s.error else None
+                wrong.append(f"{c.case_id} {kind}: {got}")
+    print({k: f"{a}/{n}" for k, (a, n) in tally.items()})
+    assert len(tally) == 7 and all(n >= 1 for _, n in tally.values()), tally
+    assert not wrong, "\n".join(wrong)

@@ -187,3 +187,34 @@ def test_sequence_recognition_per_image_and_by_set() -> None:
     assert s["modality_accuracy"].value == 0.0
     none = {x.scorer: x for x in recognition_scores(c, answer("MS"))}
     assert none["sequence_recognition"].value is None
+
+
+def test_a_finding_at_one_lesions_place_is_never_the_misplaced_report_of_another() -> None:
+    """Left insula infarct described exactly, plus a lobe-level restatement; a second infarct on
+    the right is not reported: it is missed, not 'found on the wrong side' through the finding
+    that describes the left one."""
+    from scoring_cases import H, L, case, lesion
+
+    from evaluation.case import DiseaseGroup
+
+    c = case(
+        "stroke-2",
+        "Acute ischaemic stroke",
+        "I63.5",
+        DiseaseGroup.ISCHAEMIC_STROKE,
+        [
+            lesion("L1", "acute infarct", "left", "insula", "temporal", DWI=H, ADC=L),
+            lesion("L2", "acute infarct", "right", "insula", "temporal", DWI=H, ADC=L),
+        ],
+    )
+    res = match_lesions(
+        c,
+        [
+            f("left insula restricted diffusion", sequence="DWI", signal="hyperintense"),
+            f("left temporal lobe DWI bright area", sequence="DWI", signal="hyperintense"),
+        ],
+    )
+    assert res is not None
+    status = {o.lesion_id: o.status for o in res.lesions}
+    assert status == {"L1": "detected", "L2": "missed"}, res.lesions
+    assert [m.status for m in res.findings] == ["matched", "redundant"]

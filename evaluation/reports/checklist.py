@@ -35,6 +35,7 @@ from evaluation.reports.rundata import FULL_INPUT, SampleResult
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lesions import LesionMatchResult
 from evaluation.scoring.truth import is_normal_control
+from evaluation.scoring.version import version_name
 from evaluation.scoring.recognition import resolve_image
 from evaluation.scoring.sample import final_diagnosis
 from evaluation.scoring.scored import case_modality
@@ -278,6 +279,7 @@ def _answer(case: Case, s: SampleResult, others: list[SampleResult], low: float)
         status=sc.status,
         raw_text=raw[:MAX_RAW_CHARS],
         raw_truncated=len(raw) > MAX_RAW_CHARS,
+        scoring_version=version_name(sc.scoring_version),
         scores=[
             ScoreRow(scorer=x.scorer, value=x.value, explanation=x.explanation) for x in sc.scores
         ],

@@ -196,6 +196,7 @@ class AnswerChecklist(BaseModel):
     scores: list[ScoreRow] = Field(default_factory=list)
     flags: list[Flag] = Field(default_factory=list)
     error: ErrorItem | None = None
+    scoring_version: str | None = None  # the version its scores were made with
     samples: SamplesOutcome | None = None
     usage: UsageRow = Field(default_factory=UsageRow)
 

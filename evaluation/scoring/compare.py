@@ -7,6 +7,7 @@ from pydantic import BaseModel
 
 from evaluation.case import TaskFamily
 from evaluation.scoring.scored import ScoredSample
+from evaluation.scoring.version import SCORING_VERSION, versions_of
 from evaluation.scoring.stats import (
     DEFAULT_BOOT,
     DEFAULT_SEED,
@@ -31,6 +32,21 @@ class PairedComparison(BaseModel):
     bootstrap: PairedDifference  # mean per-unit accuracy of a minus b, clustered by patient
 
 
+class ScoringVersionMismatch(ValueError):
+    """Samples scored with different scoring versions were about to be compared."""
+
+
+def refuse_mixed_versions(samples: list[ScoredSample]) -> None:
+    versions = versions_of(samples)
+    if len(versions) > 1:
+        held = ", ".join(f"{v}: {n} samples" for v, n in versions.items())
+        raise ScoringVersionMismatch(
+            f"these samples were scored with different scoring versions ({held}); scores of "
+            f"two versions are not comparable: rescore the run first "
+            f"(neurosandbox runs rescore RUN_DIR) to bring it to version {SCORING_VERSION}"
+        )
+
+
 def compare(
     samples: list[ScoredSample],
     model_a: str,
@@ -41,7 +57,9 @@ def compare(
     seed: int = DEFAULT_SEED,
 ) -> PairedComparison:
     """Two models on the units both answered: McNemar on each unit's first scored sample,
-    paired bootstrap on each unit's mean correctness over all its scored samples."""
+    paired bootstrap on each unit's mean correctness over all its scored samples.
+
+    Raises ScoringVersionMismatch when those samples were scored with different versions."""
     per: dict[str, dict[tuple[str, str], list[ScoredSample]]] = {model_a: {}, model_b: {}}
     for s in samples:
         if s.model in per and (family is None or s.family is family) and s.correct is not None:
@@ -49,6 +67,7 @@ def compare(
     common = sorted(set(per[model_a]) & set(per[model_b]))
     if not common:
         raise ValueError(f"{model_a} and {model_b} share no scored case/task to compare")
+    refuse_mixed_versions([s for m in per.values() for u in common for s in m[u]])
     first_a, first_b, mean_a, mean_b, clusters = [], [], [], [], []
     for u in common:
         ua = sorted(per[model_a][u], key=lambda s: s.sample_index)

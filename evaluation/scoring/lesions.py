@@ -249,6 +249,34 @@ def _assign(pairs: dict[tuple[int, int], _Pair], n_lesions: int, n_findings: int
     return {int(li): int(fi) for li, fi in zip(rows, cols, strict=True) if (li, fi) in pairs}
 
 
+def _best_findings(
+    pairs: dict[tuple[int, int], _Pair], n_lesions: int, n_findings: int
+) -> dict[int, int]:
+    """Each lesion's best finding (lesion index -> finding index), in three steps:
+
+    1. findings at lesions' places, assigned one-to-one at minimum cost;
+    2. a lesion left over is covered by a finding at its place that fits it, even one
+       assigned to another lesion (one finding for several plaques);
+    3. lesions still left take, one-to-one, a finding near them (other side, neighbouring
+       region, no place) that is at no lesion's place: a finding that sits where a lesion is
+       is about that lesion, never the misplaced report of another.
+    """
+    same = {k: p for k, p in pairs.items() if p.place == "same"}
+    best = _assign(same, n_lesions, n_findings)
+    for li in range(n_lesions):
+        covering = [(p.cost, fi) for (lj, fi), p in same.items() if lj == li and p.fits]
+        if li not in best and covering:
+            best[li] = min(covering)[1]
+    placed = {fi for (_, fi) in same}
+    near = {
+        (li, fi): p
+        for (li, fi), p in pairs.items()
+        if p.place != "same" and li not in best and fi not in placed
+    }
+    best.update(_assign(near, n_lesions, n_findings))
+    return best
+
+
 def match_lesions(case: Case, findings: list[Finding]) -> LesionMatchResult | None:
     """Match findings to the case's lesions; None when the case has no lesion ground truth
     (and is not a normal control)."""
@@ -270,15 +298,7 @@ def match_lesions(case: Case, findings: list[Finding]) -> LesionMatchResult | No
             p = _pair(r, lesion, shown)
             if p is not None:
                 pairs[li, fi] = p
-    best = _assign(pairs, len(lesions), len(findings))
-    for li in range(len(lesions)):
-        if li in best:
-            continue
-        covering = [  # a finding at this lesion's place that fits it, assigned elsewhere
-            (p.cost, fi) for (lj, fi), p in pairs.items() if lj == li and p.place == "same" and p.fits
-        ]
-        if covering:
-            best[li] = min(covering)[1]
+    best = _best_findings(pairs, len(lesions), len(findings))
     outcomes = [LesionOutcome(lesion_id=les.id, status="missed") for les in lesions]
     matches = [
         FindingMatch(index=fi, status="negative" if negative[fi] else "hallucinated", read=r)

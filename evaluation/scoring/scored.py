@@ -11,6 +11,7 @@ from evaluation.scores import ErrorLabel, ParseStatus, Score
 from evaluation.scoring.judge import JudgeCache
 from evaluation.scoring.sample import ranked_names, score_sample
 from evaluation.scoring.taxonomy import classify_error, effective_error
+from evaluation.scoring.version import SCORING_VERSION
 
 
 class ScoredSample(BaseModel):
@@ -35,6 +36,7 @@ class ScoredSample(BaseModel):
     latency_s: float | None = None
     ranked_differential: list[str] = Field(default_factory=list)
     images_shown: int | None = None  # images the request carried (None: not recorded)
+    scoring_version: str | None = None  # scoring.version.SCORING_VERSION; None: before 2
 
     def score(self, name: str) -> Score | None:
         return next((s for s in self.scores if s.scorer == name), None)
@@ -129,4 +131,5 @@ def make_scored_sample(
         latency_s=output.latency_s if output else None,
         ranked_differential=ranked_names(parsed) if isinstance(parsed, Answer) else [],
         images_shown=shown,
+        scoring_version=SCORING_VERSION,
     )

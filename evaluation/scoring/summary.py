@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field
 from evaluation.case import TaskFamily
 from evaluation.scores import ParseStatus
 from evaluation.scoring.lesions import LesionMatchResult
+from evaluation.scoring.version import versions_of
 from evaluation.scoring.neurovlm import (
     ClassRow,
     NeuroVLMMetrics,
@@ -107,6 +108,12 @@ class RunSummary(BaseModel):
     neurovlm: dict[str, NeuroVLMMetrics] = Field(default_factory=dict)
     cost_per_task: dict[str, dict[str, CostSummary]] = Field(default_factory=dict)
     format_failures: dict[str, dict[str, int]] = Field(default_factory=dict)
+    # samples per scoring version; more than one: the figures mix versions (rescore the run)
+    scoring_versions: dict[str, int] = Field(default_factory=dict)
+
+    @property
+    def mixed_versions(self) -> bool:
+        return len(self.scoring_versions) > 1
 
 
 def _mean(
@@ -329,6 +336,7 @@ def summarise(
     }
     neuro = {m: n for m, ss in by_model.items() if (n := _neurovlm(ss, **boot)) is not None}
     return RunSummary(
+        scoring_versions=versions_of(samples),
         ks=list(ks),
         leaderboard=[_row(m, ss, ks, **boot) for m, ss in sorted(by_model.items())],
         breakdowns=breakdowns,

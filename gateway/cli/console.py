@@ -110,6 +110,7 @@ def show_run(run_dir: Path) -> None:
             f"{counts.requests} requests, {counts.responses} responses, {counts.audit} audited payloads; "
             f"code {escape(str(row.code_version))}"
         )
+        _scoring_versions(store.scoring_versions(), run_dir)
         try:
             summ = summary(store)
         except ScoringUnavailable as exc:
@@ -119,6 +120,22 @@ def show_run(run_dir: Path) -> None:
             _leaderboard(summ)
     finally:
         store.close()
+
+
+def _scoring_versions(held: dict[str | None, int], run_dir: Path) -> None:
+    from evaluation import SCORING_VERSION, version_name
+
+    names = {version_name(v): n for v, n in held.items()}
+    if len(names) > 1:
+        mix = ", ".join(f"{escape(v)}: {n} samples" for v, n in sorted(names.items()))
+        console.print(
+            f"[yellow]scores mix scoring versions ({mix}); they are not comparable: run "
+            f"`neurosandbox runs rescore {escape(str(run_dir))}`[/yellow]"
+        )
+    elif names:
+        [v] = names
+        stale = "" if v == SCORING_VERSION else f" (current {SCORING_VERSION}: rescore to update)"
+        console.print(f"scoring version {escape(v)}{stale}")
 
 
 def _est(value: Any) -> str:

@@ -292,6 +292,7 @@ def runs_rescore(
     except EvaluationError as exc:
         raise fail(str(exc)) from None
     console.print(", ".join(f"{k} {v}" for k, v in counts.items()))
+    console.print(escape(counts.message()))
     show_run(run_dir)
 
 
@@ -343,6 +344,7 @@ def runs_judge(
         f"{escape(result.cache)}"
     )
     console.print(", ".join(f"{k} {v}" for k, v in counts.items()))
+    console.print(escape(counts.message()))
     show_run(run_dir)
 
 
