@@ -20,6 +20,7 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
     responses = store.responses()
     scores = store.scores()
     labels = store.error_labels()
+    versions = store.sample_scoring_versions()
     for row in store.samples():
         sid = sample_id(row.case_id, row.task, row.model, row.sample)
         turns = []
@@ -61,6 +62,7 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
             "scores": {s.scorer: s.value for s in scores.get(sid, [])},
             "score_explanations": {s.scorer: s.explanation for s in scores.get(sid, [])},
             "error_label": label.model_dump(mode="json") if label else None,
+            "scoring_version": versions.get(sid),
             "prompt_tokens": totals.get("prompt_tokens"),
             "completion_tokens": totals.get("completion_tokens"),
             "cost_usd": totals.get("cost_usd"),

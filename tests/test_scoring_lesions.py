@@ -218,3 +218,25 @@ def test_a_finding_at_one_lesions_place_is_never_the_misplaced_report_of_another
     status = {o.lesion_id: o.status for o in res.lesions}
     assert status == {"L1": "detected", "L2": "missed"}, res.lesions
     assert [m.status for m in res.findings] == ["matched", "redundant"]
+
+
+def test_the_best_finding_is_the_one_with_the_right_signal_not_the_right_size() -> None:
+    """A 30 mm haematoma reported twice at its place: hyperdense but said to be 6 mm, and
+    hypodense (the oedema) at 25 mm. The hyperdense finding is the lesion (its size is the
+    description error); the hypodense one is a contradicting restatement."""
+    from scoring_cases import ich_case
+
+    c = ich_case()
+    c.ground_truth.lesions[0].size_mm = 30.0  # type: ignore[union-attr]
+    res = match_lesions(
+        c,
+        [
+            f("right basal ganglia hypodense area", sequence="CT", size_mm=25),
+            f("right basal ganglia hyperdense focus", sequence="CT", size_mm=6),
+        ],
+    )
+    assert res is not None
+    [o] = res.lesions
+    assert o.status == "detected" and o.finding == 1, o
+    assert any(e.startswith("size stated 6 mm") for e in o.description_errors), o
+    assert [m.status for m in res.findings] == ["redundant", "matched"]

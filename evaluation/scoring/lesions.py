@@ -70,6 +70,9 @@ _NEAR_COST = {"wrong_side": 10.0, "adjacent_region": 10.0, "unlocalised": 12.0}
 _LOBE_ONLY = 0.25  # the finding names the lesion's lobe, not its finer region
 _SIDE_UNSTATED = 0.1  # no side, or "bilateral", for a one-sided lesion
 _IMPOSSIBLE = 1e6
+# a stated size is read off a few slices: a size error weighs less than a wrong signal,
+# sequence or enhancement when two findings compete for one lesion
+_ERROR_COST = {"enhancement": 1.0, "size": 0.5}
 
 
 class ReadFinding(BaseModel):
@@ -218,7 +221,8 @@ def _pair(r: ReadFinding, lesion: LesionTruth, shown: set[str]) -> _Pair | None:
             cost = 0.0 if lesion.region in r.regions else _LOBE_ONLY
             if r.side != lesion.hemisphere.value and lesion.hemisphere is not Hemisphere.MIDLINE:
                 cost += _SIDE_UNSTATED
-            cost += len(kinds) + len(errors) + _size_cost(r, lesion)
+            cost += len(kinds) + sum(_ERROR_COST[e.split()[0]] for e in errors)
+            cost += _size_cost(r, lesion)
             return _Pair("same", kinds, errors, cost)
         if not fits:
             return None
