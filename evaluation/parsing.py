@@ -22,16 +22,32 @@ from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import TaskFamily
 from evaluation.prompts import PromptSet, default_prompts
 from evaluation.scores import ParseStatus
+from evaluation.scoring.text import clean
 from evaluation.tasks import REQUIRED_KEYS, schema_name
 
 MAX_REPLY_CHARS = 400_000
 MAX_CANDIDATES = 200
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
 _THINK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.S | re.I)
+# A refusal by its structure: a first-person subject, a declining verb phrase (a negated modal,
+# "unable to", "decline", "not comfortable"), then an act of answering; matched on cleaned text
+# (text.clean: NFKC, ASCII quotes and dashes), and only when the reply holds no answer JSON.
+_SUBJECT = r"(?:\bI|\bwe)"
+_ACT = (
+    r"(?:provid|giv|offer|mak|render|help|assist|compl|diagnos|interpret|answer|read|assess|"
+    r"evaluat|analy[sz]|review|determin|identif|shar|respond)\w*"
+)
 _REFUSAL = re.compile(
-    r"\b(I can(?:'|no)t (?:help|assist|provide|comply)|I'm (?:not able|unable) to|I am unable to|"
-    r"I (?:must|have to) decline|cannot provide (?:a )?(?:medical )?diagnos[ie]s|"
-    r"not able to (?:provide|give) (?:a )?(?:medical )?diagnos[ie]s)",
+    rf"{_SUBJECT}\s*(?:'m|'ve| am| have| will| would| must| do| can)?\s*"
+    rf"(?:cannot|can't|can not|won't|will not|wouldn't|don't|do not|am not|'m not|"
+    rf"unable to|not able to|must decline|have to decline|must respectfully decline|"
+    rf"respectfully decline|decline|refuse|not comfortable|don't feel comfortable|"
+    rf"do not feel comfortable|not in a position to|am not in a position to)"
+    rf"(?:\s+(?:to|be able to|in a position to|feel comfortable|comfortable|respectfully|"
+    rf"help with|assist with|provide a|offer a|give a|with))*\s+{_ACT}"
+    rf"|\bas an ai(?: language)? model\b"
+    rf"|\b(?:cannot|can't|unable to|not able to) (?:provide|give|offer|make) (?:a |any )?"
+    rf"(?:medical )?(?:diagnos|advice|opinion|interpretation)",
     re.I,
 )
 _CLASS_ENUMS: dict[str, dict[str, str]] = {
@@ -223,6 +239,6 @@ def parse_answer(
         return ParsedAnswer(
             status=ParseStatus.OK, answer=answer, data=data, missing_fields=missing, repairs=repairs
         )
-    if _REFUSAL.search(text[:4000]) and not json_candidates(text):
+    if _REFUSAL.search(clean(text[:4000])) and not json_candidates(text):
         return ParsedAnswer(status=ParseStatus.REFUSAL, error="the reply declines to answer")
     return ParsedAnswer(status=ParseStatus.FORMAT_FAILURE, error=last_error)

@@ -32,14 +32,23 @@ import yaml
 from pydantic import BaseModel, Field
 
 from evaluation.case import Diagnosis, DiseaseGroup
-from evaluation.scoring.text import normalise, tokens
+from evaluation.scoring.text import clause_tokens, normalise, tokens
 
 if TYPE_CHECKING:
     from evaluation.scoring.judge_cache import JudgeCache
 
 LEXICON_PATH = Path(__file__).with_name("data") / "neuro_lexicon.yaml"
-_NEGATION_BEFORE = frozenset({"no", "not", "without", "excluding", "exclude", "excluded", "non"})
+# Negation applies to a concept, within its clause; "non-" is a prefix (text.tokens joins it to
+# its word), never a negation.
+_NEGATION_BEFORE = frozenset(
+    {"no", "not", "without", "excluding", "exclude", "excluded", "negative", "absent", "absence", "free"}
+)
 _NEGATION_AFTER = frozenset({"unlikely", "excluded", "ruled", "absent", "negative"})
+# words before a disease term that say when, how sure or how big, never which subtype
+_NOT_SUBTYPE = frozenset(
+    {"acute", "subacute", "hyperacute", "new", "recent", "old", "early", "late", "large", "small",
+     "possible", "probable", "suspected", "likely", "presumed", "left", "right", "bilateral", "major", "minor"}
+)  # fmt: skip
 
 
 class LexiconError(ValueError):
@@ -142,6 +151,14 @@ class Lexicon:
                 if other != c.id:
                     raise LexiconError(f"{text!r} names both {other!r} and {c.id!r}")
         self._max_len = max(len(k.split()) for k in self._index)
+        self._words: dict[str, set[str]] = {
+            c.id: {t for text in [c.name, *c.synonyms] for t in tokens(text)}
+            for c in self.concepts.values()
+        }
+        self._children: dict[str, list[str]] = {}
+        for c in self.concepts.values():
+            for p in c.parents:
+                self._children.setdefault(p, []).append(c.id)
 
     @classmethod
     def load(cls, path: Path = LEXICON_PATH) -> Lexicon:
@@ -174,9 +191,12 @@ class Lexicon:
         key = " ".join(toks)
         if key in self._index:
             return Lookup(concept_id=self._index[key], matched_text=key, whole=True)
+        toks, clause = clause_tokens(text)
         spans: list[tuple[int, int, str]] = []
         for n in range(min(self._max_len, len(toks)), 0, -1):
             for i in range(len(toks) - n + 1):
+                if clause[i] != clause[i + n - 1]:
+                    continue  # a name never spans two clauses
                 cid = self._index.get(" ".join(toks[i : i + n]))
                 if cid is not None:
                     spans.append((i, i + n, cid))
@@ -184,11 +204,13 @@ class Lexicon:
         spans = [
             s for s in spans if not any(o != s and o[0] <= s[0] and s[1] <= o[1] for o in spans)
         ]
+        spans = [self._qualified(s, toks, clause, spans) for s in spans]
         kept: list[tuple[int, int, str]] = []
         negated: list[tuple[int, int, str]] = []
         for s in spans:
-            before = set(toks[max(0, s[0] - 3) : s[0]])
-            after = set(toks[s[1] : s[1] + 2])
+            # negation is scoped to the clause: "no haemorrhage; ischaemic stroke"
+            before = {t for k, t in enumerate(toks[max(0, s[0] - 3) : s[0]], start=max(0, s[0] - 3)) if clause[k] == clause[s[0]]}
+            after = {t for k, t in enumerate(toks[s[1] : s[1] + 2], start=s[1]) if clause[k] == clause[s[1] - 1]}
             (negated if before & _NEGATION_BEFORE or after & _NEGATION_AFTER else kept).append(s)
         if not kept:
             return Lookup(negated=[s[2] for s in negated])
@@ -205,6 +227,36 @@ class Lexicon:
             alternatives=[i for i in deepest if i != first[2] and not _unqualified(self, i) & root],
             negated=[s[2] for s in negated],
         )
+
+    def _qualified(
+        self,
+        span: tuple[int, int, str],
+        toks: list[str],
+        clause: list[int],
+        spans: list[tuple[int, int, str]],
+    ) -> tuple[int, int, str]:
+        """A subtype qualifier just before a parent term selects the subtype ("ischemic CVA"
+        -> acute ischaemic stroke, "lacunar stroke" -> lacunar infarct): the word must name the
+        nearest descendant that has it in a name, and only one, and not be a word of the
+        parent's own names; timing and certainty words never qualify."""
+        i, j, cid = span
+        k = i - 1
+        if k < 0 or clause[k] != clause[i] or any(o[0] <= k < o[1] for o in spans):
+            return span
+        q = toks[k]
+        if q in _NOT_SUBTYPE or q in _NEGATION_BEFORE or q in self._words[cid]:
+            return span
+        level, frontier, seen = 0, [cid], {cid}
+        while frontier:
+            level += 1
+            frontier = [c for p in frontier for c in self._children.get(p, []) if c not in seen]
+            seen.update(frontier)
+            hits = sorted({c for c in frontier if q in self._words[c]})
+            if len(hits) == 1:
+                return (k, j, hits[0])
+            if hits:
+                return span  # ambiguous: keep the parent
+        return span
 
     def truth_concept(self, truth: Diagnosis, synonyms: Iterable[str] = ()) -> str | None:
         """The concept of a ground-truth diagnosis: by name, its accepted synonyms, then code."""

@@ -42,6 +42,26 @@ _STOPWORDS = frozenset({"the", "a", "an"})
 _NON_WORD = re.compile(r"[^a-z0-9*]+")
 
 
+# typographic quotes, dashes and spaces -> ASCII, after NFKC (which folds the compatibility forms)
+_PUNCT = str.maketrans(
+    {
+        **dict.fromkeys("\u2018\u2019\u201a\u201b\u2032\u00b4\u0060", "'"),
+        **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\u00ab\u00bb", '"'),
+        **dict.fromkeys("\u2010\u2011\u2012\u2013\u2014\u2015\u2212\u00ad", "-"),
+    }
+)
+_SPACE = re.compile(r"\s+")
+# where a clause ends: negation ("no haemorrhage; ischaemic stroke") never crosses one
+_CLAUSE = re.compile(r"[;,.:!?()\[\]]|\b(?:but|however|although|though|whereas|yet|instead)\b", re.I)
+
+
+def clean(text: str) -> str:
+    """NFKC, typographic quotes and dashes made ASCII, whitespace collapsed: what every rule
+    that reads model text matches against."""
+    text = unicodedata.normalize("NFKC", text).translate(_PUNCT)
+    return _SPACE.sub(" ", text).strip()
+
+
 def _singular(token: str) -> str:
     if token in _IRREGULAR_PLURALS:
         return _IRREGULAR_PLURALS[token]
@@ -52,12 +72,31 @@ def _singular(token: str) -> str:
 
 def tokens(text: str) -> list[str]:
     """Lower-case, accent-free, spelling- and plural-normalised word tokens of ``text``."""
-    text = unicodedata.normalize("NFKD", text)
+    text = unicodedata.normalize("NFKD", clean(text))
     text = "".join(c for c in text if not unicodedata.combining(c)).lower()
     text = text.replace("’", "'").replace("'s ", " ").replace("'s", " ")
     for pattern, repl in _SPELLING:
         text = pattern.sub(repl, text)
-    return [_singular(t) for t in _NON_WORD.split(text) if t and t not in _STOPWORDS]
+    out = [_singular(t) for t in _NON_WORD.split(text) if t and t not in _STOPWORDS]
+    # "non-traumatic", "non haemorrhagic": a prefix of the next word, never a word of its own
+    merged: list[str] = []
+    for t in out:
+        if merged and merged[-1] == "non":
+            merged[-1] = "non" + t
+        else:
+            merged.append(t)
+    return merged
+
+
+def clause_tokens(text: str) -> tuple[list[str], list[int]]:
+    """The tokens of ``text`` and, for each, the index of the clause it is in."""
+    toks: list[str] = []
+    clause: list[int] = []
+    for n, part in enumerate(_CLAUSE.split(clean(text))):
+        t = tokens(part)
+        toks += t
+        clause += [n] * len(t)
+    return toks, clause
 
 
 def normalise(text: str) -> str:
