@@ -54,7 +54,8 @@ class Fault:
     """Answer matching requests badly ``times`` times (then normally).
 
     kind: "400", "429", "500", "timeout" (hold past the client's timeout), "malformed" (a body that
-    is not JSON), "refusal" (a content-filter finish), "drop" (close the connection).
+    is not JSON), "refusal" (a content-filter finish), "drop" (close the connection),
+    "no_choices" (200 with an empty ``choices``), "null_content" (200, content null, finish "stop").
     """
 
     kind: str
@@ -179,6 +180,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif fault.kind == "refusal":
             msg = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
             self._send(200, json.dumps(_completion(msg, "content_filter", 10, 0)).encode())
+        elif fault.kind == "no_choices":
+            out = _completion({"role": "assistant", "content": "x"}, "stop", 10, 0)
+            out["choices"] = []
+            self._send(200, json.dumps(out).encode())
+        elif fault.kind == "null_content":
+            msg = {"role": "assistant", "content": None}
+            self._send(200, json.dumps(_completion(msg, "stop", 10, 0)).encode())
         else:
             raise ValueError(f"unknown fault kind {fault.kind!r}")
 

@@ -33,3 +33,32 @@ def test_refusals_are_refusals(text: str) -> None:
 @pytest.mark.parametrize("text", NOT_REFUSALS)
 def test_prose_answers_are_format_failures(text: str) -> None:
     assert parse_answer(text, TaskFamily.DIFFERENTIAL).status is ParseStatus.FORMAT_FAILURE
+
+
+@pytest.mark.parametrize("kind", ["no_choices", "null_content"])
+def test_a_provider_fault_is_a_retried_call_error_not_a_format_failure(kind: str) -> None:
+    """Empty choices, or null content without a content-filter finish: the provider failed,
+    not the model. Retried; if it persists, a call error (status error), never a format
+    failure. A real content-filter block stays a refusal."""
+    import asyncio
+    import os
+
+    from engine_helpers import server_spec
+    from openai_server import DEFAULT_REPLY, Fault, OpenAIServer, Script
+
+    from evaluation.modelio import GenerateConfig, Message, TextPart
+    from evaluation.models.litellm_adapter import LiteLLMAdapter
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    cfg = GenerateConfig(temperature=0.0, max_tokens=100, timeout_s=10)
+    msgs = [Message(role="user", content=[TextPart(text="hello")])]
+    with OpenAIServer(Script(faults=[Fault(kind, times=1)])) as server:
+        out = asyncio.run(LiteLLMAdapter(server_spec(server.url)).generate(msgs, cfg))
+        assert server.stats.calls == 2  # retried once, then answered
+    assert out.error is None and out.text == DEFAULT_REPLY and out.retries == 1
+    with OpenAIServer(Script(faults=[Fault(kind, times=100)])) as server:
+        spec = server_spec(server.url, max_retries=2)
+        out = asyncio.run(LiteLLMAdapter(spec).generate(msgs, cfg))
+    assert out.error and not out.refusal, out
+    status = parse_answer(out.text or "", TaskFamily.DIFFERENTIAL, error=out.error).status
+    assert status is ParseStatus.ERROR

@@ -70,9 +70,17 @@ def summarise_response(resp: Any) -> dict[str, Any]:
     # OpenAI's refusal (message.refusal) is kept by litellm in provider_specific_fields.
     specific = getattr(message, "provider_specific_fields", None) or {}
     refusal = getattr(message, "refusal", None) or specific.get("refusal")
+    finish = getattr(choice, "finish_reason", None)
+    fault = None  # the provider failed (retry it), as opposed to the model answering badly
+    if choice is None:
+        fault = "the provider returned no choices"
+    elif content is None and not refusal and finish != "content_filter":
+        if not getattr(message, "tool_calls", None):
+            fault = f"the provider returned no content (finish_reason {finish!r})"
     return {
+        "fault": fault,
         "text": content or "",
-        "finish_reason": getattr(choice, "finish_reason", None),
+        "finish_reason": finish,
         "refusal": bool(refusal),
         "refusal_text": str(refusal)[:2000] if refusal else None,
         "prompt_tokens": getattr(usage, "prompt_tokens", None),

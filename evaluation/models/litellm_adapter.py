@@ -241,6 +241,11 @@ class LiteLLMAdapter:
                 t0 = time.perf_counter()
                 result = await self._attempt(kwargs, hard_timeout)
                 latency = time.perf_counter() - t0
+            if "ok" in result and result["ok"].get("fault"):
+                # an empty reply is the provider's failure, not the model's answer: retry it
+                result = {
+                    "error": {"kind": "retry", "message": result["ok"]["fault"], "retry_after": None}
+                }
             if "ok" in result:
                 self.limiter.on_success()
                 return self._output(result["ok"], attempt, latency, adjustments)

@@ -12,7 +12,9 @@ History
   2  lesions matched one-to-one (Hungarian, cost over location, sequence, signal, size,
      enhancement); invented findings beside real lesions are hallucinated, restatements
      redundant; text-only requests: no visual labels, omitted lesions not counted, invented
-     findings reasoning/fabricated_without_images; one rule for a normal control.
+     findings reasoning/fabricated_without_images; one rule for a normal control; the lexicon
+     reads "non-" as a prefix, scopes negation to its clause and lets a subtype qualifier
+     ("ischemic CVA") select the subtype.
 """
 
 from __future__ import annotations
