@@ -174,11 +174,6 @@ class RescoreCounts(dict[str, int]):
         if was_scored and key(old_label) != key(new.label):
             self.labels_changed += 1
 
-    @property
-    def version_changed(self) -> int:
-        """Samples scored before with another scoring version."""
-        return sum(n for v, n in self.versions_before.items() if v != self.version)
-
     def message(self) -> str:
         """One sentence for the user: which version, whether it changed, what moved."""
         from evaluation.scoring.version import version_name

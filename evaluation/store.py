@@ -173,9 +173,11 @@ class RunStore:
     def _add_columns(self) -> None:
         """Columns added since a store was created (NULL in old rows: "not recorded")."""
         cols = {r[1] for r in self._all("PRAGMA table_info(scores)")}
-        if "scoring_version" not in cols:
+        self._versioned = "scoring_version" in cols
+        if not self._versioned:
             try:
                 self._exec("ALTER TABLE scores ADD COLUMN scoring_version TEXT")
+                self._versioned = True
             except sqlite3.OperationalError as exc:  # read-only file: old rows read as NULL
                 if "readonly" not in str(exc).replace("-", "").lower():
                     raise
@@ -360,7 +362,7 @@ class RunStore:
 
     def scoring_versions(self) -> dict[str | None, int]:
         """Scored samples per scoring version (None: scored before versions were recorded)."""
-        if "scoring_version" not in {r[1] for r in self._all("PRAGMA table_info(scores)")}:
+        if not self._versioned:
             n = self._one("SELECT COUNT(DISTINCT sample_id) FROM scores")
             return {None: n[0]} if n and n[0] else {}
         return {
@@ -373,7 +375,11 @@ class RunStore:
 
     def sample_scoring_versions(self) -> dict[str, str | None]:
         """The scoring version of every scored sample."""
-        return dict(self._all("SELECT sample_id, MAX(scoring_version) FROM scores GROUP BY sample_id"))
+        if not self._versioned:
+            return dict.fromkeys(r[0] for r in self._all("SELECT DISTINCT sample_id FROM scores"))
+        return dict(
+            self._all("SELECT sample_id, MAX(scoring_version) FROM scores GROUP BY sample_id")
+        )
 
     def error_labels(self) -> dict[str, ErrorLabel]:
         return {

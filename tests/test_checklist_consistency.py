@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from scoring_cases import answer, case, f, ms_case, stroke_case
-from test_scoring_conformance import ROWS, Row
+from test_scoring_conformance import ROWS
 from test_scoring_taxonomy import GOLDEN
 
 from evaluation.answers import Answer, ClassificationAnswer
@@ -62,7 +62,9 @@ CASES = [(r.why, r.case, r.answer, r.family, ParseStatus.OK, r.images_shown) for
 ]
 
 
-@pytest.mark.parametrize(("why", "c", "parsed", "family", "status", "shown"), CASES, ids=[x[0] for x in CASES])
+@pytest.mark.parametrize(
+    ("why", "c", "parsed", "family", "status", "shown"), CASES, ids=[x[0] for x in CASES]
+)
 def test_flags_marks_and_label_agree(why, c, parsed, family, status, shown) -> None:  # type: ignore[no-untyped-def]
     _assert_consistent(_checklist(c, parsed, family, status, shown), why)
 
@@ -97,8 +99,12 @@ def test_a_normal_truth_without_a_group_is_a_normal_control_everywhere() -> None
     assert a.error is None and not a.flags
     cl = build_checklist(c, [], run_id="run-1")
     assert cl.truth is not None and cl.truth.normal_control is True
-    b = _checklist(c, answer("normal", [f("left frontal FLAIR hyperintense focus")]), TaskFamily.LESION)
-    assert b.error is not None and FlagKind.FINDINGS_ON_NORMAL_CONTROL in {fl.kind for fl in b.flags}
+    b = _checklist(
+        c, answer("normal", [f("left frontal FLAIR hyperintense focus")]), TaskFamily.LESION
+    )
+    assert b.error is not None and FlagKind.FINDINGS_ON_NORMAL_CONTROL in {
+        fl.kind for fl in b.flags
+    }
 
 
 def test_text_only_answers_flag_fabrication_not_missed_lesions() -> None:

@@ -23,7 +23,9 @@ FAMILIES = (TaskFamily.DIFFERENTIAL, TaskFamily.LESION, TaskFamily.RATIONALE)
 
 @pytest.fixture(scope="module")
 def phantom_cases(
-    phantom_suite: PhantomSuite, phantom_more: PhantomSuite, tmp_path_factory: pytest.TempPathFactory
+    phantom_suite: PhantomSuite,
+    phantom_more: PhantomSuite,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> list[Case]:
     """The cases as a run loads them (images rendered), from both session suites."""
     from evaluation.datasets import load_dataset
@@ -48,7 +50,9 @@ def test_every_reference_answer_scores_full_credit_with_no_label(
                 c, family, "reference", ParseStatus.OK, ans, ans.model_dump_json(), bertscore=False
             )
             if s.error is not None:
-                problems.append(f"{c.case_id} {family.value}: {s.error.category} {s.error.evidence}")
+                problems.append(
+                    f"{c.case_id} {family.value}: {s.error.category} {s.error.evidence}"
+                )
             want = {
                 "diagnosis_match": 1.0,
                 "diagnosis_credit": 1.0,
@@ -65,7 +69,9 @@ def test_every_reference_answer_scores_full_credit_with_no_label(
             if gt.lesions:
                 for name in ("lesion_f1", "lesion_precision", "lesion_recall"):
                     if s.value(name) != 1.0:
-                        problems.append(f"{c.case_id}: {name}={s.value(name)} {s.score(name).explanation}")  # type: ignore[union-attr]
+                        problems.append(
+                            f"{c.case_id}: {name}={s.value(name)} {s.score(name).explanation}"
+                        )  # type: ignore[union-attr]
             elif s.value("normal_control_false_positive") not in (None, 0.0):
                 problems.append(f"{c.case_id}: findings on a normal control")
     assert not problems, "\n".join(problems)
@@ -82,9 +88,14 @@ def test_every_reference_differential_item_is_coded_as_the_lexicon_codes_it(
         assert c.ground_truth is not None
         for d in c.ground_truth.differential:
             found = lex.lookup(d.name)
-            if d.icd10 and found.concept_id and not found.alternatives:
-                if not lex.icd10_consistent(found.concept_id, d.icd10):
-                    wrong.append(f"{c.case_id}: {d.name} {d.icd10} vs {lex[found.concept_id].icd10}")
+            cid = found.concept_id
+            if (
+                d.icd10
+                and cid
+                and not found.alternatives
+                and not lex.icd10_consistent(cid, d.icd10)
+            ):
+                wrong.append(f"{c.case_id}: {d.name} {d.icd10} vs {lex[found.concept_id].icd10}")
     assert not wrong, wrong
 
 
@@ -140,13 +151,16 @@ def _place(les) -> tuple[str, str]:  # type: ignore[no-untyped-def]
 
 
 def _mirrored(finding, les):  # type: ignore[no-untyped-def]
-    from evaluation.datasets.phantoms.truth import where
-
     from evaluation.case import Hemisphere
+    from evaluation.datasets.phantoms.truth import where
 
     other = les.model_copy(update={"hemisphere": Hemisphere(_MIRROR[les.hemisphere.value])})
     return finding.model_copy(
-        update={"hemisphere": other.hemisphere.value, "region": where(other), "description": f"{where(other)} {les.type}"}
+        update={
+            "hemisphere": other.hemisphere.value,
+            "region": where(other),
+            "description": f"{where(other)} {les.type}",
+        }
     )
 
 
@@ -160,33 +174,118 @@ def _injected(c: Case):  # type: ignore[no-untyped-def]
     assert gt is not None
     ref = reference_answer(c)
     out = []
-    other = "glioblastoma" if gt.final_diagnosis.group is not DiseaseGroup.TUMOUR else "multiple sclerosis"
-    out.append(("wrong diagnosis", ref.model_copy(update={"final_diagnosis": other, "differential": [DifferentialItem(diagnosis=other)]}), None, C.REASONING, "wrong_diagnosis"))
-    wrong_code = "I63.9" if gt.final_diagnosis.group is not DiseaseGroup.ISCHAEMIC_STROKE else "C71.9"
-    diff = [d.model_copy(update={"icd10": wrong_code}) if i == 0 else d for i, d in enumerate(ref.differential)]
-    out.append(("contradicting ICD-10", ref.model_copy(update={"differential": diff}), None, C.KNOWLEDGE_GAP, "icd10_contradiction"))
+    other = (
+        "glioblastoma"
+        if gt.final_diagnosis.group is not DiseaseGroup.TUMOUR
+        else "multiple sclerosis"
+    )
+    out.append(
+        (
+            "wrong diagnosis",
+            ref.model_copy(
+                update={
+                    "final_diagnosis": other,
+                    "differential": [DifferentialItem(diagnosis=other)],
+                }
+            ),
+            None,
+            C.REASONING,
+            "wrong_diagnosis",
+        )
+    )
+    wrong_code = (
+        "I63.9" if gt.final_diagnosis.group is not DiseaseGroup.ISCHAEMIC_STROKE else "C71.9"
+    )
+    diff = [
+        d.model_copy(update={"icd10": wrong_code}) if i == 0 else d
+        for i, d in enumerate(ref.differential)
+    ]
+    out.append(
+        (
+            "contradicting ICD-10",
+            ref.model_copy(update={"differential": diff}),
+            None,
+            C.KNOWLEDGE_GAP,
+            "icd10_contradiction",
+        )
+    )
     if not gt.lesions:
-        extra = Finding(description="left frontal FLAIR hyperintense focus", sequence="FLAIR", signal="hyperintense", region="left frontal lobe", hemisphere="left")
-        out.append(("finding on a normal control", ref.model_copy(update={"findings": [extra]}), None, C.VISUAL_HALLUCINATION, "hallucinated_finding"))
+        extra = Finding(
+            description="left frontal FLAIR hyperintense focus",
+            sequence="FLAIR",
+            signal="hyperintense",
+            region="left frontal lobe",
+            hemisphere="left",
+        )
+        out.append(
+            (
+                "finding on a normal control",
+                ref.model_copy(update={"findings": [extra]}),
+                None,
+                C.VISUAL_HALLUCINATION,
+                "hallucinated_finding",
+            )
+        )
         return out
     places = [_place(les) for les in gt.lesions]
     lateral = [i for i, les in enumerate(gt.lesions) if les.hemisphere.value in _MIRROR]
     for i in lateral:  # a lesion alone at its place, with nothing at its mirror image
         les = gt.lesions[i]
         mirror = (_MIRROR[les.hemisphere.value], les.region)
-        if places.count(_place(les)) != 1 or mirror in places or (les.lobe and any(
-            (h, r) == mirror or (h == mirror[0] and x.lobe == les.lobe) for x in gt.lesions for h, r in [_place(x)]
-        )):
+        if (
+            places.count(_place(les)) != 1
+            or mirror in places
+            or (
+                les.lobe
+                and any(
+                    (h, r) == mirror or (h == mirror[0] and x.lobe == les.lobe)
+                    for x in gt.lesions
+                    for h, r in [_place(x)]
+                )
+            )
+        ):
             continue
         kept = [f for j, f in enumerate(ref.findings) if j != i]
-        out.append(("lesion omitted", ref.model_copy(update={"findings": kept}), None, C.PERCEPTUAL, "missed_lesion"))
+        out.append(
+            (
+                "lesion omitted",
+                ref.model_copy(update={"findings": kept}),
+                None,
+                C.PERCEPTUAL,
+                "missed_lesion",
+            )
+        )
         beside = [*ref.findings, _mirrored(ref.findings[i], les)]
-        out.append(("mirrored extra finding", ref.model_copy(update={"findings": beside}), None, C.VISUAL_HALLUCINATION, "hallucinated_finding"))
+        out.append(
+            (
+                "mirrored extra finding",
+                ref.model_copy(update={"findings": beside}),
+                None,
+                C.VISUAL_HALLUCINATION,
+                "hallucinated_finding",
+            )
+        )
         if len(gt.lesions) == 1:
             swapped = [_mirrored(ref.findings[i], les)]
-            out.append(("hemisphere swapped", ref.model_copy(update={"findings": swapped}), None, C.GROUNDING, "localisation_error"))
+            out.append(
+                (
+                    "hemisphere swapped",
+                    ref.model_copy(update={"findings": swapped}),
+                    None,
+                    C.GROUNDING,
+                    "localisation_error",
+                )
+            )
         invented = [_mirrored(ref.findings[i], les)]
-        out.append(("text only, invented and missed", ref.model_copy(update={"findings": invented}), 0, C.REASONING, "fabricated_without_images"))
+        out.append(
+            (
+                "text only, invented and missed",
+                ref.model_copy(update={"findings": invented}),
+                0,
+                C.REASONING,
+                "fabricated_without_images",
+            )
+        )
         break
     return out
 
@@ -197,7 +296,14 @@ def test_injected_errors_on_every_phantom_case_get_their_label(phantom_cases: li
     for c in phantom_cases:
         for kind, ans, shown, category, sub in _injected(c):
             s = make_scored_sample(
-                c, TaskFamily.LESION, "m", ParseStatus.OK, ans, "", bertscore=False, images_shown=shown
+                c,
+                TaskFamily.LESION,
+                "m",
+                ParseStatus.OK,
+                ans,
+                "",
+                bertscore=False,
+                images_shown=shown,
             )
             ok = s.error is not None and s.error.category is category and sub in s.error.sub_labels
             if shown == 0 and s.error is not None:
@@ -206,7 +312,11 @@ def test_injected_errors_on_every_phantom_case_get_their_label(phantom_cases: li
             t[0] += ok
             t[1] += 1
             if not ok:
-                got = f"{s.error.category} {s.error.sub_labels} {s.error.evidence}" if s.error else None
+                got = (
+                    f"{s.error.category} {s.error.sub_labels} {s.error.evidence}"
+                    if s.error
+                    else None
+                )
                 wrong.append(f"{c.case_id} {kind}: {got}")
     print({k: f"{a}/{n}" for k, (a, n) in tally.items()})
     assert len(tally) == 7 and all(n >= 1 for _, n in tally.values()), tally

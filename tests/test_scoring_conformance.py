@@ -157,7 +157,14 @@ def test_one_injected_error_gets_its_label(row: Row) -> None:
 
 def test_every_kind_of_injected_error_is_covered() -> None:
     kinds = {r.category for r in ROWS}
-    assert {None, C.REASONING, C.PERCEPTUAL, C.VISUAL_HALLUCINATION, C.GROUNDING, C.KNOWLEDGE_GAP} <= kinds
+    assert {
+        None,
+        C.REASONING,
+        C.PERCEPTUAL,
+        C.VISUAL_HALLUCINATION,
+        C.GROUNDING,
+        C.KNOWLEDGE_GAP,
+    } <= kinds
     assert sum(r.images_shown == 0 for r in ROWS) >= 3
 
 
@@ -201,7 +208,8 @@ def test_normal_truth_without_a_group_is_a_normal_control() -> None:
 
 
 def test_a_text_only_run_labels_invented_findings_as_reasoning_end_to_end(
-    phantom_suite, tmp_path  # type: ignore[no-untyped-def]
+    phantom_suite,
+    tmp_path,  # type: ignore[no-untyped-def]
 ) -> None:
     """Through the engine, a loopback provider and the store: the request's recorded image
     count (none, with ``--ablation text``) decides; the same answer with images is visual; a
@@ -250,7 +258,11 @@ def test_a_text_only_run_labels_invented_findings_as_reasoning_end_to_end(
                     rescore(run, cache_dir=tmp_path / "cache")
                 [s] = [x.scored for x in load_run(run).samples]
                 assert s.error is not None
-                labels[ablation, attempt] = (s.images_shown, s.error.category, set(s.error.sub_labels))
+                labels[ablation, attempt] = (
+                    s.images_shown,
+                    s.error.category,
+                    set(s.error.sub_labels),
+                )
     for attempt in ("run", "rescore"):
         shown, cat, subs = labels[Ablation.TEXT, attempt]
         assert shown == 0 and cat is C.REASONING, labels

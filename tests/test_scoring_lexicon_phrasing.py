@@ -42,7 +42,12 @@ def test_negation_stops_at_its_clause(text: str, concept: str) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["no glioblastoma", "glioblastoma ruled out", "negative for glioblastoma", "without evidence of glioblastoma"],
+    [
+        "no glioblastoma",
+        "glioblastoma ruled out",
+        "negative for glioblastoma",
+        "without evidence of glioblastoma",
+    ],
 )
 def test_real_negation_still_negates(text: str) -> None:
     found = L.lookup(text)

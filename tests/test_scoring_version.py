@@ -35,10 +35,19 @@ def _fingerprint() -> str:
     battery += [(g[1], g[2], g[3], g[4], None) for g in GOLDEN]
     for case, parsed, family, status, shown in battery:
         s = make_scored_sample(
-            case, family, "m", status, parsed, "", bertscore=False, images_shown=shown  # type: ignore[arg-type]
+            case,
+            family,
+            "m",
+            status,
+            parsed,
+            "",
+            bertscore=False,
+            images_shown=shown,  # type: ignore[arg-type]
         )
         row = {
-            "scores": [(x.scorer, None if x.value is None else round(x.value, 6)) for x in s.scores],
+            "scores": [
+                (x.scorer, None if x.value is None else round(x.value, 6)) for x in s.scores
+            ],
             "error": s.error.model_dump(mode="json") if s.error else None,
         }
         h.update(json.dumps(row, sort_keys=True).encode())
@@ -69,7 +78,9 @@ def _as_if_scored_before_versions(run: Path, model: str) -> int:
     sids = [r[0] for r in db.execute("SELECT sample_id FROM samples WHERE model=?", (model,))]
     for sid in sids:
         db.execute("UPDATE scores SET scoring_version=NULL WHERE sample_id=?", (sid,))
-        row = db.execute("SELECT scored_json FROM scored_samples WHERE sample_id=?", (sid,)).fetchone()
+        row = db.execute(
+            "SELECT scored_json FROM scored_samples WHERE sample_id=?", (sid,)
+        ).fetchone()
         if row:
             data = json.loads(row[0])
             data.pop("scoring_version", None)
@@ -82,7 +93,9 @@ def _as_if_scored_before_versions(run: Path, model: str) -> int:
 
 
 def test_runs_record_show_and_refuse_to_compare_mixed_versions_until_rescored(
-    phantom_suite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+    phantom_suite,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
     import asyncio
 
@@ -141,8 +154,9 @@ def test_runs_record_show_and_refuse_to_compare_mixed_versions_until_rescored(
     after = cli.invoke(app, ["runs", "compare", str(run), "--json", "--n-boot", "200"])
     assert after.exit_code == 0, after.output
     again = cli.invoke(app, ["runs", "rescore", str(run)])
-    assert f"scoring version {SCORING_VERSION} (unchanged); scores changed on 0 samples" in " ".join(
-        again.output.split()
+    assert (
+        f"scoring version {SCORING_VERSION} (unchanged); scores changed on 0 samples"
+        in " ".join(again.output.split())
     )
     page = render_summary(build_summary(load_run(run), n_boot=200), {})
     assert 'id="mixed-versions"' not in page

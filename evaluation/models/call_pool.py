@@ -74,9 +74,13 @@ def summarise_response(resp: Any) -> dict[str, Any]:
     fault = None  # the provider failed (retry it), as opposed to the model answering badly
     if choice is None:
         fault = "the provider returned no choices"
-    elif content is None and not refusal and finish != "content_filter":
-        if not getattr(message, "tool_calls", None):
-            fault = f"the provider returned no content (finish_reason {finish!r})"
+    elif (
+        content is None
+        and not refusal
+        and finish != "content_filter"
+        and not getattr(message, "tool_calls", None)
+    ):
+        fault = f"the provider returned no content (finish_reason {finish!r})"
     return {
         "fault": fault,
         "text": content or "",

@@ -244,7 +244,11 @@ class LiteLLMAdapter:
             if "ok" in result and result["ok"].get("fault"):
                 # an empty reply is the provider's failure, not the model's answer: retry it
                 result = {
-                    "error": {"kind": "retry", "message": result["ok"]["fault"], "retry_after": None}
+                    "error": {
+                        "kind": "retry",
+                        "message": result["ok"]["fault"],
+                        "retry_after": None,
+                    }
                 }
             if "ok" in result:
                 self.limiter.on_success()

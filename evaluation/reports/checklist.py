@@ -34,11 +34,11 @@ from evaluation.reports.model import (
 from evaluation.reports.rundata import FULL_INPUT, SampleResult
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lesions import LesionMatchResult
-from evaluation.scoring.truth import is_normal_control
-from evaluation.scoring.version import version_name
 from evaluation.scoring.recognition import resolve_image
 from evaluation.scoring.sample import final_diagnosis
 from evaluation.scoring.scored import case_modality
+from evaluation.scoring.truth import is_normal_control
+from evaluation.scoring.version import version_name
 
 LOW_CONFIDENCE = 0.5
 MAX_RAW_CHARS = 20_000

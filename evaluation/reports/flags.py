@@ -38,7 +38,9 @@ def answer_flags(case: Case, a: AnswerChecklist, s: SampleResult, low: float) ->
             detail = ", ".join(halluc) + " match no lesion" if halluc else evidence
             flags.append(Flag(kind=FlagKind.SUSPECTED_HALLUCINATION, detail=detail))
     if "fabricated_without_images" in subs:
-        invented = [f"finding {f.index}" for f in a.findings if f.mark in (Mark.HALLUCINATED, Mark.NEAR)]
+        invented = [
+            f"finding {f.index}" for f in a.findings if f.mark in (Mark.HALLUCINATED, Mark.NEAR)
+        ]
         detail = (", ".join(invented) or evidence) + " (no image was shown)"
         flags.append(Flag(kind=FlagKind.FABRICATED_WITHOUT_IMAGES, detail=detail))
     if "missed_lesion" in subs:

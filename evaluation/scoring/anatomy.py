@@ -370,4 +370,3 @@ def sizes_compatible(stated: float, truth: float) -> bool:
     more than 5 mm (sizes read off a few slices are rough)."""
     lo, hi = sorted((stated, truth))
     return lo > 0 and (hi / lo <= 2.5 or hi - lo <= 5.0)
-

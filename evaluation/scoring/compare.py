@@ -7,7 +7,6 @@ from pydantic import BaseModel
 
 from evaluation.case import TaskFamily
 from evaluation.scoring.scored import ScoredSample
-from evaluation.scoring.version import SCORING_VERSION, versions_of
 from evaluation.scoring.stats import (
     DEFAULT_BOOT,
     DEFAULT_SEED,
@@ -16,6 +15,7 @@ from evaluation.scoring.stats import (
     mcnemar,
     paired_bootstrap,
 )
+from evaluation.scoring.version import SCORING_VERSION, versions_of
 
 
 class PairedComparison(BaseModel):

@@ -184,9 +184,12 @@ def _description_errors(r: ReadFinding, lesion: LesionTruth) -> list[str]:
         )
         if not A.enhancement_compatible(stated, lesion.enhancement):
             errors.append(f"enhancement stated {r.enhancement}, truth {lesion.enhancement.value}")
-    if r.size_mm is not None and lesion.size_mm:
-        if not A.sizes_compatible(r.size_mm, lesion.size_mm):
-            errors.append(f"size stated {r.size_mm:.0f} mm, truth {lesion.size_mm:.0f} mm")
+    if (
+        r.size_mm is not None
+        and lesion.size_mm
+        and not A.sizes_compatible(r.size_mm, lesion.size_mm)
+    ):
+        errors.append(f"size stated {r.size_mm:.0f} mm, truth {lesion.size_mm:.0f} mm")
     return errors
 
 
@@ -227,7 +230,9 @@ def _pair(r: ReadFinding, lesion: LesionTruth, shown: set[str]) -> _Pair | None:
         if not fits:
             return None
         place = "wrong_side"
-    elif side_ok and fits and any(frozenset((a, b)) in A.ADJACENT for a in r.regions for b in where):
+    elif (
+        side_ok and fits and any(frozenset((a, b)) in A.ADJACENT for a in r.regions for b in where)
+    ):
         place = "adjacent_region"
     else:
         return None
@@ -372,9 +377,7 @@ def count_missed(
     why = ""
     if images_shown == 0:
         why = "no image was shown (text only): missed lesions do not count"
-    elif not (
-        res.n_positive or family is TaskFamily.LESION or called_normal or res.normal_control
-    ):
+    elif not (res.n_positive or family is TaskFamily.LESION or called_normal or res.normal_control):
         why = "the answer reports no finding and the task does not ask for lesions"
     update: dict[str, object] = {"images_shown": images_shown, "missed_not_counted": why}
     if why:

@@ -41,7 +41,18 @@ LEXICON_PATH = Path(__file__).with_name("data") / "neuro_lexicon.yaml"
 # Negation applies to a concept, within its clause; "non-" is a prefix (text.tokens joins it to
 # its word), never a negation.
 _NEGATION_BEFORE = frozenset(
-    {"no", "not", "without", "excluding", "exclude", "excluded", "negative", "absent", "absence", "free"}
+    {
+        "no",
+        "not",
+        "without",
+        "excluding",
+        "exclude",
+        "excluded",
+        "negative",
+        "absent",
+        "absence",
+        "free",
+    }
 )
 _NEGATION_AFTER = frozenset({"unlikely", "excluded", "ruled", "absent", "negative"})
 # words before a disease term that say when, how sure or how big, never which subtype
@@ -187,11 +198,10 @@ class Lexicon:
 
     def lookup(self, text: str) -> Lookup:
         """The concept a diagnosis string names: the whole string, else phrases inside it."""
-        toks = tokens(text)
+        toks, clause = clause_tokens(text)
         key = " ".join(toks)
         if key in self._index:
             return Lookup(concept_id=self._index[key], matched_text=key, whole=True)
-        toks, clause = clause_tokens(text)
         spans: list[tuple[int, int, str]] = []
         for n in range(min(self._max_len, len(toks)), 0, -1):
             for i in range(len(toks) - n + 1):
@@ -209,8 +219,16 @@ class Lexicon:
         negated: list[tuple[int, int, str]] = []
         for s in spans:
             # negation is scoped to the clause: "no haemorrhage; ischaemic stroke"
-            before = {t for k, t in enumerate(toks[max(0, s[0] - 3) : s[0]], start=max(0, s[0] - 3)) if clause[k] == clause[s[0]]}
-            after = {t for k, t in enumerate(toks[s[1] : s[1] + 2], start=s[1]) if clause[k] == clause[s[1] - 1]}
+            before = {
+                t
+                for k, t in enumerate(toks[max(0, s[0] - 3) : s[0]], start=max(0, s[0] - 3))
+                if clause[k] == clause[s[0]]
+            }
+            after = {
+                t
+                for k, t in enumerate(toks[s[1] : s[1] + 2], start=s[1])
+                if clause[k] == clause[s[1] - 1]
+            }
             (negated if before & _NEGATION_BEFORE or after & _NEGATION_AFTER else kept).append(s)
         if not kept:
             return Lookup(negated=[s[2] for s in negated])
@@ -246,9 +264,8 @@ class Lexicon:
         q = toks[k]
         if q in _NOT_SUBTYPE or q in _NEGATION_BEFORE or q in self._words[cid]:
             return span
-        level, frontier, seen = 0, [cid], {cid}
+        frontier, seen = [cid], {cid}
         while frontier:
-            level += 1
             frontier = [c for p in frontier for c in self._children.get(p, []) if c not in seen]
             seen.update(frontier)
             hits = sorted({c for c in frontier if q in self._words[c]})

@@ -35,6 +35,11 @@ ANSWER_SCORERS = (
 BERTSCORE_FAMILIES = (TaskFamily.RATIONALE, TaskFamily.DIFFERENTIAL)
 
 
+def images_shown_of(case: Case, images_shown: int | None) -> int:
+    """The images a request carried: the run's record, else (None) every image of the case."""
+    return len(case.images) if images_shown is None else images_shown
+
+
 def final_diagnosis(answer: Answer) -> str | None:
     """The answer's final diagnosis, else the top of its differential."""
     if answer.final_diagnosis and answer.final_diagnosis.strip():
@@ -73,7 +78,7 @@ def score_sample(
     means every image of ``case``. With none shown (a text-only ablation) nothing visual is
     scored: no sequence recognition, and missed lesions do not count against the answer.
     """
-    shown = len(case.images) if images_shown is None else images_shown
+    shown = images_shown_of(case, images_shown)
     if shown == 0 and case.images:
         case = case.model_copy(update={"images": []})
     if family is TaskFamily.CLASSIFICATION:

@@ -9,7 +9,7 @@ from evaluation.case import Case, Difficulty, DiseaseGroup, TaskFamily
 from evaluation.modelio import ModelOutput
 from evaluation.scores import ErrorLabel, ParseStatus, Score
 from evaluation.scoring.judge import JudgeCache
-from evaluation.scoring.sample import ranked_names, score_sample
+from evaluation.scoring.sample import images_shown_of, ranked_names, score_sample
 from evaluation.scoring.taxonomy import classify_error, effective_error
 from evaluation.scoring.version import SCORING_VERSION
 
@@ -97,7 +97,7 @@ def make_scored_sample(
 
     ``images_shown``: how many images the request carried (the run's record); None means every
     image of ``case``."""
-    shown = len(case.images) if images_shown is None else images_shown
+    shown = images_shown_of(case, images_shown)
     scores = score_sample(
         case,
         family,

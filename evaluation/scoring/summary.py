@@ -19,7 +19,6 @@ from pydantic import BaseModel, Field
 from evaluation.case import TaskFamily
 from evaluation.scores import ParseStatus
 from evaluation.scoring.lesions import LesionMatchResult
-from evaluation.scoring.version import versions_of
 from evaluation.scoring.neurovlm import (
     ClassRow,
     NeuroVLMMetrics,
@@ -39,6 +38,7 @@ from evaluation.scoring.stats import (
     wilson,
 )
 from evaluation.scoring.taxonomy import error_counts
+from evaluation.scoring.version import versions_of
 
 
 class LesionSummary(BaseModel):

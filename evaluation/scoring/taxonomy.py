@@ -53,7 +53,7 @@ from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case, TaskFamily
 from evaluation.scores import ErrorCategory, ErrorLabel, ParseStatus, Score
 from evaluation.scoring.lesions import FindingMatch, LesionMatchResult
-from evaluation.scoring.sample import final_diagnosis
+from evaluation.scoring.sample import final_diagnosis, images_shown_of
 from evaluation.scoring.truth import is_normal_control, names_normal
 
 PAPER_CATEGORIES = frozenset(
@@ -96,7 +96,7 @@ def classify_error(
         why = "the call failed" if status is ParseStatus.ERROR else "no valid JSON answer"
         return _label(ErrorCategory.FORMAT_FAILURE, sub, [why])
     by = {s.scorer: s for s in scores}
-    blind = (len(case.images) if images_shown is None else images_shown) == 0
+    blind = images_shown_of(case, images_shown) == 0
     if isinstance(parsed, ClassificationAnswer):
         label, refinable = _classification(by, blind)
     else:
@@ -138,7 +138,11 @@ def _diagnostic(
         for f in res.findings:
             if f.status == "hallucinated":
                 rule = "R3" if normal_case else "R5"
-                note(rule, "hallucinated_finding", f"finding {f.index + 1} ({_where(f)}) matches no lesion")
+                note(
+                    rule,
+                    "hallucinated_finding",
+                    f"finding {f.index + 1} ({_where(f)}) matches no lesion",
+                )
         for o in res.lesions:
             if o.status == "missed" and not res.missed_not_counted:
                 note("R4", "missed_lesion", f"lesion {o.lesion_id} missed")
@@ -230,7 +234,11 @@ def _invented(res: LesionMatchResult, note: Callable[[str, str, str], None]) -> 
     for o in res.lesions:
         wrong = [k for k in o.near_kinds if o.status == "detected" or k not in _LOCATION_KINDS]
         for err in [*wrong, *o.description_errors]:
-            note("R10", "fabricated_without_images", f"lesion {o.lesion_id}: {err}, with no image shown")
+            note(
+                "R10",
+                "fabricated_without_images",
+                f"lesion {o.lesion_id}: {err}, with no image shown",
+            )
 
 
 def _classification(by: dict[str, Score], blind: bool) -> tuple[ErrorLabel | None, bool]:

@@ -52,7 +52,9 @@ _PUNCT = str.maketrans(
 )
 _SPACE = re.compile(r"\s+")
 # where a clause ends: negation ("no haemorrhage; ischaemic stroke") never crosses one
-_CLAUSE = re.compile(r"[;,.:!?()\[\]]|\b(?:but|however|although|though|whereas|yet|instead)\b", re.I)
+_CLAUSE = re.compile(
+    r"[;,.:!?()\[\]]|\b(?:but|however|although|though|whereas|yet|instead)\b", re.I
+)
 
 
 def clean(text: str) -> str:
@@ -74,7 +76,7 @@ def tokens(text: str) -> list[str]:
     """Lower-case, accent-free, spelling- and plural-normalised word tokens of ``text``."""
     text = unicodedata.normalize("NFKD", clean(text))
     text = "".join(c for c in text if not unicodedata.combining(c)).lower()
-    text = text.replace("’", "'").replace("'s ", " ").replace("'s", " ")
+    text = text.replace("'s ", " ").replace("'s", " ")
     for pattern, repl in _SPELLING:
         text = pattern.sub(repl, text)
     out = [_singular(t) for t in _NON_WORD.split(text) if t and t not in _STOPWORDS]

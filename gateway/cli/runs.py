@@ -291,6 +291,11 @@ def runs_rescore(
         counts = rescore(run_dir, bertscore=bertscore)
     except EvaluationError as exc:
         raise fail(str(exc)) from None
+    _print_rescore(counts, run_dir)
+
+
+def _print_rescore(counts: Any, run_dir: Path) -> None:
+    """The counts of a rescore, what it changed (scoring version, scores, labels), the run."""
     console.print(", ".join(f"{k} {v}" for k, v in counts.items()))
     console.print(escape(counts.message()))
     show_run(run_dir)
@@ -343,9 +348,7 @@ def runs_judge(
         f"{result.withheld} withheld (identifiers, untrusted endpoint); verdicts in "
         f"{escape(result.cache)}"
     )
-    console.print(", ".join(f"{k} {v}" for k, v in counts.items()))
-    console.print(escape(counts.message()))
-    show_run(run_dir)
+    _print_rescore(counts, run_dir)
 
 
 @runs_app.command("export")
