@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, Field
 
 from evaluation.case import Diagnosis, DiseaseGroup
-from evaluation.scoring.text import clause_tokens, normalise, tokens
+from evaluation.scoring.text import clause_tokens, clean, normalise, tokens
 
 if TYPE_CHECKING:
     from evaluation.scoring.judge_cache import JudgeCache
@@ -55,6 +55,18 @@ _NEGATION_BEFORE = frozenset(
     }
 )
 _NEGATION_AFTER = frozenset({"unlikely", "excluded", "ruled", "absent", "negative"})
+# a site or mechanism word and its other form: "haemorrhage in the thalamus" names a thalamic
+# haemorrhage, "haemorrhage into a tumour" a haemorrhagic tumour (normalised spellings)
+_FORMS: dict[str, str] = {
+    "thalamus": "thalamic", "pons": "pontine", "cerebellum": "cerebellar", "putamen": "putaminal",
+    "lobe": "lobar", "ventricle": "intraventricular", "medulla": "medullary", "cortex": "cortical",
+    "hemorrhage": "hemorrhagic", "embolus": "embolic", "ischemia": "ischemic",
+    "hemisphere": "hemispheric", "cerebrum": "cerebral", "spine": "spinal", "cord": "spinal",
+}  # fmt: skip
+_FORMS.update({v: k for k, v in list(_FORMS.items()) if v not in _FORMS})
+_SITE_LINK = frozenset({"in", "of", "involving", "within", "affecting", "at"})
+_SIDE = frozenset({"left", "right", "bilateral", "both"})
+_INTO = frozenset({"into", "within"})
 # words before a disease term that say when, how sure or how big, never which subtype
 _NOT_SUBTYPE = frozenset(
     {"acute", "subacute", "hyperacute", "new", "recent", "old", "early", "late", "large", "small",
@@ -166,6 +178,18 @@ class Lexicon:
             c.id: {t for text in [c.name, *c.synonyms] for t in tokens(text)}
             for c in self.concepts.values()
         }
+        # the proper names a concept's names start with ("Devic", "Marchiafava Bignami"): said
+        # alone, an eponym names the one concept it starts
+        eponyms: dict[str, set[str]] = {}
+        for c in self.concepts.values():
+            for text in [c.name, *c.synonyms]:
+                words = clean(text).replace("-", " ").split()
+                lead = 0
+                while lead < len(words) - 1 and _proper(words[lead]):
+                    lead += 1
+                for n in range(1, lead + 1):
+                    eponyms.setdefault(normalise(" ".join(words[:n])), set()).add(c.id)
+        self._eponyms = {k: v.pop() for k, v in eponyms.items() if len(v) == 1}
         self._children: dict[str, list[str]] = {}
         for c in self.concepts.values():
             for p in c.parents:
@@ -202,6 +226,8 @@ class Lexicon:
         key = " ".join(toks)
         if key in self._index:
             return Lookup(concept_id=self._index[key], matched_text=key, whole=True)
+        if key in self._eponyms and key not in self._index:
+            return Lookup(concept_id=self._eponyms[key], matched_text=key, whole=True)
         spans: list[tuple[int, int, str]] = []
         for n in range(min(self._max_len, len(toks)), 0, -1):
             for i in range(len(toks) - n + 1):
@@ -214,6 +240,7 @@ class Lexicon:
         spans = [
             s for s in spans if not any(o != s and o[0] <= s[0] and s[1] <= o[1] for o in spans)
         ]
+        spans = self._bleed_into(spans, toks, clause)
         spans = [self._qualified(s, toks, clause, spans) for s in spans]
         kept: list[tuple[int, int, str]] = []
         negated: list[tuple[int, int, str]] = []
@@ -246,6 +273,27 @@ class Lexicon:
             negated=[s[2] for s in negated],
         )
 
+    def _subtype(self, cid: str, words: set[str]) -> str | None:
+        """The nearest descendant of ``cid`` that has one of ``words`` in a name, if only one
+        at that depth has; None when none does or the nearest are several."""
+        frontier, seen = [cid], {cid}
+        while frontier:
+            frontier = [c for p in frontier for c in self._children.get(p, []) if c not in seen]
+            seen.update(frontier)
+            hits = sorted({c for c in frontier if words & self._words[c]})
+            if len(hits) == 1:
+                return hits[0]
+            if hits:
+                return None  # ambiguous: keep the parent
+        return None
+
+    def _qualifier_words(self, word: str, cid: str) -> set[str]:
+        """A word and its other form, unless it says when, how sure or how big, negates, or is
+        a word of the concept's own names."""
+        if word in _NOT_SUBTYPE or word in _NEGATION_BEFORE or word in self._words[cid]:
+            return set()
+        return {word} | ({_FORMS[word]} if word in _FORMS else set())
+
     def _qualified(
         self,
         span: tuple[int, int, str],
@@ -253,27 +301,47 @@ class Lexicon:
         clause: list[int],
         spans: list[tuple[int, int, str]],
     ) -> tuple[int, int, str]:
-        """A subtype qualifier just before a parent term selects the subtype ("ischemic CVA"
-        -> acute ischaemic stroke, "lacunar stroke" -> lacunar infarct): the word must name the
-        nearest descendant that has it in a name, and only one, and not be a word of the
-        parent's own names; timing and certainty words never qualify."""
+        """A subtype qualifier on a parent term selects the subtype: a word just before it
+        ("ischemic CVA" -> acute ischaemic stroke, "lacunar stroke" -> lacunar infarct), else a
+        site after it ("haemorrhage in the left thalamus" -> deep haemorrhage). The word (or
+        its other form, thalamus/thalamic) must name the nearest descendant that has it in a
+        name, and only one; timing and certainty words never qualify."""
         i, j, cid = span
-        k = i - 1
-        if k < 0 or clause[k] != clause[i] or any(o[0] <= k < o[1] for o in spans):
-            return span
-        q = toks[k]
-        if q in _NOT_SUBTYPE or q in _NEGATION_BEFORE or q in self._words[cid]:
-            return span
-        frontier, seen = [cid], {cid}
-        while frontier:
-            frontier = [c for p in frontier for c in self._children.get(p, []) if c not in seen]
-            seen.update(frontier)
-            hits = sorted({c for c in frontier if q in self._words[c]})
-            if len(hits) == 1:
-                return (k, j, hits[0])
-            if hits:
-                return span  # ambiguous: keep the parent
+
+        def free(k: int) -> bool:
+            inside = any(o[0] <= k < o[1] for o in spans)
+            return 0 <= k < len(toks) and clause[k] == clause[i] and not inside
+
+        if free(i - 1) and (words := self._qualifier_words(toks[i - 1], cid)):
+            sub = self._subtype(cid, words)
+            return (i - 1, j, sub) if sub else span
+        k = j
+        if free(k) and toks[k] in _SITE_LINK:
+            k += 1
+            while free(k) and toks[k] in _SIDE:
+                k += 1
+            if free(k) and (words := self._qualifier_words(toks[k], cid)):
+                sub = self._subtype(cid, words)
+                return (i, k + 1, sub) if sub else span
         return span
+
+    def _bleed_into(
+        self, spans: list[tuple[int, int, str]], toks: list[str], clause: list[int]
+    ) -> list[tuple[int, int, str]]:
+        """A haemorrhage into (within) a lesion is that lesion, haemorrhagic: "bleed into a
+        tumour" names a haemorrhagic tumour, never a haemorrhagic stroke beside a tumour."""
+        out = list(spans)
+        for s in spans:
+            i, j, cid = s
+            if i < 2 or toks[i - 1] not in _INTO or toks[i - 2] != "hemorrhage":
+                continue
+            if clause[i - 2] != clause[i]:
+                continue
+            out = [o for o in out if o[1] != i - 1]  # the haemorrhage term itself
+            sub = self._subtype(cid, {"hemorrhagic", "hemorrhage"})
+            start = min([i - 2, *(o[0] for o in spans if o[1] == i - 1)])
+            out = [(start, j, sub or cid) if o == s else o for o in out]
+        return out
 
     def truth_concept(self, truth: Diagnosis, synonyms: Iterable[str] = ()) -> str | None:
         """The concept of a ground-truth diagnosis: by name, its accepted synonyms, then code."""
@@ -368,3 +436,9 @@ def _unqualified(lex: Lexicon, concept_id: str) -> set[str]:
     if not c.qualifier:
         return {concept_id}
     return set().union(*(_unqualified(lex, p) for p in c.parents))
+
+
+def _proper(word: str) -> bool:
+    """A proper name as the lexicon writes it: capitalised, not an abbreviation."""
+    core = word.strip("'s").rstrip("'")
+    return len(core) > 2 and core[0].isupper() and not core.isupper() and core[1:].islower()

@@ -38,6 +38,9 @@ _IRREGULAR_PLURALS = {
     "gyri": "gyrus",
     "sulci": "sulcus",
 }
+# words clinicians use for one another's meaning, read as one word on both sides of a comparison
+# ("a left thalamic bleed" is a thalamic haemorrhage); applied after spelling and plurals
+_WORD_FORMS = {"bleed": "hemorrhage", "bleeding": "hemorrhage", "bled": "hemorrhage"}
 _STOPWORDS = frozenset({"the", "a", "an"})
 _NON_WORD = re.compile(r"[^a-z0-9*]+")
 
@@ -64,7 +67,13 @@ def clean(text: str) -> str:
     return _SPACE.sub(" ", text).strip()
 
 
+# singular words that end in "s"
+_INVARIANT = frozenset({"pons", "herpes", "diabetes", "rabies", "meninges", "series", "lens"})
+
+
 def _singular(token: str) -> str:
+    if token in _INVARIANT:
+        return token
     if token in _IRREGULAR_PLURALS:
         return _IRREGULAR_PLURALS[token]
     if len(token) > 3 and token.endswith("s") and not token.endswith(("ss", "us", "is", "ys")):
@@ -79,7 +88,12 @@ def tokens(text: str) -> list[str]:
     text = text.replace("'s ", " ").replace("'s", " ")
     for pattern, repl in _SPELLING:
         text = pattern.sub(repl, text)
-    out = [_singular(t) for t in _NON_WORD.split(text) if t and t not in _STOPWORDS]
+    out = [
+        _WORD_FORMS.get(w, w)
+        for t in _NON_WORD.split(text)
+        if t and t not in _STOPWORDS
+        for w in (_singular(t),)
+    ]
     # "non-traumatic", "non haemorrhagic": a prefix of the next word, never a word of its own
     merged: list[str] = []
     for t in out:

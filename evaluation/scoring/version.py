@@ -15,6 +15,12 @@ History
      findings reasoning/fabricated_without_images; one rule for a normal control; the lexicon
      reads "non-" as a prefix, scopes negation to its clause and lets a subtype qualifier
      ("ischemic CVA") select the subtype.
+  3  synonym families: "bleed" is haemorrhage, a site after the term selects the subtype
+     ("bleed in the left thalamus"), a bleed into a lesion is that lesion ("bleed into a
+     tumour"), CVA variants and the Oxford stroke classes, bare and possessive eponyms;
+     NeuroVLM-Bench subclass spellings read as the benchmark's subtypes, "undetermined" an
+     abstention; pass@k units are (case, question); the rubric is the jury's median of
+     verdicts carrying the call's nonce, without graders that failed the canary.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-SCORING_VERSION = "2"
+SCORING_VERSION = "3"
 UNRECORDED = "1 (unrecorded)"  # how samples scored before versions were recorded are named
 
 
