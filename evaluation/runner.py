@@ -430,6 +430,7 @@ class Runner:
             self.config.run_id,
             extra,
             len(shown),
+            unit.item.key,
         )
 
         async def store_scores() -> None:

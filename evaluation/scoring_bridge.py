@@ -76,8 +76,10 @@ class ScoringBridge:
         run_id: str | None,
         extra_scores: list[Score] | None = None,
         images_shown: int | None = None,
+        task: str | None = None,
     ) -> ScoreRecord:
-        """``images_shown``: how many images the requests carried (what the run recorded)."""
+        """``images_shown``: how many images the requests carried (what the run recorded);
+        ``task``: the question key of the sample (pass@k units are per question)."""
         scoring = _scoring()
         scored = scoring.make_scored_sample(
             case,
@@ -95,6 +97,7 @@ class ScoringBridge:
             bertscore_model=self.bertscore_model,
             bertscore_layer=self.bertscore_layer,
             images_shown=images_shown,
+            task=task,
         )
         return ScoreRecord(
             list(scored.scores), scored.error, scored.model_dump_json(), scored.scoring_version
@@ -273,6 +276,7 @@ def rescore_run(
             run_id,
             extra,
             len(row.image_hashes),
+            row.task,
         )
         store.record_scores(
             sid, record.scores, record.label, record.scored_json, record.scoring_version

@@ -22,6 +22,7 @@ class ScoredSample(BaseModel):
     patient_id: str  # clusters the bootstrap; the case id when the dataset has no patient id
     model: str
     family: TaskFamily
+    task: str | None = None  # the question key ("differential", "differential#q2"); None: old run
     sample_index: int = 0
     difficulty: Difficulty | None = None
     disease_group: DiseaseGroup | None = None
@@ -92,11 +93,13 @@ def make_scored_sample(
     bertscore_model: str | None = None,
     bertscore_layer: int | None = None,
     images_shown: int | None = None,
+    task: str | None = None,
 ) -> ScoredSample:
     """Score one sample and label its error (extra_scores, e.g. a rubric, refine the label).
 
     ``images_shown``: how many images the request carried (the run's record); None means every
-    image of ``case``."""
+    image of ``case``. ``task``: the question key the run planned (``TaskItem.key``); pass@k
+    counts one unit per (case, question)."""
     shown = images_shown_of(case, images_shown)
     scores = score_sample(
         case,
@@ -118,6 +121,7 @@ def make_scored_sample(
         patient_id=case.patient_id or case.case_id,
         model=model,
         family=family,
+        task=task,
         sample_index=sample_index,
         difficulty=gt.difficulty if gt else None,
         disease_group=gt.final_diagnosis.group if gt else None,

@@ -1,8 +1,10 @@
 """Run summaries: the leaderboard, breakdowns, error distribution, lesion and NeuroVLM metrics,
 cost (the paired comparison of two models lives in ``compare``).
 
-Units: a (model, case, task family) with its n samples. Sampled pass@k averages the unbiased
-estimator over units with at least k scored samples; ranked pass@k averages, over scored
+Units: a (model, case, question) with its n samples (the question key ``ScoredSample.task``;
+the family alone for samples scored before it was recorded). Sampled pass@k averages the
+unbiased estimator over units with at least k scored samples, and counts the units it leaves
+out because samples went unscored; ranked pass@k averages, over scored
 samples, whether the truth is in the top k of the differential. Unscored samples (format
 failures, refusals, call errors) are counted apart and, in ``strict_accuracy`` only, as wrong.
 Every interval is a bootstrap over patients (``stats.bootstrap_mean``), seeded.
@@ -73,6 +75,8 @@ class LeaderboardRow(BaseModel):
     accuracy: Estimate
     strict_accuracy: Estimate
     sampled_pass_at: dict[str, Estimate] = Field(default_factory=dict)
+    # units with k or more samples left out of sampled pass@k because some went unscored
+    sampled_pass_left_out: dict[str, int] = Field(default_factory=dict)
     ranked_pass_at: dict[str, Estimate] = Field(default_factory=dict)
     judge_matches: int = 0
     lesions: LesionSummary | None = None
@@ -126,18 +130,26 @@ def _mean(
 def _units(samples: Sequence[ScoredSample]) -> dict[tuple[str, str], list[ScoredSample]]:
     units: dict[tuple[str, str], list[ScoredSample]] = defaultdict(list)
     for s in samples:
-        units[(s.case_id, s.family.value)].append(s)
+        units[(s.case_id, s.task or s.family.value)].append(s)
     return units
 
 
-def _sampled(samples: Sequence[ScoredSample], k: int, **boot: int) -> Estimate:
-    vals, clusters = [], []
+def _sampled_units(samples: Sequence[ScoredSample], k: int, **boot: int) -> tuple[Estimate, int]:
+    """Sampled pass@k over the units with k scored samples, and how many units that had k
+    samples were left out because some of them went unscored."""
+    vals, clusters, left_out = [], [], 0
     for unit in _units(samples).values():
         flags = [c for s in unit if (c := s.correct) is not None]
         if len(flags) >= k:
             vals.append(sampled_pass_at_k(len(flags), int(sum(flags)), k))
             clusters.append(unit[0].patient_id)
-    return bootstrap_mean(vals, clusters, **boot)
+        elif len(unit) >= k:
+            left_out += 1
+    return bootstrap_mean(vals, clusters, **boot), left_out
+
+
+def _sampled(samples: Sequence[ScoredSample], k: int, **boot: int) -> Estimate:
+    return _sampled_units(samples, k, **boot)[0]
 
 
 def _rank(s: ScoredSample) -> int | None:
@@ -220,6 +232,7 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
         if dm is not None and dm.value is not None and dm.details.get("confidence") is not None:
             conf.append((float(dm.details["confidence"]), bool(dm.value)))
     ece, brier, bins = calibration([c for c, _ in conf], [ok for _, ok in conf])
+    passes = {k: _sampled_units(samples, k, **boot) for k in ks}
     return LeaderboardRow(
         model=model,
         n_samples=len(samples),
@@ -234,7 +247,8 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
             lambda s: s.correct or 0.0,
             **boot,
         ),
-        sampled_pass_at={str(k): _sampled(samples, k, **boot) for k in ks},
+        sampled_pass_at={str(k): passes[k][0] for k in ks},
+        sampled_pass_left_out={str(k): passes[k][1] for k in ks},
         ranked_pass_at={str(k): _ranked(samples, k, **boot) for k in ks},
         judge_matches=sum(
             bool((sc := s.score("diagnosis_match")) and sc.details.get("judge")) for s in samples

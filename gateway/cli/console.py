@@ -150,6 +150,13 @@ def _est(value: Any) -> str:
     )
 
 
+def pass_at_cell(row: Any, k: int) -> str:
+    """Sampled pass@k with the units it left out because samples went unscored."""
+    cell = _est(row.sampled_pass_at.get(str(k)))
+    left = row.sampled_pass_left_out.get(str(k), 0)
+    return cell + (f" ({left} unit{'s' if left != 1 else ''} left out: unscored)" if left else "")
+
+
 def _leaderboard(summ: Any) -> None:
     table = Table(title="leaderboard (bootstrap 95% CI over patients)")
     for col in ("model", "scored", "accuracy", "pass@1", "ranked top-5", "lesions P/R", "cost $"):
@@ -161,7 +168,7 @@ def _leaderboard(summ: Any) -> None:
             escape(r.model),
             f"{r.n_scored}/{r.n_samples}",
             _est(r.accuracy),
-            _est(r.sampled_pass_at.get("1")),
+            pass_at_cell(r, 1),
             _est(r.ranked_pass_at.get("5")),
             lp,
             f"{r.cost.cost_total_usd or 0:.4f}",
