@@ -25,11 +25,15 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
         sid = sample_id(row.case_id, row.task, row.model, row.sample)
         turns = []
         totals: dict[str, float] = {}
+
+        def reply(t: dict[str, Any]) -> str | None:
+            out = responses.get(t["cache_key"])
+            return out.text if out is not None else None
+
         graders = {
-            t["grader"]: (responses[t["cache_key"]].text if t["cache_key"] in responses else None)
-            for t in row.turns
-            if "grader" in t
+            t["grader"]: reply(t) for t in row.turns if "grader" in t and not t.get("canary")
         }
+        canaries = {t["grader"]: reply(t) for t in row.turns if t.get("canary")}
         for t in (t for t in row.turns if "grader" not in t):
             out = responses.get(t["cache_key"])
             entry = {**t, "response_text": out.text if out else None}
@@ -58,6 +62,7 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
             "response_text": turns[-1]["response_text"] if turns else None,
             "turns": turns,
             "grader_replies": graders or None,
+            "grader_canary_replies": canaries or None,
             "image_hashes": row.image_hashes,
             "scores": {s.scorer: s.value for s in scores.get(sid, [])},
             "score_explanations": {s.scorer: s.explanation for s in scores.get(sid, [])},
@@ -72,7 +77,14 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
 
 def _flat(rec: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in rec.items() if k not in ("scores", "score_explanations")}
-    for k in ("answer", "turns", "image_hashes", "error_label", "grader_replies"):
+    for k in (
+        "answer",
+        "turns",
+        "image_hashes",
+        "error_label",
+        "grader_replies",
+        "grader_canary_replies",
+    ):
         out[k] = json.dumps(rec[k]) if rec[k] is not None else None
     out["error_category"] = (rec["error_label"] or {}).get("category")
     for name, value in rec["scores"].items():

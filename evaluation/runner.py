@@ -329,9 +329,11 @@ class Runner:
 
     async def _grade(
         self, unit: Unit, case: Case, answer: str
-    ) -> tuple[dict[str, str | None], list[dict[str, Any]]]:
-        """Every grader's reply to one answer (stored like any call, so rescoring reuses it)."""
-        from evaluation.scoring.rubric import grader_messages
+    ) -> tuple[dict[str, str | None], dict[str, str | None], list[dict[str, Any]]]:
+        """Every grader's reply to one answer, and to the canary (asked once per grader per
+        run: the same request every time, so later ones are the stored reply); stored like any
+        call, so rescoring reuses them."""
+        from evaluation.scoring.rubric import canary_messages, grader_messages
 
         messages = grader_messages(case, unit.item.family, answer)
         task = f"{unit.item.key}/grade:{unit.spec.name}"
@@ -342,16 +344,31 @@ class Runner:
                 call, self.graders[spec.name], messages, self.config.grader_generate
             )
 
-        results = await asyncio.gather(*(one(g) for g in self.config.graders))
+        async def canary(spec: ModelSpec) -> tuple[str, ModelOutput]:
+            call = Call(case, "rubric-canary", "grader", spec, 0, 1)
+            return await self._call(
+                call, self.graders[spec.name], canary_messages(), self.config.grader_generate
+            )
+
+        graders = self.config.graders
+        results = await asyncio.gather(*(one(g) for g in graders), *(canary(g) for g in graders))
+        verdicts, canaries = results[: len(graders)], results[len(graders) :]
         replies = {
             g.name: (None if out.error else out.text)
-            for g, (_, out) in zip(self.config.graders, results, strict=True)
+            for g, (_, out) in zip(graders, verdicts, strict=True)
+        }
+        checks = {
+            g.name: (None if out.error else out.text)
+            for g, (_, out) in zip(graders, canaries, strict=True)
         }
         records = [
             {"grader": g.name, "cache_key": key}
-            for g, (key, _) in zip(self.config.graders, results, strict=True)
+            for g, (key, _) in zip(graders, verdicts, strict=True)
+        ] + [
+            {"grader": g.name, "canary": True, "cache_key": key}
+            for g, (key, _) in zip(graders, canaries, strict=True)
         ]
-        return replies, records
+        return replies, checks, records
 
     async def _record_error(
         self, unit: Unit, record: list[dict[str, Any]], shown: list[str], error: str
@@ -401,10 +418,10 @@ class Runner:
         case = shown_case(unit.case, shown)
         extra = []
         if self.graders and parsed.status is ParseStatus.OK and unit.item.family in GRADED:
-            replies, grader_records = await self._grade(unit, case, output.text)
+            replies, checks, grader_records = await self._grade(unit, case, output.text)
             from evaluation.scoring.rubric import rubric_from_outputs
 
-            extra.append(rubric_from_outputs(replies))
+            extra.append(rubric_from_outputs(replies, output.text, checks))
             _, statements = sample_statements(
                 case_id=unit.case.case_id,
                 task=unit.item.key,

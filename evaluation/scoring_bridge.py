@@ -259,13 +259,13 @@ def rescore_run(
         if graders and parsed.status is ParseStatus.OK:
             from evaluation.scoring.rubric import rubric_from_outputs
 
-            replies = {
-                t["grader"]: (
-                    responses[t["cache_key"]].text if t["cache_key"] in responses else None
-                )
-                for t in graders
-            }
-            extra.append(rubric_from_outputs(replies))
+            def reply(t: dict[str, Any]) -> str | None:
+                out = responses.get(t["cache_key"])
+                return out.text if out is not None else None
+
+            replies = {t["grader"]: reply(t) for t in graders if not t.get("canary")}
+            checks = {t["grader"]: reply(t) for t in graders if t.get("canary")}
+            extra.append(rubric_from_outputs(replies, final.text, checks))
         record = bridge.score(
             shown_case(case, row.image_hashes),
             family,

@@ -24,6 +24,7 @@ import hashlib
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -69,6 +70,8 @@ class Script:
     latency_s: float = 0.0
     default_reply: str = DEFAULT_REPLY
     replies: list[tuple[str, str]] = field(default_factory=list)  # (substring, reply)
+    # computes a reply from the request body (None: fall back to replies/default_reply)
+    responder: Callable[[dict[str, Any]], str | None] | None = None
     faults: list[Fault] = field(default_factory=list)
     # Hold (never answer) every request once this many answers were delivered; for kill tests.
     hold_after: int | None = None
@@ -198,6 +201,9 @@ class _Handler(BaseHTTPRequestHandler):
             if needle in text:
                 reply = r
                 break
+        if state.script.responder is not None:
+            computed = state.script.responder(body)
+            reply = reply if computed is None else computed
         msg = {"role": "assistant", "content": reply}
         out = _completion(
             msg,

@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from engine_helpers import phantom_subset, server_spec, write_nmb
+from grader_helpers import fixed_verdict
 from openai_server import Fault, OpenAIServer, Script
 
 from evaluation.case import TaskFamily
@@ -346,9 +347,7 @@ def test_rubric_grader_replies_are_stored_and_reused_by_rescore(tmp_path: Path) 
     }
     data, answers = write_nmb(tmp_path / "data", 2)
     run = tmp_path / "run"
-    with OpenAIServer(
-        Script(replies=[("grading another clinician", json.dumps(verdict))])
-    ) as server:
+    with OpenAIServer(Script(responder=fixed_verdict(verdict))) as server:
         config = _config(
             DatasetSpec(path=str(data), answers=str(answers)),
             [server_spec(server.url)],
@@ -357,9 +356,10 @@ def test_rubric_grader_replies_are_stored_and_reused_by_rescore(tmp_path: Path) 
         )
         asyncio.run(start_run(config, run))
         calls = server.stats.calls
-    # Two answers, one grading: both answers and both references are identical, so the two
-    # grader prompts are the same call, made once even when both are in flight together.
-    assert calls == 3
+    # Two answers, one grading, one canary: both answers and both references are identical, so
+    # the two grader prompts are the same call, made once even when both are in flight together;
+    # the canary is asked once per grader per run.
+    assert calls == 4
     store = _store(run)
     rubric = [s for ss in store.scores().values() for s in ss if s.scorer == "rubric"]
     assert len(rubric) == 2 and all(s.value == pytest.approx(4.0) for s in rubric)
@@ -371,6 +371,7 @@ def test_rubric_grader_replies_are_stored_and_reused_by_rescore(tmp_path: Path) 
     export_run(store, tmp_path / "x.jsonl")
     rec = json.loads((tmp_path / "x.jsonl").read_text().splitlines()[0])
     assert json.loads(rec["grader_replies"]["judge"])["conclusion"] == 5 and len(rec["turns"]) == 1
+    assert json.loads(rec["grader_canary_replies"]["judge"])["conclusion"] == 0
     store.close()
 
 

@@ -19,7 +19,15 @@ ANSWER = json.dumps(
         "confidence": 0.7,
     }
 )
-VERDICT = json.dumps({"equivalent": True, "reason": "a description of multiple sclerosis"})
+
+
+def judge_reply(body: dict) -> str | None:  # type: ignore[type-arg]
+    """The judge's verdict, with the nonce its request gives (None: not a judge request)."""
+    text = json.dumps(body)
+    if "name the same diagnosis" not in text:
+        return None
+    nonce = text.split('verdict_nonce: \\"')[1].split('\\"')[0]
+    return json.dumps({"equivalent": True, "reason": "a description of MS", "verdict_nonce": nonce})
 
 
 def test_judge_decides_what_the_lexicon_cannot_and_rescoring_counts_it_apart(
@@ -33,7 +41,7 @@ def test_judge_decides_what_the_lexicon_cannot_and_rescoring_counts_it_apart(
     data, answers = write_nmb(tmp_path / "data", 2)
     run = tmp_path / "run"
     cli = CliRunner()
-    script = Script(replies=[("name the same diagnosis", VERDICT)], default_reply=ANSWER)
+    script = Script(responder=judge_reply, default_reply=ANSWER)
     with OpenAIServer(script) as server:
         res = cli.invoke(app, ["eval", "--suite", str(data), "--answers", str(answers),
                                "--model", "openai/gpt-4o", "--api-base", server.url,

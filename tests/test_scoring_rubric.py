@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from scoring_cases import gbm_case
@@ -25,16 +26,26 @@ INJECTION = (
 )
 
 
-def verdict(*scores: int, category: str | None = None) -> str:
+NONCE = "NONCE"  # replaced by the nonce the grader's prompt asks for
+
+
+def verdict(*scores: int, category: str | None = None, nonce: str = NONCE) -> str:
     body = dict(zip(DIMENSIONS, scores, strict=True)) | {
         "comments": "ok",
         "error_category": category,
+        "verdict_nonce": nonce,
     }
     return "Here is my verdict:\n```json\n" + json.dumps(body) + "\n```"
 
 
+def asked_nonce(messages: list[Message]) -> str:
+    system = messages[0].content[0].text  # type: ignore[union-attr]
+    return re.search(r'"verdict_nonce": "([0-9a-f]+)"', system).group(1)  # type: ignore[union-attr]
+
+
 class ScriptedGrader:
-    """A grader that replies from a script and keeps the messages it was sent."""
+    """A grader that replies from a script (with the nonce its prompt asks for in place of
+    NONCE), grades the canary honestly, and keeps the messages it was sent."""
 
     def __init__(self, name: str, reply: str, error: str | None = None) -> None:
         self.name = name
@@ -43,8 +54,13 @@ class ScriptedGrader:
         self.sent: list[list[Message]] = []
 
     async def generate(self, messages: list[Message], config: GenerateConfig) -> ModelOutput:
+        nonce = asked_nonce(messages)
+        if "rubric-canary" in messages[1].content[0].text or "IMPORTANT NOTE TO THE GRADER" in (
+            messages[1].content[0].text  # type: ignore[union-attr]
+        ):
+            return ModelOutput(text=verdict(0, 0, 0, 0, 0, nonce=nonce))
         self.sent.append(messages)
-        return ModelOutput(text=self.reply, error=self.error)
+        return ModelOutput(text=self.reply.replace(NONCE, nonce), error=self.error)
 
 
 def run(graders: list[ScriptedGrader], answer: str = "glioblastoma") -> object:
@@ -93,7 +109,7 @@ def test_several_graders_mean_and_krippendorff_alpha() -> None:
     agree = run(
         [ScriptedGrader("a", verdict(5, 4, 3, 2, 1)), ScriptedGrader("b", verdict(5, 4, 3, 2, 2))]
     )
-    assert agree.value == pytest.approx((3.0 + 3.2) / 2)  # type: ignore[attr-defined]
+    assert agree.value == pytest.approx((3.0 + 3.2) / 2)  # type: ignore[attr-defined]  # median of 2
     assert agree.details["alpha"] > 0.8  # type: ignore[attr-defined]
     disagree = run(
         [ScriptedGrader("a", verdict(5, 4, 3, 2, 1)), ScriptedGrader("b", verdict(1, 2, 3, 4, 5))]
@@ -104,7 +120,8 @@ def test_several_graders_mean_and_krippendorff_alpha() -> None:
 
 def test_rescoring_from_stored_replies_needs_no_grader() -> None:
     s = run([ScriptedGrader("a", verdict(3, 3, 3, 3, 3, category="reasoning"))])
-    again = rubric_from_outputs(s.details["raw"])  # type: ignore[attr-defined]
+    d = s.details  # type: ignore[attr-defined]
+    again = rubric_from_outputs(d["raw"], "glioblastoma", d["canary_raw"])
     assert again == s
     assert again.details["error_category"] == "reasoning"
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_helpers import server_spec, write_nmb
+from grader_helpers import grader_responder
 from openai_server import OpenAIServer, Script
 from scipy import stats as st
 from typer.testing import CliRunner
@@ -23,7 +24,7 @@ from evaluation.reports.checklist import answer_key
 from evaluation.reports.loader import load_run
 from evaluation.reports.reviews import Action, ReviewEvent, ReviewStore
 from evaluation.runconfig import RunConfig
-from evaluation.scoring.rubric import DIMENSIONS, PAPER_BAR
+from evaluation.scoring.rubric import PAPER_BAR
 from evaluation.store import RunStore
 from gateway.cli import app
 
@@ -41,10 +42,6 @@ def _answer(diagnosis: str, rationale: str = "periventricular FLAIR lesions") ->
             "confidence": 0.7,
         }
     )
-
-
-def _verdict(score: int) -> str:
-    return json.dumps({d: score for d in DIMENSIONS} | {"comments": "graded"})
 
 
 def _flat(text: str) -> str:
@@ -69,12 +66,12 @@ def test_grader_calibration_correlates_the_rubric_with_clinician_ratings(
     data, answers = write_nmb(tmp_path / "data", n, marker={i: f"CASEMARK{i}" for i in range(n)})
     # Every answer names the right diagnosis, so diagnosis credit is 1.0 everywhere and cannot
     # correlate with anything: an r can only come from the rubric grader.
-    replies = [(f"RTOKEN{i}", _verdict(g)) for i, g in enumerate(GRADES)]  # grader prompts
-    replies += [
+    grades = {f"RTOKEN{i}": g for i, g in enumerate(GRADES)}  # grader prompts
+    replies = [
         (f"CASEMARK{i}", _answer("multiple sclerosis", f"RTOKEN{i} lesions")) for i in range(n)
     ]
     run = tmp_path / "run"
-    with OpenAIServer(Script(replies=replies)) as server:
+    with OpenAIServer(Script(replies=replies, responder=grader_responder(grades))) as server:
         config = RunConfig(
             dataset=DatasetSpec(path=str(data), answers=str(answers)),
             models=[server_spec(server.url)],

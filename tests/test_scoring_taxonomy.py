@@ -165,10 +165,16 @@ def test_evidence_names_the_missed_lesion() -> None:
 
 
 def _rubric(category: str) -> Score:
-    verdict = {d: 2 for d in DIMENSIONS} | {"comments": "c", "error_category": category}
     import json
 
-    return rubric_from_outputs({"judge-model": json.dumps(verdict)})
+    from evaluation.scoring.rubric import verdict_nonce
+
+    verdict = {d: 2 for d in DIMENSIONS} | {
+        "comments": "c",
+        "error_category": category,
+        "verdict_nonce": verdict_nonce("answer"),
+    }
+    return rubric_from_outputs({"judge-model": json.dumps(verdict)}, "answer")
 
 
 def test_grader_refines_only_where_the_rules_lack_lesion_evidence() -> None:

@@ -21,6 +21,7 @@ from evaluation.reports.model import (
     FindingItem,
     Flag,
     FlagKind,
+    GraderRow,
     ImageItem,
     LesionItem,
     Mark,
@@ -32,6 +33,7 @@ from evaluation.reports.model import (
     UsageRow,
 )
 from evaluation.reports.rundata import FULL_INPUT, SampleResult
+from evaluation.scores import Score
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lesions import LesionMatchResult
 from evaluation.scoring.recognition import resolve_image
@@ -267,6 +269,26 @@ def _verdict(value: float | None) -> Mark:
     return Mark.CORRECT if value >= 1 else Mark.WRONG
 
 
+def _graders(rubric: Score | None) -> list[GraderRow]:
+    """Each rubric grader's verdict (the jury's median is the rubric score)."""
+    if rubric is None:
+        return []
+    rows = []
+    for name, entry in sorted((rubric.details.get("graders") or {}).items()):
+        canary = entry.get("canary") or {}
+        rows.append(
+            GraderRow(
+                grader=name,
+                mean=entry.get("mean"),
+                scores=entry.get("scores") or {},
+                counted=bool(entry.get("scored") and entry.get("counted", True)),
+                canary=canary.get("passed"),
+                note=str(entry.get("why", "")),
+            )
+        )
+    return rows
+
+
 def _answer(case: Case, s: SampleResult, others: list[SampleResult], low: float) -> AnswerChecklist:
     sc = s.scored
     raw = s.text or ""
@@ -290,6 +312,7 @@ def _answer(case: Case, s: SampleResult, others: list[SampleResult], low: float)
             latency_s=sc.latency_s,
         ),
     )
+    a.graders = _graders(sc.score("rubric"))
     a.sequences = _sequences(case, s)
     ans = s.answer
     if isinstance(ans, Answer):

@@ -151,6 +151,17 @@ class ScoreRow(BaseModel):
     explanation: str = ""
 
 
+class GraderRow(BaseModel):
+    """One rubric grader's verdict on an answer, as the jury saw it."""
+
+    grader: str
+    mean: float | None = None  # over the five dimensions; None: no readable verdict
+    scores: dict[str, int] = Field(default_factory=dict)
+    counted: bool = False  # in the jury's median
+    canary: bool | None = None  # passed the canary; None: not asked or unreadable
+    note: str = ""  # why it does not count
+
+
 class ErrorItem(BaseModel):
     item_id: Literal["error"] = "error"
     category: ErrorCategory
@@ -194,6 +205,7 @@ class AnswerChecklist(BaseModel):
     next_steps: list[str] = Field(default_factory=list)
     fields: dict[str, str | float | None] = Field(default_factory=dict)  # NeuroVLM answers
     scores: list[ScoreRow] = Field(default_factory=list)
+    graders: list[GraderRow] = Field(default_factory=list)  # each rubric grader's verdict
     flags: list[Flag] = Field(default_factory=list)
     error: ErrorItem | None = None
     scoring_version: str | None = None  # the version its scores were made with

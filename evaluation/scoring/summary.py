@@ -86,6 +86,8 @@ class LeaderboardRow(BaseModel):
     bertscore: Estimate | None = None
     rubric: Estimate | None = None
     rubric_alpha: float | None = None
+    # graders left out of the rubric because they failed the canary (obeyed the answer)
+    rubric_canary_failed: list[str] = Field(default_factory=list)
     ece: float | None = None
     brier: float | None = None
     reliability: list[ReliabilityBin] = Field(default_factory=list)
@@ -262,6 +264,9 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
         bertscore=_optional(_mean(samples, lambda s: s.value("bertscore"), **boot)),
         rubric=_optional(_mean(samples, lambda s: s.value("rubric"), **boot)),
         rubric_alpha=rubric_agreement(rubric) if rubric else None,
+        rubric_canary_failed=sorted(
+            {g for sc in rubric for g in sc.details.get("canary_failed", [])}
+        ),
         ece=ece,
         brier=brier,
         reliability=bins,

@@ -1,5 +1,10 @@
 """Putting model text in front of another model (grader, judge) without letting it give orders,
-and reading JSON back out of a model's reply."""
+and reading JSON back out of a model's reply.
+
+A grader's or judge's verdict is read only if it carries the call's nonce (``verdict_nonce``):
+derived from the text being judged, so the same request is cached, yet unknowable to that text
+(it cannot contain a hash of itself). A verdict the judged text forged, and the grader quoted,
+lacks it and is never read (``carrying_nonce``)."""
 
 from __future__ import annotations
 
@@ -45,3 +50,34 @@ def extract_json(text: str) -> dict[str, Any] | None:
             if isinstance(obj, dict):
                 return obj
     return None
+
+
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """Every top-level JSON object in a reply, in order (an object inside another is part of
+    it, never one of its own)."""
+    decoder = json.JSONDecoder()
+    out: list[dict[str, Any]] = []
+    i = 0
+    while (i := text.find("{", i)) != -1:
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i += 1
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+        i = end
+    return out
+
+
+def verdict_nonce(purpose: str, *texts: str) -> str:
+    """The nonce a verdict on ``texts`` must carry (``purpose`` names the prompt version)."""
+    h = hashlib.sha256(purpose.encode("utf-8", "replace"))
+    for t in texts:
+        h.update(b"\0" + t.encode("utf-8", "replace"))
+    return h.hexdigest()[:24]
+
+
+def carrying_nonce(text: str, nonce: str) -> list[dict[str, Any]]:
+    """The JSON objects of a reply that carry ``nonce`` as "verdict_nonce", in order."""
+    return [o for o in json_objects(text) if o.get("verdict_nonce") == nonce]

@@ -174,3 +174,10 @@ def _leaderboard(summ: Any) -> None:
             f"{r.cost.cost_total_usd or 0:.4f}",
         )
     table_console().print(table)
+    for r in summ.leaderboard:
+        if r.rubric_canary_failed:
+            table_console().print(
+                f"[yellow]{escape(r.model)}: rubric grader(s) "
+                f"{escape(', '.join(r.rubric_canary_failed))} failed the canary (gave full marks "
+                "to a wrong answer that asked for them) and are left out of the rubric[/yellow]"
+            )
