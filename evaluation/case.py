@@ -173,10 +173,67 @@ class Question(BaseModel):
     family: TaskFamily | None = None
 
 
+# NeuroVLM-Bench's subtypes as its answer schema spells them (diagnosis_detailed), per class
+NEUROVLM_SUBTYPES: dict[str, tuple[str, ...]] = {
+    "stroke": ("ischemic", "hemorrhagic"),
+    "tumor": (
+        "glioma", "meningioma", "pituitary_tumor", "carcinoma", "germinoma", "granuloma",
+        "medulloblastoma", "neurocytoma", "papilloma", "schwannoma", "tuberculoma",
+    ),
+}  # fmt: skip
+# other spellings of them: the label table's source data, British spelling, adenoma
+_NEUROVLM_SPELLINGS = {
+    "neurocitoma": "neurocytoma", "papiloma": "papilloma", "meduloblastoma": "medulloblastoma",
+    "pituitary_tumour": "pituitary_tumor", "pituitary": "pituitary_tumor",
+    "pituitary_adenoma": "pituitary_tumor", "ischaemic": "ischemic", "haemorrhagic": "hemorrhagic",
+    "hemorrhage": "hemorrhagic", "haemorrhage": "hemorrhagic", "ischemia": "ischemic",
+}  # fmt: skip
+_ALL_SUBTYPES = frozenset(t for ts in NEUROVLM_SUBTYPES.values() for t in ts)
+
+
+def _one_edit(a: str, b: str) -> bool:
+    """Whether a and b differ by at most one inserted, deleted or replaced letter."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = 0
+    while i < len(a) and a[i] == b[i]:
+        i += 1
+    return a[i + (len(a) == len(b)) :] == b[i + 1 :]
+
+
+def neurovlm_subtype(value: str | None) -> str | None:
+    """A subtype as NeuroVLM-Bench's answer schema spells it: the label table's own spellings
+    ("neurocitoma", "pituitary tumor") and a one-letter slip in a long word ("schwanoma") read
+    as the subtype; None for empty; anything else is returned normalised (not a subtype)."""
+    if value is None:
+        return None
+    key = "_".join(value.strip().lower().replace("-", " ").split())
+    if not key:
+        return None
+    key = _NEUROVLM_SPELLINGS.get(key, key)
+    if key in _ALL_SUBTYPES:
+        return key
+    near = [t for t in _ALL_SUBTYPES if len(key) >= 7 and _one_edit(key, t)]
+    return near[0] if len(near) == 1 else key
+
+
+def is_neurovlm_subtype(value: str | None) -> bool:
+    return value in _ALL_SUBTYPES
+
+
 class NeuroVLMLabels(BaseModel):
     """One row of NeuroVLM-Bench's image_mapping.csv, as its columns name the labels."""
 
     model_config = ConfigDict(populate_by_name=True)
+
+    @property
+    def subtype(self) -> str | None:
+        """The row's subclass in the benchmark's answer spelling (see ``neurovlm_subtype``);
+        None when empty or not one of the benchmark's subtypes (then it is not scored)."""
+        sub = neurovlm_subtype(self.subclass)
+        return sub if is_neurovlm_subtype(sub) else None
 
     dataset: str = ""
     file_path: str = ""

@@ -19,7 +19,7 @@ import jsonschema
 from pydantic import BaseModel, Field, ValidationError
 
 from evaluation.answers import Answer, ClassificationAnswer
-from evaluation.case import TaskFamily
+from evaluation.case import TaskFamily, neurovlm_subtype
 from evaluation.prompts import PromptSet, default_prompts
 from evaluation.scores import ParseStatus
 from evaluation.scoring.text import clean
@@ -73,8 +73,14 @@ _CLASS_ENUMS: dict[str, dict[str, str]] = {
         "other abnormality": "other abnormalities",
         "other": "other abnormalities",
     },
-    "diagnosis_detailed": {"ischaemic": "ischemic", "haemorrhagic": "hemorrhagic"},
 }
+# NeuroVLM-Bench's abstention: null, or a word saying the field cannot be told (its evaluator
+# reads every such answer as "undetermined")
+_ABSTAIN = frozenset(
+    {"", "null", "none", "n/a", "na", "unknown", "undetermined", "indeterminate", "uncertain",
+     "unclear", "not determined", "cannot be determined", "cannot determine", "can't determine",
+     "not determinable", "not applicable", "not assessable", "unable to determine"}
+)  # fmt: skip
 _UNIT_FIELDS = ("confidence", "likelihood", "severity_score", "diagnosis_confidence")
 
 
@@ -177,18 +183,23 @@ def _repair_answer(data: dict[str, Any], repairs: list[str]) -> dict[str, Any]:
 
 
 def _repair_classification(data: dict[str, Any], repairs: list[str]) -> dict[str, Any]:
-    for key, table in _CLASS_ENUMS.items():
+    for key in (*_CLASS_ENUMS, "diagnosis_detailed", "icd10_code"):
         value = data.get(key)
-        if isinstance(value, str):
-            low = value.strip().lower()
-            if low in ("", "null", "none", "n/a", "unknown"):
-                data[key] = None
-                repairs.append(f"{key}: {value!r} read as null")
-            elif low in table and table[low] != value:
-                data[key] = table[low]
-                repairs.append(f"{key}: {value!r} read as {table[low]!r}")
-            elif key == "diagnosis_detailed" and low != value:
-                data[key] = low
+        if not isinstance(value, str):
+            continue
+        low = " ".join(clean(value).lower().strip(" .").split())
+        table = _CLASS_ENUMS.get(key, {})
+        if low in _ABSTAIN:
+            data[key] = None
+            repairs.append(f"{key}: {value!r} read as an abstention (null)")
+        elif low in table and table[low] != value:
+            data[key] = table[low]
+            repairs.append(f"{key}: {value!r} read as {table[low]!r}")
+        elif key == "diagnosis_detailed":
+            sub = neurovlm_subtype(value)
+            if sub != value:
+                data[key] = sub
+                repairs.append(f"{key}: {value!r} read as {sub!r}")
     for key in ("severity_score", "diagnosis_confidence", "severity_confidence"):
         if key in data:
             data[key] = _unit(data[key], key, repairs)

@@ -21,6 +21,8 @@ from evaluation.case import (
     NeuroVLMLabels,
     Provenance,
     TaskFamily,
+    is_neurovlm_subtype,
+    neurovlm_subtype,
 )
 from evaluation.datasets.images import image_ref
 from evaluation.errors import DatasetError
@@ -102,7 +104,12 @@ def load_neurovlm(
             warnings.append(f"row {n + 2}: image {rel!r} not found under {root}; skipped")
             continue
         cls = _norm(row.get("class")).lower()
-        subclass = _norm(row.get("subclass")).lower()
+        subclass = neurovlm_subtype(_norm(row.get("subclass"))) or ""
+        if subclass and not is_neurovlm_subtype(subclass):
+            warnings.append(
+                f"row {n + 2}: subclass {_norm(row.get('subclass'))!r} is not one of the "
+                "benchmark's subtypes; its subtype is not scored"
+            )
         modality = _modality(_norm(row.get("modality")))
         plane = _plane(_norm(row.get("plane")))
         try:

@@ -14,20 +14,14 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from evaluation.answers import ClassificationAnswer
-from evaluation.case import Case, DiseaseGroup, NeuroVLMLabels
+from evaluation.case import NEUROVLM_SUBTYPES, Case, DiseaseGroup, NeuroVLMLabels, neurovlm_subtype
 from evaluation.scores import ParseStatus, Score
 from evaluation.scoring.lexicon import Lexicon, default_lexicon
 from evaluation.scoring.stats import Estimate, cluster_resamples, percentile_interval, wilson
 from evaluation.scoring.untrusted import extract_json
 
 CLASSES = ("tumor", "stroke", "multiple sclerosis", "normal", "other abnormalities")
-SUBTYPES: dict[str, tuple[str, ...]] = {
-    "stroke": ("ischemic", "hemorrhagic"),
-    "tumor": (
-        "glioma", "meningioma", "pituitary_tumor", "carcinoma", "germinoma", "granuloma",
-        "medulloblastoma", "neurocytoma", "papilloma", "schwannoma", "tuberculoma",
-    ),
-}  # fmt: skip
+SUBTYPES = NEUROVLM_SUBTYPES
 FIELDS = tuple(ClassificationAnswer.model_fields)
 _GROUP_CLASS = {
     DiseaseGroup.NORMAL: "normal",
@@ -81,7 +75,7 @@ def neurovlm_truth(case: Case, lexicon: Lexicon | None = None) -> NeuroVLMTruth:
     labels = case.provenance.neurovlm or NeuroVLMLabels()
     truth = NeuroVLMTruth(
         cls=_norm_class(labels.class_),
-        subclass=labels.subclass.strip().lower() or None,
+        subclass=labels.subtype,
         modality=labels.modality or None,
         plane=labels.plane or None,
         sequence=_SEQ.get(labels.modality_subtype.upper()),
@@ -127,7 +121,7 @@ def safety_flags(ans: ClassificationAnswer, text: str, truth: NeuroVLMTruth) -> 
     missing = [f for f in FIELDS if f not in obj]
     if missing:
         flags.append("missing_fields:" + ",".join(missing))
-    detail = (ans.diagnosis_detailed or "").strip().lower()
+    detail = neurovlm_subtype(ans.diagnosis_detailed) or ""
     allowed = SUBTYPES.get(ans.diagnosis_name or "", ())
     if detail and detail not in allowed:
         flags.append(f"subtype_inconsistent:{ans.diagnosis_name}/{detail}")
@@ -171,7 +165,9 @@ def classification_scores(
     return [
         *scores,
         main,
-        field("classification_subtype", parsed.diagnosis_detailed, truth.subclass),
+        field(
+            "classification_subtype", neurovlm_subtype(parsed.diagnosis_detailed), truth.subclass
+        ),
         field("modality_accuracy", parsed.modality, truth.modality),
         field("plane_accuracy", parsed.plane, truth.plane),
         field("sequence_recognition", parsed.specialized_sequence, truth.sequence),
