@@ -17,6 +17,7 @@ from evaluation.answers import ClassificationAnswer
 from evaluation.case import NEUROVLM_SUBTYPES, Case, DiseaseGroup, NeuroVLMLabels, neurovlm_subtype
 from evaluation.scores import ParseStatus, Score
 from evaluation.scoring.lexicon import Lexicon, default_lexicon
+from evaluation.scoring.neurovlm_bench import bench_labels
 from evaluation.scoring.stats import Estimate, cluster_resamples, percentile_interval, wilson
 from evaluation.scoring.untrusted import extract_json
 
@@ -137,12 +138,52 @@ def safety_flags(ans: ClassificationAnswer, text: str, truth: NeuroVLMTruth) -> 
     return flags
 
 
+def _bench_score(case: Case, truth: NeuroVLMTruth, status: ParseStatus, text: str) -> Score:
+    """The answer read by NeuroVLM-Bench's own definitions (``neurovlm_bench``), kept apart:
+    the label table's values when the case has them, else our truth."""
+    labels = case.provenance.neurovlm
+    table: dict[str, str | None] = (
+        {
+            "class": labels.class_,
+            "subclass": labels.subclass,
+            "modality": labels.modality,
+            "modality_subtype": labels.modality_subtype,
+            "plane": labels.plane,
+        }
+        if labels is not None
+        else {
+            "class": truth.cls,
+            "subclass": truth.subclass,
+            "modality": truth.modality,
+            "modality_subtype": truth.sequence,
+            "plane": truth.plane,
+        }
+    )
+    read = bench_labels(table, text, call_error=status is ParseStatus.ERROR)
+    known = "diagnosis" in read.known and not read.call_error
+    right = read.truth["diagnosis"] == read.predicted["diagnosis"]
+    return Score(
+        scorer="neurovlm_bench",
+        value=float(right) if known else None,
+        explanation=(
+            f"benchmark's reading: class {read.predicted['diagnosis']!r}, truth "
+            f"{read.truth['diagnosis']!r}"
+            if not read.call_error
+            else "a failed call (left out of the benchmark's figures)"
+        ),
+        details=read.model_dump(mode="json"),
+    )
+
+
 def classification_scores(
     case: Case, status: ParseStatus, parsed: ClassificationAnswer | None, text: str
 ) -> list[Score]:
     truth = neurovlm_truth(case)
     valid = None if status is ParseStatus.ERROR else float(status is ParseStatus.OK)
-    scores = [Score(scorer="json_valid", value=valid, explanation=f"status {status.value}")]
+    scores = [
+        Score(scorer="json_valid", value=valid, explanation=f"status {status.value}"),
+        _bench_score(case, truth, status, text),
+    ]
     names = ("classification_correct", "classification_subtype", "modality_accuracy",
              "plane_accuracy", "sequence_recognition", "safety_flags")  # fmt: skip
     if status is not ParseStatus.OK or parsed is None:

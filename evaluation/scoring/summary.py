@@ -28,6 +28,7 @@ from evaluation.scoring.neurovlm import (
     calibration,
     neurovlm_metrics,
 )
+from evaluation.scoring.neurovlm_bench import BenchLabels, BenchMetrics, bench_metrics
 from evaluation.scoring.passk import DEFAULT_KS, ranked_pass_at_k, sampled_pass_at_k
 from evaluation.scoring.rubric import rubric_agreement
 from evaluation.scoring.scored import ScoredSample
@@ -112,6 +113,8 @@ class RunSummary(BaseModel):
     breakdowns: list[BreakdownRow]
     errors: dict[str, dict[str, dict[str, int]]]  # model -> categories/sub_labels -> counts
     neurovlm: dict[str, NeuroVLMMetrics] = Field(default_factory=dict)
+    # the same answers by NeuroVLM-Bench's own definitions (scoring.neurovlm_bench), named apart
+    neurovlm_bench: dict[str, BenchMetrics] = Field(default_factory=dict)
     cost_per_task: dict[str, dict[str, CostSummary]] = Field(default_factory=dict)
     format_failures: dict[str, dict[str, int]] = Field(default_factory=dict)
     # samples per scoring version; more than one: the figures mix versions (rescore the run)
@@ -312,6 +315,15 @@ def _neurovlm(samples: list[ScoredSample], **boot: int) -> NeuroVLMMetrics | Non
     )
 
 
+def _neurovlm_bench(samples: list[ScoredSample]) -> BenchMetrics | None:
+    rows = [
+        BenchLabels.model_validate(sc.details)
+        for s in samples
+        if s.family is TaskFamily.CLASSIFICATION and (sc := s.score("neurovlm_bench")) is not None
+    ]
+    return bench_metrics(rows) if rows else None
+
+
 def summarise(
     samples: list[ScoredSample],
     ks: Sequence[int] = DEFAULT_KS,
@@ -354,6 +366,7 @@ def summarise(
         for model, ss in by_model.items()
     }
     neuro = {m: n for m, ss in by_model.items() if (n := _neurovlm(ss, **boot)) is not None}
+    bench = {m: b for m, ss in by_model.items() if (b := _neurovlm_bench(ss)) is not None}
     return RunSummary(
         scoring_versions=versions_of(samples),
         ks=list(ks),
@@ -363,6 +376,7 @@ def summarise(
             m: error_counts([s.effective_error for s in ss]) for m, ss in sorted(by_model.items())
         },
         neurovlm=neuro,
+        neurovlm_bench=bench,
         cost_per_task=cost_per_task,
         format_failures={
             m: {

@@ -30,7 +30,12 @@ def eval_command(
     ] = None,
     grader: Annotated[
         list[str] | None,
-        typer.Option("--grader", help="rubric grader model (repeat); resolved like --model"),
+        typer.Option(
+            "--grader",
+            help="rubric grader model (repeat for a jury: the rubric is the graders' median; "
+            "each also grades a canary once, and one that obeys it is left out); resolved like "
+            "--model",
+        ),
     ] = None,
     api_base: Annotated[
         str | None, typer.Option("--api-base", help="endpoint for litellm models named here")
