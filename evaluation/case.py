@@ -203,20 +203,33 @@ def _one_edit(a: str, b: str) -> bool:
     return a[i + (len(a) == len(b)) :] == b[i + 1 :]
 
 
+def _subtype_word(word: str) -> str:
+    """One word in the answer spelling: a known other spelling, else a one-letter slip in a
+    word of 7 letters or more."""
+    word = _NEUROVLM_SPELLINGS.get(word, word)
+    if word in _ALL_SUBTYPES or len(word) < 7:
+        return word
+    near = [t for t in _ALL_SUBTYPES if _one_edit(word, t)]
+    return near[0] if len(near) == 1 else word
+
+
 def neurovlm_subtype(value: str | None) -> str | None:
     """A subtype as NeuroVLM-Bench's answer schema spells it: the label table's own spellings
-    ("neurocitoma", "pituitary tumor") and a one-letter slip in a long word ("schwanoma") read
-    as the subtype; None for empty; anything else is returned normalised (not a subtype)."""
+    ("neurocitoma", "pituitary tumor"), British spellings, a one-letter slip in a long word
+    ("schwanoma"), and a longer name holding exactly one subtype ("central neurocytoma",
+    "vestibular schwannoma") read as the subtype; None for empty; anything else is returned
+    normalised (not a subtype)."""
     if value is None:
         return None
     key = "_".join(value.strip().lower().replace("-", " ").split())
     if not key:
         return None
-    key = _NEUROVLM_SPELLINGS.get(key, key)
-    if key in _ALL_SUBTYPES:
-        return key
-    near = [t for t in _ALL_SUBTYPES if len(key) >= 7 and _one_edit(key, t)]
-    return near[0] if len(near) == 1 else key
+    whole = _subtype_word(key)
+    if whole in _ALL_SUBTYPES:
+        return whole
+    words = "_" + "_".join(_subtype_word(w) for w in key.split("_")) + "_"
+    hits = [t for t in _ALL_SUBTYPES if f"_{t}_" in words]
+    return hits[0] if len(hits) == 1 else key
 
 
 def is_neurovlm_subtype(value: str | None) -> bool:

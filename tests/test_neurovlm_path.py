@@ -104,6 +104,36 @@ def test_every_subtype_in_the_benchmarks_spelling_is_scored(cases: list) -> None
     assert scored_subtypes == SUBTYPED == 13
 
 
+@pytest.mark.parametrize(
+    ("table", "said"),
+    [
+        ("Pituitary Tumour", "pituitary_tumor"),
+        ("Haemorrhagic", "hemorrhagic"),
+        ("schwanoma", "schwannoma"),  # a one-letter slip in the label table
+        ("meningeoma", "Meningioma"),
+        ("Neurocitoma", "central neurocytoma"),
+    ],
+)
+def test_other_spellings_of_a_subtype_are_scored(tmp_path: Path, table: str, said: str) -> None:
+    """Spellings beyond the benchmark's own, on either side, read as the subtype."""
+    cls = "stroke" if "haem" in table.lower() else "tumor"
+    root = tmp_path / "nvb"
+    root.mkdir()
+    (root / "a (1).png").write_bytes(brain_png(seed=1))
+    (root / "image_mapping.csv").write_text(
+        "dataset,file_path,class,original_class,subclass,modality,modality_subtype,plane\n"
+        f'x,"a (1).png",{cls},{cls},{table},MRI,,\n'
+    )
+    _, [case], warnings = load_neurovlm(root / "image_mapping.csv", None, tmp_path / "cache")
+    assert not warnings
+    text = _reply(cls, said, "MRI", "", "")
+    parsed = parse_answer(text, TaskFamily.CLASSIFICATION)
+    s = make_scored_sample(
+        case, TaskFamily.CLASSIFICATION, "m", parsed.status, parsed.answer, text, bertscore=False
+    )
+    assert s.value("classification_subtype") == 1.0, s.score("classification_subtype")
+
+
 def test_a_wrong_subtype_is_scored_wrong(cases: list) -> None:  # type: ignore[type-arg]
     case = cases[2]  # neurocitoma
     text = _reply("tumor", "papilloma", "MRI", "T1", "")

@@ -62,3 +62,32 @@ def test_a_provider_fault_is_a_retried_call_error_not_a_format_failure(kind: str
     assert out.error and not out.refusal, out
     status = parse_answer(out.text or "", TaskFamily.DIFFERENTIAL, error=out.error).status
     assert status is ParseStatus.ERROR
+
+
+@pytest.mark.parametrize(
+    "resp",
+    [
+        {"choices": None},  # choices null rather than empty
+        {"choices": [{"finish_reason": "stop"}]},  # a choice without a message
+        {"choices": [{"message": {"content": None}, "finish_reason": "length"}]},
+        {"choices": [{"message": {"content": None}, "finish_reason": None}]},
+    ],
+)
+def test_other_shapes_of_a_provider_fault_are_faults(resp: dict) -> None:  # type: ignore[type-arg]
+    """Members of the class beside the two the loopback server serves: each is the provider's
+    fault (retried), never an answer."""
+    from types import SimpleNamespace
+
+    from evaluation.models.call_pool import summarise_response
+
+    def ns(x: object) -> object:
+        if isinstance(x, dict):
+            return SimpleNamespace(**{k: ns(v) for k, v in x.items()})
+        if isinstance(x, list):
+            return [ns(v) for v in x]
+        return x
+
+    out = summarise_response(ns(resp))
+    assert out["fault"], out
+    blocked = ns({"choices": [{"message": {"content": None}, "finish_reason": "content_filter"}]})
+    assert summarise_response(blocked)["fault"] is None  # a content-filter block: a refusal

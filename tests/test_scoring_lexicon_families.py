@@ -123,6 +123,8 @@ def test_oxford_class_is_the_right_ischaemic_stroke(answer: str, truth: str) -> 
         ("Lhermitte-Duclos disease", "lhermitte_duclos"),
         ("Rasmussen's encephalitis", "rasmussen_encephalitis"),
         ("Alzheimer's", "alzheimers"),
+        ("von Hippel-Lindau", "vhl"),  # a particle before the name
+        ("Schilder's", "schilder"),
     ],
 )
 def test_eponyms_bare_or_possessive(text: str, concept: str) -> None:

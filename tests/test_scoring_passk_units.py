@@ -100,3 +100,32 @@ def test_rescore_fills_the_question_key_of_an_old_run(
     after = dict(db.execute("SELECT sample_id, scored_json FROM scored_samples").fetchall())
     db.close()
     assert all(json.loads(after[sid])["task"] == tasks[sid] for sid in stored)
+
+
+def test_a_unit_with_nothing_to_score_against_is_not_counted_as_left_out() -> None:
+    """Found on the real corpus: head-CT slices with no class in image_mapping.csv were shown
+    as "left out: unscored" although every answer parsed; only units with an answer that went
+    unscored (format failure, refusal, call error) are counted."""
+    from evaluation.answers import ClassificationAnswer
+    from evaluation.case import Case, NeuroVLMLabels, Provenance
+
+    unknown = Case(
+        case_id="ct-1",
+        provenance=Provenance(source="neurovlm-bench", neurovlm=NeuroVLMLabels(modality="CT")),
+    )
+    said = ClassificationAnswer(modality="CT", diagnosis_name="normal")
+    samples = [
+        make_scored_sample(
+            unknown,
+            TaskFamily.CLASSIFICATION,
+            "m",
+            ParseStatus.OK,
+            said,
+            "",
+            bertscore=False,
+            task="classification",
+        )  # fmt: skip
+    ]
+    samples += [_sample("differential", 0, None)]  # a format failure: counted
+    row = summarise(samples, ks=(1,), n_boot=20).leaderboard[0]
+    assert row.sampled_pass_left_out == {"1": 1}

@@ -22,6 +22,7 @@ The first five count as correct; the others earn partial credit and are wrong fo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from enum import StrEnum
 from functools import cache
@@ -185,7 +186,9 @@ class Lexicon:
             for text in [c.name, *c.synonyms]:
                 words = clean(text).replace("-", " ").split()
                 lead = 0
-                while lead < len(words) - 1 and _proper(words[lead]):
+                while lead < len(words) - 1 and (
+                    _proper(words[lead]) or (words[lead] in _PARTICLES and _proper(words[lead + 1]))
+                ):
                     lead += 1
                 for n in range(1, lead + 1):
                     eponyms.setdefault(normalise(" ".join(words[:n])), set()).add(c.id)
@@ -438,7 +441,10 @@ def _unqualified(lex: Lexicon, concept_id: str) -> set[str]:
     return set().union(*(_unqualified(lex, p) for p in c.parents))
 
 
+_PARTICLES = frozenset({"von", "van", "de", "di", "du", "le", "la", "da", "der"})
+
+
 def _proper(word: str) -> bool:
-    """A proper name as the lexicon writes it: capitalised, not an abbreviation."""
-    core = word.strip("'s").rstrip("'")
-    return len(core) > 2 and core[0].isupper() and not core.isupper() and core[1:].islower()
+    """A proper name as the lexicon writes it: capitalised, not an abbreviation ("Devic's")."""
+    core = re.sub(r"'s?$", "", word)
+    return len(core) > 2 and core[0].isupper() and core[1:].islower()

@@ -141,15 +141,16 @@ def _units(samples: Sequence[ScoredSample]) -> dict[tuple[str, str], list[Scored
 
 def _sampled_units(samples: Sequence[ScoredSample], k: int, **boot: int) -> tuple[Estimate, int]:
     """Sampled pass@k over the units with k scored samples, and how many units that had k
-    samples were left out because some of them went unscored."""
+    samples were left out because some of them went unscored (format failure, refusal, call
+    error)."""
     vals, clusters, left_out = [], [], 0
     for unit in _units(samples).values():
         flags = [c for s in unit if (c := s.correct) is not None]
         if len(flags) >= k:
             vals.append(sampled_pass_at_k(len(flags), int(sum(flags)), k))
             clusters.append(unit[0].patient_id)
-        elif len(unit) >= k:
-            left_out += 1
+        elif len(unit) >= k and any(s.status is not ParseStatus.OK for s in unit):
+            left_out += 1  # (a unit with nothing to score against is not a pass@k unit)
     return bootstrap_mean(vals, clusters, **boot), left_out
 
 
