@@ -124,7 +124,7 @@ def test_a_unit_with_nothing_to_score_against_is_not_counted_as_left_out() -> No
             "",
             bertscore=False,
             task="classification",
-        )  # fmt: skip
+        )
     ]
     samples += [_sample("differential", 0, None)]  # a format failure: counted
     row = summarise(samples, ks=(1,), n_boot=20).leaderboard[0]
