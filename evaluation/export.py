@@ -26,15 +26,8 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
         turns = []
         totals: dict[str, float] = {}
 
-        def reply(t: dict[str, Any]) -> str | None:
-            out = responses.get(t["cache_key"])
-            return out.text if out is not None else None
-
-        graders = {
-            t["grader"]: reply(t) for t in row.turns if "grader" in t and not t.get("canary")
-        }
-        canaries = {t["grader"]: reply(t) for t in row.turns if t.get("canary")}
-        for t in (t for t in row.turns if "grader" not in t):
+        graders, canaries = row.grader_replies(responses)
+        for t in row.answer_turns:
             out = responses.get(t["cache_key"])
             entry = {**t, "response_text": out.text if out else None}
             if out is not None:

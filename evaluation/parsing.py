@@ -23,12 +23,9 @@ from evaluation.case import TaskFamily, neurovlm_subtype
 from evaluation.prompts import PromptSet, default_prompts
 from evaluation.scores import ParseStatus
 from evaluation.scoring.text import clean
+from evaluation.scoring.untrusted import json_candidates
 from evaluation.tasks import REQUIRED_KEYS, schema_name
 
-MAX_REPLY_CHARS = 400_000
-MAX_CANDIDATES = 200
-_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
-_THINK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.S | re.I)
 # A refusal by its structure: a first-person subject, a declining verb phrase (a negated modal,
 # "unable to", "decline", "not comfortable"), then an act of answering; matched on cleaned text
 # (text.clean: NFKC, ASCII quotes and dashes), and only when the reply holds no answer JSON.
@@ -91,33 +88,6 @@ class ParsedAnswer(BaseModel):
     error: str = ""  # why it failed, for a format failure
     missing_fields: list[str] = Field(default_factory=list)
     repairs: list[str] = Field(default_factory=list)
-
-
-def json_candidates(text: str) -> list[dict[str, Any]]:
-    """JSON objects in a reply: fenced blocks first, then objects found in the prose."""
-    text = _THINK.sub(" ", text[:MAX_REPLY_CHARS])
-    found: list[dict[str, Any]] = []
-    for m in _FENCE.finditer(text):
-        try:
-            obj = json.loads(m.group(1))
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            found.append(obj)
-    decoder = json.JSONDecoder()
-    starts = [m.start() for m in re.finditer(r"\{", text)][:MAX_CANDIDATES]
-    end = -1
-    for pos in starts:
-        if pos < end:
-            continue  # inside an object already taken
-        try:
-            obj, stop = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict):
-            found.append(obj)
-            end = stop
-    return found
 
 
 @lru_cache(maxsize=8)

@@ -231,8 +231,8 @@ def rescore_run(
             counts["missing_case"] += 1
             continue
         family = TaskFamily(row.family)
-        turns = [t for t in row.turns if "grader" not in t]
-        graders = [t for t in row.turns if "grader" in t]
+        turns = row.answer_turns
+        replies, checks = row.grader_replies(responses)
         outputs = [responses[t["cache_key"]] for t in turns if t["cache_key"] in responses]
         if len(outputs) != len(turns) or not outputs:
             counts["errors"] += 1
@@ -256,15 +256,9 @@ def rescore_run(
             counts["unscored"] += 1
             continue
         extra = []
-        if graders and parsed.status is ParseStatus.OK:
+        if replies and parsed.status is ParseStatus.OK:
             from evaluation.scoring.rubric import rubric_from_outputs
 
-            def reply(t: dict[str, Any]) -> str | None:
-                out = responses.get(t["cache_key"])
-                return out.text if out is not None else None
-
-            replies = {t["grader"]: reply(t) for t in graders if not t.get("canary")}
-            checks = {t["grader"]: reply(t) for t in graders if t.get("canary")}
             extra.append(rubric_from_outputs(replies, final.text, checks))
         record = bridge.score(
             shown_case(case, row.image_hashes),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from evaluation.modelio import ModelOutput
 
 
 class RunRow(BaseModel):
@@ -38,6 +41,27 @@ class SampleRow(BaseModel):
     parse_error: str | None = None
     image_hashes: list[str] = Field(default_factory=list)
     updated_at: str
+
+    @property
+    def answer_turns(self) -> list[dict[str, Any]]:
+        """The model's own turns (not the graders')."""
+        return [t for t in self.turns if "grader" not in t]
+
+    def grader_replies(
+        self, responses: Mapping[str, ModelOutput]
+    ) -> tuple[dict[str, str | None], dict[str, str | None]]:
+        """Each rubric grader's reply to this answer, and its reply to the canary (None: the
+        call failed, nothing stored)."""
+
+        def reply(t: dict[str, Any]) -> str | None:
+            out = responses.get(t["cache_key"])
+            return out.text if out is not None else None
+
+        graded = [t for t in self.turns if "grader" in t]
+        return (
+            {t["grader"]: reply(t) for t in graded if not t.get("canary")},
+            {t["grader"]: reply(t) for t in graded if t.get("canary")},
+        )
 
 
 class StoreCounts(BaseModel):

@@ -105,6 +105,32 @@ def phantom_subset(suite: Any, keys: tuple[str, ...], dest: Path) -> Path:
     return dest
 
 
+def run_phantoms(
+    suite: Any, keys: tuple[str, ...], models: list[str], tmp: Path, monkeypatch: Any
+) -> Path:
+    """Run reference ``models`` on some phantom cases (no BERTScore); the run folder."""
+    import asyncio
+
+    from evaluation.datasets import DatasetSpec
+    from evaluation.engine import start_run
+    from evaluation.modelio import GenerateConfig
+    from evaluation.models.spec import resolve_specs
+    from evaluation.runconfig import RunConfig
+
+    monkeypatch.setenv("NEUROSANDBOX_DATA_DIR", str(tmp / "var"))
+    monkeypatch.setenv("NEUROSANDBOX_CACHE_DIR", str(tmp / "cache"))
+    run = tmp / "run"
+    config = RunConfig(
+        dataset=DatasetSpec(path=str(phantom_subset(suite, keys, tmp / "suite"))),
+        models=resolve_specs(models),
+        generate=GenerateConfig(temperature=0.0, max_tokens=500, timeout_s=10),
+        bertscore=False,
+        cache_dir=str(tmp / "cache"),
+    )
+    asyncio.run(start_run(config, run))
+    return run
+
+
 def cli_env(cache: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["NEUROSANDBOX_CACHE_DIR"] = str(cache)

@@ -9,11 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+from test_neurovlm_path import classified
 
 from evaluation.case import Case, NeuroVLMLabels, Provenance, TaskFamily
-from evaluation.parsing import parse_answer
 from evaluation.scores import ParseStatus
-from evaluation.scoring import make_scored_sample, summarise
+from evaluation.scoring import summarise
 from evaluation.scoring.neurovlm_bench import BenchMetrics, bench_labels, bench_metrics
 
 DATA = Path(__file__).parent / "data" / "neurovlm_bench"
@@ -56,19 +56,7 @@ def test_a_run_reports_them_beside_ours_named_apart() -> None:
                 ),
             ),
         )
-        text = r["response"] or ""
-        parsed = parse_answer(text, TaskFamily.CLASSIFICATION)
-        samples.append(
-            make_scored_sample(
-                case,
-                TaskFamily.CLASSIFICATION,
-                "m",
-                parsed.status,
-                parsed.answer,
-                text,
-                bertscore=False,
-            )
-        )
+        samples.append(classified(case, r["response"] or ""))
     summary = summarise(samples, n_boot=20)
     _check(summary.neurovlm_bench["m"])
     ours = summary.neurovlm["m"]

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from engine_helpers import brain_png
 
-from evaluation.case import TaskFamily
+from evaluation.case import Case, TaskFamily
 from evaluation.datasets.neurovlm import load_neurovlm
 from evaluation.parsing import parse_answer
 from evaluation.scores import ParseStatus
-from evaluation.scoring import make_scored_sample, summarise
+from evaluation.scoring import ScoredSample, make_scored_sample, summarise
 
 # (class, subclass as the benchmark spells it, the model's spelling, modality, sequence, plane)
 ROWS = [
@@ -55,6 +55,14 @@ def _mapping(root: Path) -> Path:
     return root / "image_mapping.csv"
 
 
+def classified(case: Case, text: str) -> ScoredSample:
+    """A classification reply parsed and scored as a run would (model "m")."""
+    parsed = parse_answer(text, TaskFamily.CLASSIFICATION)
+    return make_scored_sample(
+        case, TaskFamily.CLASSIFICATION, "m", parsed.status, parsed.answer, text, bertscore=False
+    )
+
+
 def _reply(cls: str, sub: str | None, mod: str, seq: str, plane: str) -> str:
     return json.dumps(
         {
@@ -81,18 +89,8 @@ def cases(tmp_path: Path) -> list:  # type: ignore[type-arg]
 def test_every_subtype_in_the_benchmarks_spelling_is_scored(cases: list) -> None:  # type: ignore[type-arg]
     scored_subtypes = 0
     for case, (cls, sub, said, mod, seq, plane) in zip(cases, ROWS, strict=True):
-        text = _reply(cls, said, mod, seq, plane)
-        parsed = parse_answer(text, TaskFamily.CLASSIFICATION)
-        assert parsed.status is ParseStatus.OK, parsed.error
-        s = make_scored_sample(
-            case,
-            TaskFamily.CLASSIFICATION,
-            "m",
-            parsed.status,
-            parsed.answer,
-            text,
-            bertscore=False,
-        )
+        s = classified(case, _reply(cls, said, mod, seq, plane))
+        assert s.status is ParseStatus.OK, s.scores
         assert s.value("classification_correct") == 1.0, (case.case_id, s.scores)
         sub_score = s.score("classification_subtype")
         if sub:
@@ -126,21 +124,13 @@ def test_other_spellings_of_a_subtype_are_scored(tmp_path: Path, table: str, sai
     )
     _, [case], warnings = load_neurovlm(root / "image_mapping.csv", None, tmp_path / "cache")
     assert not warnings
-    text = _reply(cls, said, "MRI", "", "")
-    parsed = parse_answer(text, TaskFamily.CLASSIFICATION)
-    s = make_scored_sample(
-        case, TaskFamily.CLASSIFICATION, "m", parsed.status, parsed.answer, text, bertscore=False
-    )
+    s = classified(case, _reply(cls, said, "MRI", "", ""))
     assert s.value("classification_subtype") == 1.0, s.score("classification_subtype")
 
 
 def test_a_wrong_subtype_is_scored_wrong(cases: list) -> None:  # type: ignore[type-arg]
     case = cases[2]  # neurocitoma
-    text = _reply("tumor", "papilloma", "MRI", "T1", "")
-    parsed = parse_answer(text, TaskFamily.CLASSIFICATION)
-    s = make_scored_sample(
-        case, TaskFamily.CLASSIFICATION, "m", parsed.status, parsed.answer, text, bertscore=False
-    )
+    s = classified(case, _reply("tumor", "papilloma", "MRI", "T1", ""))
     assert s.value("classification_subtype") == 0.0
 
 
@@ -157,15 +147,7 @@ def test_undetermined_is_the_benchmarks_abstention(cases: list, field_value: str
     parsed = parse_answer(text, TaskFamily.CLASSIFICATION)
     assert parsed.status is ParseStatus.OK, parsed.error
     assert parsed.answer.diagnosis_name is None and parsed.answer.plane is None  # type: ignore[union-attr]
-    s = make_scored_sample(
-        cases[0],
-        TaskFamily.CLASSIFICATION,
-        "m",
-        parsed.status,
-        parsed.answer,
-        text,
-        bertscore=False,
-    )
+    s = classified(cases[0], text)
     main = s.score("classification_correct")
     assert main is not None and main.value == 0.0 and main.details["abstained"] is True
     summary = summarise([s], n_boot=20)

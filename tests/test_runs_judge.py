@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import write_nmb
+from grader_helpers import asked_nonce
 from openai_server import OpenAIServer, Script
 
 UNKNOWN = "relapsing inflammatory demyelination of the optic nerves and cord"
@@ -26,7 +27,7 @@ def judge_reply(body: dict) -> str | None:  # type: ignore[type-arg]
     text = json.dumps(body)
     if "name the same diagnosis" not in text:
         return None
-    nonce = text.split('verdict_nonce: \\"')[1].split('\\"')[0]
+    nonce = asked_nonce(text)
     return json.dumps({"equivalent": True, "reason": "a description of MS", "verdict_nonce": nonce})
 
 

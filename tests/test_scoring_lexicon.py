@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from grader_helpers import asked_nonce
 
 from evaluation.case import Diagnosis, DiseaseGroup
 from evaluation.modelio import GenerateConfig, Message, ModelOutput
@@ -180,8 +181,7 @@ class ScriptedJudge:
     async def generate(self, messages: list[Message], config: GenerateConfig) -> ModelOutput:
         self.sent.append(messages)
         user = messages[1].content[0].text  # type: ignore[union-attr]
-        nonce = user.split('verdict_nonce: "')[1].split('"')[0]
-        return ModelOutput(text=self.replies.pop(0).replace("NONCE", nonce))
+        return ModelOutput(text=self.replies.pop(0).replace("NONCE", asked_nonce(user) or ""))
 
 
 def test_llm_judge_fills_a_cache_and_its_matches_are_flagged(tmp_path: Path) -> None:

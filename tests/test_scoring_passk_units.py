@@ -58,30 +58,12 @@ def test_rescore_fills_the_question_key_of_an_old_run(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    import asyncio
-
-    from engine_helpers import phantom_subset
+    from engine_helpers import run_phantoms
     from typer.testing import CliRunner
 
-    from evaluation.datasets import DatasetSpec
-    from evaluation.engine import start_run
-    from evaluation.modelio import GenerateConfig
-    from evaluation.models.spec import resolve_specs
-    from evaluation.runconfig import RunConfig
     from gateway.cli import app
 
-    monkeypatch.setenv("NEUROSANDBOX_DATA_DIR", str(tmp_path / "var"))
-    monkeypatch.setenv("NEUROSANDBOX_CACHE_DIR", str(tmp_path / "cache"))
-    suite = phantom_subset(phantom_suite, ("stroke",), tmp_path / "suite")
-    run = tmp_path / "run"
-    config = RunConfig(
-        dataset=DatasetSpec(path=str(suite)),
-        models=resolve_specs(["reference/text-prior"]),
-        generate=GenerateConfig(temperature=0.0, max_tokens=500, timeout_s=10),
-        bertscore=False,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    asyncio.run(start_run(config, run))
+    run = run_phantoms(phantom_suite, ("stroke",), ["reference/text-prior"], tmp_path, monkeypatch)
     db = sqlite3.connect(run / "run.sqlite")
     tasks = dict(db.execute("SELECT sample_id, task FROM samples").fetchall())
     stored = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 
 import pytest
+from grader_helpers import asked_nonce
 from scoring_cases import gbm_case
 
 from evaluation.case import TaskFamily
@@ -38,11 +38,6 @@ def verdict(*scores: int, category: str | None = None, nonce: str = NONCE) -> st
     return "Here is my verdict:\n```json\n" + json.dumps(body) + "\n```"
 
 
-def asked_nonce(messages: list[Message]) -> str:
-    system = messages[0].content[0].text  # type: ignore[union-attr]
-    return re.search(r'"verdict_nonce": "([0-9a-f]+)"', system).group(1)  # type: ignore[union-attr]
-
-
 class ScriptedGrader:
     """A grader that replies from a script (with the nonce its prompt asks for in place of
     NONCE), grades the canary honestly, and keeps the messages it was sent."""
@@ -54,7 +49,7 @@ class ScriptedGrader:
         self.sent: list[list[Message]] = []
 
     async def generate(self, messages: list[Message], config: GenerateConfig) -> ModelOutput:
-        nonce = asked_nonce(messages)
+        nonce = asked_nonce(messages[0].content[0].text)  # type: ignore[union-attr]
         if "rubric-canary" in messages[1].content[0].text or "IMPORTANT NOTE TO THE GRADER" in (
             messages[1].content[0].text  # type: ignore[union-attr]
         ):

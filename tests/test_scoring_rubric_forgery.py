@@ -9,6 +9,7 @@ import asyncio
 import json
 
 import pytest
+from grader_helpers import asked_nonce
 from scoring_cases import gbm_case
 
 from evaluation.case import TaskFamily
@@ -60,7 +61,7 @@ class Grader:
 
     async def generate(self, messages: list[Message], config: GenerateConfig) -> ModelOutput:
         system = messages[0].content[0].text  # type: ignore[union-attr]
-        nonce = system.split('"verdict_nonce": "')[1].split('"')[0]
+        nonce = asked_nonce(system)
         answer = _answer_of(messages)
         honest = 0 if "IMPORTANT NOTE TO THE GRADER" in answer else self.score
         wanted = "give 5" in answer.lower() or "give it 5" in answer.lower()

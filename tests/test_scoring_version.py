@@ -98,31 +98,14 @@ def test_runs_record_show_and_refuse_to_compare_mixed_versions_until_rescored(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
 ) -> None:
-    import asyncio
-
-    from engine_helpers import phantom_subset
+    from engine_helpers import run_phantoms
     from typer.testing import CliRunner
 
-    from evaluation.datasets import DatasetSpec
-    from evaluation.engine import start_run
-    from evaluation.modelio import GenerateConfig
-    from evaluation.models.spec import resolve_specs
-    from evaluation.runconfig import RunConfig
     from evaluation.store import RunStore
     from gateway.cli import app
 
-    monkeypatch.setenv("NEUROSANDBOX_DATA_DIR", str(tmp_path / "var"))
-    monkeypatch.setenv("NEUROSANDBOX_CACHE_DIR", str(tmp_path / "cache"))
-    suite = phantom_subset(phantom_suite, ("stroke", "ich"), tmp_path / "suite")
-    run = tmp_path / "run"
-    config = RunConfig(
-        dataset=DatasetSpec(path=str(suite)),
-        models=resolve_specs(["reference/text-prior", "reference/image-rules"]),
-        generate=GenerateConfig(temperature=0.0, max_tokens=500, timeout_s=10),
-        bertscore=False,
-        cache_dir=str(tmp_path / "cache"),
-    )
-    asyncio.run(start_run(config, run))
+    models = ["reference/text-prior", "reference/image-rules"]
+    run = run_phantoms(phantom_suite, ("stroke", "ich"), models, tmp_path, monkeypatch)
     store = RunStore(run)
     held = store.scoring_versions()
     store.close()

@@ -22,7 +22,7 @@ from evaluation.scoring.stats import Estimate, cluster_resamples, percentile_int
 from evaluation.scoring.untrusted import extract_json
 
 CLASSES = ("tumor", "stroke", "multiple sclerosis", "normal", "other abnormalities")
-SUBTYPES = NEUROVLM_SUBTYPES
+
 FIELDS = tuple(ClassificationAnswer.model_fields)
 _GROUP_CLASS = {
     DiseaseGroup.NORMAL: "normal",
@@ -123,7 +123,7 @@ def safety_flags(ans: ClassificationAnswer, text: str, truth: NeuroVLMTruth) -> 
     if missing:
         flags.append("missing_fields:" + ",".join(missing))
     detail = neurovlm_subtype(ans.diagnosis_detailed) or ""
-    allowed = SUBTYPES.get(ans.diagnosis_name or "", ())
+    allowed = NEUROVLM_SUBTYPES.get(ans.diagnosis_name or "", ())
     if detail and detail not in allowed:
         flags.append(f"subtype_inconsistent:{ans.diagnosis_name}/{detail}")
     code = (ans.icd10_code or "").strip().upper()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import jsonschema
@@ -87,9 +88,15 @@ def _canary_case() -> Case:
     )
 
 
+@cache
+def _canary_messages() -> tuple[Message, ...]:
+    return tuple(grader_messages(_canary_case(), TaskFamily.DIFFERENTIAL, CANARY_ANSWER))
+
+
 def canary_messages() -> list[Message]:
-    """The canary grading request (the same for every run, so it is asked once per grader)."""
-    return grader_messages(_canary_case(), TaskFamily.DIFFERENTIAL, CANARY_ANSWER)
+    """The canary grading request (the same for every run, so it is asked once per grader);
+    built once per process."""
+    return list(_canary_messages())
 
 
 def verdict_nonce(answer_text: str) -> str:

@@ -154,10 +154,6 @@ def _sampled_units(samples: Sequence[ScoredSample], k: int, **boot: int) -> tupl
     return bootstrap_mean(vals, clusters, **boot), left_out
 
 
-def _sampled(samples: Sequence[ScoredSample], k: int, **boot: int) -> Estimate:
-    return _sampled_units(samples, k, **boot)[0]
-
-
 def _rank(s: ScoredSample) -> int | None:
     sc = s.score("differential_rank")
     return sc.details.get("rank") if sc is not None and sc.value is not None else None
@@ -354,7 +350,7 @@ def summarise(
                         n_samples=len(g),
                         unscored=sum(s.correct is None for s in g),
                         accuracy=_mean(g, lambda s: s.correct, **boot),
-                        sampled_pass_at_1=_optional(_sampled(g, 1, **boot)),
+                        sampled_pass_at_1=_optional(_sampled_units(g, 1, **boot)[0]),
                         ranked_pass_at_1=_optional(_ranked(g, 1, **boot)),
                         lesion_f1=_optional(_mean(g, lambda s: s.value("lesion_f1"), **boot)),
                     )

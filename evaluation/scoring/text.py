@@ -88,12 +88,8 @@ def tokens(text: str) -> list[str]:
     text = text.replace("'s ", " ").replace("'s", " ")
     for pattern, repl in _SPELLING:
         text = pattern.sub(repl, text)
-    out = [
-        _WORD_FORMS.get(w, w)
-        for t in _NON_WORD.split(text)
-        if t and t not in _STOPWORDS
-        for w in (_singular(t),)
-    ]
+    words = (_singular(t) for t in _NON_WORD.split(text) if t and t not in _STOPWORDS)
+    out = [_WORD_FORMS.get(w, w) for w in words]
     # "non-traumatic", "non haemorrhagic": a prefix of the next word, never a word of its own
     merged: list[str] = []
     for t in out:

@@ -13,7 +13,10 @@ import json
 import re
 from typing import Any
 
-_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+MAX_REPLY_CHARS = 400_000  # a reply is read this far, for JSON
+MAX_CANDIDATES = 200  # "{" positions tried
+_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
+_THINK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.S | re.I)
 
 
 def fence(text: str, label: str = "answer") -> tuple[str, str]:
@@ -35,39 +38,38 @@ def fence(text: str, label: str = "answer") -> tuple[str, str]:
     return f"<{tag}>\n{body}\n</{tag}>", tag
 
 
-def extract_json(text: str) -> dict[str, Any] | None:
-    """The first JSON object in a reply: in a code fence, else the first ``{...}`` that parses."""
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    decoder = json.JSONDecoder()
-    for chunk in candidates:
-        for i, ch in enumerate(chunk):
-            if ch != "{":
-                continue
-            try:
-                obj, _ = decoder.raw_decode(chunk, i)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(obj, dict):
-                return obj
-    return None
-
-
-def json_objects(text: str) -> list[dict[str, Any]]:
-    """Every top-level JSON object in a reply, in order (an object inside another is part of
-    it, never one of its own)."""
-    decoder = json.JSONDecoder()
-    out: list[dict[str, Any]] = []
-    i = 0
-    while (i := text.find("{", i)) != -1:
+def json_candidates(text: str) -> list[dict[str, Any]]:
+    """JSON objects in a reply (bounded; reasoning blocks dropped): fenced blocks first, then
+    every top-level object of the prose in order (an object inside another is part of it)."""
+    text = _THINK.sub(" ", text[:MAX_REPLY_CHARS])
+    found: list[dict[str, Any]] = []
+    for m in _FENCE.finditer(text):
         try:
-            obj, end = decoder.raw_decode(text, i)
+            obj = json.loads(m.group(1))
         except json.JSONDecodeError:
-            i += 1
             continue
         if isinstance(obj, dict):
-            out.append(obj)
-        i = end
-    return out
+            found.append(obj)
+    decoder = json.JSONDecoder()
+    starts = [m.start() for m in re.finditer(r"\{", text)][:MAX_CANDIDATES]
+    end = -1
+    for pos in starts:
+        if pos < end:
+            continue  # inside an object already taken
+        try:
+            obj, stop = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+            end = stop
+    return found
+
+
+def extract_json(text: str) -> dict[str, Any] | None:
+    """The first JSON object in a reply: in a code fence, else the first ``{...}`` that parses."""
+    found = json_candidates(text)
+    return found[0] if found else None
 
 
 def verdict_nonce(purpose: str, *texts: str) -> str:
@@ -79,5 +81,6 @@ def verdict_nonce(purpose: str, *texts: str) -> str:
 
 
 def carrying_nonce(text: str, nonce: str) -> list[dict[str, Any]]:
-    """The JSON objects of a reply that carry ``nonce`` as "verdict_nonce", in order."""
-    return [o for o in json_objects(text) if o.get("verdict_nonce") == nonce]
+    """The JSON objects of a reply that carry ``nonce`` as "verdict_nonce"; the last is the
+    last in the reply (every fenced object is also found again where it stands in the prose)."""
+    return [o for o in json_candidates(text) if o.get("verdict_nonce") == nonce]
