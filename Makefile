@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := orthanc orthanc-dicomweb dcmtk dcm2niix chromium poppler-utils fonts-dejavu-core
+APT_PACKAGES := orthanc orthanc-dicomweb dcmtk dicom3tools dcm2niix chromium poppler-utils fonts-dejavu-core
 STAMP := $(VENV)/.setup-done
 
 .PHONY: setup test demo bench lint format clean

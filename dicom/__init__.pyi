@@ -7,6 +7,15 @@ from .errors import ImagingError as ImagingError
 from .headers.batch import read_headers as read_headers
 from .headers.frame import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
 from .index import index_path as index_path
+from .person import (
+    PersonNameError as PersonNameError,
+)
+from .person import (
+    display_name as display_name,
+)
+from .person import (
+    person_name as person_name,
+)
 from .pixels import load_volume as load_volume
 from .records import (
     CLINICAL_CLASSES as CLINICAL_CLASSES,

@@ -50,6 +50,13 @@ from .models import resolve_specs as resolve_specs
 from .models.check import check_model as check_model
 from .phi import PHIPolicy as PHIPolicy
 from .reports.agreement import review_stats as review_stats
+from .reports.block import BlockItem as BlockItem
+from .reports.block import ItemKind as ItemKind
+from .reports.block import ReportBlock as ReportBlock
+from .reports.block import ReportContent as ReportContent
+from .reports.block import answer_key as answer_key
+from .reports.block import report_blocks as report_blocks
+from .reports.block import unverified_content as unverified_content
 from .reports.bundle import (
     ReportIndex as ReportIndex,
 )
@@ -65,7 +72,6 @@ from .reports.bundle import (
 from .reports.bundle import (
     write_report as write_report,
 )
-from .reports.checklist import answer_key as answer_key
 from .reports.checklist import reviewed_samples as reviewed_samples
 from .reports.html import (
     ImageLoader as ImageLoader,
@@ -83,7 +89,13 @@ from .reports.html import (
     render_page as render_page,
 )
 from .reports.html import (
+    render_signoff as render_signoff,
+)
+from .reports.html import (
     render_summary as render_summary,
+)
+from .reports.html import (
+    render_verified as render_verified,
 )
 from .reports.loader import (
     RUNDATA_FILE as RUNDATA_FILE,
@@ -144,6 +156,15 @@ from .reports.summary import (
 from .reports.summary import (
     case_slug as case_slug,
 )
+from .reports.verify import Decision as Decision
+from .reports.verify import Outcome as Outcome
+from .reports.verify import Verification as Verification
+from .reports.verify import VerifiedBlock as VerifiedBlock
+from .reports.verify import case_verification as case_verification
+from .reports.verify import decision as decision
+from .reports.verify import digest as digest
+from .reports.verify import missing_items as missing_items
+from .reports.verify import review_preview as review_preview
 from .runconfig import RunConfig as RunConfig
 from .scores import ErrorCategory as ErrorCategory
 from .scores import ParseStatus as ParseStatus

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from dicom import PersonNameError, person_name
 from gateway.pacs_local import write_secret
 
 PREFIX = "nsbx"
@@ -32,6 +33,9 @@ class Role(StrEnum):
 class TokenRecord(BaseModel):
     id: str
     name: str = ""
+    # The clinician's DICOM person name (family^given): the Verifying Observer of what they
+    # sign; empty for tokens of programs, which cannot sign off.
+    person: str = ""
     role: Role
     salt: str
     sha256: str
@@ -74,8 +78,14 @@ class TokenStore:
         write_secret(self.path, data)
         self._mtime = None
 
-    def create(self, role: Role, name: str = "") -> tuple[TokenRecord, str]:
-        """A new token; the returned string is the only time the secret is seen."""
+    def create(self, role: Role, name: str = "", person: str = "") -> tuple[TokenRecord, str]:
+        """A new token; the returned string is the only time the secret is seen. ``person``:
+        the holder's name as family^given (checked), needed to sign off and adjudicate."""
+        if person:
+            try:
+                person = person_name(person)
+            except PersonNameError as exc:
+                raise TokenError(str(exc)) from None
         with self._lock:
             records = dict(self._load())
             tid = secrets.token_hex(6)
@@ -84,6 +94,7 @@ class TokenStore:
             rec = TokenRecord(
                 id=tid,
                 name=name[:64],
+                person=person,
                 role=role,
                 salt=salt,
                 sha256=_digest(salt, secret),

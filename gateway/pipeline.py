@@ -24,12 +24,12 @@ from typing import Protocol, runtime_checkable
 import pydicom
 
 from dicom import index_path
-from evaluation import Answer
+from evaluation import report_blocks, unverified_content
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient
-from gateway.results import CaseResult, EvaluationResult
+from gateway.results import EvaluationResult
 from gateway.routing import Route, Router, StudyFacts
 from gateway.run_report import publish, write_checklist
 from gateway.runs import RunRecord, RunStatus, StudyRunStore
@@ -38,7 +38,6 @@ from gateway.sr import (
     build_pdf,
     build_sr,
     evidence_from_files,
-    merged_answer,
     model_of,
     series_uid_for,
 )
@@ -313,12 +312,13 @@ class StudyPipeline:
         previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
         sr_paths: list[str] = []
         sr_uids: dict[str, str] = {}  # model -> SOP Instance UID of its UNVERIFIED SR
+        blocks = {b.model: b for b in report_blocks(result.run.samples)}
         for model in route.models:
-            answer = sr_answer([c for c in result.cases if c.model == model])
-            if answer is None:
+            if model not in blocks:
                 continue
             prev = [d for d in previous if model_of(d) == model]
-            sr = build_sr(headers, answer, model, result.evaluator, version, prev, result.modality)
+            content = unverified_content(blocks[model])
+            sr = build_sr(headers, content, model, result.evaluator, version, prev, result.modality)
             path = work / f"sr-{len(sr_paths) + 1}.dcm"
             sr.save_as(path, enforce_file_format=True)
             self.orthanc.upload(path)
@@ -360,8 +360,3 @@ class StudyPipeline:
         )
         self.audit.write("system", "evaluation", f"run:{job.run_id}", "done")
         log.info("study %s: report version %d stored", uid_key(job.study_uid), version)
-
-
-def sr_answer(cases: list[CaseResult]) -> Answer | None:
-    """One model's answer for its SR (:func:`gateway.sr.merged_answer` of its answered tasks)."""
-    return merged_answer((c.task, c.answer) for c in cases if c.answer is not None)

@@ -1,67 +1,40 @@
-"""Re-issue a signed-off case to PACS: a VERIFIED SR per model, with the reviewer as verifying
-observer, carrying the clinician's corrections (rejected lines dropped, corrected lines replaced,
-the clinician's diagnosis as the final diagnosis). Like the model's UNVERIFIED SR, it merges the
-model's reviewed answers (findings from the lesion task, diagnosis and differential from the
-differential task: :func:`gateway.sr.merged_answer`). When the study holds that UNVERIFIED SR
-(written back by the gateway or the demo), the VERIFIED one names it as its predecessor document
-and continues its instance numbers."""
+"""Re-issue a signed-off case to PACS: per model, a VERIFIED SR of exactly what the clinicians
+verified (its review block with rejected items dropped, corrected ones carrying the correction,
+their diagnoses and comments as text), and one VERIFIED checklist PDF saying by whom and when.
+
+The SR goes into the study's "(VERIFIED)" series, names the model's UNVERIFIED SR (written back
+by the gateway or the demo) and any earlier VERIFIED one as predecessors, and carries every
+signing reviewer (and the adjudicating admin) as Verifying Observer. What is verified comes from
+:func:`evaluation.case_verification`; nothing is issued while reviewers disagree unadjudicated.
+"""
 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass, field
+from datetime import datetime
 
 import pydicom
 from pydicom.dataset import Dataset
 
-from evaluation import (
-    FULL_INPUT,
-    Answer,
-    Case,
-    CaseReview,
-    DifferentialItem,
-    Finding,
-    RunData,
-    TaskFamily,
-    Verdict,
-    answer_key,
-    reviewed_samples,
-)
+from dicom import display_name
+from evaluation import Case, PdfError, RunData, Verification, pdf_bytes, render_verified
 from gateway.orthanc import OrthancClient, OrthancError
 from gateway.run_report import gateway_info
-from gateway.sr import build_sr, merged_answer, model_of, series_uid_for, verify_sr
+from gateway.sr import (
+    ReportBuildError,
+    Verifier,
+    build_pdf,
+    build_sr,
+    model_of,
+    series_uid_for,
+)
 
 MAX_SOURCE_HEADERS = 500
 
 
 class ReissueError(RuntimeError):
     """The case cannot be re-issued (no source study in PACS, nothing signed off)."""
-
-
-def corrected_answer(answer: Answer, key: str, review: CaseReview) -> Answer:
-    """The answer as the clinician left it."""
-    items = review.items.get(key, {})
-
-    def keep(item_id: str) -> tuple[bool, str | None]:
-        st = items.get(item_id)
-        if st is None or st.verdict is Verdict.ACCEPT:
-            return True, None
-        return st.verdict is Verdict.CORRECT, st.text if st.verdict is Verdict.CORRECT else None
-
-    findings: list[Finding] = []
-    for n, f in enumerate(answer.findings, start=1):
-        ok, text = keep(f"finding.{n}")
-        if ok:
-            findings.append(f.model_copy(update={"description": text}) if text else f)
-    diff: list[DifferentialItem] = []
-    for n, d in enumerate(answer.differential, start=1):
-        ok, text = keep(f"dx.{n}")
-        if ok:
-            diff.append(d.model_copy(update={"diagnosis": text, "icd10": None}) if text else d)
-    ok, text = keep("final")
-    final = review.diagnosis or text or (answer.final_diagnosis if ok else None)
-    return answer.model_copy(
-        update={"findings": findings, "differential": diff, "final_diagnosis": final}
-    )
 
 
 def _source_headers(orthanc: OrthancClient, case: Case) -> tuple[list[Dataset], str]:
@@ -91,10 +64,11 @@ def _number(ds: Dataset) -> int:
         return 0
 
 
-def stored_srs(orthanc: OrthancClient, study_uid: str) -> list[Dataset]:
-    """Headers of the SRs in the study's NeuroSandbox SR series, newest first."""
+def stored_srs(orthanc: OrthancClient, study_uid: str, kind: str = "sr") -> list[Dataset]:
+    """Headers of the SRs in the study's NeuroSandbox SR series (``kind``: "sr" UNVERIFIED,
+    "sr-verified" VERIFIED), newest first."""
     try:
-        items = orthanc.series_metadata(study_uid, series_uid_for(study_uid, "sr"))
+        items = orthanc.series_metadata(study_uid, series_uid_for(study_uid, kind))
     except OrthancError as exc:
         if exc.status == 404:  # nothing written back yet
             return []
@@ -111,46 +85,93 @@ def predecessor(srs: list[Dataset], model: str, named: str | None) -> Dataset | 
     return exact or (of_model[0] if of_model else None)
 
 
+@dataclass
+class Reissued:
+    sr_uids: list[str] = field(default_factory=list)
+    pdf_uid: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _when(iso: str) -> datetime:
+    """An ISO time from the review log as the local wall-clock time DICOM DT values use."""
+    try:
+        return datetime.fromisoformat(iso).astimezone().replace(tzinfo=None)
+    except ValueError:
+        return datetime.now()
+
+
+def verifiers(verification: Verification, organization: str) -> list[Verifier]:
+    people = [
+        *verification.signers,
+        *([verification.adjudicator] if verification.adjudicator else []),
+    ]
+    out = []
+    for s in people:
+        if not s.person:
+            raise ReissueError(
+                f"{s.reviewer} has no person name (family^given) on record: a VERIFIED report "
+                "names its verifying observers; create their token with --person"
+            )
+        out.append(Verifier(person=s.person, organization=organization, at=_when(s.at)))
+    return out
+
+
 def reissue_case(
     orthanc: OrthancClient,
     run: RunData,
     case_id: str,
-    review: CaseReview,
+    verification: Verification,
     organization: str,
-) -> list[str]:
-    """Store one VERIFIED SR per model with reviewed answers; returns their SOP Instance UIDs."""
-    if review.signed_off_at is None:
-        raise ReissueError("only a signed-off case can be re-issued")
-    case = run.case(case_id)
-    by_model: dict[str, list[tuple[TaskFamily, Answer]]] = {}
-    for s, _ in reviewed_samples(run.samples_of(case_id)):
-        if s.ablation == FULL_INPUT and isinstance(s.answer, Answer):
-            corrected = corrected_answer(s.answer, answer_key(s), review)
-            by_model.setdefault(s.scored.model, []).append((s.scored.family, corrected))
-    if not by_model:
+) -> Reissued:
+    """Store one VERIFIED SR per model and the VERIFIED checklist PDF of a verified case."""
+    if not verification.complete:
+        raise ReissueError(f"case {case_id!r} cannot be re-issued: {verification.why_not}")
+    if not verification.blocks:
         raise ReissueError(f"case {case_id!r} has no diagnostic answer to report")
+    case = run.case(case_id)
+    signed = verifiers(verification, organization)
     headers, modality = _source_headers(orthanc, case)
-    earlier = stored_srs(orthanc, case.provenance.study_uids[0])
+    study_uid = case.provenance.study_uids[0]
+    unverified = stored_srs(orthanc, study_uid)
+    earlier = stored_srs(orthanc, study_uid, "sr-verified")
     named = gateway_info(run).get("unverified_sr") or {}
-    number = max((_number(d) for d in earlier), default=0) + 1  # next in the series
-    uids = []
-    for model, answers in by_model.items():
-        answer = merged_answer(answers)
-        assert answer is not None
-        prior = predecessor(earlier, model, named.get(model))
-        sr = build_sr(headers, answer, model, "clinician-reviewed", number, (), modality)
-        # The draft built here is never stored: the document the signed one replaces is the
-        # model's UNVERIFIED SR in PACS, when there is one.
-        signed = verify_sr(
-            sr,
-            observer_name=review.reviewer[:64],
-            organization=organization,
-            replaces=[prior] if prior is not None else [],
-            instance_number=number,
-        )
+    number = max((_number(d) for d in earlier), default=0) + 1  # next in the VERIFIED series
+    out = Reissued()
+    for block in verification.blocks:
+        prior = predecessor(unverified, block.model, named.get(block.model))
+        replaces = [d for d in (prior, _newest(earlier, block.model)) if d is not None]
+        try:
+            sr = build_sr(
+                headers, block.content, block.model, "clinician-verified", number, replaces,
+                modality, verifiers=signed,
+            )  # fmt: skip
+        except ReportBuildError as exc:
+            raise ReissueError(str(exc)) from exc
         number += 1
-        buf = io.BytesIO()
-        pydicom.dcmwrite(buf, signed, enforce_file_format=True)
-        orthanc.upload(buf.getvalue())
-        uids.append(str(signed.SOPInstanceUID))
-    return uids
+        orthanc.upload(_encode(sr))
+        out.sr_uids.append(str(sr.SOPInstanceUID))
+    try:
+        page = render_verified(run, case_id, verification, organization)
+        pdf = build_pdf(headers[0], pdf_bytes(page), _title(verification), number, verified=True)
+    except (PdfError, ReportBuildError) as exc:
+        out.warnings.append(f"the VERIFIED checklist PDF was not written: {exc}")
+    else:
+        orthanc.upload(_encode(pdf))
+        out.pdf_uid = str(pdf.SOPInstanceUID)
+    return out
+
+
+def _newest(srs: list[Dataset], model: str) -> Dataset | None:
+    return next((d for d in srs if model_of(d) == model), None)
+
+
+def _title(v: Verification) -> str:
+    names = ", ".join(display_name(s.person) for s in v.signers)
+    when = _when(v.signers[-1].at).strftime("%Y-%m-%d") if v.signers else ""
+    return f"NeuroSandbox checklist VERIFIED by {names} {when}"[:64]
+
+
+def _encode(ds: Dataset) -> bytes:
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+    return buf.getvalue()

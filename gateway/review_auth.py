@@ -35,6 +35,7 @@ class Reviewer:
     role: Role
     session_id: str | None = None  # None: a bearer-token request
     csrf: str = ""
+    person: str = ""  # DICOM person name (family^given) from the token; "" for programs
 
 
 @dataclass
@@ -44,6 +45,7 @@ class _Session:
     role: Role
     csrf: str
     expires: float
+    person: str = ""
 
 
 def reviewer_name(rec: TokenRecord) -> str:
@@ -63,9 +65,9 @@ class SessionStore:
             if len(self._sessions) >= MAX_SESSIONS:
                 self._sessions = {k: v for k, v in self._sessions.items() if v.expires > now}
             self._sessions[sid] = _Session(
-                rec.id, reviewer_name(rec), rec.role, csrf, now + self.ttl
+                rec.id, reviewer_name(rec), rec.role, csrf, now + self.ttl, rec.person
             )
-        return sid, Reviewer(reviewer_name(rec), rec.id, rec.role, sid, csrf)
+        return sid, Reviewer(reviewer_name(rec), rec.id, rec.role, sid, csrf, rec.person)
 
     def get(self, sid: str) -> _Session | None:
         with self._lock:
@@ -88,7 +90,7 @@ def identify(request: Request, tokens: TokenStore, sessions: SessionStore) -> Re
         if rec is None:
             return None
         request.state.actor = rec.id
-        return Reviewer(reviewer_name(rec), rec.id, rec.role)
+        return Reviewer(reviewer_name(rec), rec.id, rec.role, person=rec.person)
     sid = request.cookies.get(SESSION_COOKIE, "")
     s = sessions.get(sid) if 0 < len(sid) <= 100 else None
     if s is None:
@@ -98,7 +100,7 @@ def identify(request: Request, tokens: TokenStore, sessions: SessionStore) -> Re
         sessions.drop(sid)
         return None
     request.state.actor = s.token_id
-    return Reviewer(s.name, s.token_id, s.role, sid, s.csrf)
+    return Reviewer(s.name, s.token_id, s.role, sid, s.csrf, s.person)
 
 
 def same_origin(request: Request) -> bool:
@@ -110,9 +112,11 @@ def same_origin(request: Request) -> bool:
 
 
 def csrf_ok(request: Request, who: Reviewer, form_token: str) -> bool:
-    """A cookie-authenticated POST must carry the session's CSRF token and come from here."""
+    """A cookie-authenticated POST must carry the session's CSRF token (a form field, or the
+    ``X-CSRF-Token`` header for JSON) and come from here."""
     if who.session_id is None:
         return True  # bearer token: nothing ambient a third-party page could use
+    form_token = form_token or request.headers.get("x-csrf-token", "")
     return (
         bool(form_token)
         and hmac.compare_digest(form_token.encode(), who.csrf.encode())

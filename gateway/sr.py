@@ -1,16 +1,20 @@
 """DICOM objects written back into the source study: a TID 1500 SR and an Encapsulated PDF.
 
-Both carry the source study's patient and study modules, are marked UNVERIFIED (the SR by its
-VerificationFlag; the PDF by the same attribute as a standard extension and in its title)
-and live in one series per kind, so a re-evaluation adds a new instance (a new version, the SR
-naming its predecessor) next to the old one. ``verify_sr`` makes the signed (VERIFIED) version.
+Both carry the source study's patient and study modules. What a model reported goes into the
+"(UNVERIFIED)" series of its kind (the SR's VerificationFlag says UNVERIFIED; the PDF's title
+does, its IOD having no flag); what a clinician verified goes into the "(VERIFIED)" series, the
+SR naming the UNVERIFIED one as predecessor and the clinicians as Verifying Observers. A
+re-evaluation adds a new instance (a new version) next to the old one. The content of every SR
+is a ``ReportContent``: a model's review block (evaluation.reports.block), as the model gave it
+or as the clinician verified it.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
@@ -18,8 +22,10 @@ import highdicom as hd
 import pydicom
 from highdicom.sr import (
     AlgorithmIdentification,
+    CodeContentItem,
     CodedConcept,
     Comprehensive3DSR,
+    ContainerContentItem,
     DeviceObserverIdentifyingAttributes,
     FindingSite,
     MeasurementReport,
@@ -27,21 +33,32 @@ from highdicom.sr import (
     ObservationContext,
     ObserverContext,
     QualitativeEvaluation,
+    RelationshipTypeValues,
+    TextContentItem,
     TrackingIdentifier,
 )
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.sr.codedict import codes
+from pydicom.sr.coding import Code
 from pydicom.tag import Tag
 from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
+from pydicom.valuerep import DA, TM
 
-from evaluation import Answer, Finding, TaskFamily
+from dicom import PersonNameError, person_name
+from evaluation import DifferentialItem, Finding, ReportContent
 from gateway.cache import InvalidUIDError, check_uid
 
 ENCAPSULATED_PDF_STORAGE = "1.2.840.10008.5.1.4.1.1.104.1"
 MANUFACTURER = "NeuroSandbox"
 LOCAL_SCHEME = "99NEUROSANDBOX"
 DIAGNOSIS = CodedConcept("439401001", "SCT", "Diagnosis")
+DIFFERENTIAL = CodedConcept("111023", "DCM", "Differential Diagnosis/Impression")
+QUALITATIVE_EVALUATIONS = CodedConcept("C0034375", "UMLS", "Qualitative Evaluations")
+FINDING_TEXT = CodedConcept("FINDING-TEXT", LOCAL_SCHEME, "Finding description")
+ERROR_CATEGORY = CodedConcept("ERROR-CATEGORY", LOCAL_SCHEME, "AI error category")
+MAX_TEXT = 4000
+_ICD10 = re.compile(r"^[A-Z][0-9][0-9A-Z](\.[0-9A-Z]{1,4})?$")
 DEVICE_UID = generate_uid(entropy_srcs=["neurosandbox-device"])
 
 # The atlas regions of evaluation.case.REGIONS; SNOMED CT where the code is in pydicom's
@@ -100,21 +117,12 @@ def region_code(region: str | None) -> CodedConcept:
     return CodedConcept(*hit) if hit else _local_code(region)
 
 
-def diagnosis_code(answer: Answer) -> CodedConcept | None:
-    """The final diagnosis coded: ICD-10 when the answer gives one, else a local code."""
-    if not answer.final_diagnosis:
-        return None
-    name = answer.final_diagnosis.strip()
-    icd = next(
-        (
-            d.icd10
-            for d in answer.differential
-            if d.icd10 and d.diagnosis.strip().lower() == name.lower()
-        ),
-        None,
-    )
-    if icd and len(icd) <= 16:
-        return CodedConcept(icd.strip().upper(), "I10", name[:64])
+def diagnosis_code(item: DifferentialItem) -> CodedConcept:
+    """A diagnosis coded: ICD-10 when the item gives one, else a local code of its text."""
+    name = item.diagnosis.strip()
+    icd = (item.icd10 or "").strip().upper()
+    if icd and len(icd) <= 16 and _ICD10.match(icd):
+        return CodedConcept(icd, "I10", name[:64] or icd)
     return _local_code(name)
 
 
@@ -124,7 +132,7 @@ def _finding_group(
     present = f is not None
     lat = _LATERALITY.get((f.hemisphere or "").strip().lower()) if f else None
     site = FindingSite(region_code(f.region if f else None), laterality=lat)
-    return MeasurementsAndQualitativeEvaluations(
+    group = MeasurementsAndQualitativeEvaluations(
         tracking_identifier=TrackingIdentifier(uid=generate_uid(), identifier=f"finding {n}"),
         finding_type=codes.SCT.Lesion,
         finding_sites=[site],
@@ -135,6 +143,71 @@ def _finding_group(
             )
         ],
     )
+    if f is not None:  # TID 1501 row 12: a coded question with a text answer
+        text = "; ".join(
+            x
+            for x in (
+                f.description.strip(),
+                f"sequence {f.sequence}" if f.sequence else "",
+                f"signal {f.signal}" if f.signal else "",
+                f"{f.size_mm:g} mm" if f.size_mm else "",
+                f"enhancement {f.enhancement}" if f.enhancement else "",
+            )
+            if x
+        )
+        group[0].ContentSequence.append(_text(FINDING_TEXT, text or "lesion"))
+    return group
+
+
+def _diagnosis_group(
+    label: str, concept: CodedConcept, item: DifferentialItem, algorithm: AlgorithmIdentification
+) -> MeasurementsAndQualitativeEvaluations:
+    group = MeasurementsAndQualitativeEvaluations(
+        tracking_identifier=TrackingIdentifier(uid=generate_uid(), identifier=label),
+        finding_type=concept,
+        finding_sites=[FindingSite(region_code(None))],
+        algorithm_id=algorithm,
+        qualitative_evaluations=[QualitativeEvaluation(concept, diagnosis_code(item))],
+    )
+    if len(item.diagnosis.strip()) > 64:  # the code meaning holds 64 characters: the rest as text
+        group[0].ContentSequence.append(_text(concept, item.diagnosis.strip()))
+    return group
+
+
+def _text(name: CodedConcept | Code, value: str) -> TextContentItem:
+    return TextContentItem(
+        name=name, value=value[:MAX_TEXT], relationship_type=RelationshipTypeValues.CONTAINS
+    )
+
+
+def _report_level(content: ReportContent) -> ContainerContentItem | None:
+    """TID 1500 row 12: the report's own qualitative evaluations (error categories, reviewers'
+    diagnoses and comments)."""
+    items: list[Dataset] = [
+        CodeContentItem(
+            name=ERROR_CATEGORY,
+            value=CodedConcept(f"ERR-{cat.upper()}"[:16], LOCAL_SCHEME, cat.replace("_", " ")[:64]),
+            relationship_type=RelationshipTypeValues.CONTAINS,
+        )
+        for cat in content.error_categories
+    ]
+    items += [_text(codes.DCM.Comment, c) for c in content.comments if c.strip()]
+    if not items:
+        return None
+    container = ContainerContentItem(
+        name=QUALITATIVE_EVALUATIONS, relationship_type=RelationshipTypeValues.CONTAINS
+    )
+    container.ContentSequence = DicomSequence(items)
+    return container
+
+
+@dataclass(frozen=True)
+class Verifier:
+    """A clinician who verified a report: DICOM person name (family^given), organisation, when."""
+
+    person: str
+    organization: str
+    at: datetime
 
 
 _EVIDENCE_KEYWORDS = (
@@ -168,33 +241,33 @@ def _evidence(source: Sequence[Dataset]) -> list[Dataset]:
 
 def build_sr(
     source: Sequence[Dataset],
-    answer: Answer,
+    content: ReportContent,
     model_name: str,
     model_version: str,
     instance_number: int,
     previous: Sequence[Dataset] = (),
     modality: str = "MR",
+    verifiers: Sequence[Verifier] = (),
 ) -> Dataset:
-    """A Comprehensive 3D SR (TID 1500) of one model's answer; UNVERIFIED, PRELIMINARY."""
+    """A Comprehensive 3D SR (TID 1500) of one model's report content.
+
+    Without ``verifiers``: UNVERIFIED, PRELIMINARY, in the study's "(UNVERIFIED)" series. With
+    them: VERIFIED, FINAL, in the "(VERIFIED)" series, every verifier a Verifying Observer;
+    ``previous`` (the documents it replaces) are named as predecessors either way.
+    """
     if not source:
         raise ReportBuildError("no source instance headers: cannot build an SR for the study")
     evidence = _evidence(source)
     study_uid = str(evidence[0].StudyInstanceUID)
     algorithm = AlgorithmIdentification(name=model_name[:64], version=model_version[:64])
-    groups = [_finding_group(i + 1, f, algorithm) for i, f in enumerate(answer.findings)]
-    if not groups:
-        groups = [_finding_group(1, None, algorithm)]
-    dx = diagnosis_code(answer)
-    if dx is not None:
-        groups.append(
-            MeasurementsAndQualitativeEvaluations(
-                tracking_identifier=TrackingIdentifier(uid=generate_uid(), identifier="diagnosis"),
-                finding_type=DIAGNOSIS,
-                finding_sites=[FindingSite(region_code(None))],
-                algorithm_id=algorithm,
-                qualitative_evaluations=[QualitativeEvaluation(DIAGNOSIS, dx)],
-            )
-        )
+    groups = [_finding_group(i + 1, f, algorithm) for i, f in enumerate(content.findings)]
+    if content.no_findings and not content.findings:
+        groups.append(_finding_group(1, None, algorithm))
+    for i, d in enumerate(content.differential, start=1):
+        groups.append(_diagnosis_group(f"differential {i}", DIFFERENTIAL, d, algorithm))
+    for i, d in enumerate(content.final_diagnoses, start=1):
+        label = "diagnosis" if i == 1 else f"diagnosis {i}"
+        groups.append(_diagnosis_group(label, DIAGNOSIS, d, algorithm))
     observer = ObserverContext(
         observer_type=codes.DCM.Device,
         observer_identifying_attributes=DeviceObserverIdentifyingAttributes(
@@ -207,35 +280,79 @@ def build_sr(
     procedure = (
         codes.SCT.ComputedTomographyOfHead if modality == "CT" else codes.SCT.ImagingProcedure
     )
-    report = MeasurementReport(
-        observation_context=ObservationContext(observer_device_context=observer),
-        procedure_reported=procedure,
-        imaging_measurements=groups,
-    )
+    verified = bool(verifiers)
     try:
+        for v in verifiers:
+            person_name(v.person)
+        report = MeasurementReport(
+            observation_context=ObservationContext(observer_device_context=observer),
+            procedure_reported=procedure,
+            imaging_measurements=groups or None,
+        )
+        extra = _report_level(content)
+        if extra is not None:
+            report[0].ContentSequence.append(extra)
+        kind = "sr-verified" if verified else "sr"
         sr = Comprehensive3DSR(
             evidence=evidence,
             content=report[0],
-            series_instance_uid=series_uid_for(study_uid, "sr"),
-            series_number=9901,
+            series_instance_uid=series_uid_for(study_uid, kind),
+            series_number=9903 if verified else 9901,
             sop_instance_uid=generate_uid(),
             instance_number=instance_number,
             manufacturer=MANUFACTURER,
             is_complete=True,
-            is_final=False,
-            is_verified=False,
+            is_final=verified,
+            is_verified=verified,
+            verifying_observer_name=verifiers[0].person if verified else None,
+            verifying_organization=verifiers[0].organization[:64] if verified else None,
             previous_versions=list(previous) or None,
-            series_description="NeuroSandbox AI findings (UNVERIFIED)",
+            series_description=f"NeuroSandbox AI findings ({'VERIFIED' if verified else 'UNVERIFIED'})",
         )
-    except (ValueError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError, PersonNameError) as exc:
         raise ReportBuildError(f"SR for study could not be built: {exc}") from exc
+    if verified:
+        sr.VerifyingObserverSequence = [_observer(v) for v in verifiers]
+        last = max(v.at for v in verifiers)
+        sr.ContentDate = DA(last.strftime("%Y%m%d"))
+        sr.ContentTime = TM(last.strftime("%H%M%S"))
+    if any(_uses_local(ds) for ds in sr.ContentSequence):
+        sr.CodingSchemeIdentificationSequence = [_local_scheme()]
     return sr
 
 
+def _observer(v: Verifier) -> Dataset:
+    item = Dataset()
+    item.VerifyingObserverName = v.person
+    item.VerifyingObserverIdentificationCodeSequence = DicomSequence()
+    item.VerifyingOrganization = v.organization[:64]
+    item.VerificationDateTime = v.at.strftime("%Y%m%d%H%M%S")
+    return item
+
+
+def _uses_local(ds: Dataset) -> bool:
+    for kw in ("ConceptNameCodeSequence", "ConceptCodeSequence"):
+        if any(c.get("CodingSchemeDesignator") == LOCAL_SCHEME for c in ds.get(kw, [])):
+            return True
+    return any(_uses_local(child) for child in ds.get("ContentSequence", []))
+
+
+def _local_scheme() -> Dataset:
+    item = Dataset()
+    item.CodingSchemeDesignator = LOCAL_SCHEME
+    item.CodingSchemeName = "NeuroSandbox local codes"
+    item.CodingSchemeResponsibleOrganization = MANUFACTURER
+    return item
+
+
 def build_pdf(
-    source: Dataset, pdf: bytes, title: str, instance_number: int, unverified: bool = True
+    source: Dataset, pdf: bytes, title: str, instance_number: int, verified: bool = False
 ) -> Dataset:
-    """An Encapsulated PDF instance in the source study (patient and study modules copied)."""
+    """An Encapsulated PDF instance in the source study (patient and study modules copied).
+
+    The checklist of a run goes into the "(UNVERIFIED)" series; a signed case's verified report
+    into the "(VERIFIED)" one, its title saying by whom and when. The IOD has no verification
+    flag: the series, the document title and the PDF's own first page say which it is."""
     if not pdf.startswith(b"%PDF"):
         raise ReportBuildError("the checklist is not a PDF document (no %PDF header)")
     now = datetime.now()
@@ -255,9 +372,12 @@ def build_pdf(
     ds.SOPClassUID = ENCAPSULATED_PDF_STORAGE
     ds.SOPInstanceUID = sop
     ds.Modality = "DOC"
-    ds.SeriesInstanceUID = series_uid_for(str(source.StudyInstanceUID), "pdf")
-    ds.SeriesNumber = 9902
-    ds.SeriesDescription = "NeuroSandbox AI checklist (UNVERIFIED)"
+    kind = "VERIFIED" if verified else "UNVERIFIED"
+    ds.SeriesInstanceUID = series_uid_for(
+        str(source.StudyInstanceUID), "pdf-verified" if verified else "pdf"
+    )
+    ds.SeriesNumber = 9904 if verified else 9902
+    ds.SeriesDescription = f"NeuroSandbox AI checklist ({kind})"
     ds.Manufacturer = MANUFACTURER
     ds.ConversionType = "WSD"
     ds.InstanceNumber = instance_number
@@ -265,101 +385,17 @@ def build_pdf(
     ds.ContentTime = now.strftime("%H%M%S")
     ds.AcquisitionDateTime = now.strftime("%Y%m%d%H%M%S")
     ds.BurnedInAnnotation = "NO"  # the checklist names no patient
-    ds.DocumentTitle = (title + (" (UNVERIFIED)" if unverified else ""))[:64]
+    ds.DocumentTitle = (title if verified else f"{title} (UNVERIFIED)")[:64]
     ds.ConceptNameCodeSequence = DicomSequence()
-    ds.VerificationFlag = "UNVERIFIED" if unverified else "VERIFIED"  # standard extended
     ds.MIMETypeOfEncapsulatedDocument = "application/pdf"
     ds.EncapsulatedDocument = pdf + (b"\0" if len(pdf) % 2 else b"")
     ds.EncapsulatedDocumentLength = len(pdf)
     return ds
 
 
-def verify_sr(
-    sr: Dataset,
-    observer_name: str,
-    organization: str,
-    when: datetime | None = None,
-    replaces: Sequence[Dataset] | None = None,
-    instance_number: int | None = None,
-) -> Dataset:
-    """The signed version of an SR: VERIFIED, FINAL, with the verifying observer; new instance
-    (numbered ``instance_number``, by default the one after ``sr``'s).
-
-    Its predecessor documents are ``replaces`` (the stored documents it supersedes; empty: none),
-    by default ``sr`` itself. ``sr`` is left as it was.
-    """
-    when = when or datetime.now()
-    new = copy.deepcopy(sr)  # Dataset.copy() is shallow: the new UID would also change ``sr``
-    new.file_meta = FileMetaDataset(sr.file_meta) if hasattr(sr, "file_meta") else FileMetaDataset()
-    new.SOPInstanceUID = generate_uid()
-    new.file_meta.MediaStorageSOPInstanceUID = new.SOPInstanceUID
-    new.InstanceNumber = (
-        instance_number
-        if instance_number is not None
-        else int(sr.get("InstanceNumber", 1) or 1) + 1
-    )
-    new.ContentDate = when.strftime("%Y%m%d")
-    new.ContentTime = when.strftime("%H%M%S")
-    new.VerificationFlag = "VERIFIED"
-    new.PreliminaryFlag = "FINAL"
-    observer = Dataset()
-    observer.VerifyingObserverName = observer_name
-    observer.VerifyingOrganization = organization[:64]
-    observer.VerificationDateTime = when.strftime("%Y%m%d%H%M%S")
-    observer.VerifyingObserverIdentificationCodeSequence = DicomSequence()
-    new.VerifyingObserverSequence = DicomSequence([observer])
-    earlier = [sr] if replaces is None else list(replaces)
-    if "PredecessorDocumentsSequence" in new:
-        del new.PredecessorDocumentsSequence
-    if earlier:
-        new.PredecessorDocumentsSequence = DicomSequence(_references(earlier))
-    return Comprehensive3DSR.from_dataset(new, copy=False)
-
-
-def _references(docs: Sequence[Dataset]) -> list[Dataset]:
-    """Hierarchical SOP instance references (study > series > instance) to ``docs``."""
-    studies: dict[str, dict[str, list[Dataset]]] = {}
-    for doc in docs:
-        ref = Dataset()
-        ref.ReferencedSOPClassUID = doc.SOPClassUID
-        ref.ReferencedSOPInstanceUID = doc.SOPInstanceUID
-        series = studies.setdefault(str(doc.StudyInstanceUID), {})
-        series.setdefault(str(doc.SeriesInstanceUID), []).append(ref)
-    out = []
-    for study_uid, by_series in studies.items():
-        study = Dataset()
-        study.StudyInstanceUID = study_uid
-        items = []
-        for series_uid, refs in by_series.items():
-            item = Dataset()
-            item.SeriesInstanceUID = series_uid
-            item.ReferencedSOPSequence = DicomSequence(refs)
-            items.append(item)
-        study.ReferencedSeriesSequence = DicomSequence(items)
-        out.append(study)
-    return out
-
-
 def load_sr(ds: Dataset) -> hd.sr.Comprehensive3DSR:
     """Parse an SR dataset with highdicom (raises when it is not a valid Comprehensive 3D SR)."""
     return Comprehensive3DSR.from_dataset(ds)
-
-
-def merged_answer(answers: Iterable[tuple[TaskFamily, Answer]]) -> Answer | None:
-    """One model's answer for its SR (``answers``: its (task, answer) pairs in run order, the
-    first of each task counts): the findings from the lesion task, else the first answer's; the
-    diagnosis and differential from the differential task, else the first answer's. The
-    UNVERIFIED SR written back after a run and the VERIFIED one a clinician re-issues are built
-    by this one rule."""
-    by_task: dict[TaskFamily, Answer] = {}
-    for task, answer in answers:
-        by_task.setdefault(task, answer)
-    if not by_task:
-        return None
-    first = next(iter(by_task.values()))
-    findings = by_task.get(TaskFamily.LESION, first)
-    dx = by_task.get(TaskFamily.DIFFERENTIAL, first)
-    return dx.model_copy(update={"findings": findings.findings or dx.findings})
 
 
 def model_of(sr: Dataset) -> str:

@@ -8,57 +8,26 @@ from __future__ import annotations
 
 import io
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pydicom
 import pytest
+from dciodvfy import assert_dciodvfy_clean
+from gateway_process import BIN, Gateway, running_gateway, send
 from gateway_synth import make_study
 from highdicom.sr import Comprehensive3DSR
 from orthanc_fixture import STABLE_AGE, OrthancServer
 
 from gateway.auth import Role, TokenStore
-from gateway.orthanc import OrthancClient
 
 pytestmark = pytest.mark.integration
-STORESCU = "/usr/bin/storescu"
 QUIET = 1.5
-BIN = Path(sys.executable).parent / "neurosandbox"
 SR_CLASS = "1.2.840.10008.5.1.4.1.1.88.34"
 PDF_CLASS = "1.2.840.10008.5.1.4.1.1.104.1"
-
-
-@dataclass
-class Gateway:
-    proc: subprocess.Popen[bytes]
-    api: str
-    dicom_port: int
-    reviewer: str
-    admin: str
-    orthanc: OrthancClient
-    log: Path
-
-    def get(self, path: str, token: str | None = None, **kw: object) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.get(f"{self.api}{path}", headers=headers, timeout=30, **kw)  # type: ignore[arg-type]
-
-    def post(self, path: str, token: str, **kw: object) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {token}"}
-        return httpx.post(f"{self.api}{path}", headers=headers, timeout=60, **kw)  # type: ignore[arg-type]
-
-    def wait_run(self, run_id: str, timeout: float = 60) -> dict[str, object]:
-        deadline = time.monotonic() + timeout
-        run = self.get(f"/runs/{run_id}", self.reviewer).json()
-        while run["status"] in ("queued", "running") and time.monotonic() < deadline:
-            time.sleep(0.3)
-            run = self.get(f"/runs/{run_id}", self.reviewer).json()
-        return dict(run)
 
 
 def _cli(env: dict[str, str], *args: str) -> str:
@@ -71,60 +40,15 @@ def _cli(env: dict[str, str], *args: str) -> str:
 def gateway(
     orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Gateway]:
-    env = dict(
-        os.environ,
-        **orthanc_server.env,
-        NEUROSANDBOX_STUDY_QUIET_S=str(QUIET),
-        NEUROSANDBOX_FOLLOW_CHANGES="true",
-    )
     tokens = TokenStore(orthanc_server.settings.data_dir / "secret" / "tokens.json")
-    reviewer = tokens.create(Role.REVIEWER, "test-reviewer")[1]
+    reviewer = tokens.create(Role.REVIEWER, "test-reviewer", "Reviewer^Test")[1]
     admin = tokens.create(Role.ADMIN, "test-admin")[1]
     log = tmp_path_factory.mktemp("gateway-log") / "serve.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen([str(BIN), "serve"], env=env, stdout=fh, stderr=subprocess.STDOUT)
-    ep = orthanc_server.endpoints
-    api = f"http://127.0.0.1:{ep.api_port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.2)
-    client = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
-    try:
-        yield Gateway(proc, api, ep.gateway_dicom_port, reviewer, admin, client, log)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def send(gw: Gateway, files: list[Path], *extra: str) -> None:
-    r = subprocess.run(
-        [
-            STORESCU,
-            "-aet",
-            "MRI_SCANNER",
-            "-aec",
-            "NEUROSANDBOX",
-            *extra,
-            "127.0.0.1",
-            str(gw.dicom_port),
-            *map(str, files),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, TCP_NODELAY="1"),
-    )
-    assert r.returncode == 0, r.stderr
+    with running_gateway(
+        orthanc_server, log, reviewer, admin,
+        NEUROSANDBOX_STUDY_QUIET_S=str(QUIET), NEUROSANDBOX_FOLLOW_CHANGES="true",
+    ) as gw:  # fmt: skip
+        yield gw
 
 
 def reports(gw: Gateway, study_uid: str) -> dict[str, list[pydicom.Dataset]]:
@@ -232,30 +156,47 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
     assert [c["case_id"] for c in summary["cases"]] == [case_id]
     page = f"/review/runs/{run['run_id']}/cases/{summary['cases'][0]['slug']}"
     assert diagnosis in gateway.get(page, gateway.reviewer).text
-    for action, form in (
-        ("diagnosis", {"text": "Multiple sclerosis"}),
-        ("signoff", {}),
-        ("reissue", {}),
-    ):
-        r = gateway.post(f"{page}/{action}", gateway.reviewer, data=form)
-        assert r.status_code == 303, (action, r.text[-500:])
-    srs = reports(gateway, study.study_uid)["sr"]
-    verified = [d for d in srs if d.VerificationFlag == "VERIFIED"]
-    # One per model, as the UNVERIFIED one: its lesion and differential answers merged.
-    assert [int(d.InstanceNumber) for d in verified] == [3]
+    api = f"/review/api/runs/{run['run_id']}/cases/{summary['cases'][0]['slug']}"
+    state = gateway.get(api, gateway.reviewer).json()
+    for block in state["blocks"]:
+        if any(i["item_id"] == "final" for i in block["items"]):
+            fix = {"model": block["model"], "item_id": "final", "verdict": "correct",
+                   "text": "Multiple sclerosis"}  # fmt: skip
+            r = gateway.post(f"{api}/verdicts", gateway.reviewer, json={"verdicts": [fix]})
+            assert r.status_code == 200, r.text
+        r = gateway.post(
+            f"{api}/accept-remaining", gateway.reviewer, json={"model": block["model"]}
+        )
+        assert r.status_code == 200, r.text
+    digest = gateway.get(f"{api}/signoff", gateway.reviewer).json()["digest"]
+    r = gateway.post(f"{api}/signoff", gateway.reviewer, json={"digest": digest})
+    assert r.status_code == 200, r.text
+    r = gateway.post(f"{api}/reissue", gateway.reviewer)
+    assert r.status_code == 200, r.text
+    got = reports(gateway, study.study_uid)
+    verified = [d for d in got["sr"] if d.VerificationFlag == "VERIFIED"]
+    # One per model, as the UNVERIFIED one: its review block, in the VERIFIED series.
+    assert [int(d.InstanceNumber) for d in verified] == [1]
+    assert verified[0].SeriesDescription == "NeuroSandbox AI findings (VERIFIED)"
+    for doc in [*got["sr"], *got["pdf"]]:  # every SR and PDF written, UNVERIFIED and VERIFIED
+        assert_dciodvfy_clean(doc)
+    assert {p.SeriesDescription for p in got["pdf"]} == {
+        "NeuroSandbox AI checklist (UNVERIFIED)",
+        "NeuroSandbox AI checklist (VERIFIED)",
+    }
 
     def findings(doc: pydicom.Dataset) -> list[str]:  # tracking identifiers "finding N"
         texts = (str(e.value) for e in doc.iterall() if e.keyword == "TextValue")
         return [t for t in texts if t.startswith("finding ")]
 
-    # The lesion answer's findings, as in the UNVERIFIED SR (the reviewer changed only the dx).
+    # The findings as in the UNVERIFIED SR (the reviewer accepted them and changed the dx).
     assert findings(verified[0]) == findings(sr) != []
     for v in verified:
         Comprehensive3DSR.from_dataset(v)
-        assert v.VerifyingObserverSequence[0].VerifyingObserverName == "test-reviewer"
+        assert v.VerifyingObserverSequence[0].VerifyingObserverName == "Reviewer^Test"
         pred = v.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0]
         assert pred.ReferencedSOPSequence[0].ReferencedSOPInstanceUID == sr.SOPInstanceUID
-        assert "Multiple sclerosis" in {  # the clinician's diagnosis, not the model's
+        assert "Multiple sclerosis" in {  # the clinician's correction, not the model's
             c.CodeMeaning
             for item in v.iterall()
             if item.keyword == "ConceptCodeSequence"
@@ -313,7 +254,14 @@ def test_a_revoked_token_stops_working_at_once(
     gateway: Gateway, orthanc_server: OrthancServer
 ) -> None:
     env = dict(os.environ, **orthanc_server.env)
-    token = _cli(env, "tokens", "create", "--role", "reviewer", "--name", "short-lived")
+    # A reviewer token names the clinician (family^given): the Verifying Observer of a sign-off.
+    for person in ([], ["--person", "Dr Short"]):
+        r = subprocess.run([str(BIN), "tokens", "create", "--name", "x", *person], env=env,
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+        assert r.returncode == 2, r.stderr
+        assert "family^given" in " ".join(r.stderr.split()).lower()
+    token = _cli(env, "tokens", "create", "--role", "reviewer", "--name", "short-lived",
+                 "--person", "Lived^Short")  # fmt: skip
     assert gateway.get("/runs", token).status_code == 200
     TokenStore(orthanc_server.settings.data_dir / "secret" / "tokens.json").revoke(
         token.split("_")[1]

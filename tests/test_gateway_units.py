@@ -7,16 +7,19 @@ import json
 import os
 import stat
 import subprocess
+from datetime import datetime
 from pathlib import Path
 
 import pydicom
 import pytest
+from dciodvfy import assert_dciodvfy_clean
 from gateway_synth import make_study
 from highdicom.sr import Comprehensive3DSR
 from openai_server import OpenAIServer
 from pydicom.uid import generate_uid
 
-from evaluation.answers import Answer, DifferentialItem, Finding
+from evaluation import ReportContent, report_blocks
+from evaluation.answers import DifferentialItem, Finding
 from evaluation.case import TaskFamily
 from evaluation.reports import load_run
 from evaluation.scores import ParseStatus
@@ -26,10 +29,9 @@ from gateway.cache import InstanceCache, InvalidUIDError, atomic_writer, check_u
 from gateway.default_evaluator import DefaultEvaluator
 from gateway.metrics import Metrics
 from gateway.part10 import file_meta_bytes, read_uids
-from gateway.pipeline import sr_answer
 from gateway.routing import CLINICAL, Route, Router, RoutingError, StudyFacts
 from gateway.settings import Settings
-from gateway.sr import ReportBuildError, build_pdf, build_sr, verify_sr
+from gateway.sr import ReportBuildError, Verifier, build_pdf, build_sr
 
 # --------------------------------------------------------------------------- routing
 
@@ -177,7 +179,7 @@ def test_default_evaluator_runs_the_engine_reference_model_on_a_study(
     assert result.run.cases[0].provenance.study_uids == [result.study_uid]
     again = load_run(work / "engine")  # what `neurosandbox report RUNDIR/engine` reads
     assert [s.answer for s in again.samples] == [s.answer for s in result.run.samples]
-    assert sr_answer([c for c in result.cases if c.model == "reference/image-rules"]) is not None
+    assert "reference/image-rules" in {b.model for b in report_blocks(result.run.samples)}
 
 
 def test_routed_litellm_models_run_through_the_engine_and_its_phi_gate(tmp_path: Path) -> None:
@@ -225,27 +227,29 @@ def test_routed_litellm_models_run_through_the_engine_and_its_phi_gate(tmp_path:
 # --------------------------------------------------------------------------- SR and PDF
 
 
-def _answer() -> Answer:
-    return Answer(
+def _content() -> ReportContent:
+    return ReportContent(
         findings=[
             Finding(
                 description="plaque", hemisphere="left", region="frontal", signal="hyperintense"
             )
         ],
         differential=[DifferentialItem(diagnosis="Multiple sclerosis", icd10="G35")],
-        final_diagnosis="Multiple sclerosis",
-        confidence=0.4,
+        final_diagnoses=[DifferentialItem(diagnosis="Multiple sclerosis", icd10="G35")],
+        error_categories=["perceptual"],
     )
 
 
 def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: Path) -> None:
     study = make_study(tmp_path / "s", n_slices=2, patient_name="Müller^Jörg")
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in study.files]
-    sr = build_sr(headers, _answer(), "reference/image-rules", "test", 1)
+    sr = build_sr(headers, _content(), "reference/image-rules", "test", 1)
     path = tmp_path / "sr.dcm"
     sr.save_as(path, enforce_file_format=True)
+    assert_dciodvfy_clean(path)
     ds = pydicom.dcmread(path)
     assert ds.VerificationFlag == "UNVERIFIED" and ds.StudyInstanceUID == study.study_uid
+    assert ds.SeriesDescription.endswith("(UNVERIFIED)")
     assert ds.PatientID == study.patient_id and str(ds.PatientName) == "Müller^Jörg"
     Comprehensive3DSR.from_dataset(ds)  # highdicom parses it back
     dump = subprocess.run(
@@ -255,10 +259,24 @@ def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: P
     text = dump.stdout
     assert '(7771000,SCT,"Left")' in text and '(83251001,SCT,"Frontal lobe")' in text
     assert '(121053,DCM,"Present")' in text and '(G35,I10,"Multiple sclerosis")' in text
-    signed = verify_sr(ds, "Doe^Jane", "Neuro Hospital")
-    assert signed.SOPInstanceUID != ds.SOPInstanceUID and ds.VerificationFlag == "UNVERIFIED"
+    assert "plaque" in text and "perceptual" in text  # the description and the error category
+    # The VERIFIED version: its own series, the clinicians as verifying observers, the
+    # UNVERIFIED one as predecessor.
+    when = datetime(2026, 11, 24, 9, 30)
+    who = [
+        Verifier("Doe^Jane", "Neuro Hospital", when),
+        Verifier("Roe^Ann", "Neuro Hospital", when),
+    ]
+    signed = build_sr(headers, _content(), "reference/image-rules", "clinician-verified", 1,
+                      previous=[ds], verifiers=who)  # fmt: skip
+    assert_dciodvfy_clean(signed)
     assert signed.VerificationFlag == "VERIFIED" and signed.PreliminaryFlag == "FINAL"
-    assert signed.VerifyingObserverSequence[0].VerifyingObserverName == "Doe^Jane"
+    assert signed.SeriesInstanceUID != ds.SeriesInstanceUID
+    assert signed.SeriesDescription.endswith("(VERIFIED)")
+    observers = signed.VerifyingObserverSequence
+    assert [str(o.VerifyingObserverName) for o in observers] == ["Doe^Jane", "Roe^Ann"]
+    assert observers[0].VerifyingOrganization == "Neuro Hospital"
+    assert observers[0].VerificationDateTime == "20261124093000"
     assert (
         signed.PredecessorDocumentsSequence[0]
         .ReferencedSeriesSequence[0]
@@ -266,15 +284,13 @@ def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: P
         .ReferencedSOPInstanceUID
         == ds.SOPInstanceUID
     )
-    # Signing a fresh draft that replaces a stored SR names the stored one, not the draft.
-    draft = build_sr(headers, _answer(), "reference/image-rules", "clinician", 1)
-    replacing = verify_sr(draft, "Doe^Jane", "Neuro Hospital", replaces=[ds])
-    refs = replacing.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0]
-    assert [r.ReferencedSOPInstanceUID for r in refs.ReferencedSOPSequence] == [ds.SOPInstanceUID]
-    assert "PredecessorDocumentsSequence" not in verify_sr(draft, "D^J", "H", replaces=[])
-    v2 = build_sr(headers, Answer(), "reference/image-rules", "test", 2, previous=[ds])
+    with pytest.raises(ReportBuildError, match="family\\^given"):
+        build_sr(headers, _content(), "m", "v", 1, verifiers=[Verifier("Dr Jane", "H", when)])
+    v2 = build_sr(headers, ReportContent(no_findings=True), "reference/image-rules", "test", 2,
+                  previous=[ds])  # fmt: skip
     assert v2.SeriesInstanceUID == ds.SeriesInstanceUID and v2.InstanceNumber == 2
     assert "PredecessorDocumentsSequence" in v2
+    assert_dciodvfy_clean(v2)
 
 
 def test_encapsulated_pdf_carries_the_study_and_refuses_non_pdf(tmp_path: Path) -> None:
@@ -284,11 +300,19 @@ def test_encapsulated_pdf_carries_the_study_and_refuses_non_pdf(tmp_path: Path) 
     ds = build_pdf(src, pdf_bytes, "NeuroSandbox AI checklist", 1)
     buf = io.BytesIO()
     ds.save_as(buf, enforce_file_format=True)
+    assert_dciodvfy_clean(buf.getvalue())
     back = pydicom.dcmread(io.BytesIO(buf.getvalue()))
     assert back.SOPClassUID == "1.2.840.10008.5.1.4.1.1.104.1"
     assert back.StudyInstanceUID == study.study_uid and back.PatientID == study.patient_id
     assert back.EncapsulatedDocument[: back.EncapsulatedDocumentLength] == pdf_bytes
-    assert back.VerificationFlag == "UNVERIFIED" and "UNVERIFIED" in back.DocumentTitle
+    assert "UNVERIFIED" in back.DocumentTitle and back.SeriesDescription.endswith("(UNVERIFIED)")
+    assert "VerificationFlag" not in back  # the Encapsulated PDF IOD has none
+    verified = build_pdf(
+        src, pdf_bytes, "NeuroSandbox checklist VERIFIED by Jane Doe", 2, verified=True
+    )
+    assert_dciodvfy_clean(verified)
+    assert "VerificationFlag" not in verified and verified.SeriesDescription.endswith("(VERIFIED)")
+    assert verified.SeriesInstanceUID != back.SeriesInstanceUID
     with pytest.raises(ReportBuildError):
         build_pdf(src, b"<html>", "x", 1)
 

@@ -104,12 +104,12 @@ def test_bearer_clients_post_without_cookies_and_export(
     c.cookies.clear()
     auth = {"Authorization": f"Bearer {tokens['Dr Api']}"}
     r = c.post(f"{CASE}/items", headers=auth, follow_redirects=False,
-               data={"csrf": "", "answer_key": f"{GOOD}::differential::0", "item_id": "final", "verdict": "accept"})  # fmt: skip
+               data={"csrf": "", "model": GOOD, "item_id": "final", "verdict": "accept"})  # fmt: skip
     assert r.status_code == 303
     missing = c.post(
         f"{CASE}/items",
         headers=auth,
-        data={"csrf": "", "answer_key": "k", "item_id": "final", "verdict": "correct"},
+        data={"csrf": "", "model": GOOD, "item_id": "final", "verdict": "correct"},
     )
     assert missing.status_code == 409 and "correction" in missing.text
     csv = c.get("/review/runs/test-run/reviews.csv", headers=auth)

@@ -6,6 +6,7 @@ never run. Screenshots go to tests/artifacts/ and docs/screenshots/ (for the REA
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -47,7 +48,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     run = build_run(data / "src")
     write_report(run, data / "reports" / "test-run", pdf=False)
     store = TokenStore(data / "secret" / "tokens.json")
-    tokens = {name: store.create(Role.REVIEWER, name)[1] for name in ("Dr Ada", "Dr Bo")}
+    people = {"Dr Ada": "Lovelace^Ada", "Dr Bo": "Bo^Bea"}
+    tokens = {name: store.create(Role.REVIEWER, name, people[name])[1] for name in people}
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
     proc = subprocess.Popen(
@@ -112,6 +114,33 @@ def _answer(page, model: str):  # type: ignore[no-untyped-def]
     )
 
 
+def _block(page, model: str):  # type: ignore[no-untyped-def]
+    return page.locator(f'section.block[data-model="{model}"]')
+
+
+def _decide(page, model: str, item_id: str, verdict: str, text: str = "") -> None:  # type: ignore[no-untyped-def]
+    form = _block(page, model).locator(f'form[data-block-item="{model}/{item_id}"]')
+    form.locator("select[name=verdict]").select_option(verdict)
+    if text and form.locator("select[name=text]").count():
+        form.locator("select[name=text]").select_option(text)
+    elif text:
+        form.locator("input[name=text]").fill(text)
+    form.locator("button").click()
+    page.wait_for_url("**done=item")
+
+
+def _accept_rest(page, model: str) -> None:  # type: ignore[no-untyped-def]
+    _block(page, model).locator("form.accept-remaining button").click()
+    page.wait_for_url("**done=accept")
+
+
+def _sign_off(page) -> None:  # type: ignore[no-untyped-def]
+    page.click("#signoff a")  # step 1: the VERIFIED content
+    page.wait_for_url("**/signoff")
+    page.click("#signoff-confirm button")  # step 2: confirm
+    page.wait_for_url("**done=signoff")
+
+
 def test_reviewer_corrects_signs_off_and_summary_follows(browser: object, server: Server) -> None:
     dialogs: list[str] = []
     ctx, page = _signed_in(browser, server, "Dr Ada", dialogs)
@@ -135,25 +164,24 @@ def test_reviewer_corrects_signs_off_and_summary_follows(browser: object, server
     page.click("#img-1 .close")
     assert not page.locator("#img-1").is_visible()
 
-    bad = _answer(page, BAD)
-    form = bad.locator('form[data-item$="/final"]')
-    form.locator("select[name=verdict]").select_option("correct")
-    form.locator("input[name=text]").fill("Multiple sclerosis")
-    form.locator("button").click()
-    page.wait_for_url("**done=item")
-    assert _answer(page, BAD).locator('.verdict[data-item$="/final"]').inner_text() == "correct"
-    bad = _answer(page, BAD)
-    err = bad.locator("form[action$='/error']")
-    err.locator("select[name=category]").select_option("reasoning")
-    err.locator("input[name=text]").fill("plaques seen; the conclusion is wrong")
-    err.locator("button").click()
-    page.wait_for_url("**done=error")
+    # The block says it is what goes into the SR; nothing is accepted by being left alone.
+    assert "exactly what goes into" in _block(page, BAD).locator(".block-says").inner_text()
+    _decide(page, BAD, "final", "correct", "Multiple sclerosis")
+    mine = _block(page, BAD).locator('span[data-block-item$="/final"]').inner_text()
+    assert mine.startswith("correct")
+    _decide(page, BAD, "error.1", "correct", "reasoning")
     rating = _answer(page, BAD).locator("form[action$='/rating']")
     rating.locator("input[name=rating]").fill("1")
     rating.locator("button").click()
     page.wait_for_url("**done=rating")
-    page.click("#signoff button")
-    page.wait_for_url("**done=signoff")
+    page.click("#signoff a")
+    page.wait_for_url("**/signoff")
+    assert page.locator("#signoff-blocked").count() == 1  # items without a verdict
+    assert page.locator("#signoff-confirm").count() == 0
+    page.go_back()
+    for model in ("ref-good", BAD):
+        _accept_rest(page, model)
+    _sign_off(page)
     assert "Signed off by Dr Ada" in page.inner_text(".banner")
     assert page.locator("#signoff").count() == 0  # final: no more forms
     _save(SCREENSHOTS / "review-page.png", page)
@@ -175,20 +203,20 @@ def test_two_reviewers_give_an_agreement_figure(browser: object, server: Server)
     for name, verdict in (("Dr Ada", "accept"), ("Dr Bo", "reject")):
         ctx, page = _signed_in(browser, server, name, dialogs)
         page.goto(f"{server.base}/review/runs/test-run/cases/normal-1")
+        _decide(page, BAD, "final", verdict)
         for model in ("ref-good", BAD):
-            form = _answer(page, model).locator('form[data-item$="/final"]')
-            form.locator("select[name=verdict]").select_option(
-                verdict if model == BAD else "accept"
-            )
-            form.locator("button").click()
-            page.wait_for_url("**done=item")
-        page.click("#signoff button")
-        page.wait_for_url("**done=signoff")
+            _accept_rest(page, model)
+        _sign_off(page)
         ctx.close()
     ctx, page = _signed_in(browser, server, "Dr Bo", dialogs)
+    page.goto(f"{server.base}/review/runs/test-run/cases/normal-1")
+    # They disagree on one item: no VERIFIED report until an admin adjudicates.
+    assert f"{BAD}: final diagnosis" in page.inner_text("#disputes")
+    assert page.locator("#reissue").count() == 0
     page.goto(f"{server.base}/review/runs/test-run/summary")
     table = page.inner_text("#agreement")
-    assert "Reviewers Dr Ada vs Dr Bo: item verdicts\t2" in table
+    m = re.search(r"Reviewers Dr Ada vs Dr Bo: item verdicts\t(\d+)", table)
+    assert m is not None and int(m.group(1)) >= 2
     assert page.inner_text("#review-counts").startswith("2 of 3 cases signed off")
     assert dialogs == []
     ctx.close()

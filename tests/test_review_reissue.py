@@ -1,91 +1,233 @@
-"""A signed-off case re-issued to a real Orthanc: a VERIFIED SR with the reviewer as verifying
-observer, carrying the clinician's corrected diagnosis, next to the source study."""
+"""Sign-off and re-issue through the JSON review API against a real Orthanc: what the VERIFIED
+SR and PDF say is exactly what the clinicians verified (rejected items absent, corrections
+present, comments as text), in their own "(VERIFIED)" series, naming the UNVERIFIED SR as
+predecessor and the clinicians as verifying observers; an unreviewed item blocks sign-off; two
+reviewers who disagree block re-issue until an admin adjudicates. Every object passes dciodvfy."""
 
 from __future__ import annotations
 
 import io
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pydicom
 import pytest
+from dciodvfy import assert_dciodvfy_clean
 from fastapi.testclient import TestClient
 from orthanc_fixture import OrthancServer
-from report_fixtures import BAD, build_run
+from report_fixtures import BAD, GOOD, XSS_MODEL, build_run
 from review_server import build_context
 
+from evaluation import report_blocks, unverified_content
 from evaluation.reports import write_report
-from gateway.api import create_app
+from gateway.api import GatewayContext, create_app
 from gateway.auth import Role
-from gateway.sr import load_sr
+from gateway.sr import build_sr, load_sr
 
 pytestmark = pytest.mark.integration
+API = "/review/api/runs/test-run/cases"
 
 
-def _content_meanings(ds: pydicom.Dataset) -> list[str]:
-    """Coded values and text values anywhere in the SR content tree."""
+@dataclass
+class Setup:
+    ctx: GatewayContext
+    client: TestClient
+    study_uids: dict[str, str]  # case id -> its study in Orthanc
+    unverified: dict[str, dict[str, str]]  # case id -> model -> UNVERIFIED SR UID
+
+
+@pytest.fixture(scope="module")
+def setup(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:  # fmt: skip
+    tmp = tmp_path_factory.mktemp("reissue")
+    ep = orthanc_server.endpoints
+    ctx = build_context(tmp / "data", ep.orthanc_url, (ep.username, orthanc_server.password),
+                        verifying_organization="Test Hospital")  # fmt: skip
+    run = build_run(tmp / "src")
+    study_uids, unverified = {}, {}
+    for case_id in ("ms-1", "normal-1"):
+        # each case on its own copy of the study (its own StudyInstanceUID)
+        uid = pydicom.uid.generate_uid()
+        headers, series = [], {}
+        for f in sorted((tmp / "src" / "dicom").glob("*.dcm")):
+            ds = pydicom.dcmread(f)
+            ds.StudyInstanceUID = uid
+            series.setdefault(ds.SeriesInstanceUID, pydicom.uid.generate_uid())
+            ds.SeriesInstanceUID = series[ds.SeriesInstanceUID]
+            ds.SOPInstanceUID = pydicom.uid.generate_uid()
+            ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+            buf = io.BytesIO()
+            ds.save_as(buf, enforce_file_format=True)
+            ctx.orthanc.upload(buf.getvalue())
+            headers.append(ds)
+        case = run.case(case_id)
+        run.cases[run.cases.index(case)] = case.model_copy(
+            update={"provenance": case.provenance.model_copy(update={"study_uids": [uid]})}
+        )
+        study_uids[case_id] = uid
+        unverified[case_id] = {}
+        # the UNVERIFIED SRs, as the pipeline writes them back after a run
+        for block in report_blocks(run.samples_of(case_id)):
+            sr = build_sr(headers, unverified_content(block), block.model, "test", 1)
+            assert_dciodvfy_clean(sr)
+            out = io.BytesIO()
+            pydicom.dcmwrite(out, sr, enforce_file_format=True)
+            ctx.orthanc.upload(out.getvalue())
+            unverified[case_id][block.model] = str(sr.SOPInstanceUID)
+    write_report(run, tmp / "data" / "reports" / "test-run", pdf=False)
+    with TestClient(create_app(ctx)) as client:
+        yield Setup(ctx, client, study_uids, unverified)
+
+
+def _auth(ctx: GatewayContext, name: str, person: str = "", role: Role = Role.REVIEWER) -> dict[str, str]:  # fmt: skip
+    _, token = ctx.tokens.create(role, name, person)
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _instances(ctx: GatewayContext, study_uid: str, uids: list[str]) -> list[pydicom.Dataset]:
+    study_id = ctx.orthanc.find_study(study_uid)
+    assert study_id is not None
     out = []
-    for item in ds.get("ContentSequence", []):
-        out += [str(code.CodeMeaning) for code in item.get("ConceptCodeSequence", [])]
-        if "TextValue" in item:
-            out.append(str(item.TextValue))
-        out += _content_meanings(item)
+    for i in ctx.orthanc.study_instances(study_id):
+        if i.get("MainDicomTags", {}).get("SOPInstanceUID", "") in uids:
+            raw = ctx.orthanc.api.get(f"{ctx.orthanc.url}/instances/{i['ID']}/file").content
+            out.append(pydicom.dcmread(io.BytesIO(raw)))
     return out
 
 
-def test_signed_off_case_is_reissued_verified(
-    orthanc_server: OrthancServer, tmp_path: Path
-) -> None:
-    run = build_run(tmp_path / "src")
-    study_uid = (tmp_path / "src" / "study_uid.txt").read_text()
-    case = run.case("normal-1")
-    run.cases[run.cases.index(case)] = case.model_copy(
-        update={"provenance": case.provenance.model_copy(update={"study_uids": [study_uid]})}
-    )
-    write_report(run, tmp_path / "data" / "reports" / "test-run", pdf=False)
-    ep = orthanc_server.endpoints
-    ctx = build_context(tmp_path / "data", ep.orthanc_url, (ep.username, orthanc_server.password),
-                        verifying_organization="Test Hospital")  # fmt: skip
-    for f in sorted((tmp_path / "src" / "dicom").glob("*.dcm")):
-        ctx.orthanc.upload(f)
-    _, token = ctx.tokens.create(Role.REVIEWER, "Dr Verify")
-    auth = {"Authorization": f"Bearer {token}"}
-    url = "/review/runs/test-run/cases/normal-1"
-    with TestClient(create_app(ctx)) as c:
-        early = c.post(f"{url}/reissue", headers=auth)
-        assert early.status_code == 409 and "Sign the case off" in early.text
-        for path, form in (
-            (
-                "items",
-                {
-                    "answer_key": f"{BAD}::differential::0",
-                    "item_id": "finding.1",
-                    "verdict": "reject",
-                },
-            ),
-            ("diagnosis", {"text": "Normal brain MRI"}),
-            ("signoff", {}),
-            ("reissue", {}),
-        ):
-            r = c.post(f"{url}/{path}", data=form, headers=auth, follow_redirects=False)
-            assert r.status_code == 303, (path, r.text[:300])
-        page = c.get(url, headers=auth).text
-    study_id = ctx.orthanc.find_study(study_uid)
-    assert study_id is not None
-    srs = [
-        pydicom.dcmread(
-            io.BytesIO(ctx.orthanc.api.get(f"{ctx.orthanc.url}/instances/{i['ID']}/file").content)
-        )
-        for i in ctx.orthanc.study_instances(study_id)
-        if i.get("MainDicomTags", {}).get("SOPInstanceUID", "") in page
+def _texts(ds: pydicom.Dataset) -> list[str]:
+    """Code meanings and text values anywhere in an SR content tree."""
+    out = []
+    for item in ds.get("ContentSequence", []):
+        out += [str(c.CodeMeaning) for c in item.get("ConceptCodeSequence", [])]
+        if "TextValue" in item:
+            out.append(str(item.TextValue))
+        out += _texts(item)
+    return out
+
+
+def _pdf_text(pdf: bytes, tmp: Path) -> str:
+    src = tmp / "doc.pdf"
+    src.write_bytes(pdf)
+    r = subprocess.run(["/usr/bin/pdftotext", "-l", "1", str(src), "-"], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return " ".join(r.stdout.split())
+
+
+def _item(state: dict, model: str, text: str) -> str:  # type: ignore[type-arg]
+    block = next(b for b in state["blocks"] if b["model"] == model)
+    return next(i["item_id"] for i in block["items"] if text in i["text"])
+
+
+def test_a_signed_off_case_is_reissued_with_exactly_what_was_verified(setup: Setup, tmp_path: Path) -> None:  # fmt: skip
+    c, ctx = setup.client, setup.ctx
+    auth = _auth(ctx, "Dr Verify", "Verify^Dana")
+    url = f"{API}/ms-1"
+    state = c.get(url, headers=auth).json()
+    rejected = _item(state, BAD, "mass")  # the bad model's hallucinated right occipital mass
+    corrected = _item(state, BAD, "juxtacortical plaque")
+    # Sign-off before any verdict: refused, naming what is missing.
+    first = c.get(f"{url}/signoff", headers=auth).json()
+    assert len(first["missing"]) == sum(len(b["items"]) for b in state["blocks"])
+    refused = c.post(f"{url}/signoff", headers=auth, json={"digest": first["digest"]})
+    assert refused.status_code == 409 and "no verdict" in refused.json()["detail"]
+    verdicts = [
+        {"model": BAD, "item_id": rejected, "verdict": "reject"},
+        {
+            "model": BAD,
+            "item_id": corrected,
+            "verdict": "correct",
+            "text": "juxtacortical demyelinating plaque, left frontal",
+        },
     ]
-    assert len(srs) == 2  # one per reviewed model answer
+    r = c.post(f"{url}/verdicts", headers=auth, json={"verdicts": verdicts})
+    assert r.status_code == 200, r.text
+    for model in (GOOD, BAD):
+        assert c.post(f"{url}/accept-remaining", headers=auth, json={"model": model}).status_code == 200  # fmt: skip
+    c.post(f"{url}/comments", headers=auth, json={"text": "Follow-up MRI in 6 months"})
+    preview = c.get(f"{url}/signoff", headers=auth).json()
+    assert preview["missing"] == []
+    bad = next(b for b in preview["blocks"] if b["model"] == BAD)
+    outcomes = {i["item_id"]: i["outcome"] for i in bad["items"]}
+    assert outcomes[rejected] == "dropped" and outcomes[corrected] == "corrected"
+    stale = c.post(f"{url}/signoff", headers=auth, json={"digest": first["digest"]})
+    assert stale.status_code == 409 and "changed" in stale.json()["detail"]
+    signed = c.post(f"{url}/signoff", headers=auth, json={"digest": preview["digest"]})
+    assert signed.status_code == 200 and signed.json()["signed_off_at"]
+    late = c.post(f"{url}/comments", headers=auth, json={"text": "too late"})
+    assert late.status_code == 409
+    out = c.post(f"{url}/reissue", headers=auth)
+    assert out.status_code == 200, out.text
+    body = out.json()
+    assert len(body["sr_sop_instance_uids"]) == 2 and body["pdf_sop_instance_uid"]
+    docs = _instances(ctx, setup.study_uids["ms-1"], [*body["sr_sop_instance_uids"], body["pdf_sop_instance_uid"]])  # fmt: skip
+    srs = [d for d in docs if d.Modality == "SR"]
+    (pdf,) = [d for d in docs if d.Modality == "DOC"]
     for sr in srs:
+        assert_dciodvfy_clean(sr)
+        load_sr(sr)
         assert sr.VerificationFlag == "VERIFIED" and sr.PreliminaryFlag == "FINAL"
-        observer = sr.VerifyingObserverSequence[0]
-        assert str(observer.VerifyingObserverName) == "Dr Verify"
+        assert sr.SeriesDescription == "NeuroSandbox AI findings (VERIFIED)"
+        (observer,) = sr.VerifyingObserverSequence
+        assert str(observer.VerifyingObserverName) == "Verify^Dana"
         assert observer.VerifyingOrganization == "Test Hospital"
-        assert "Normal brain MRI" in _content_meanings(sr)
-        load_sr(sr)  # a valid Comprehensive 3D SR
-    bad = next(s for s in srs if BAD in _content_meanings(s))
-    # The clinician rejected the bad model's only finding: the verified SR reports none.
-    assert "Absent" in _content_meanings(bad) and "Present" not in _content_meanings(bad)
+        assert "Comment by Dana Verify: Follow-up MRI in 6 months" in _texts(sr)
+    bad_sr = next(s for s in srs if XSS_MODEL in " ".join(_texts(s)) or "juxtacortical demyelinating" in " ".join(_texts(s)))  # fmt: skip
+    texts = " ".join(_texts(bad_sr))
+    assert "juxtacortical demyelinating plaque, left frontal" in texts
+    assert "mass" not in texts and "occipital" not in texts.lower()  # the rejected finding
+    ref = bad_sr.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0].ReferencedSOPSequence
+    assert setup.unverified["ms-1"][BAD] in [r.ReferencedSOPInstanceUID for r in ref]
+    assert {str(s.SeriesInstanceUID) for s in srs} != {""} and len({s.SeriesInstanceUID for s in srs}) == 1  # fmt: skip
+    assert_dciodvfy_clean(pdf)
+    assert "VerificationFlag" not in pdf
+    assert pdf.SeriesDescription == "NeuroSandbox AI checklist (VERIFIED)"
+    assert "VERIFIED by Dana Verify" in pdf.DocumentTitle
+    first_page = _pdf_text(pdf.EncapsulatedDocument[: pdf.EncapsulatedDocumentLength], tmp_path)
+    assert "VERIFIED by Dana Verify" in first_page and "Test Hospital" in first_page
+    assert "dropped" in first_page and "corrected" in first_page
+
+
+def test_two_reviewers_who_disagree_block_reissue_until_an_admin_adjudicates(setup: Setup) -> None:
+    c, ctx = setup.client, setup.ctx
+    url = f"{API}/normal-1"
+    ada = _auth(ctx, "Dr Ada", "Lovelace^Ada")
+    bo = _auth(ctx, "Dr Bo", "Bo^Bea")
+    state = c.get(url, headers=ada).json()
+    finding = _item(state, BAD, "right temporal mass")
+    for who, verdict in ((ada, "accept"), (bo, "reject")):
+        c.post(f"{url}/verdicts", headers=who, json={"verdicts": [{"model": BAD, "item_id": finding, "verdict": verdict}]})  # fmt: skip
+        for model in (GOOD, BAD):
+            c.post(f"{url}/accept-remaining", headers=who, json={"model": model})
+        digest = c.get(f"{url}/signoff", headers=who).json()["digest"]
+        assert c.post(f"{url}/signoff", headers=who, json={"digest": digest}).status_code == 200
+    blocked = c.post(f"{url}/reissue", headers=ada)
+    assert blocked.status_code == 409 and "adjudicate" in blocked.json()["detail"]
+    disputes = c.get(url, headers=ada).json()["verification"]["disputes"]
+    assert [(d["model"], d["item_id"]) for d in disputes] == [(BAD, finding)]
+    ruling = {"rulings": [{"model": BAD, "item_id": finding, "verdict": "reject"}]}
+    assert c.post(f"{url}/adjudication", headers=bo, json=ruling).status_code == 403  # a reviewer
+    admin = _auth(ctx, "Dr Admin", "Chief^Carl", Role.ADMIN)
+    assert c.post(f"{url}/adjudication", headers=admin, json=ruling).status_code == 200
+    out = c.post(f"{url}/reissue", headers=ada)
+    assert out.status_code == 200, out.text
+    srs = [d for d in _instances(ctx, setup.study_uids["normal-1"], out.json()["sr_sop_instance_uids"])]  # fmt: skip
+    bad_sr = next(s for s in srs if "Glioblastoma" in _texts(s))
+    assert "right temporal mass" not in " ".join(_texts(bad_sr))
+    names = [str(o.VerifyingObserverName) for o in bad_sr.VerifyingObserverSequence]
+    assert names == ["Lovelace^Ada", "Bo^Bea", "Chief^Carl"]
+    for sr in srs:
+        assert_dciodvfy_clean(sr)
+
+
+def test_a_token_without_a_person_name_cannot_sign_off(setup: Setup) -> None:
+    c, ctx = setup.client, setup.ctx
+    bot = _auth(ctx, "import-bot")
+    url = f"{API}/stroke-1"
+    for model in (GOOD,):
+        c.post(f"{url}/accept-remaining", headers=bot, json={"model": model})
+    digest = c.get(f"{url}/signoff", headers=bot).json()["digest"]
+    r = c.post(f"{url}/signoff", headers=bot, json={"digest": digest})
+    assert r.status_code == 409 and "person name" in r.json()["detail"]

@@ -1,8 +1,8 @@
 # The public face: the one list of its names, each imported on first use (lazy_loader);
 # type checkers read this stub. Nothing outside the package imports past it.
+from .block import answer_key as answer_key
 from .bundle import ReportIndex as ReportIndex
 from .bundle import write_report as write_report
-from .checklist import answer_key as answer_key
 from .checklist import build_checklist as build_checklist
 from .loader import RunLoadError as RunLoadError
 from .loader import load_run as load_run

@@ -12,6 +12,7 @@ from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
 from evaluation.ehr import ehr_text, identifying_terms, note_from_bundle
 from evaluation.phi import scrub_text
+from evaluation.reports.block import answer_key, report_blocks
 from evaluation.reports.flags import answer_flags
 from evaluation.reports.model import (
     AnswerChecklist,
@@ -61,12 +62,6 @@ def answer_label(a: AnswerChecklist) -> str:
     """How a page names an answer: model (family[, ablation])."""
     extra = "" if a.ablation == FULL_INPUT else f", {a.ablation} only"
     return f"{a.model} ({a.family}{extra})"
-
-
-def answer_key(s: SampleResult) -> str:
-    sc = s.scored
-    key = f"{sc.model}::{sc.family.value}::{sc.sample_index}"
-    return key if s.ablation == FULL_INPUT else f"{key}::{s.ablation}"
 
 
 def image_path(case: Case, path: str, case_root: str | Path | None) -> Path:
@@ -421,5 +416,6 @@ def build_checklist(
         note_redactions=redactions,
         truth=_truth(case),
         answers=answers,
+        blocks=report_blocks(samples),
         flags=[Flag(kind=k, detail="; ".join(v)[:600]) for k, v in seen.items()],
     )

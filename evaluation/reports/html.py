@@ -22,9 +22,13 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from PIL import Image
 
+from dicom import display_name
+from evaluation.reports.block import BlockItem, ItemKind
 from evaluation.reports.model import FLAG_TITLES, CaseChecklist
 from evaluation.reports.reviews import CaseReview
+from evaluation.reports.rundata import RunData
 from evaluation.reports.summary import SummaryReport
+from evaluation.reports.verify import Decision, Verification, VerifiedBlock, decision
 from evaluation.scores import ErrorCategory
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -42,6 +46,7 @@ def env() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    e.filters["person"] = display_name
     return e
 
 
@@ -111,6 +116,22 @@ class ReviewView:
     mine: CaseReview | None = None
     others: list[CaseReview] = field(default_factory=list)
     can_reissue: bool = False
+    is_admin: bool = False
+    missing: list[str] = field(default_factory=list)  # block items without my verdict
+    verification: Verification | None = None  # signed reviews combined (disputes, outcome)
+
+    def decided(self, item: BlockItem) -> Decision | None:
+        """My decision on a review-block item."""
+        return decision(item, self.mine) if self.mine else None
+
+    def others_decided(self, item: BlockItem) -> list[tuple[str, Decision]]:
+        return [(r.reviewer, d) for r in self.others if (d := decision(item, r)) is not None]
+
+    @property
+    def can_adjudicate(self) -> bool:
+        v = self.verification
+        signers = {s.reviewer for s in v.signers} if v else set()
+        return bool(self.is_admin and v and v.disputes and self.me not in signers)
 
     @property
     def editable(self) -> bool:
@@ -163,9 +184,69 @@ def render_checklist(
             flag_titles={k.value: v for k, v in FLAG_TITLES.items()},
             categories=[c.value for c in ErrorCategory],
             summary_href=summary_href,
+            block_keys={k for b in checklist.blocks for k in b.answer_keys},
+            kinds=ItemKind,
+            when=_local_time,
             **_base(review, print_mode, message, message_error),
         )
     )
+
+
+def render_signoff(
+    checklist: CaseChecklist,
+    blocks: list[VerifiedBlock],
+    missing: list[str],
+    digest: str,
+    *,
+    review: ReviewView,
+    message: str = "",
+    message_error: bool = False,
+) -> str:
+    """The second step of sign-off: the VERIFIED content (kept, corrected, dropped) to confirm."""
+    return (
+        env()
+        .get_template("signoff.html.j2")
+        .render(
+            c=checklist,
+            blocks=blocks,
+            missing=missing,
+            digest=digest,
+            **_base(review, False, message, message_error),
+        )
+    )
+
+
+def render_verified(
+    run: RunData, case_id: str, verification: Verification, organization: str
+) -> str:
+    """The VERIFIED report of a case, as printed into the VERIFIED Encapsulated PDF."""
+    people = [
+        *verification.signers,
+        *([verification.adjudicator] if verification.adjudicator else []),
+    ]
+    return (
+        env()
+        .get_template("verified.html.j2")
+        .render(
+            case_id=case_id,
+            run_id=run.run_id,
+            v=verification,
+            people=people,
+            organization=organization,
+            when=_local_time,
+            **_base(None, True, "", False),
+        )
+    )
+
+
+def _local_time(iso: str) -> str:
+    """An ISO time from the review log as readable local time with the zone's name."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    except ValueError:
+        return iso
 
 
 def render_summary(

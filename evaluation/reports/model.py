@@ -15,9 +15,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from evaluation.reports.block import ReportBlock
 from evaluation.scores import ErrorCategory, ParseStatus
 
-CHECKLIST_VERSION = 1
+CHECKLIST_VERSION = 2  # 2: review blocks (what goes into each model's SR)
 SCHEMA_FILE = Path(__file__).with_name("checklist.schema.json")
 
 
@@ -244,6 +245,8 @@ class CaseChecklist(BaseModel):
     note_redactions: dict[str, int] = Field(default_factory=dict)
     truth: TruthSummary | None = None
     answers: list[AnswerChecklist] = Field(default_factory=list)
+    # one per model: exactly what goes into its SR, each item reviewed once (reports.block)
+    blocks: list[ReportBlock] = Field(default_factory=list)
     flags: list[Flag] = Field(default_factory=list)  # union over answers, one per kind
     verification: Literal["UNVERIFIED"] = "UNVERIFIED"  # until a clinician signs off
 

@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS review_events (
     verdict TEXT,
     category TEXT,
     rating REAL,
-    text TEXT NOT NULL DEFAULT ''
+    text TEXT NOT NULL DEFAULT '',
+    person TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS review_events_case ON review_events (run_id, case_id);
 CREATE TRIGGER IF NOT EXISTS review_events_no_update BEFORE UPDATE ON review_events
@@ -59,6 +60,7 @@ COLUMNS = (
     "category",
     "rating",
     "text",
+    "person",
 )
 
 
@@ -70,6 +72,7 @@ class Action(StrEnum):
     COMMENT = "comment"
     SIGNOFF = "signoff"
     REISSUE = "reissue"  # the verified report was stored in PACS (text: SOP Instance UID)
+    ADJUDICATE = "adjudicate"  # an admin's ruling on an item the reviewers disagree on
 
 
 class Verdict(StrEnum):
@@ -95,6 +98,7 @@ class ReviewEvent(BaseModel):
     category: ErrorCategory | None = None
     rating: float | None = Field(default=None, ge=0, le=5)
     text: str = ""
+    person: str = ""  # the actor's DICOM person name (family^given), from their token
 
 
 class ItemState(BaseModel):
@@ -116,6 +120,8 @@ class CaseReview(BaseModel):
     comments: list[tuple[str, str]] = Field(default_factory=list)  # (at, text)
     signed_off_at: str | None = None
     reissued: list[str] = Field(default_factory=list)  # SOP Instance UIDs
+    adjudicated: dict[str, dict[str, ItemState]] = Field(default_factory=dict)  # admin rulings
+    person: str = ""  # DICOM person name (family^given) the reviewer acted under
     n_events: int = 0
 
     def verdict(self, answer_key: str, item_id: str) -> ItemState | None:
@@ -131,6 +137,7 @@ def fold(events: Iterable[ReviewEvent]) -> dict[tuple[str, str, str], CaseReview
             CaseReview(reviewer=e.reviewer, run_id=e.run_id, case_id=e.case_id),
         )
         r.n_events += 1
+        r.person = e.person or r.person
         if e.action is Action.ITEM and e.verdict is not None:
             r.items.setdefault(e.answer_key, {})[e.item_id] = ItemState(
                 verdict=e.verdict, text=e.text, at=e.at
@@ -152,7 +159,30 @@ def fold(events: Iterable[ReviewEvent]) -> dict[tuple[str, str, str], CaseReview
             r.signed_off_at = r.signed_off_at or e.at
         elif e.action is Action.REISSUE and e.text:
             r.reissued.append(e.text)
+        elif e.action is Action.ADJUDICATE and e.verdict is not None:
+            r.adjudicated.setdefault(e.answer_key, {})[e.item_id] = ItemState(
+                verdict=e.verdict, text=e.text, at=e.at
+            )
     return out
+
+
+def _check(event: ReviewEvent) -> None:
+    if len(event.text) > MAX_TEXT:
+        raise ReviewError(f"text longer than {MAX_TEXT} characters")
+    if event.action in (Action.ITEM, Action.ADJUDICATE) and (
+        event.verdict is None or not event.item_id
+    ):
+        raise ReviewError("an item verdict needs the item and accept, reject or correct")
+    if (
+        event.action in (Action.ITEM, Action.ADJUDICATE)
+        and event.verdict is Verdict.CORRECT
+        and not event.text.strip()
+    ):
+        raise ReviewError("a correction needs the corrected text")
+    if event.action is Action.ERROR and event.category is None:
+        raise ReviewError("an error-category override needs the category")
+    if event.action is Action.RATING and event.rating is None:
+        raise ReviewError("a rating needs a value from 0 to 5")
 
 
 class ReviewStore:
@@ -164,6 +194,9 @@ class ReviewStore:
         self._lock = threading.Lock()
         with self._connect() as db:
             db.executescript(_SCHEMA)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(review_events)")}
+            if "person" not in columns:  # a log written before person names were recorded
+                db.execute("ALTER TABLE review_events ADD COLUMN person TEXT NOT NULL DEFAULT ''")
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -172,54 +205,65 @@ class ReviewStore:
 
     def append(self, event: ReviewEvent) -> ReviewEvent:
         """Record one action; refused once the reviewer has signed the case off."""
-        if len(event.text) > MAX_TEXT:
-            raise ReviewError(f"text longer than {MAX_TEXT} characters")
-        if event.action is Action.ITEM and (event.verdict is None or not event.item_id):
-            raise ReviewError("an item verdict needs the item and accept, reject or correct")
-        if (
-            event.action is Action.ITEM
-            and event.verdict is Verdict.CORRECT
-            and not event.text.strip()
+        return self.append_many([event])[0]
+
+    def append_many(self, events: list[ReviewEvent]) -> list[ReviewEvent]:
+        """Record actions of one reviewer on one case at once (all or none)."""
+        for event in events:
+            _check(event)
+        if not events:
+            return []
+        first = events[0]
+        if any(
+            (e.run_id, e.case_id, e.reviewer) != (first.run_id, first.case_id, first.reviewer)
+            for e in events
         ):
-            raise ReviewError("a correction needs the corrected text")
-        if event.action is Action.ERROR and event.category is None:
-            raise ReviewError("an error-category override needs the category")
-        if event.action is Action.RATING and event.rating is None:
-            raise ReviewError("a rating needs a value from 0 to 5")
-        at = event.at or datetime.now(UTC).isoformat(timespec="microseconds")
+            raise ReviewError("one batch of review actions is one reviewer's, on one case")
+        at = first.at or datetime.now(UTC).isoformat(timespec="microseconds")
+        out = []
         with self._lock, self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
-            signed = db.execute(
-                "SELECT 1 FROM review_events WHERE run_id=? AND case_id=? AND reviewer=? "
-                "AND action='signoff' LIMIT 1",
-                (event.run_id, event.case_id, event.reviewer),
-            ).fetchone()
-            if signed and event.action is not Action.REISSUE:
-                db.execute("ROLLBACK")
-                raise ReviewError(
-                    f"{event.reviewer} has signed off case {event.case_id!r}; the review is final"
+            actions = {
+                (row[0], row[1])
+                for row in db.execute(
+                    "SELECT reviewer, action FROM review_events WHERE run_id=? AND case_id=? "
+                    "AND action='signoff'",
+                    (first.run_id, first.case_id),
                 )
-            if event.action is Action.REISSUE and not signed:
-                db.execute("ROLLBACK")
-                raise ReviewError("only a signed-off case can be re-issued to PACS")
-            cur = db.execute(
-                f"INSERT INTO review_events ({', '.join(COLUMNS[1:])}) VALUES ({', '.join('?' * (len(COLUMNS) - 1))})",
-                (
-                    at,
-                    event.reviewer,
-                    event.run_id,
-                    event.case_id,
-                    event.answer_key,
-                    event.item_id,
-                    event.action.value,
-                    event.verdict.value if event.verdict else None,
-                    event.category.value if event.category else None,
-                    event.rating,
-                    event.text,
-                ),
-            )
+            }
+            mine = (first.reviewer, "signoff") in actions
+            for event in events:
+                if mine and event.action not in (Action.REISSUE, Action.ADJUDICATE):
+                    db.execute("ROLLBACK")
+                    raise ReviewError(
+                        f"{event.reviewer} has signed off case {event.case_id!r}; the review is final"
+                    )
+                if event.action is Action.REISSUE and not actions:
+                    db.execute("ROLLBACK")
+                    raise ReviewError("only a signed-off case can be re-issued to PACS")
+                cur = db.execute(
+                    f"INSERT INTO review_events ({', '.join(COLUMNS[1:])}) VALUES ({', '.join('?' * (len(COLUMNS) - 1))})",
+                    (
+                        event.at or at,
+                        event.reviewer,
+                        event.run_id,
+                        event.case_id,
+                        event.answer_key,
+                        event.item_id,
+                        event.action.value,
+                        event.verdict.value if event.verdict else None,
+                        event.category.value if event.category else None,
+                        event.rating,
+                        event.text,
+                        event.person,
+                    ),
+                )
+                out.append(event.model_copy(update={"id": cur.lastrowid, "at": event.at or at}))
+                if event.action is Action.SIGNOFF:
+                    mine = True
+                    actions.add((event.reviewer, "signoff"))
             db.execute("COMMIT")
-        return event.model_copy(update={"id": cur.lastrowid, "at": at})
+        return out
 
     def events(self, run_id: str | None = None, case_id: str | None = None) -> list[ReviewEvent]:
         sql, args = "SELECT * FROM review_events", []

@@ -8,11 +8,11 @@ from fastapi import APIRouter, FastAPI
 
 from gateway.api.context import GatewayContext
 from gateway.api.middleware import AccessLog, BodyLimit
-from gateway.api.routers import admin, health, review, runs, studies
+from gateway.api.routers import admin, health, review, review_api, runs, studies
 
 DESCRIPTION = """NeuroSandbox gateway: studies from Orthanc, evaluations of vision-language
 models on them, their reports, and the audit log. Every endpoint except `/health` needs
-`Authorization: Bearer <token>` (create one with `neurosandbox tokens create --role reviewer`).
+`Authorization: Bearer <token>` (create one with `neurosandbox tokens create --role reviewer --person Family^Given`).
 Everything written back to PACS is marked UNVERIFIED until a clinician signs."""
 
 
@@ -27,7 +27,14 @@ def create_app(ctx: GatewayContext, extra_routers: Iterable[APIRouter] = ()) -> 
         openapi_url=None,
     )
     app.state.ctx = ctx
-    routers = (health.router, studies.router, runs.router, admin.router, review.router)
+    routers = (
+        health.router,
+        studies.router,
+        runs.router,
+        admin.router,
+        review.router,
+        review_api.router,
+    )
     for r in (*routers, *extra_routers):
         app.include_router(r)
     app.add_middleware(BodyLimit, max_bytes=ctx.settings.api_max_body_bytes)

@@ -63,7 +63,9 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
         401: "missing, invalid or revoked bearer token",
         403: "the token's role may not do this",
         404: "not found",
+        409: "refused by a review rule (the message says which)",
         413: "request body too large",
+        422: "the request body does not validate",
         502: "Orthanc failed or is unreachable",
         503: "the evaluation worker is not running",
     }

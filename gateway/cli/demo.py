@@ -136,9 +136,9 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
     """One UNVERIFIED SR per model and the checklist PDF into each case's study in Orthanc.
 
     Returns the Orthanc ids of the instances stored."""
-    from evaluation import Answer, TaskFamily, load_run
+    from evaluation import load_run, report_blocks, unverified_content
     from gateway.orthanc import OrthancClient
-    from gateway.sr import build_pdf, build_sr, merged_answer
+    from gateway.sr import build_pdf, build_sr
 
     run = load_run(run_dir)
     client = OrthancClient.from_settings(settings)
@@ -163,17 +163,11 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
             if not headers:
                 continue
             modality = "CT" if all(h.Modality == "CT" for h in headers) else "MR"
-            for model in run.models:
-                mine = [s for s in run.samples_of(case.case_id) if s.scored.model == model]
-                answer = merged_answer(
-                    (s.scored.family, s.answer)
-                    for s in mine
-                    if s.scored.family in (TaskFamily.LESION, TaskFamily.DIFFERENTIAL)
-                    and isinstance(s.answer, Answer)
+            for block in report_blocks(run.samples_of(case.case_id)):
+                content = unverified_content(block)
+                sr = build_sr(
+                    headers, content, block.model, "demo", instance_number=1, modality=modality
                 )
-                if answer is None:
-                    continue
-                sr = build_sr(headers, answer, model, "demo", instance_number=1, modality=modality)
                 stored.append(client.upload(_encode(sr)))
             pdf = report_dir / "cases" / f"{case.case_id}.pdf"
             if pdf.exists():

@@ -17,20 +17,35 @@ from evaluation import (
     ErrorCategory,
     PdfError,
     ReviewError,
-    ReviewEvent,
     ReviewView,
     Verdict,
     csp,
     export_csv,
     export_json,
+    missing_items,
     pdf_bytes,
     render_checklist,
     render_page,
+    render_signoff,
     render_summary,
 )
 from gateway.api.deps import Ctx
+from gateway.auth import Role
 from gateway.orthanc import OrthancError
-from gateway.reissue import ReissueError, reissue_case
+from gateway.reissue import ReissueError
+from gateway.review_actions import (
+    CaseUnderReview,
+    ItemVerdict,
+    ReviewForbiddenError,
+    accept_remaining,
+    adjudicate,
+    open_case,
+    preview,
+    record,
+    record_verdicts,
+    reissue,
+    sign_off,
+)
 from gateway.review_auth import (
     COOKIE_PATH,
     LOGIN_COOKIE,
@@ -53,7 +68,9 @@ DONE = {
     "error": "Error category overridden.",
     "rating": "Rating saved.",
     "comment": "Comment added.",
+    "accept": "Remaining items accepted.",
     "signoff": "Case signed off. Your review is final.",
+    "adjudication": "Ruling recorded.",
     "reissue": "Re-issued to PACS as VERIFIED.",
 }
 _service_lock = threading.Lock()
@@ -251,14 +268,18 @@ def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str
     svc = service(ctx, request)
     try:
         cl, images = svc.checklist(report, slug)
-        run = svc.run(report)
+        cu = open_case(svc, report, slug)
     except (ReportNotFoundError, FileNotFoundError):
         raise _missing("case") from None
-    reviews = svc.store.reviews(run.run_id, cl.case_id)
+    cl.blocks = cu.blocks  # from the run's answers: also for bundles written before blocks
     rv = _view(ctx, request, who, report, slug)
-    rv.mine = next((r for r in reviews if r.reviewer == who.name), None)
-    rv.others = [r for r in reviews if r.reviewer != who.name]
-    rv.can_reissue = bool(rv.mine and rv.mine.signed_off_at and cl.study_uids)
+    rv.mine = cu.mine(who)
+    rv.others = [r for r in cu.reviews if r.reviewer != who.name]
+    rv.is_admin = who.role is Role.ADMIN
+    rv.missing = missing_items(cu.blocks, rv.mine)
+    rv.verification = cu.verification
+    signer = who.name in {s.reviewer for s in rv.verification.signers}
+    rv.can_reissue = bool(rv.verification.complete and cl.study_uids and (signer or rv.is_admin))
     body = render_checklist(cl, images, review=rv, message=message, message_error=error)
     return _html(body, code)
 
@@ -274,7 +295,8 @@ def case_page(ctx: Ctx, request: Request, report: Report, slug: Slug, done: str 
 
 
 def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: str,
-         make: Callable[[Reviewer, str, str], ReviewEvent]) -> Response:  # fmt: skip
+         act: Callable[[ReviewService, Reviewer, CaseUnderReview], object]) -> Response:  # fmt: skip
+    """Run one review action for a form POST; back to the case page (at the block) after."""
     who = _who(ctx, request)
     if who is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
@@ -282,102 +304,124 @@ def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: st
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail="CSRF check failed; reload the page")
     svc = service(ctx, request)
     try:
-        run_id = svc.run(report).run_id
-        case_id = svc.case_id(report, slug)
+        cu = open_case(svc, report, slug)
     except ReportNotFoundError:
         raise _missing("case") from None
     try:
-        event = svc.store.append(make(who, run_id, case_id))
-    except (ReviewError, ValueError) as exc:
+        act(svc, who, cu)
+    except ReviewForbiddenError as exc:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, detail=str(exc)) from None
+    except (ReviewError, ReissueError, OrthancError, ValueError) as exc:
         return _case_page(ctx, request, who, report, slug, f"Not recorded: {exc}", True, 409)
-    ctx.audit.write(who.token_id, f"review {event.action.value}", f"run={run_id}", "ok")
+    ctx.audit.write(who.token_id, f"review {code}", f"run={cu.run.run_id}", "ok")
     url = f"{BASE}/runs/{report}/cases/{slug}?done={code}"
     return RedirectResponse(url, status.HTTP_303_SEE_OTHER)
 
 
-def _event(action: Action, **kw: object) -> Callable[[Reviewer, str, str], ReviewEvent]:
-    def make(who: Reviewer, run_id: str, case_id: str) -> ReviewEvent:
-        return ReviewEvent(reviewer=who.name, run_id=run_id, case_id=case_id, action=action, **kw)
-
-    return make
-
-
 @router.post("/runs/{report}/cases/{slug}/items", summary="Accept, reject or correct an item")
 def post_item(ctx: Ctx, request: Request, report: Report, slug: Slug,
-              answer_key: Annotated[str, Form(max_length=400)],
               item_id: Annotated[str, Form(max_length=100)], verdict: Annotated[Verdict, Form()],
+              model: Annotated[str, Form(max_length=400)] = "",
+              answer_key: Annotated[str, Form(max_length=400)] = "",
               text: Text = "", csrf: Csrf = "") -> Response:  # fmt: skip
-    make = _event(
-        Action.ITEM, answer_key=answer_key, item_id=item_id, verdict=verdict, text=text.strip()
-    )
-    return _act(ctx, request, report, slug, csrf, "item", make)
+    """A verdict on an item of a model's review block (``model``), or on an item of one answer
+    outside any block (``answer_key``: a structured classification answer)."""
+
+    def act(svc: ReviewService, who: Reviewer, cu: CaseUnderReview) -> object:
+        if model:
+            return record_verdicts(svc, who, cu, [ItemVerdict(model, item_id, verdict, text)])
+        if not answer_key or any(answer_key in b.answer_keys for b in cu.blocks):
+            raise ReviewError("name the model whose review block holds the item")
+        return record(svc, who, cu, Action.ITEM, answer_key=answer_key, item_id=item_id,
+                      verdict=verdict, text=text.strip())  # fmt: skip
+
+    return _act(ctx, request, report, slug, csrf, "item", act)
+
+
+@router.post("/runs/{report}/cases/{slug}/accept-remaining",
+             summary="Accept every item of a model's block that has no verdict yet")  # fmt: skip
+def post_accept_remaining(ctx: Ctx, request: Request, report: Report, slug: Slug,
+                          model: Annotated[str, Form(max_length=400)], csrf: Csrf = "") -> Response:  # fmt: skip
+    return _act(ctx, request, report, slug, csrf, "accept",
+                lambda svc, who, cu: accept_remaining(svc, who, cu, model))  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/diagnosis", summary="The clinician's diagnosis")
 def post_diagnosis(ctx: Ctx, request: Request, report: Report, slug: Slug, text: Text, csrf: Csrf = "") -> Response:  # fmt: skip
-    return _act(
-        ctx, request, report, slug, csrf, "diagnosis", _event(Action.DIAGNOSIS, text=text.strip())
-    )
+    return _act(ctx, request, report, slug, csrf, "diagnosis",
+                lambda svc, who, cu: record(svc, who, cu, Action.DIAGNOSIS, text=text.strip()))  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/error", summary="Override an answer's error category")
 def post_error(ctx: Ctx, request: Request, report: Report, slug: Slug,
                answer_key: Annotated[str, Form(max_length=400)],
                category: Annotated[ErrorCategory, Form()], text: Text = "", csrf: Csrf = "") -> Response:  # fmt: skip
-    make = _event(Action.ERROR, answer_key=answer_key, category=category, text=text.strip())
-    return _act(ctx, request, report, slug, csrf, "error", make)
+    return _act(ctx, request, report, slug, csrf, "error",
+                lambda svc, who, cu: record(svc, who, cu, Action.ERROR, answer_key=answer_key,
+                                            category=category, text=text.strip()))  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/rating", summary="Rate an answer 0-5")
 def post_rating(ctx: Ctx, request: Request, report: Report, slug: Slug,
                 answer_key: Annotated[str, Form(max_length=400)],
                 rating: Annotated[float, Form(ge=0, le=5)], csrf: Csrf = "") -> Response:  # fmt: skip
-    make = _event(Action.RATING, answer_key=answer_key, rating=rating)
-    return _act(ctx, request, report, slug, csrf, "rating", make)
+    return _act(ctx, request, report, slug, csrf, "rating",
+                lambda svc, who, cu: record(svc, who, cu, Action.RATING, answer_key=answer_key,
+                                            rating=rating))  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/comment", summary="Add a comment")
 def post_comment(ctx: Ctx, request: Request, report: Report, slug: Slug, text: Text, csrf: Csrf = "") -> Response:  # fmt: skip
-    return _act(
-        ctx, request, report, slug, csrf, "comment", _event(Action.COMMENT, text=text.strip())
-    )
+    return _act(ctx, request, report, slug, csrf, "comment",
+                lambda svc, who, cu: record(svc, who, cu, Action.COMMENT, text=text.strip()))  # fmt: skip
 
 
-@router.post("/runs/{report}/cases/{slug}/signoff", summary="Sign the case off (final)")
-def post_signoff(
-    ctx: Ctx, request: Request, report: Report, slug: Slug, csrf: Csrf = ""
-) -> Response:
-    return _act(ctx, request, report, slug, csrf, "signoff", _event(Action.SIGNOFF))
+@router.get("/runs/{report}/cases/{slug}/signoff", response_class=HTMLResponse,
+            summary="Sign-off, step 1: the VERIFIED content to confirm")  # fmt: skip
+def signoff_page(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Response:
+    who = _who(ctx, request)
+    if who is None:
+        return _login_redirect()
+    svc = service(ctx, request)
+    try:
+        cl, _ = svc.checklist(report, slug)
+        cu = open_case(svc, report, slug)
+    except (ReportNotFoundError, FileNotFoundError):
+        raise _missing("case") from None
+    mine = cu.mine(who)
+    if mine is not None and mine.signed_off_at:
+        return RedirectResponse(f"{BASE}/runs/{report}/cases/{slug}", status.HTTP_303_SEE_OTHER)
+    p = preview(cu, who)
+    rv = _view(ctx, request, who, report, slug)
+    message = "" if who.person else (
+        "Your token has no person name (family^given): you cannot sign off. Ask for a token "
+        "made with --person.")  # fmt: skip
+    body = render_signoff(cl, p.blocks, p.missing, p.digest, review=rv, message=message,
+                          message_error=bool(message))  # fmt: skip
+    return _html(body, 409 if p.missing else 200)
+
+
+@router.post("/runs/{report}/cases/{slug}/signoff", summary="Sign-off, step 2: confirm (final)")
+def post_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug,
+                 digest: Annotated[str, Form(max_length=100)] = "", csrf: Csrf = "") -> Response:  # fmt: skip
+    return _act(ctx, request, report, slug, csrf, "signoff",
+                lambda svc, who, cu: sign_off(svc, who, cu, digest))  # fmt: skip
+
+
+@router.post("/runs/{report}/cases/{slug}/adjudication",
+             summary="An admin's ruling on an item the reviewers disagree on")  # fmt: skip
+def post_adjudication(ctx: Ctx, request: Request, report: Report, slug: Slug,
+                      model: Annotated[str, Form(max_length=400)],
+                      item_id: Annotated[str, Form(max_length=100)],
+                      verdict: Annotated[Verdict, Form()], text: Text = "", csrf: Csrf = "") -> Response:  # fmt: skip
+    return _act(ctx, request, report, slug, csrf, "adjudication",
+                lambda svc, who, cu: adjudicate(svc, who, cu, [ItemVerdict(model, item_id, verdict, text)]))  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/reissue", summary="Store the verified report in PACS")
 def post_reissue(
     ctx: Ctx, request: Request, report: Report, slug: Slug, csrf: Csrf = ""
 ) -> Response:
-    who = _who(ctx, request)
-    if who is None:
-        raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
-    if not csrf_ok(request, who, csrf):
-        raise HTTPException(status.HTTP_403_FORBIDDEN, detail="CSRF check failed; reload the page")
-    svc = service(ctx, request)
-    try:
-        run = svc.run(report)
-        case_id = svc.case_id(report, slug)
-    except ReportNotFoundError:
-        raise _missing("case") from None
-    mine = next((r for r in svc.store.reviews(run.run_id, case_id) if r.reviewer == who.name), None)
-    if mine is None or mine.signed_off_at is None:
-        return _case_page(
-            ctx, request, who, report, slug, "Sign the case off before re-issuing it.", True, 409
-        )
-    try:
-        uids = reissue_case(ctx.orthanc, run, case_id, mine, ctx.settings.verifying_organization)
-    except (ReissueError, OrthancError) as exc:
-        return _case_page(ctx, request, who, report, slug, f"Not re-issued: {exc}", True, 409)
-    for uid in uids:
-        svc.store.append(ReviewEvent(reviewer=who.name, run_id=run.run_id, case_id=case_id,
-                                     action=Action.REISSUE, text=uid))  # fmt: skip
-    ctx.audit.write(who.token_id, "review reissue", f"run={run.run_id}", f"{len(uids)} SR")
-    return RedirectResponse(
-        f"{BASE}/runs/{report}/cases/{slug}?done=reissue", status.HTTP_303_SEE_OTHER
-    )
+    org = ctx.settings.verifying_organization
+    return _act(ctx, request, report, slug, csrf, "reissue",
+                lambda svc, who, cu: reissue(svc, who, cu, ctx.orthanc, org))  # fmt: skip

@@ -1,0 +1,298 @@
+"""The review block: exactly what goes into one model's DICOM SR for one case.
+
+A model answers a case in several tasks (lesion, differential, multi-turn...); each answer may
+carry the same finding or diagnosis. :func:`report_blocks` merges a model's answers into one
+block of items (findings, differential, final diagnosis, error category), each reviewed once:
+
+- findings are the same when location (side and region), sequence and signal agree;
+- diagnoses (differential entries, final diagnoses) are the same when they name the same
+  lexicon concept (else the same normalised words);
+- error categories are the same when the category is.
+
+Each item remembers the answers and answer items it came from (its sources): a verdict on the
+item is recorded for every source, so per-answer statistics keep working. The UNVERIFIED SR
+written after a run and the VERIFIED SR re-issued after sign-off are both built from this one
+merge (``BlockItem.content`` -> :class:`ReportContent`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
+
+from evaluation.answers import Answer, DifferentialItem, Finding
+from evaluation.case import TaskFamily
+from evaluation.reports.rundata import FULL_INPUT, SampleResult
+from evaluation.scores import ErrorLabel
+from evaluation.scoring import anatomy as A
+from evaluation.scoring.lexicon import default_lexicon
+from evaluation.scoring.text import normalise
+
+# Which task's answer speaks first for an item both carry (the task that asks for it).
+_FINDING_ORDER = (TaskFamily.LESION, TaskFamily.DIFFERENTIAL, TaskFamily.MULTITURN)
+_DIAGNOSIS_ORDER = (TaskFamily.DIFFERENTIAL, TaskFamily.MULTITURN, TaskFamily.LESION)
+NO_FINDINGS = "finding.none"
+
+
+class ItemKind(StrEnum):
+    FINDING = "finding"
+    NO_FINDING = "no_finding"  # the model reported no lesion (an SR "Absent" statement)
+    DIFFERENTIAL = "differential"
+    FINAL = "final"
+    ERROR = "error"
+
+
+class ItemSource(BaseModel):
+    """One answer item a block item merges: the answer (checklist key, task) and its item id."""
+
+    answer_key: str
+    task: str
+    item_id: str
+
+
+class BlockItem(BaseModel):
+    item_id: str  # unique in the block: finding.1, finding.none, dx.1, final, final.2, error.1
+    kind: ItemKind
+    text: str  # what the SR says: description, diagnosis, category
+    finding: Finding | None = None
+    diagnosis: DifferentialItem | None = None
+    error: ErrorLabel | None = None
+    sources: list[ItemSource] = Field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """How a page and an error message name the item."""
+        names = {
+            ItemKind.FINDING: "finding",
+            ItemKind.NO_FINDING: "no lesion reported",
+            ItemKind.DIFFERENTIAL: "differential",
+            ItemKind.FINAL: "final diagnosis",
+            ItemKind.ERROR: "error category",
+        }
+        n = self.item_id.split(".", 1)[1] if "." in self.item_id else ""
+        return f"{names[self.kind]} {n}".strip() if n.isdigit() else names[self.kind]
+
+    @property
+    def origin(self) -> str:
+        """Which answers carried the item, e.g. "lesion finding 2; differential finding 1"."""
+        return "; ".join(f"{s.task} {s.item_id.replace('.', ' ')}" for s in self.sources)
+
+
+class ReportBlock(BaseModel):
+    """One model's report for one case: the items of its SR, in SR order."""
+
+    model: str
+    answer_keys: list[str] = Field(default_factory=list)  # the answers merged
+    items: list[BlockItem] = Field(default_factory=list)
+
+    def item(self, item_id: str) -> BlockItem:
+        for it in self.items:
+            if it.item_id == item_id:
+                return it
+        raise KeyError(f"{self.model} has no item {item_id!r}")
+
+    def of(self, *kinds: ItemKind) -> list[BlockItem]:
+        return [it for it in self.items if it.kind in kinds]
+
+
+class ReportContent(BaseModel):
+    """What an SR states, in order: the input of the SR writer (UNVERIFIED or VERIFIED)."""
+
+    findings: list[Finding] = Field(default_factory=list)
+    no_findings: bool = False  # the report states that no lesion was found
+    differential: list[DifferentialItem] = Field(default_factory=list)
+    final_diagnoses: list[DifferentialItem] = Field(default_factory=list)
+    error_categories: list[str] = Field(default_factory=list)
+    comments: list[str] = Field(default_factory=list)  # reviewers' comments and diagnoses
+
+
+def answer_key(s: SampleResult) -> str:
+    sc = s.scored
+    key = f"{sc.model}::{sc.family.value}::{sc.sample_index}"
+    return key if s.ablation == FULL_INPUT else f"{key}::{s.ablation}"
+
+
+def finding_identity(f: Finding) -> tuple[str, ...]:
+    """Same location (side, region), sequence and signal: the same finding."""
+    side = A.side_in(f.hemisphere) or normalise(f.hemisphere or "")
+    regions = A.regions_in(f.region) if f.region else set()
+    region = ",".join(sorted(regions)) if regions else normalise(f.region or "")
+    seq = A.sequence_class(f.sequence) or normalise(f.sequence or "")
+    signal = A.signal_direction(f.signal, f.sequence) if f.signal else None
+    return (side, region, seq, signal or normalise(f.signal or ""))
+
+
+def diagnosis_identity(text: str) -> str:
+    """Same lexicon concept (else the same normalised words): the same diagnosis."""
+    hit = default_lexicon().lookup(text)
+    if hit.concept_id is not None and hit.whole:
+        return f"concept:{hit.concept_id}"
+    return f"text:{normalise(text)}"
+
+
+def _finding_text(f: Finding) -> str:
+    return f.description.strip() or " ".join(
+        x for x in (f.hemisphere, f.region, f.sequence, f.signal) if x
+    )
+
+
+def _ordered(
+    answers: Sequence[tuple[str, TaskFamily, Answer]], order: Sequence[TaskFamily]
+) -> list[tuple[str, TaskFamily, Answer]]:
+    rank = {t: i for i, t in enumerate(order)}
+    return sorted(answers, key=lambda a: rank.get(a[1], len(rank)))
+
+
+def report_block(
+    model: str,
+    answers: Sequence[tuple[str, TaskFamily, Answer]],
+    errors: Sequence[tuple[str, TaskFamily, ErrorLabel]] = (),
+) -> ReportBlock:
+    """Merge one model's answers ((answer key, task, answer), in run order) and their error
+    labels into its review block: the one rule by which every SR of the model is built."""
+    block = ReportBlock(model=model, answer_keys=[k for k, _, _ in answers])
+    findings: dict[tuple[str, ...], BlockItem] = {}
+    for key, task, ans in _ordered(answers, _FINDING_ORDER):
+        for n, f in enumerate(ans.findings, start=1):
+            src = ItemSource(answer_key=key, task=task.value, item_id=f"finding.{n}")
+            hit = findings.get(finding_identity(f))
+            if hit is not None:
+                hit.sources.append(src)
+                continue
+            item = BlockItem(
+                item_id=f"finding.{len(findings) + 1}",
+                kind=ItemKind.FINDING,
+                text=_finding_text(f),
+                finding=f,
+                sources=[src],
+            )
+            findings[finding_identity(f)] = item
+    block.items += findings.values()
+    if answers and not findings:
+        block.items.append(
+            BlockItem(
+                item_id=NO_FINDINGS,
+                kind=ItemKind.NO_FINDING,
+                text="No lesion reported",
+                sources=[
+                    ItemSource(answer_key=k, task=t.value, item_id=NO_FINDINGS)
+                    for k, t, _ in answers
+                ],
+            )
+        )
+    dx: dict[str, BlockItem] = {}
+    finals: dict[str, BlockItem] = {}
+    for key, task, ans in _ordered(answers, _DIAGNOSIS_ORDER):
+        for n, d in enumerate(ans.differential, start=1):
+            if not d.diagnosis.strip():
+                continue
+            src = ItemSource(answer_key=key, task=task.value, item_id=f"dx.{n}")
+            ident = diagnosis_identity(d.diagnosis)
+            if ident in dx:
+                dx[ident].sources.append(src)
+                continue
+            dx[ident] = BlockItem(
+                item_id=f"dx.{len(dx) + 1}",
+                kind=ItemKind.DIFFERENTIAL,
+                text=d.diagnosis.strip(),
+                diagnosis=d,
+                sources=[src],
+            )
+        final = (ans.final_diagnosis or "").strip()
+        if not final:
+            continue
+        src = ItemSource(answer_key=key, task=task.value, item_id="final")
+        ident = diagnosis_identity(final)
+        if ident in finals:
+            finals[ident].sources.append(src)
+            continue
+        icd = next(
+            (
+                d.icd10
+                for d in ans.differential
+                if d.icd10 and diagnosis_identity(d.diagnosis) == ident
+            ),
+            None,
+        )
+        finals[ident] = BlockItem(
+            item_id="final" if not finals else f"final.{len(finals) + 1}",
+            kind=ItemKind.FINAL,
+            text=final,
+            diagnosis=DifferentialItem(diagnosis=final, icd10=icd),
+            sources=[src],
+        )
+    block.items += dx.values()
+    block.items += finals.values()
+    by_category: dict[str, BlockItem] = {}
+    for key, task, label in errors:
+        src = ItemSource(answer_key=key, task=task.value, item_id="error")
+        cat = label.category.value
+        if cat in by_category:
+            by_category[cat].sources.append(src)
+            continue
+        by_category[cat] = BlockItem(
+            item_id=f"error.{len(by_category) + 1}",
+            kind=ItemKind.ERROR,
+            text=cat,
+            error=label,
+            sources=[src],
+        )
+    block.items += by_category.values()
+    return block
+
+
+def report_blocks(samples: Sequence[SampleResult]) -> list[ReportBlock]:
+    """Every model's review block for one case (its diagnostic answers with full input; the
+    first sample of each task, the last turn of a multi-turn answer), by model name."""
+    firsts: dict[tuple[str, TaskFamily], SampleResult] = {}
+    for s in sorted(samples, key=lambda s: (s.scored.sample_index, -(s.turn or 0))):
+        if s.ablation != FULL_INPUT or not isinstance(s.answer, Answer):
+            continue
+        firsts.setdefault((s.scored.model, s.scored.family), s)
+    by_model: dict[str, list[SampleResult]] = {}
+    for (model, _), s in firsts.items():
+        by_model.setdefault(model, []).append(s)
+    out = []
+    for model in sorted(by_model):
+        chosen = by_model[model]
+        answers = [(answer_key(s), s.scored.family, s.answer) for s in chosen]
+        errors = [
+            (answer_key(s), s.scored.family, s.scored.effective_error)
+            for s in chosen
+            if s.scored.effective_error is not None
+        ]
+        out.append(report_block(model, answers, errors))  # type: ignore[arg-type]
+    return out
+
+
+def unverified_content(block: ReportBlock) -> ReportContent:
+    """The block as the model gave it: every item (the UNVERIFIED SR)."""
+    content = ReportContent()
+    for it in block.items:
+        _put(content, it, None)
+    return content
+
+
+def _put(content: ReportContent, it: BlockItem, corrected: str | None) -> None:
+    """Add one kept item to an SR's content (``corrected``: the reviewer's text)."""
+    if it.kind is ItemKind.FINDING and it.finding is not None:
+        f = (
+            it.finding
+            if corrected is None
+            else it.finding.model_copy(update={"description": corrected})
+        )
+        content.findings.append(f)
+    elif it.kind is ItemKind.NO_FINDING:
+        content.no_findings = True
+    elif it.kind in (ItemKind.DIFFERENTIAL, ItemKind.FINAL) and it.diagnosis is not None:
+        d = it.diagnosis
+        if corrected is not None:  # a corrected diagnosis keeps no code the model gave
+            d = DifferentialItem(diagnosis=corrected)
+        target = (
+            content.differential if it.kind is ItemKind.DIFFERENTIAL else content.final_diagnoses
+        )
+        target.append(d)
+    elif it.kind is ItemKind.ERROR:
+        content.error_categories.append(corrected or it.text)

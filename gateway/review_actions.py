@@ -1,0 +1,284 @@
+"""The review actions, shared by the review pages (forms) and the JSON review API: item verdicts
+on a model's review block, accept-all-remaining, diagnosis, comment, error-category override,
+the two-step sign-off, adjudication and re-issue. Each checks its rule here, once; the routers
+only translate requests and answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from evaluation import (
+    Action,
+    BlockItem,
+    CaseReview,
+    ErrorCategory,
+    ItemKind,
+    ReportBlock,
+    ReviewError,
+    ReviewEvent,
+    RunData,
+    Verdict,
+    Verification,
+    VerifiedBlock,
+    case_verification,
+    decision,
+    digest,
+    missing_items,
+    report_blocks,
+    review_preview,
+)
+from gateway.auth import Role
+from gateway.orthanc import OrthancClient
+from gateway.reissue import Reissued, reissue_case
+from gateway.review_auth import Reviewer
+from gateway.review_service import ReviewService
+
+MAX_BATCH = 500
+
+
+class ReviewForbiddenError(PermissionError):
+    """The reviewer's role does not allow the action."""
+
+
+@dataclass
+class CaseUnderReview:
+    """A case of a report folder, with its models' review blocks and its reviews."""
+
+    report: str
+    slug: str
+    run: RunData
+    case_id: str
+    blocks: list[ReportBlock]
+    reviews: list[CaseReview] = field(default_factory=list)
+
+    def mine(self, who: Reviewer) -> CaseReview | None:
+        return next((r for r in self.reviews if r.reviewer == who.name), None)
+
+    def block(self, model: str) -> ReportBlock:
+        for b in self.blocks:
+            if b.model == model:
+                return b
+        raise ReviewError(f"no review block for model {model!r} in this case")
+
+    def item(self, model: str, item_id: str) -> BlockItem:
+        try:
+            return self.block(model).item(item_id)
+        except KeyError:
+            raise ReviewError(f"{model} has no item {item_id!r} in this case") from None
+
+    @property
+    def verification(self) -> Verification:
+        return case_verification(self.case_id, self.blocks, self.reviews)
+
+
+def open_case(svc: ReviewService, report: str, slug: str) -> CaseUnderReview:
+    """The case (raises ``ReportNotFoundError``); its blocks come from the run's answers."""
+    run = svc.run(report)
+    case_id = svc.case_id(report, slug)
+    return CaseUnderReview(
+        report=report,
+        slug=slug,
+        run=run,
+        case_id=case_id,
+        blocks=report_blocks(run.samples_of(case_id)),
+        reviews=svc.store.reviews(run.run_id, case_id),
+    )
+
+
+def _event(who: Reviewer, cu: CaseUnderReview, action: Action, **kw: object) -> ReviewEvent:
+    return ReviewEvent(
+        reviewer=who.name,
+        run_id=cu.run.run_id,
+        case_id=cu.case_id,
+        action=action,
+        person=who.person,
+        **kw,
+    )
+
+
+def _item_events(
+    who: Reviewer, cu: CaseUnderReview, item: BlockItem, verdict: Verdict, text: str, action: Action
+) -> list[ReviewEvent]:
+    """One verdict on a block item, recorded for every answer item it merges."""
+    text = text.strip()
+    if verdict is not Verdict.CORRECT:
+        text = ""
+    elif not text:
+        raise ReviewError(f"a correction of {item.label} needs the corrected text")
+    if item.kind is ItemKind.ERROR and verdict is Verdict.CORRECT:
+        try:
+            category = ErrorCategory(text)
+        except ValueError:
+            allowed = ", ".join(c.value for c in ErrorCategory)
+            raise ReviewError(f"{text!r} is not an error category; one of: {allowed}") from None
+        if action is Action.ITEM:  # an override of the category, as the per-answer form makes
+            return [
+                _event(
+                    who,
+                    cu,
+                    Action.ERROR,
+                    answer_key=s.answer_key,
+                    category=category,
+                    text="corrected in the review block",
+                )
+                for s in item.sources
+            ]
+        text = category.value
+    return [
+        _event(
+            who, cu, action, answer_key=s.answer_key, item_id=s.item_id, verdict=verdict, text=text
+        )
+        for s in item.sources
+    ]
+
+
+@dataclass
+class ItemVerdict:
+    model: str
+    item_id: str
+    verdict: Verdict
+    text: str = ""
+
+
+def record_verdicts(
+    svc: ReviewService, who: Reviewer, cu: CaseUnderReview, verdicts: list[ItemVerdict]
+) -> list[ReviewEvent]:
+    """Verdicts on review-block items (all recorded, or none when one is invalid)."""
+    if len(verdicts) > MAX_BATCH:
+        raise ReviewError(f"at most {MAX_BATCH} verdicts per request")
+    events = []
+    for v in verdicts:
+        item = cu.item(v.model, v.item_id)
+        events += _item_events(who, cu, item, v.verdict, v.text, Action.ITEM)
+    return svc.store.append_many(events)
+
+
+def accept_remaining(
+    svc: ReviewService, who: Reviewer, cu: CaseUnderReview, model: str
+) -> list[ReviewEvent]:
+    """Accept, as the model gave them, the block's items that have no verdict of this reviewer."""
+    block = cu.block(model)
+    mine = cu.mine(who)
+    events = []
+    for item in block.items:
+        if mine is None or decision(item, mine) is None:
+            events += _item_events(who, cu, item, Verdict.ACCEPT, "", Action.ITEM)
+    if not events:
+        raise ReviewError(f"every item of {model}'s block already has your verdict")
+    return svc.store.append_many(events)
+
+
+def record(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, action: Action,
+           **kw: object) -> ReviewEvent:  # fmt: skip
+    """A case-level action (diagnosis, comment) or a per-answer one (rating, error override)."""
+    return svc.store.append(_event(who, cu, action, **kw))
+
+
+def override_error(
+    svc: ReviewService,
+    who: Reviewer,
+    cu: CaseUnderReview,
+    model: str,
+    item_id: str,
+    category: ErrorCategory,
+    evidence: str,
+) -> list[ReviewEvent]:
+    """Override the category of a block's error item (recorded for each answer it merges)."""
+    item = cu.item(model, item_id)
+    if item.kind is not ItemKind.ERROR:
+        raise ReviewError(f"{item.label} is not an error category")
+    events = [
+        _event(
+            who,
+            cu,
+            Action.ERROR,
+            answer_key=s.answer_key,
+            category=category,
+            text=evidence.strip() or "clinician override",
+        )
+        for s in item.sources
+    ]
+    return svc.store.append_many(events)
+
+
+@dataclass
+class SignoffPreview:
+    """Step 1 of sign-off: what it would verify, what is missing, and the content's digest."""
+
+    blocks: list[VerifiedBlock]
+    missing: list[str]
+    digest: str
+
+
+def preview(cu: CaseUnderReview, who: Reviewer) -> SignoffPreview:
+    mine = cu.mine(who) or CaseReview(reviewer=who.name, run_id=cu.run.run_id, case_id=cu.case_id)
+    blocks = review_preview(cu.blocks, mine)
+    return SignoffPreview(
+        blocks=blocks, missing=missing_items(cu.blocks, mine), digest=digest(blocks)
+    )
+
+
+def sign_off(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, confirm: str) -> ReviewEvent:
+    """Step 2: sign off the content the reviewer was shown (``confirm``: its digest)."""
+    if not who.person:
+        raise ReviewError(
+            "your token has no person name (family^given), which a VERIFIED report names as "
+            "its verifying observer: ask for a token made with --person"
+        )
+    p = preview(cu, who)
+    if p.missing:
+        shown = "; ".join(p.missing[:10]) + ("; ..." if len(p.missing) > 10 else "")
+        raise ReviewError(
+            f"{len(p.missing)} item(s) have no verdict ({shown}): give each a verdict or accept "
+            "all remaining items of a block"
+        )
+    if not confirm or confirm != p.digest:
+        raise ReviewError(
+            "the content to verify changed since it was shown (or was never shown): review the "
+            "sign-off preview again"
+        )
+    return svc.store.append(_event(who, cu, Action.SIGNOFF, text=p.digest))
+
+
+def adjudicate(
+    svc: ReviewService, who: Reviewer, cu: CaseUnderReview, rulings: list[ItemVerdict]
+) -> list[ReviewEvent]:
+    """An admin's rulings on items the signed-off reviewers disagree on."""
+    if who.role is not Role.ADMIN:
+        raise ReviewForbiddenError("adjudication is an admin action")
+    if not who.person:
+        raise ReviewError("your token has no person name (family^given): ask for one with --person")
+    v = cu.verification
+    if who.name in {s.reviewer for s in v.signers}:
+        raise ReviewError("a reviewer who signed the case off cannot adjudicate it")
+    disputed = {(d.model, d.item_id) for d in v.disputes}
+    if not disputed:
+        raise ReviewError("nothing to adjudicate: the signed-off reviews agree")
+    if len(rulings) > MAX_BATCH:
+        raise ReviewError(f"at most {MAX_BATCH} rulings per request")
+    events = []
+    for r in rulings:
+        if (r.model, r.item_id) not in disputed:
+            raise ReviewError(f"{r.model}: {r.item_id} is not disputed")
+        item = cu.item(r.model, r.item_id)
+        events += _item_events(who, cu, item, r.verdict, r.text, Action.ADJUDICATE)
+    return svc.store.append_many(events)
+
+
+def reissue(
+    svc: ReviewService,
+    who: Reviewer,
+    cu: CaseUnderReview,
+    orthanc: OrthancClient,
+    organization: str,
+) -> Reissued:
+    """Store the VERIFIED SRs and PDF of a verified case in PACS (a signer or an admin)."""
+    v = cu.verification
+    if who.role is not Role.ADMIN and who.name not in {s.reviewer for s in v.signers}:
+        mine = cu.mine(who)
+        if mine is None or mine.signed_off_at is None:
+            raise ReviewError("Sign the case off before re-issuing it.")
+    out = reissue_case(orthanc, cu.run, cu.case_id, v, organization)
+    uids = [*out.sr_uids, *([out.pdf_uid] if out.pdf_uid else [])]
+    svc.store.append_many([_event(who, cu, Action.REISSUE, text=uid) for uid in uids])
+    return out

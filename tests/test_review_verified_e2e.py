@@ -1,0 +1,227 @@
+"""The clinical-safety path end to end, with real parts only: dcmtk's storescu sends a study to
+`neurosandbox serve`; a VLM on a loopback OpenAI-compatible server (through litellm) answers the
+lesion and differential tasks with findings and diagnoses that partly agree; in headless
+Chromium a reviewer rejects one finding, corrects another, signs off in two steps and
+re-issues; the VERIFIED SR read back from Orthanc says exactly that."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pydicom
+import pytest
+from dciodvfy import assert_dciodvfy_clean
+from gateway_process import Gateway, running_gateway, send
+from gateway_synth import make_study
+from openai_server import OpenAIServer, Script
+from orthanc_fixture import OrthancServer
+
+from gateway.auth import Role, TokenStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
+playwright = pytest.importorskip("playwright.sync_api")
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+MODEL = "ward-vlm"
+ORG = "St Elsewhere Neurology"
+SR_CLASS = "1.2.840.10008.5.1.4.1.1.88.34"
+PDF_CLASS = "1.2.840.10008.5.1.4.1.1.104.1"
+
+
+def _finding(desc: str, side: str, region: str, seq: str, signal: str) -> dict[str, str]:
+    return {"description": desc, "hemisphere": side, "region": region, "sequence": seq,
+            "signal": signal}  # fmt: skip
+
+
+LESION = {
+    "sequences_identified": [{"image": "1", "sequence": "FLAIR"}],
+    "findings": [
+        _finding("ring-enhancing mass", "left", "frontal", "FLAIR", "hyperintense"),
+        _finding("vasogenic oedema", "left", "parietal", "FLAIR", "hyperintense"),
+        _finding("small cortical nodule", "right", "occipital", "T2", "hyperintense"),
+        _finding("cerebellar nodule", "right", "cerebellum", "T2", "hyperintense"),
+        _finding("tiny focus", "left", "temporal", "FLAIR", "hyperintense"),
+    ],
+    "differential": [{"diagnosis": "Brain metastases", "icd10": "C79.3"}],
+    "final_diagnosis": "Brain metastases",
+    "rationale": "several lesions",
+    "confidence": 0.6,
+}
+DIFFERENTIAL = {
+    "sequences_identified": [{"image": "1", "sequence": "FLAIR"}],
+    "findings": [
+        # the lesion answer's oedema, described otherwise: the same finding
+        _finding("surrounding T2 bright oedema", "left", "parietal", "flair", "high signal"),
+        _finding(
+            "periventricular cap",
+            "bilateral",
+            "periventricular white matter",
+            "FLAIR",
+            "hyperintense",
+        ),
+    ],
+    "differential": [
+        {"diagnosis": "Glioblastoma", "icd10": "C71.9"},
+        {"diagnosis": "brain metastases"},
+        {"diagnosis": "Cerebral abscess"},
+    ],
+    "final_diagnosis": "Glioblastoma",  # disagrees with the lesion answer
+    "rationale": "a solitary enhancing mass",
+    "confidence": 0.5,
+}
+
+
+@dataclass
+class Setup:
+    gw: Gateway
+    base: str
+    token: str
+    study_uid: str
+    run_id: str
+
+
+@pytest.fixture(scope="module")
+def setup(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:  # fmt: skip
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    tmp = tmp_path_factory.mktemp("verified-e2e")
+    routing = tmp / "routing.yaml"
+    routing.write_text(
+        "rules:\n  - name: ward\n    match:\n      modality: [MR]\n    evaluate:\n"
+        f"      models: [{MODEL}]\n      tasks: [lesion, differential]\n"
+        "      series_classes: [FLAIR, T2, T1]\n"
+    )
+    models = tmp / "models.yaml"
+    models.write_text(f"models:\n  - name: {MODEL}\n    model: openai/gpt-4o\n    max_retries: 1\n")
+    tokens = TokenStore(orthanc_server.settings.data_dir / "secret" / "tokens.json")
+    token = tokens.create(Role.REVIEWER, "Dr Neuro", "Neuro^Nina")[1]
+    admin = tokens.create(Role.ADMIN, "ops")[1]
+    script = Script(
+        replies=[
+            ("Task: lesion recognition.", json.dumps(LESION)),
+            ("Task: differential diagnosis.", json.dumps(DIFFERENTIAL)),
+        ]
+    )
+    study = make_study(tmp / "study", lesion="left", n_slices=8, patient_id="NSBX-VERIFY-1")
+    with (
+        OpenAIServer(script) as server,
+        running_gateway(
+            orthanc_server, tmp / "serve.log", token, admin,
+            NEUROSANDBOX_STUDY_QUIET_S="1.5", NEUROSANDBOX_ROUTING_FILE=str(routing),
+            NEUROSANDBOX_MODELS_FILE=str(models), NEUROSANDBOX_API_BASE=server.url,
+            NEUROSANDBOX_VERIFYING_ORGANIZATION=ORG, OPENAI_API_KEY="sk-loopback",
+        ) as gw,
+    ):  # fmt: skip
+        send(gw, study.files)
+        runs: list[dict[str, object]] = []
+        for _ in range(200):
+            runs = [r for r in gw.get("/runs", token).json() if r["study_uid"] == study.study_uid]
+            if runs:
+                break
+            subprocess.run(["sleep", "0.3"], check=True)
+        assert runs, gw.log.read_text()[-3000:]
+        run = gw.wait_run(str(runs[0]["run_id"]), timeout=120)
+        assert run["status"] == "done", (run, gw.log.read_text()[-3000:])
+        yield Setup(gw, gw.api, token, study.study_uid, str(run["run_id"]))
+
+
+def _documents(gw: Gateway, study_uid: str) -> list[pydicom.Dataset]:
+    study_id = gw.orthanc.find_study(study_uid)
+    assert study_id is not None
+    out = []
+    for inst in gw.orthanc.study_instances(study_id):
+        meta = gw.orthanc.instance_metadata(inst["ID"])
+        if meta.get("SopClassUid") in (SR_CLASS, PDF_CLASS):
+            raw = gw.orthanc.api.get(f"{gw.orthanc.url}/instances/{inst['ID']}/file").content
+            out.append(pydicom.dcmread(io.BytesIO(raw)))
+    return out
+
+
+def _texts(ds: pydicom.Dataset) -> str:
+    return " | ".join(
+        str(e.value) if e.keyword == "TextValue" else " ".join(str(c.CodeMeaning) for c in e.value)
+        for e in ds.iterall()
+        if e.keyword in ("TextValue", "ConceptCodeSequence")
+    )
+
+
+def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> None:
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.goto(f"{setup.base}/review/login")
+        page.fill("#token", setup.token)
+        page.click("#login")
+        page.wait_for_url(f"{setup.base}/review")
+        page.goto(f"{setup.base}/review/runs/{setup.run_id}")
+        page.locator("a.case-link").first.click()
+        block = page.locator(f'section.block[data-model="{MODEL}"]')
+        rows = block.locator("tr[data-item]")
+        # 5 lesion findings + 1 more from the differential answer (its oedema is finding 2);
+        # 3 differential entries (metastases once), 2 final diagnoses (the answers disagree).
+        ids = [rows.nth(i).get_attribute("data-item") for i in range(rows.count())]
+        assert [i for i in ids if i.startswith("finding")] == [f"finding.{n}" for n in range(1, 7)]
+        assert [i for i in ids if i.startswith("final")] == ["final", "final.2"]
+        assert "lesion finding 2; differential finding 1" in block.locator('tr[data-item="finding.2"]').inner_text()  # fmt: skip
+
+        def decide(item: str, verdict: str, text: str = "") -> None:
+            form = block.locator(f'form[data-block-item="{MODEL}/{item}"]')
+            form.locator("select[name=verdict]").select_option(verdict)
+            if text:
+                form.locator("input[name=text]").fill(text)
+            form.locator("button").click()
+            page.wait_for_url("**done=item")
+
+        decide("finding.4", "reject")
+        decide("finding.5", "correct", "tiny left temporal cavernoma, incidental")
+        block.locator("form.accept-remaining button").click()
+        page.wait_for_url("**done=accept")
+        page.fill("#case-review form[action$='/comment'] input[name=text]", "Discussed at MDT")
+        page.click("#case-review form[action$='/comment'] button")
+        page.wait_for_url("**done=comment")
+        page.click("#signoff a")
+        page.wait_for_url("**/signoff")
+        preview = page.locator(f'section.verified-block[data-model="{MODEL}"]')
+        assert "dropped" in preview.locator('tr[data-item="finding.4"]').inner_text()
+        assert "tiny left temporal cavernoma" in preview.locator('tr[data-item="finding.5"]').inner_text()  # fmt: skip
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "signoff-preview.png"), full_page=True)
+        page.click("#signoff-confirm button")
+        page.wait_for_url("**done=signoff")
+        page.click("#reissue button")
+        page.wait_for_url("**done=reissue")
+        browser.close()
+
+    docs = _documents(setup.gw, setup.study_uid)
+    for d in docs:  # every SR and PDF the project wrote, UNVERIFIED and VERIFIED
+        assert_dciodvfy_clean(d)
+    srs = [d for d in docs if d.SOPClassUID == SR_CLASS]
+    (unverified,) = [d for d in srs if d.VerificationFlag == "UNVERIFIED"]
+    (verified,) = [d for d in srs if d.VerificationFlag == "VERIFIED"]
+    assert verified.SeriesDescription == "NeuroSandbox AI findings (VERIFIED)"
+    assert verified.SeriesInstanceUID != unverified.SeriesInstanceUID
+    before, after = _texts(unverified), _texts(verified)
+    assert "cerebellar nodule" in before and "cerebellar nodule" not in after  # rejected
+    assert "tiny left temporal cavernoma, incidental" in after and "tiny focus" not in after
+    assert "vasogenic oedema" in after and "Comment by Nina Neuro: Discussed at MDT" in after
+    assert "Glioblastoma" in after and "Brain metastases" in after  # both final diagnoses
+    (observer,) = verified.VerifyingObserverSequence
+    assert str(observer.VerifyingObserverName) == "Neuro^Nina"
+    assert observer.VerifyingOrganization == ORG
+    pred = verified.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0]
+    assert pred.ReferencedSOPSequence[0].ReferencedSOPInstanceUID == unverified.SOPInstanceUID
+    pdfs = {d.SeriesDescription: d for d in docs if d.SOPClassUID == PDF_CLASS}
+    assert set(pdfs) == {"NeuroSandbox AI checklist (UNVERIFIED)", "NeuroSandbox AI checklist (VERIFIED)"}  # fmt: skip
+    assert "VERIFIED by Nina Neuro" in pdfs["NeuroSandbox AI checklist (VERIFIED)"].DocumentTitle
+    assert all("VerificationFlag" not in d for d in pdfs.values())
+    # dcmtk reads the VERIFIED SR back: the verifying observer and the content tree
+    path = ARTIFACTS / "verified-sr.dcm"
+    verified.save_as(path, enforce_file_format=True)
+    dump = subprocess.run(["/usr/bin/dsrdump", str(path)], capture_output=True, encoding="latin-1")
+    assert dump.returncode == 0 and "Neuro^Nina" in dump.stdout and "VERIFIED" in dump.stdout
