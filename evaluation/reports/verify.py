@@ -20,7 +20,6 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from dicom import display_name
-
 from evaluation.reports.block import BlockItem, ItemKind, ReportBlock, ReportContent, _put
 from evaluation.reports.reviews import CaseReview, ItemState, Verdict
 
