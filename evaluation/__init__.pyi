@@ -163,6 +163,7 @@ from .reports.verify import VerifiedBlock as VerifiedBlock
 from .reports.verify import case_verification as case_verification
 from .reports.verify import decision as decision
 from .reports.verify import digest as digest
+from .reports.verify import may_adjudicate as may_adjudicate
 from .reports.verify import missing_items as missing_items
 from .reports.verify import review_preview as review_preview
 from .runconfig import RunConfig as RunConfig

@@ -11,6 +11,7 @@ signing reviewer (and the adjudicating admin) as Verifying Observer. What is ver
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -101,12 +102,8 @@ def _when(iso: str) -> datetime:
 
 
 def verifiers(verification: Verification, organization: str) -> list[Verifier]:
-    people = [
-        *verification.signers,
-        *([verification.adjudicator] if verification.adjudicator else []),
-    ]
     out = []
-    for s in people:
+    for s in verification.verifiers:
         if not s.person:
             raise ReissueError(
                 f"{s.reviewer} has no person name (family^given) on record: a VERIFIED report "
@@ -122,8 +119,11 @@ def reissue_case(
     case_id: str,
     verification: Verification,
     organization: str,
+    on_stored: Callable[[str], None] = lambda uid: None,
 ) -> Reissued:
-    """Store one VERIFIED SR per model and the VERIFIED checklist PDF of a verified case."""
+    """Store one VERIFIED SR per model and the VERIFIED checklist PDF of a verified case. Every
+    object is built before the first is stored (one that cannot be built stores none);
+    ``on_stored`` hears each SOP Instance UID as it is stored."""
     if not verification.complete:
         raise ReissueError(f"case {case_id!r} cannot be re-issued: {verification.why_not}")
     if not verification.blocks:
@@ -137,27 +137,34 @@ def reissue_case(
     named = gateway_info(run).get("unverified_sr") or {}
     number = max((_number(d) for d in earlier), default=0) + 1  # next in the VERIFIED series
     out = Reissued()
+    srs = []
     for block in verification.blocks:
         prior = predecessor(unverified, block.model, named.get(block.model))
         replaces = [d for d in (prior, _newest(earlier, block.model)) if d is not None]
         try:
-            sr = build_sr(
-                headers, block.content, block.model, "clinician-verified", number, replaces,
-                modality, verifiers=signed,
+            srs.append(
+                build_sr(
+                    headers, block.content, block.model, "clinician-verified", number, replaces,
+                    modality, verifiers=signed,
+                )
             )  # fmt: skip
         except ReportBuildError as exc:
-            raise ReissueError(str(exc)) from exc
+            raise ReissueError(f"{block.model}: {exc}") from exc
         number += 1
-        orthanc.upload(_encode(sr))
-        out.sr_uids.append(str(sr.SOPInstanceUID))
+    pdf = None
     try:
         page = render_verified(run, case_id, verification, organization)
         pdf = build_pdf(headers[0], pdf_bytes(page), _title(verification), number, verified=True)
     except (PdfError, ReportBuildError) as exc:
         out.warnings.append(f"the VERIFIED checklist PDF was not written: {exc}")
-    else:
+    for sr in srs:
+        orthanc.upload(_encode(sr))
+        out.sr_uids.append(str(sr.SOPInstanceUID))
+        on_stored(out.sr_uids[-1])
+    if pdf is not None:
         orthanc.upload(_encode(pdf))
         out.pdf_uid = str(pdf.SOPInstanceUID)
+        on_stored(out.pdf_uid)
     return out
 
 

@@ -23,6 +23,7 @@ from evaluation import (
     case_verification,
     decision,
     digest,
+    may_adjudicate,
     missing_items,
     report_blocks,
     review_preview,
@@ -105,6 +106,11 @@ def _item_events(
         text = ""
     elif not text:
         raise ReviewError(f"a correction of {item.label} needs the corrected text")
+    elif item.kind is ItemKind.NO_FINDING:
+        raise ReviewError(
+            "'no lesion reported' cannot be corrected: reject it, and describe what you see in "
+            "a comment or your diagnosis"
+        )
     if item.kind is ItemKind.ERROR and verdict is Verdict.CORRECT:
         try:
             category = ErrorCategory(text)
@@ -237,7 +243,11 @@ def sign_off(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, confirm: st
             "the content to verify changed since it was shown (or was never shown): review the "
             "sign-off preview again"
         )
-    return svc.store.append(_event(who, cu, Action.SIGNOFF, text=p.digest))
+    mine = cu.mine(who)
+    (event,) = svc.store.append_many(
+        [_event(who, cu, Action.SIGNOFF, text=p.digest)], expect_last=mine.last_id if mine else 0
+    )
+    return event
 
 
 def adjudicate(
@@ -249,8 +259,9 @@ def adjudicate(
     if not who.person:
         raise ReviewError("your token has no person name (family^given): ask for one with --person")
     v = cu.verification
-    if who.name in {s.reviewer for s in v.signers}:
-        raise ReviewError("a reviewer who signed the case off cannot adjudicate it")
+    me = cu.mine(who) or CaseReview(reviewer=who.name, run_id="", case_id="", person=who.person)
+    if not may_adjudicate(me.model_copy(update={"person": who.person}), [r for r in cu.reviews if r.signed_off_at]):  # fmt: skip
+        raise ReviewError("a clinician who reviewed the case cannot adjudicate it")
     disputed = {(d.model, d.item_id) for d in v.disputes}
     if not disputed:
         raise ReviewError("nothing to adjudicate: the signed-off reviews agree")
@@ -275,10 +286,9 @@ def reissue(
     """Store the VERIFIED SRs and PDF of a verified case in PACS (a signer or an admin)."""
     v = cu.verification
     if who.role is not Role.ADMIN and who.name not in {s.reviewer for s in v.signers}:
-        mine = cu.mine(who)
-        if mine is None or mine.signed_off_at is None:
-            raise ReviewError("Sign the case off before re-issuing it.")
-    out = reissue_case(orthanc, cu.run, cu.case_id, v, organization)
-    uids = [*out.sr_uids, *([out.pdf_uid] if out.pdf_uid else [])]
-    svc.store.append_many([_event(who, cu, Action.REISSUE, text=uid) for uid in uids])
-    return out
+        raise ReviewError("Sign the case off before re-issuing it.")
+
+    def stored(uid: str) -> None:  # logged as each object reaches PACS, not after all
+        svc.store.append(_event(who, cu, Action.REISSUE, text=uid))
+
+    return reissue_case(orthanc, cu.run, cu.case_id, v, organization, on_stored=stored)

@@ -57,7 +57,9 @@ DIFFERENTIAL = CodedConcept("111023", "DCM", "Differential Diagnosis/Impression"
 QUALITATIVE_EVALUATIONS = CodedConcept("C0034375", "UMLS", "Qualitative Evaluations")
 FINDING_TEXT = CodedConcept("FINDING-TEXT", LOCAL_SCHEME, "Finding description")
 ERROR_CATEGORY = CodedConcept("ERROR-CATEGORY", LOCAL_SCHEME, "AI error category")
+NOTHING_KEPT = CodedConcept("NO-AI-FINDING", LOCAL_SCHEME, "No AI finding or diagnosis kept")
 MAX_TEXT = 4000
+UTF8 = "ISO_IR 192"
 _ICD10 = re.compile(r"^[A-Z][0-9][0-9A-Z](\.[0-9A-Z]{1,4})?$")
 DEVICE_UID = generate_uid(entropy_srcs=["neurosandbox-device"])
 
@@ -105,9 +107,15 @@ def series_uid_for(study_uid: str, kind: str) -> str:
     return generate_uid(entropy_srcs=[study_uid, f"neurosandbox-{kind}"])
 
 
+def _meaning(text: str) -> str:
+    """A Code Meaning (LO, 64 characters) from free text: one value (no backslash), printable."""
+    clean = "".join(ch if ch.isprintable() else " " for ch in text.replace("\\", "/"))
+    return " ".join(clean.split())[:64]
+
+
 def _local_code(text: str) -> CodedConcept:
     value = "N" + hashlib.sha256(text.lower().encode()).hexdigest()[:12].upper()
-    return CodedConcept(value, LOCAL_SCHEME, text.strip()[:64] or "unspecified")
+    return CodedConcept(value, LOCAL_SCHEME, _meaning(text) or "unspecified")
 
 
 def region_code(region: str | None) -> CodedConcept:
@@ -122,7 +130,7 @@ def diagnosis_code(item: DifferentialItem) -> CodedConcept:
     name = item.diagnosis.strip()
     icd = (item.icd10 or "").strip().upper()
     if icd and len(icd) <= 16 and _ICD10.match(icd):
-        return CodedConcept(icd, "I10", name[:64] or icd)
+        return CodedConcept(icd, "I10", _meaning(name) or icd)
     return _local_code(name)
 
 
@@ -169,7 +177,7 @@ def _diagnosis_group(
         algorithm_id=algorithm,
         qualitative_evaluations=[QualitativeEvaluation(concept, diagnosis_code(item))],
     )
-    if len(item.diagnosis.strip()) > 64:  # the code meaning holds 64 characters: the rest as text
+    if _meaning(item.diagnosis) != item.diagnosis.strip():  # longer or odder than a Code Meaning
         group[0].ContentSequence.append(_text(concept, item.diagnosis.strip()))
     return group
 
@@ -268,6 +276,14 @@ def build_sr(
     for i, d in enumerate(content.final_diagnoses, start=1):
         label = "diagnosis" if i == 1 else f"diagnosis {i}"
         groups.append(_diagnosis_group(label, DIAGNOSIS, d, algorithm))
+    if not groups:  # every item rejected (or none given): the report says so, and nothing else
+        groups.append(
+            MeasurementsAndQualitativeEvaluations(
+                tracking_identifier=TrackingIdentifier(uid=generate_uid(), identifier="none"),
+                finding_type=NOTHING_KEPT,
+                algorithm_id=algorithm,
+            )
+        )
     observer = ObserverContext(
         observer_type=codes.DCM.Device,
         observer_identifying_attributes=DeviceObserverIdentifyingAttributes(
@@ -318,6 +334,8 @@ def build_sr(
         sr.ContentTime = TM(last.strftime("%H%M%S"))
     if any(_uses_local(ds) for ds in sr.ContentSequence):
         sr.CodingSchemeIdentificationSequence = [_local_scheme()]
+    # Model and clinician text is any script: UTF-8 (the patient module is re-encoded with it)
+    sr.SpecificCharacterSet = UTF8
     return sr
 
 
@@ -362,8 +380,7 @@ def build_pdf(
     ds.file_meta.MediaStorageSOPClassUID = UID(ENCAPSULATED_PDF_STORAGE)
     ds.file_meta.MediaStorageSOPInstanceUID = sop
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
-    if source.get("SpecificCharacterSet"):
-        ds.SpecificCharacterSet = source.SpecificCharacterSet
+    ds.SpecificCharacterSet = UTF8  # the source's values are decoded; written back as UTF-8
     for kw in (*_PATIENT_STUDY, "StudyInstanceUID", "StudyDescription", "IssuerOfPatientID"):
         if kw in source:
             setattr(ds, kw, source.data_element(kw).value)  # type: ignore[union-attr]

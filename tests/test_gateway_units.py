@@ -293,6 +293,38 @@ def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: P
     assert_dciodvfy_clean(v2)
 
 
+def test_an_sr_with_every_item_rejected_or_any_script_is_valid(tmp_path: Path) -> None:
+    """Found in review: a VERIFIED SR whose every item was rejected could not be built; text in
+    another script became '?' and a backslash split a code meaning into several values."""
+    study = make_study(tmp_path / "s", n_slices=1, classes=("T1",), patient_name="Doe^John")
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in study.files]
+    when = datetime(2026, 11, 24, 9, 30)
+    nothing = build_sr(headers, ReportContent(), "m", "v", 1,
+                       verifiers=[Verifier("Łukasiewicz^Jan", "Szpital Bródno", when)])  # fmt: skip
+    assert_dciodvfy_clean(nothing)
+    content = ReportContent(
+        findings=[Finding(description="zmiana w płacie czołowym")],
+        final_diagnoses=[DifferentialItem(diagnosis="glioma\\metastasis")],
+        comments=["Komentarz: Łódź"],
+    )
+    sr = build_sr(headers, content, "m", "v", 1)
+    buf = io.BytesIO()
+    sr.save_as(buf, enforce_file_format=True)
+    assert_dciodvfy_clean(buf.getvalue())
+    back = pydicom.dcmread(io.BytesIO(buf.getvalue()))
+    texts = [str(e.value) for e in back.iterall() if e.keyword in ("TextValue", "CodeMeaning")]
+    assert "zmiana w płacie czołowym" in texts and "Komentarz: Łódź" in texts
+    assert "glioma/metastasis" in texts and "glioma\\metastasis" in texts  # code + full text
+    signed = pydicom.dcmread(io.BytesIO(_encode(nothing)))
+    assert str(signed.VerifyingObserverSequence[0].VerifyingObserverName) == "Łukasiewicz^Jan"
+
+
+def _encode(ds: pydicom.Dataset) -> bytes:
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=True)
+    return buf.getvalue()
+
+
 def test_encapsulated_pdf_carries_the_study_and_refuses_non_pdf(tmp_path: Path) -> None:
     study = make_study(tmp_path / "s", n_slices=1, classes=("T1",))
     src = pydicom.dcmread(study.files[0], stop_before_pixels=True)

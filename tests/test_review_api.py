@@ -112,6 +112,13 @@ def test_bearer_clients_post_without_cookies_and_export(
         data={"csrf": "", "model": GOOD, "item_id": "final", "verdict": "correct"},
     )
     assert missing.status_code == 409 and "correction" in missing.text
+    # An answer's own items outside its model's block (confidence, sequences, rationale) are
+    # still reviewed per answer; a block item only through its block.
+    key = f"{GOOD}::differential::0"
+    for item, code in (("confidence", 303), ("final", 409)):
+        r = c.post(f"{CASE}/items", headers=auth, follow_redirects=False,
+                   data={"answer_key": key, "item_id": item, "verdict": "accept"})  # fmt: skip
+        assert r.status_code == code, (item, r.text[:300])
     csv = c.get("/review/runs/test-run/reviews.csv", headers=auth)
     assert csv.status_code == 200 and "Dr Api" in csv.text and csv.text.startswith("id,at,reviewer")
     exported = json.loads(c.get("/review/runs/test-run/reviews.json", headers=auth).text)

@@ -1,4 +1,5 @@
-"""The clinical-safety path end to end, with real parts only: dcmtk's storescu sends a study to
+"""The clinical-safety path end to end, with real parts only: dcmtk's storescu sends a phantom
+study (the glioblastoma case of the phantom suite) to
 `neurosandbox serve`; a VLM on a loopback OpenAI-compatible server (through litellm) answers the
 lesion and differential tasks with findings and diagnoses that partly agree; in headless
 Chromium a reviewer rejects one finding, corrects another, signs off in two steps and
@@ -17,9 +18,9 @@ import pydicom
 import pytest
 from dciodvfy import assert_dciodvfy_clean
 from gateway_process import Gateway, running_gateway, send
-from gateway_synth import make_study
 from openai_server import OpenAIServer, Script
 from orthanc_fixture import OrthancServer
+from phantom_fixture import PhantomSuite
 
 from gateway.auth import Role, TokenStore
 
@@ -87,7 +88,8 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:  # fmt: skip
+def setup(orthanc_server: OrthancServer, phantom_suite: PhantomSuite,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:  # fmt: skip
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     tmp = tmp_path_factory.mktemp("verified-e2e")
@@ -95,7 +97,7 @@ def setup(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactor
     routing.write_text(
         "rules:\n  - name: ward\n    match:\n      modality: [MR]\n    evaluate:\n"
         f"      models: [{MODEL}]\n      tasks: [lesion, differential]\n"
-        "      series_classes: [FLAIR, T2, T1]\n"
+        "      series_classes: [FLAIR, T2, T1, T1C]\n"
     )
     models = tmp / "models.yaml"
     models.write_text(f"models:\n  - name: {MODEL}\n    model: openai/gpt-4o\n    max_retries: 1\n")
@@ -108,7 +110,8 @@ def setup(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactor
             ("Task: differential diagnosis.", json.dumps(DIFFERENTIAL)),
         ]
     )
-    study = make_study(tmp / "study", lesion="left", n_slices=8, patient_id="NSBX-VERIFY-1")
+    files = sorted(p for p in (phantom_suite.case_dir("gbm") / "dicom").rglob("*") if p.is_file())
+    study_uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
     with (
         OpenAIServer(script) as server,
         running_gateway(
@@ -118,17 +121,17 @@ def setup(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactor
             NEUROSANDBOX_VERIFYING_ORGANIZATION=ORG, OPENAI_API_KEY="sk-loopback",
         ) as gw,
     ):  # fmt: skip
-        send(gw, study.files)
+        send(gw, files)
         runs: list[dict[str, object]] = []
         for _ in range(200):
-            runs = [r for r in gw.get("/runs", token).json() if r["study_uid"] == study.study_uid]
+            runs = [r for r in gw.get("/runs", token).json() if r["study_uid"] == study_uid]
             if runs:
                 break
             subprocess.run(["sleep", "0.3"], check=True)
         assert runs, gw.log.read_text()[-3000:]
         run = gw.wait_run(str(runs[0]["run_id"]), timeout=120)
         assert run["status"] == "done", (run, gw.log.read_text()[-3000:])
-        yield Setup(gw, gw.api, token, study.study_uid, str(run["run_id"]))
+        yield Setup(gw, gw.api, token, study_uid, str(run["run_id"]))
 
 
 def _documents(gw: Gateway, study_uid: str) -> list[pydicom.Dataset]:

@@ -114,14 +114,21 @@ def answer_key(s: SampleResult) -> str:
     return key if s.ablation == FULL_INPUT else f"{key}::{s.ablation}"
 
 
-def finding_identity(f: Finding) -> tuple[str, ...]:
-    """Same location (side, region), sequence and signal: the same finding."""
+def finding_identity(f: Finding) -> tuple[str, ...] | None:
+    """Same location (side, region), sequence and signal: the same finding. None when the
+    finding does not state all four (it is never merged with another)."""
     side = A.side_in(f.hemisphere) or normalise(f.hemisphere or "")
     regions = A.regions_in(f.region) if f.region else set()
     region = ",".join(sorted(regions)) if regions else normalise(f.region or "")
     seq = A.sequence_class(f.sequence) or normalise(f.sequence or "")
-    signal = A.signal_direction(f.signal, f.sequence) if f.signal else None
-    return (side, region, seq, signal or normalise(f.signal or ""))
+    direction = A.signal_direction(f.signal, f.sequence) if f.signal else None
+    signal = direction or normalise(f.signal or "")
+    ident = (side, region, seq, signal)
+    return ident if all(ident) else None
+
+
+def _same_size(a: Finding, b: Finding) -> bool:
+    return a.size_mm is None or b.size_mm is None or A.sizes_compatible(a.size_mm, b.size_mm)
 
 
 def diagnosis_identity(text: str) -> str:
@@ -153,23 +160,39 @@ def report_block(
     """Merge one model's answers ((answer key, task, answer), in run order) and their error
     labels into its review block: the one rule by which every SR of the model is built."""
     block = ReportBlock(model=model, answer_keys=[k for k, _, _ in answers])
-    findings: dict[tuple[str, ...], BlockItem] = {}
+    findings: list[BlockItem] = []
     for key, task, ans in _ordered(answers, _FINDING_ORDER):
+        merged: set[int] = set()  # items this answer already merged into: never two of its own
         for n, f in enumerate(ans.findings, start=1):
             src = ItemSource(answer_key=key, task=task.value, item_id=f"finding.{n}")
-            hit = findings.get(finding_identity(f))
-            if hit is not None:
-                hit.sources.append(src)
-                continue
-            item = BlockItem(
-                item_id=f"finding.{len(findings) + 1}",
-                kind=ItemKind.FINDING,
-                text=_finding_text(f),
-                finding=f,
-                sources=[src],
+            fid = finding_identity(f)
+            hit = next(
+                (
+                    i
+                    for i, it in enumerate(findings)
+                    if fid is not None
+                    and i not in merged
+                    and it.finding is not None
+                    and finding_identity(it.finding) == fid
+                    and _same_size(it.finding, f)
+                    and all(s.answer_key != key for s in it.sources)
+                ),
+                None,
             )
-            findings[finding_identity(f)] = item
-    block.items += findings.values()
+            if hit is not None:
+                findings[hit].sources.append(src)
+                merged.add(hit)
+                continue
+            findings.append(
+                BlockItem(
+                    item_id=f"finding.{len(findings) + 1}",
+                    kind=ItemKind.FINDING,
+                    text=_finding_text(f),
+                    finding=f,
+                    sources=[src],
+                )
+            )
+    block.items += findings
     if answers and not findings:
         block.items.append(
             BlockItem(
@@ -278,13 +301,11 @@ def unverified_content(block: ReportBlock) -> ReportContent:
 def _put(content: ReportContent, it: BlockItem, corrected: str | None) -> None:
     """Add one kept item to an SR's content (``corrected``: the reviewer's text)."""
     if it.kind is ItemKind.FINDING and it.finding is not None:
-        f = (
-            it.finding
-            if corrected is None
-            else it.finding.model_copy(update={"description": corrected})
-        )
+        # A corrected finding is the clinician's text only: none of the model's coded fields
+        # (side, region, sequence, signal, size) is kept, since the correction may undo any.
+        f = it.finding if corrected is None else Finding(description=corrected)
         content.findings.append(f)
-    elif it.kind is ItemKind.NO_FINDING:
+    elif it.kind is ItemKind.NO_FINDING and corrected is None:  # never corrected (a rule)
         content.no_findings = True
     elif it.kind in (ItemKind.DIFFERENTIAL, ItemKind.FINAL) and it.diagnosis is not None:
         d = it.diagnosis

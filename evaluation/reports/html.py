@@ -220,10 +220,6 @@ def render_verified(
     run: RunData, case_id: str, verification: Verification, organization: str
 ) -> str:
     """The VERIFIED report of a case, as printed into the VERIFIED Encapsulated PDF."""
-    people = [
-        *verification.signers,
-        *([verification.adjudicator] if verification.adjudicator else []),
-    ]
     return (
         env()
         .get_template("verified.html.j2")
@@ -231,7 +227,7 @@ def render_verified(
             case_id=case_id,
             run_id=run.run_id,
             v=verification,
-            people=people,
+            people=verification.verifiers,
             organization=organization,
             when=_local_time,
             **_base(None, True, "", False),

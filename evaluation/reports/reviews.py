@@ -105,6 +105,7 @@ class ItemState(BaseModel):
     verdict: Verdict
     text: str = ""
     at: str
+    id: int = 0  # the event's id in the log: the later of two decisions has the larger one
 
 
 class CaseReview(BaseModel):
@@ -116,9 +117,12 @@ class CaseReview(BaseModel):
     items: dict[str, dict[str, ItemState]] = Field(default_factory=dict)  # answer -> item -> state
     diagnosis: str | None = None
     errors: dict[str, ErrorLabel] = Field(default_factory=dict)  # answer -> clinician label
+    error_states: dict[str, ItemState] = Field(default_factory=dict)  # the same, as a decision
     ratings: dict[str, float] = Field(default_factory=dict)  # answer -> 0..5
     comments: list[tuple[str, str]] = Field(default_factory=list)  # (at, text)
     signed_off_at: str | None = None
+    signed_digest: str = ""  # what the sign-off confirmed (reports.verify.digest)
+    last_id: int = 0  # the reviewer's latest event in the log
     reissued: list[str] = Field(default_factory=list)  # SOP Instance UIDs
     adjudicated: dict[str, dict[str, ItemState]] = Field(default_factory=dict)  # admin rulings
     person: str = ""  # DICOM person name (family^given) the reviewer acted under
@@ -137,10 +141,11 @@ def fold(events: Iterable[ReviewEvent]) -> dict[tuple[str, str, str], CaseReview
             CaseReview(reviewer=e.reviewer, run_id=e.run_id, case_id=e.case_id),
         )
         r.n_events += 1
+        r.last_id = max(r.last_id, e.id or 0)
         r.person = e.person or r.person
         if e.action is Action.ITEM and e.verdict is not None:
             r.items.setdefault(e.answer_key, {})[e.item_id] = ItemState(
-                verdict=e.verdict, text=e.text, at=e.at
+                verdict=e.verdict, text=e.text, at=e.at, id=e.id or 0
             )
         elif e.action is Action.DIAGNOSIS:
             r.diagnosis = e.text or None
@@ -151,17 +156,20 @@ def fold(events: Iterable[ReviewEvent]) -> dict[tuple[str, str, str], CaseReview
                 evidence=e.text or "clinician override",
                 at=datetime.fromisoformat(e.at),
             )
+            r.error_states[e.answer_key] = ItemState(
+                verdict=Verdict.CORRECT, text=e.category.value, at=e.at, id=e.id or 0
+            )
         elif e.action is Action.RATING and e.rating is not None:
             r.ratings[e.answer_key] = e.rating
         elif e.action is Action.COMMENT and e.text:
             r.comments.append((e.at, e.text))
-        elif e.action is Action.SIGNOFF:
-            r.signed_off_at = r.signed_off_at or e.at
+        elif e.action is Action.SIGNOFF and r.signed_off_at is None:
+            r.signed_off_at, r.signed_digest = e.at, e.text
         elif e.action is Action.REISSUE and e.text:
             r.reissued.append(e.text)
         elif e.action is Action.ADJUDICATE and e.verdict is not None:
             r.adjudicated.setdefault(e.answer_key, {})[e.item_id] = ItemState(
-                verdict=e.verdict, text=e.text, at=e.at
+                verdict=e.verdict, text=e.text, at=e.at, id=e.id or 0
             )
     return out
 
@@ -207,8 +215,12 @@ class ReviewStore:
         """Record one action; refused once the reviewer has signed the case off."""
         return self.append_many([event])[0]
 
-    def append_many(self, events: list[ReviewEvent]) -> list[ReviewEvent]:
-        """Record actions of one reviewer on one case at once (all or none)."""
+    def append_many(
+        self, events: list[ReviewEvent], expect_last: int | None = None
+    ) -> list[ReviewEvent]:
+        """Record actions of one reviewer on one case at once (all or none). ``expect_last``:
+        the reviewer's latest event id the actions were decided on; refused if there is a
+        later one (a sign-off confirms what was shown, not what changed since)."""
         for event in events:
             _check(event)
         if not events:
@@ -232,8 +244,19 @@ class ReviewStore:
                 )
             }
             mine = (first.reviewer, "signoff") in actions
+            if expect_last is not None:
+                last = db.execute(
+                    "SELECT COALESCE(MAX(id), 0) FROM review_events WHERE run_id=? AND case_id=? "
+                    "AND reviewer=?",
+                    (first.run_id, first.case_id, first.reviewer),
+                ).fetchone()[0]
+                if last != expect_last:
+                    db.execute("ROLLBACK")
+                    raise ReviewError(
+                        "your review changed since the content was shown: review it again"
+                    )
             for event in events:
-                if mine and event.action not in (Action.REISSUE, Action.ADJUDICATE):
+                if mine and event.action is not Action.REISSUE:
                     db.execute("ROLLBACK")
                     raise ReviewError(
                         f"{event.reviewer} has signed off case {event.case_id!r}; the review is final"

@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from dicom import display_name
 from evaluation.reports.block import BlockItem, ItemKind, ReportBlock, ReportContent, _put
 from evaluation.reports.reviews import CaseReview, ItemState, Verdict
+from evaluation.scores import ErrorCategory
 
 
 class Outcome(StrEnum):
@@ -35,6 +36,7 @@ class Decision(BaseModel):
     text: str = ""  # the correction (a category for an error item)
     at: str = ""
     by: str = ""
+    id: int = 0  # the log event it comes from
 
     def same(self, other: Decision) -> bool:
         if self.verdict is not other.verdict:
@@ -47,12 +49,23 @@ class Decision(BaseModel):
 def _latest(states: Sequence[tuple[ItemState, str]]) -> Decision | None:
     if not states:
         return None
-    st, by = max(states, key=lambda s: s[0].at)
-    return Decision(verdict=st.verdict, text=st.text, at=st.at, by=by)
+    st, by = max(states, key=lambda s: (s[0].id, s[0].at))
+    return Decision(verdict=st.verdict, text=st.text, at=st.at, by=by, id=st.id)
+
+
+def _valid(item: BlockItem, st: ItemState) -> bool:
+    """A decision the VERIFIED report can carry: a correction with text (for an error item, a
+    category; never for "no lesion reported"); else it counts as no decision."""
+    if st.verdict is not Verdict.CORRECT:
+        return True
+    if not st.text.strip() or item.kind is ItemKind.NO_FINDING:
+        return False
+    return item.kind is not ItemKind.ERROR or st.text in {c.value for c in ErrorCategory}
 
 
 def decision(item: BlockItem, review: CaseReview, adjudicated: bool = False) -> Decision | None:
-    """The reviewer's decision on a block item (``adjudicated``: the admin's adjudication)."""
+    """The reviewer's decision on a block item (``adjudicated``: the admin's adjudication):
+    the latest valid verdict on any of its sources (an error item also by an override)."""
     table = review.adjudicated if adjudicated else review.items
     states = [
         (st, review.reviewer)
@@ -60,13 +73,12 @@ def decision(item: BlockItem, review: CaseReview, adjudicated: bool = False) -> 
         if (st := table.get(src.answer_key, {}).get(src.item_id)) is not None
     ]
     if item.kind is ItemKind.ERROR and not adjudicated:
-        for src in item.sources:
-            label = review.errors.get(src.answer_key)
-            if label is not None:
-                at = label.assigned_at or ""
-                override = ItemState(verdict=Verdict.CORRECT, text=label.category.value, at=at)
-                states.append((override, review.reviewer))
-    got = _latest(states)
+        states += [
+            (st, review.reviewer)
+            for src in item.sources
+            if (st := review.error_states.get(src.answer_key)) is not None
+        ]
+    got = _latest([(st, by) for st, by in states if _valid(item, st)])
     corrected_to_same = (
         got is not None
         and item.kind is ItemKind.ERROR
@@ -189,9 +201,16 @@ class Verification(BaseModel):
 
     case_id: str
     signers: list[Signer] = Field(default_factory=list)
-    adjudicator: Signer | None = None
+    adjudicators: list[Signer] = Field(default_factory=list)
     disputes: list[Dispute] = Field(default_factory=list)
     blocks: list[VerifiedBlock] = Field(default_factory=list)
+    # signers whose sign-off confirmed other content than the case shows now (re-scored run)
+    stale: list[str] = Field(default_factory=list)
+
+    @property
+    def verifiers(self) -> list[Signer]:
+        """Everyone a VERIFIED report names as verifying observer, in order."""
+        return [*self.signers, *self.adjudicators]
 
     @property
     def open_disputes(self) -> list[Dispute]:
@@ -199,25 +218,42 @@ class Verification(BaseModel):
 
     @property
     def complete(self) -> bool:
-        return bool(self.signers) and not self.open_disputes
+        return bool(self.signers) and not self.open_disputes and not self.stale
 
     @property
     def why_not(self) -> str:
         if not self.signers:
             return "no reviewer has signed the case off"
+        if self.stale:
+            return (
+                f"what {', '.join(self.stale)} signed off is not what the case shows now (the "
+                "run was re-scored or re-written since): nothing VERIFIED can be issued from it"
+            )
         if self.open_disputes:
             items = ", ".join(f"{d.model}: {d.label}" for d in self.open_disputes[:10])
             return f"the reviewers disagree on {len(self.open_disputes)} item(s) ({items}); an admin must adjudicate"
         return ""
 
 
+def may_adjudicate(reviewer: CaseReview, signed: Sequence[CaseReview]) -> bool:
+    """An adjudicator is nobody who reviewed the case (by token name or by person)."""
+    people = {r.person for r in signed if r.person}
+    names = {r.reviewer for r in signed}
+    return (
+        reviewer.reviewer not in names
+        and (not reviewer.person or reviewer.person not in people)
+        and not reviewer.items
+        and reviewer.signed_off_at is None
+    )
+
+
 def case_verification(
     case_id: str, blocks: Sequence[ReportBlock], reviews: Sequence[CaseReview]
 ) -> Verification:
-    """Combine the signed-off reviews of a case (and an admin's adjudication) into what the
+    """Combine the signed-off reviews of a case (and admins' adjudication) into what the
     VERIFIED report says."""
     signed = sorted((r for r in reviews if r.signed_off_at), key=lambda r: r.signed_off_at or "")
-    adjudicators = [r for r in reviews if r.adjudicated and r not in signed]
+    judges = [r for r in reviews if r.adjudicated and may_adjudicate(r, signed)]
     out = Verification(
         case_id=case_id,
         signers=[
@@ -226,23 +262,19 @@ def case_verification(
     )
     if not signed:
         return out
-    adjudicator = max(adjudicators, key=lambda r: r.n_events, default=None)
-    if adjudicator is not None:
-        last = max(st.at for items in adjudicator.adjudicated.values() for st in items.values())
-        out.adjudicator = Signer(reviewer=adjudicator.reviewer, person=adjudicator.person, at=last)
+    out.stale = [r.reviewer for r in signed if r.signed_digest != digest(review_preview(blocks, r))]
+    used: dict[str, Signer] = {}
     for b in blocks:
         decide: dict[str, Decision] = {}
         for it in b.items:
             per = {r.reviewer: d for r in signed if (d := decision(it, r)) is not None}
             first = next(iter(per.values()), None)
-            if (
-                first is not None
-                and all(d.same(first) for d in per.values())
-                and len(per) == len(signed)
-            ):
-                decide[it.item_id] = first
+            agreed = first is not None and len(per) == len(signed)
+            if agreed and all(d.same(first) for d in per.values()):  # type: ignore[arg-type]
+                decide[it.item_id] = first  # type: ignore[assignment]
                 continue
-            ruling = decision(it, adjudicator, adjudicated=True) if adjudicator else None
+            rulings = [(j, d) for j in judges if (d := decision(it, j, adjudicated=True))]
+            ruling = max(rulings, key=lambda x: x[1].id)[1] if rulings else None
             if len(signed) > 1 or ruling is not None:
                 out.disputes.append(
                     Dispute(
@@ -256,6 +288,9 @@ def case_verification(
                 )
             if ruling is not None:
                 decide[it.item_id] = ruling
-        comments = review_comments([*signed, *([adjudicator] if adjudicator else [])])
+                judge = next(j for j, d in rulings if d is ruling)
+                used.setdefault(judge.reviewer, Signer(reviewer=judge.reviewer, person=judge.person, at=ruling.at))  # fmt: skip
+        comments = review_comments([*signed, *[j for j in judges if j.reviewer in used]])
         out.blocks.append(verified_block(b, decide, comments))
+    out.adjudicators = list(used.values())
     return out

@@ -312,6 +312,7 @@ def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: st
     except ReviewForbiddenError as exc:
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail=str(exc)) from None
     except (ReviewError, ReissueError, OrthancError, ValueError) as exc:
+        ctx.audit.write(who.token_id, f"review {code}", f"run={cu.run.run_id}", "refused")
         return _case_page(ctx, request, who, report, slug, f"Not recorded: {exc}", True, 409)
     ctx.audit.write(who.token_id, f"review {code}", f"run={cu.run.run_id}", "ok")
     url = f"{BASE}/runs/{report}/cases/{slug}?done={code}"
@@ -330,8 +331,14 @@ def post_item(ctx: Ctx, request: Request, report: Report, slug: Slug,
     def act(svc: ReviewService, who: Reviewer, cu: CaseUnderReview) -> object:
         if model:
             return record_verdicts(svc, who, cu, [ItemVerdict(model, item_id, verdict, text)])
-        if not answer_key or any(answer_key in b.answer_keys for b in cu.blocks):
-            raise ReviewError("name the model whose review block holds the item")
+        in_block = any(
+            s.answer_key == answer_key and s.item_id == item_id
+            for b in cu.blocks
+            for it in b.items
+            for s in it.sources
+        )
+        if not answer_key or in_block:
+            raise ReviewError("this item is reviewed in its model's block: name the model")
         return record(svc, who, cu, Action.ITEM, answer_key=answer_key, item_id=item_id,
                       verdict=verdict, text=text.strip())  # fmt: skip
 

@@ -192,7 +192,10 @@ def _act(ctx: Ctx, request: Request, report: str, slug: str, what: str,
         out = act(svc, who, cu)
     except ReviewForbiddenError as exc:
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail=str(exc)) from None
-    except (ReviewError, ReissueError, OrthancError, ValueError) as exc:
+    except OrthancError as exc:
+        ctx.audit.write(who.token_id, f"review {what}", f"run={cu.run.run_id}", "failed")
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY, detail=str(exc)) from None
+    except (ReviewError, ReissueError, ValueError) as exc:
         ctx.audit.write(who.token_id, f"review {what}", f"run={cu.run.run_id}", "refused")
         raise HTTPException(status.HTTP_409_CONFLICT, detail=str(exc)) from None
     ctx.audit.write(who.token_id, f"review {what}", f"run={cu.run.run_id}", "ok")
