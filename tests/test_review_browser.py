@@ -126,12 +126,12 @@ def _decide(page, model: str, item_id: str, verdict: str, text: str = "") -> Non
     elif text:
         form.locator("input[name=text]").fill(text)
     form.locator("button").click()
-    page.wait_for_url("**done=item")
+    page.wait_for_url("**done=item*")
 
 
 def _accept_rest(page, model: str) -> None:  # type: ignore[no-untyped-def]
     _block(page, model).locator("form.accept-remaining button").click()
-    page.wait_for_url("**done=accept")
+    page.wait_for_url("**done=accept*")
 
 
 def _sign_off(page) -> None:  # type: ignore[no-untyped-def]
@@ -167,6 +167,12 @@ def test_reviewer_corrects_signs_off_and_summary_follows(browser: object, server
     # The block says it is what goes into the SR; nothing is accepted by being left alone.
     assert "exactly what goes into" in _block(page, BAD).locator(".block-says").inner_text()
     _decide(page, BAD, "final", "correct", "Multiple sclerosis")
+    # Saving keeps the reader where they were: back at the item, not at the top of the page.
+    row = _block(page, BAD).locator('tr[data-item="final"]')
+    assert page.url.endswith(f"#{row.get_attribute('id')}")
+    assert page.evaluate("window.scrollY") > 0
+    box, height = row.bounding_box(), page.viewport_size["height"]
+    assert box is not None and -2 <= box["y"] < height  # the row at the top of the view
     mine = _block(page, BAD).locator('span[data-block-item$="/final"]').inner_text()
     assert mine.startswith("correct")
     _decide(page, BAD, "error.1", "correct", "reasoning")

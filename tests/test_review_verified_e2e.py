@@ -179,12 +179,12 @@ def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> 
             if text:
                 form.locator("input[name=text]").fill(text)
             form.locator("button").click()
-            page.wait_for_url("**done=item")
+            page.wait_for_url("**done=item*")
 
         decide("finding.4", "reject")
         decide("finding.5", "correct", "tiny left temporal cavernoma, incidental")
         block.locator("form.accept-remaining button").click()
-        page.wait_for_url("**done=accept")
+        page.wait_for_url("**done=accept*")
         page.fill("#case-review form[action$='/comment'] input[name=text]", "Discussed at MDT")
         page.click("#case-review form[action$='/comment'] button")
         page.wait_for_url("**done=comment")

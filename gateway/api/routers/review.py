@@ -4,6 +4,7 @@ summary; the review log as CSV and JSON. Every action is appended to the review 
 
 from __future__ import annotations
 
+import re
 import secrets
 import threading
 from collections.abc import Callable
@@ -74,6 +75,8 @@ DONE = {
     "reissue": "Re-issued to PACS as VERIFIED.",
 }
 _service_lock = threading.Lock()
+_ANCHOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+Anchor = Annotated[str, Form(max_length=100)]
 
 
 def service(ctx: Ctx, request: Request) -> ReviewService:
@@ -295,8 +298,10 @@ def case_page(ctx: Ctx, request: Request, report: Report, slug: Slug, done: str 
 
 
 def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: str,
-         act: Callable[[ReviewService, Reviewer, CaseUnderReview], object]) -> Response:  # fmt: skip
-    """Run one review action for a form POST; back to the case page (at the block) after."""
+         act: Callable[[ReviewService, Reviewer, CaseUnderReview], object],
+         anchor: str = "") -> Response:  # fmt: skip
+    """Run one review action for a form POST; back to the case page after, at ``anchor`` (the
+    item or block the form was in: the reader stays where they were)."""
     who = _who(ctx, request)
     if who is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
@@ -316,6 +321,8 @@ def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: st
         return _case_page(ctx, request, who, report, slug, f"Not recorded: {exc}", True, 409)
     ctx.audit.write(who.token_id, f"review {code}", f"run={cu.run.run_id}", "ok")
     url = f"{BASE}/runs/{report}/cases/{slug}?done={code}"
+    if _ANCHOR.match(anchor):
+        url += f"#{anchor}"
     return RedirectResponse(url, status.HTTP_303_SEE_OTHER)
 
 
@@ -324,7 +331,7 @@ def post_item(ctx: Ctx, request: Request, report: Report, slug: Slug,
               item_id: Annotated[str, Form(max_length=100)], verdict: Annotated[Verdict, Form()],
               model: Annotated[str, Form(max_length=400)] = "",
               answer_key: Annotated[str, Form(max_length=400)] = "",
-              text: Text = "", csrf: Csrf = "") -> Response:  # fmt: skip
+              text: Text = "", csrf: Csrf = "", anchor: Anchor = "") -> Response:  # fmt: skip
     """A verdict on an item of a model's review block (``model``), or on an item of one answer
     outside any block (``answer_key``: a structured classification answer)."""
 
@@ -342,15 +349,16 @@ def post_item(ctx: Ctx, request: Request, report: Report, slug: Slug,
         return record(svc, who, cu, Action.ITEM, answer_key=answer_key, item_id=item_id,
                       verdict=verdict, text=text.strip())  # fmt: skip
 
-    return _act(ctx, request, report, slug, csrf, "item", act)
+    return _act(ctx, request, report, slug, csrf, "item", act, anchor)
 
 
 @router.post("/runs/{report}/cases/{slug}/accept-remaining",
              summary="Accept every item of a model's block that has no verdict yet")  # fmt: skip
 def post_accept_remaining(ctx: Ctx, request: Request, report: Report, slug: Slug,
-                          model: Annotated[str, Form(max_length=400)], csrf: Csrf = "") -> Response:  # fmt: skip
+                          model: Annotated[str, Form(max_length=400)], csrf: Csrf = "",
+                          anchor: Anchor = "") -> Response:  # fmt: skip
     return _act(ctx, request, report, slug, csrf, "accept",
-                lambda svc, who, cu: accept_remaining(svc, who, cu, model))  # fmt: skip
+                lambda svc, who, cu: accept_remaining(svc, who, cu, model), anchor)  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/diagnosis", summary="The clinician's diagnosis")
