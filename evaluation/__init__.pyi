@@ -162,6 +162,7 @@ from .reports.verify import Verification as Verification
 from .reports.verify import VerifiedBlock as VerifiedBlock
 from .reports.verify import case_verification as case_verification
 from .reports.verify import decision as decision
+from .reports.verify import decisions as decisions
 from .reports.verify import digest as digest
 from .reports.verify import may_adjudicate as may_adjudicate
 from .reports.verify import missing_items as missing_items

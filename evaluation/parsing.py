@@ -157,7 +157,7 @@ def _repair_classification(data: dict[str, Any], repairs: list[str]) -> dict[str
         value = data.get(key)
         if not isinstance(value, str):
             continue
-        low = " ".join(clean(value).lower().strip(" .").split())
+        low = clean(value).lower().strip(" .")  # clean collapses the whitespace
         table = _CLASS_ENUMS.get(key, {})
         if low in _ABSTAIN:
             data[key] = None
@@ -193,7 +193,8 @@ def parse_answer(
     name = schema_name(family)
     validator = _validator(prompts, name, REQUIRED_KEYS[family])
     last_error = "no JSON object found in the reply"
-    for candidate in reversed(json_candidates(text)):  # the final object is the answer
+    candidates = json_candidates(text)
+    for candidate in reversed(candidates):  # the final object is the answer
         repairs: list[str] = []
         data = json.loads(json.dumps(candidate))  # a private copy to repair
         data = (
@@ -220,6 +221,6 @@ def parse_answer(
         return ParsedAnswer(
             status=ParseStatus.OK, answer=answer, data=data, missing_fields=missing, repairs=repairs
         )
-    if _REFUSAL.search(clean(text[:4000])) and not json_candidates(text):
+    if _REFUSAL.search(clean(text[:4000])) and not candidates:
         return ParsedAnswer(status=ParseStatus.REFUSAL, error="the reply declines to answer")
     return ParsedAnswer(status=ParseStatus.FORMAT_FAILURE, error=last_error)

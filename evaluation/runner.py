@@ -30,7 +30,6 @@ from evaluation.modelio import (
 )
 from evaluation.models import create_model
 from evaluation.models.context import RequestContext, current_request
-from evaluation.models.spec import ModelSpec
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.phi import GateResult, PHIGate, audit_record
 from evaluation.prompts import PromptSet, default_prompts
@@ -338,36 +337,27 @@ class Runner:
         messages = grader_messages(case, unit.item.family, answer)
         task = f"{unit.item.key}/grade:{unit.spec.name}"
 
-        async def one(spec: ModelSpec) -> tuple[str, ModelOutput]:
-            call = Call(case, task, "grader", spec, unit.sample, 1)
-            return await self._call(
-                call, self.graders[spec.name], messages, self.config.grader_generate
-            )
-
-        async def canary(spec: ModelSpec) -> tuple[str, ModelOutput]:
-            call = Call(case, "rubric-canary", "grader", spec, 0, 1)
-            return await self._call(
-                call, self.graders[spec.name], canary_messages(), self.config.grader_generate
-            )
-
         graders = self.config.graders
-        results = await asyncio.gather(*(one(g) for g in graders), *(canary(g) for g in graders))
-        verdicts, canaries = results[: len(graders)], results[len(graders) :]
-        replies = {
-            g.name: (None if out.error else out.text)
-            for g, (_, out) in zip(graders, verdicts, strict=True)
-        }
-        checks = {
-            g.name: (None if out.error else out.text)
-            for g, (_, out) in zip(graders, canaries, strict=True)
-        }
-        records = [
-            {"grader": g.name, "cache_key": key}
-            for g, (key, _) in zip(graders, verdicts, strict=True)
-        ] + [
-            {"grader": g.name, "canary": True, "cache_key": key}
-            for g, (key, _) in zip(graders, canaries, strict=True)
-        ]
+        # (grader, is canary, call): the answer's grading, then the canary (same request each time)
+        asks = [(g, False, Call(case, task, "grader", g, unit.sample, 1)) for g in graders]
+        asks += [(g, True, Call(case, "rubric-canary", "grader", g, 0, 1)) for g in graders]
+        results = await asyncio.gather(
+            *(
+                self._call(
+                    call,
+                    self.graders[g.name],
+                    canary_messages() if is_canary else messages,
+                    self.config.grader_generate,
+                )
+                for g, is_canary, call in asks
+            )
+        )
+        replies: dict[str, str | None] = {}
+        checks: dict[str, str | None] = {}
+        records: list[dict[str, Any]] = []
+        for (g, is_canary, _), (key, out) in zip(asks, results, strict=True):
+            (checks if is_canary else replies)[g.name] = None if out.error else out.text
+            records.append({"grader": g.name, **({"canary": True} if is_canary else {}), "cache_key": key})  # fmt: skip
         return replies, checks, records
 
     async def _record_error(

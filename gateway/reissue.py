@@ -10,12 +10,10 @@ signing reviewer (and the adjudicating admin) as Verifying Observer. What is ver
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import pydicom
 from pydicom.dataset import Dataset
 
 from dicom import display_name
@@ -27,6 +25,7 @@ from gateway.sr import (
     Verifier,
     build_pdf,
     build_sr,
+    encode,
     model_of,
     series_uid_for,
 )
@@ -158,11 +157,11 @@ def reissue_case(
     except (PdfError, ReportBuildError) as exc:
         out.warnings.append(f"the VERIFIED checklist PDF was not written: {exc}")
     for sr in srs:
-        orthanc.upload(_encode(sr))
+        orthanc.upload(encode(sr))
         out.sr_uids.append(str(sr.SOPInstanceUID))
         on_stored(out.sr_uids[-1])
     if pdf is not None:
-        orthanc.upload(_encode(pdf))
+        orthanc.upload(encode(pdf))
         out.pdf_uid = str(pdf.SOPInstanceUID)
         on_stored(out.pdf_uid)
     return out
@@ -176,9 +175,3 @@ def _title(v: Verification) -> str:
     names = ", ".join(display_name(s.person) for s in v.signers)
     when = _when(v.signers[-1].at).strftime("%Y-%m-%d") if v.signers else ""
     return f"NeuroSandbox checklist VERIFIED by {names} {when}"[:64]
-
-
-def _encode(ds: Dataset) -> bytes:
-    buf = io.BytesIO()
-    pydicom.dcmwrite(buf, ds, enforce_file_format=True)
-    return buf.getvalue()

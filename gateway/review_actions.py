@@ -118,22 +118,22 @@ def _item_events(
             allowed = ", ".join(c.value for c in ErrorCategory)
             raise ReviewError(f"{text!r} is not an error category; one of: {allowed}") from None
         if action is Action.ITEM:  # an override of the category, as the per-answer form makes
-            return [
-                _event(
-                    who,
-                    cu,
-                    Action.ERROR,
-                    answer_key=s.answer_key,
-                    category=category,
-                    text="corrected in the review block",
-                )
-                for s in item.sources
-            ]
+            return _override_events(who, cu, item, category, "corrected in the review block")
         text = category.value
     return [
         _event(
             who, cu, action, answer_key=s.answer_key, item_id=s.item_id, verdict=verdict, text=text
         )
+        for s in item.sources
+    ]
+
+
+def _override_events(
+    who: Reviewer, cu: CaseUnderReview, item: BlockItem, category: ErrorCategory, evidence: str
+) -> list[ReviewEvent]:
+    """An error-category override of a block's error item, for every answer it merges."""
+    return [
+        _event(who, cu, Action.ERROR, answer_key=s.answer_key, category=category, text=evidence)
         for s in item.sources
     ]
 
@@ -193,17 +193,7 @@ def override_error(
     item = cu.item(model, item_id)
     if item.kind is not ItemKind.ERROR:
         raise ReviewError(f"{item.label} is not an error category")
-    events = [
-        _event(
-            who,
-            cu,
-            Action.ERROR,
-            answer_key=s.answer_key,
-            category=category,
-            text=evidence.strip() or "clinician override",
-        )
-        for s in item.sources
-    ]
+    events = _override_events(who, cu, item, category, evidence.strip() or "clinician override")
     return svc.store.append_many(events)
 
 
@@ -285,7 +275,7 @@ def reissue(
 ) -> Reissued:
     """Store the VERIFIED SRs and PDF of a verified case in PACS (a signer or an admin)."""
     v = cu.verification
-    if who.role is not Role.ADMIN and who.name not in {s.reviewer for s in v.signers}:
+    if who.role is not Role.ADMIN and not v.signed_by(who.name):
         raise ReviewError("Sign the case off before re-issuing it.")
 
     def stored(uid: str) -> None:  # logged as each object reaches PACS, not after all

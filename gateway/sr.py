@@ -12,6 +12,7 @@ or as the clinician verified it.
 from __future__ import annotations
 
 import hashlib
+import io
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -408,6 +409,13 @@ def build_pdf(
     ds.EncapsulatedDocument = pdf + (b"\0" if len(pdf) % 2 else b"")
     ds.EncapsulatedDocumentLength = len(pdf)
     return ds
+
+
+def encode(ds: Dataset) -> bytes:
+    """A dataset as a DICOM Part 10 file in memory (what Orthanc's upload takes)."""
+    buf = io.BytesIO()
+    pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+    return buf.getvalue()
 
 
 def load_sr(ds: Dataset) -> hd.sr.Comprehensive3DSR:

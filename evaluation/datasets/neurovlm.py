@@ -104,10 +104,11 @@ def load_neurovlm(
             warnings.append(f"row {n + 2}: image {rel!r} not found under {root}; skipped")
             continue
         cls = _norm(row.get("class")).lower()
-        subclass = neurovlm_subtype(_norm(row.get("subclass"))) or ""
+        stated = _norm(row.get("subclass"))
+        subclass = neurovlm_subtype(stated) or ""
         if subclass and not is_neurovlm_subtype(subclass):
             warnings.append(
-                f"row {n + 2}: subclass {_norm(row.get('subclass'))!r} is not one of the "
+                f"row {n + 2}: subclass {stated!r} is not one of the "
                 "benchmark's subtypes; its subtype is not scored"
             )
         modality = _modality(_norm(row.get("modality")))

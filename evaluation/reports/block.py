@@ -108,6 +108,11 @@ class ReportContent(BaseModel):
     comments: list[str] = Field(default_factory=list)  # reviewers' comments and diagnoses
 
 
+def review_order(s: SampleResult) -> tuple[int, int]:
+    """Which of a task's samples a clinician reviews first: the first sample, its last turn."""
+    return (s.scored.sample_index, -(s.turn or 0))
+
+
 def answer_key(s: SampleResult) -> str:
     sc = s.scored
     key = f"{sc.model}::{sc.family.value}::{sc.sample_index}"
@@ -152,15 +157,22 @@ def _ordered(
     return sorted(answers, key=lambda a: rank.get(a[1], len(rank)))
 
 
-def report_block(
-    model: str,
-    answers: Sequence[tuple[str, TaskFamily, Answer]],
-    errors: Sequence[tuple[str, TaskFamily, ErrorLabel]] = (),
-) -> ReportBlock:
-    """Merge one model's answers ((answer key, task, answer), in run order) and their error
-    labels into its review block: the one rule by which every SR of the model is built."""
-    block = ReportBlock(model=model, answer_keys=[k for k, _, _ in answers])
-    findings: list[BlockItem] = []
+def _merge(
+    table: dict[str, BlockItem], ident: str, src: ItemSource, prefix: str, **fields: object
+) -> None:
+    """Merge ``src`` into the item of ``ident``, or add that item (numbered ``prefix.n``; the
+    first final diagnosis is plain "final")."""
+    if ident not in table:
+        n = len(table) + 1
+        item_id = "final" if prefix == "final" and n == 1 else f"{prefix}.{n}"
+        table[ident] = BlockItem(item_id=item_id, **fields)
+    table[ident].sources.append(src)
+
+
+def _findings(answers: Sequence[tuple[str, TaskFamily, Answer]]) -> list[BlockItem]:
+    """Findings merged across answers: never two of one answer, never without a full place."""
+    items: list[BlockItem] = []
+    idents: list[tuple[str, ...] | None] = []  # finding_identity of each item, computed once
     for key, task, ans in _ordered(answers, _FINDING_ORDER):
         merged: set[int] = set()  # items this answer already merged into: never two of its own
         for n, f in enumerate(ans.findings, start=1):
@@ -169,29 +181,41 @@ def report_block(
             hit = next(
                 (
                     i
-                    for i, it in enumerate(findings)
+                    for i, it in enumerate(items)
                     if fid is not None
                     and i not in merged
-                    and it.finding is not None
-                    and finding_identity(it.finding) == fid
-                    and _same_size(it.finding, f)
+                    and idents[i] == fid
+                    and _same_size(it.finding, f)  # type: ignore[arg-type]
                     and all(s.answer_key != key for s in it.sources)
                 ),
                 None,
             )
             if hit is not None:
-                findings[hit].sources.append(src)
+                items[hit].sources.append(src)
                 merged.add(hit)
                 continue
-            findings.append(
+            items.append(
                 BlockItem(
-                    item_id=f"finding.{len(findings) + 1}",
+                    item_id=f"finding.{len(items) + 1}",
                     kind=ItemKind.FINDING,
                     text=_finding_text(f),
                     finding=f,
                     sources=[src],
                 )
             )
+            idents.append(fid)
+    return items
+
+
+def report_block(
+    model: str,
+    answers: Sequence[tuple[str, TaskFamily, Answer]],
+    errors: Sequence[tuple[str, TaskFamily, ErrorLabel]] = (),
+) -> ReportBlock:
+    """Merge one model's answers ((answer key, task, answer), in run order) and their error
+    labels into its review block: the one rule by which every SR of the model is built."""
+    block = ReportBlock(model=model, answer_keys=[k for k, _, _ in answers])
+    findings = _findings(answers)
     block.items += findings
     if answers and not findings:
         block.items.append(
@@ -208,61 +232,29 @@ def report_block(
     dx: dict[str, BlockItem] = {}
     finals: dict[str, BlockItem] = {}
     for key, task, ans in _ordered(answers, _DIAGNOSIS_ORDER):
-        for n, d in enumerate(ans.differential, start=1):
-            if not d.diagnosis.strip():
-                continue
-            src = ItemSource(answer_key=key, task=task.value, item_id=f"dx.{n}")
-            ident = diagnosis_identity(d.diagnosis)
-            if ident in dx:
-                dx[ident].sources.append(src)
-                continue
-            dx[ident] = BlockItem(
-                item_id=f"dx.{len(dx) + 1}",
-                kind=ItemKind.DIFFERENTIAL,
-                text=d.diagnosis.strip(),
-                diagnosis=d,
-                sources=[src],
-            )
+        # each differential entry's concept, looked up once (the final diagnosis's code too)
+        idents = [diagnosis_identity(d.diagnosis) if d.diagnosis.strip() else "" for d in ans.differential]  # fmt: skip
+        for n, (d, ident) in enumerate(zip(ans.differential, idents, strict=True), start=1):
+            if ident:
+                src = ItemSource(answer_key=key, task=task.value, item_id=f"dx.{n}")
+                _merge(dx, ident, src, "dx",
+                       kind=ItemKind.DIFFERENTIAL, text=d.diagnosis.strip(), diagnosis=d)  # fmt: skip
         final = (ans.final_diagnosis or "").strip()
-        if not final:
-            continue
-        src = ItemSource(answer_key=key, task=task.value, item_id="final")
-        ident = diagnosis_identity(final)
-        if ident in finals:
-            finals[ident].sources.append(src)
-            continue
-        icd = next(
-            (
-                d.icd10
-                for d in ans.differential
-                if d.icd10 and diagnosis_identity(d.diagnosis) == ident
-            ),
-            None,
-        )
-        finals[ident] = BlockItem(
-            item_id="final" if not finals else f"final.{len(finals) + 1}",
-            kind=ItemKind.FINAL,
-            text=final,
-            diagnosis=DifferentialItem(diagnosis=final, icd10=icd),
-            sources=[src],
-        )
-    block.items += dx.values()
-    block.items += finals.values()
+        if final:
+            ident = diagnosis_identity(final)
+            icd = next(
+                (d.icd10 for d, i in zip(ans.differential, idents, strict=True) if d.icd10 and i == ident),
+                None,
+            )  # fmt: skip
+            src = ItemSource(answer_key=key, task=task.value, item_id="final")
+            _merge(finals, ident, src, "final", kind=ItemKind.FINAL, text=final,
+                   diagnosis=DifferentialItem(diagnosis=final, icd10=icd))  # fmt: skip
     by_category: dict[str, BlockItem] = {}
     for key, task, label in errors:
         src = ItemSource(answer_key=key, task=task.value, item_id="error")
-        cat = label.category.value
-        if cat in by_category:
-            by_category[cat].sources.append(src)
-            continue
-        by_category[cat] = BlockItem(
-            item_id=f"error.{len(by_category) + 1}",
-            kind=ItemKind.ERROR,
-            text=cat,
-            error=label,
-            sources=[src],
-        )
-    block.items += by_category.values()
+        _merge(by_category, label.category.value, src, "error",
+               kind=ItemKind.ERROR, text=label.category.value, error=label)  # fmt: skip
+    block.items += [*dx.values(), *finals.values(), *by_category.values()]
     return block
 
 
@@ -270,7 +262,7 @@ def report_blocks(samples: Sequence[SampleResult]) -> list[ReportBlock]:
     """Every model's review block for one case (its diagnostic answers with full input; the
     first sample of each task, the last turn of a multi-turn answer), by model name."""
     firsts: dict[tuple[str, TaskFamily], SampleResult] = {}
-    for s in sorted(samples, key=lambda s: (s.scored.sample_index, -(s.turn or 0))):
+    for s in sorted(samples, key=review_order):
         if s.ablation != FULL_INPUT or not isinstance(s.answer, Answer):
             continue
         firsts.setdefault((s.scored.model, s.scored.family), s)

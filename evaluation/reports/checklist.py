@@ -12,7 +12,7 @@ from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
 from evaluation.ehr import ehr_text, identifying_terms, note_from_bundle
 from evaluation.phi import scrub_text
-from evaluation.reports.block import answer_key, report_blocks
+from evaluation.reports.block import answer_key, report_blocks, review_order
 from evaluation.reports.flags import answer_flags
 from evaluation.reports.model import (
     AnswerChecklist,
@@ -38,6 +38,7 @@ from evaluation.scores import Score
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lesions import LesionMatchResult
 from evaluation.scoring.recognition import resolve_image
+from evaluation.scoring.rubric import grader_counted
 from evaluation.scoring.sample import final_diagnosis
 from evaluation.scoring.scored import case_modality
 from evaluation.scoring.truth import is_normal_control
@@ -276,7 +277,7 @@ def _graders(rubric: Score | None) -> list[GraderRow]:
                 grader=name,
                 mean=entry.get("mean"),
                 scores=entry.get("scores") or {},
-                counted=bool(entry.get("scored") and entry.get("counted", True)),
+                counted=grader_counted(entry),
                 canary=canary.get("passed"),
                 note=str(entry.get("why", "")),
             )
@@ -376,7 +377,7 @@ def reviewed_samples(samples: list[SampleResult]) -> list[tuple[SampleResult, li
         groups[(s.scored.model, s.scored.family.value, s.ablation)].append(s)
     out = []
     for key in sorted(groups, key=lambda k: (k[0], k[1], k[2] != FULL_INPUT, k[2])):
-        group = sorted(groups[key], key=lambda s: (s.scored.sample_index, -(s.turn or 0)))
+        group = sorted(groups[key], key=review_order)
         out.append((group[0], group))
     return out
 

@@ -28,7 +28,7 @@ from evaluation.reports.model import FLAG_TITLES, CaseChecklist
 from evaluation.reports.reviews import CaseReview
 from evaluation.reports.rundata import RunData
 from evaluation.reports.summary import SummaryReport
-from evaluation.reports.verify import Decision, Verification, VerifiedBlock, decision
+from evaluation.reports.verify import Decision, Verification, VerifiedBlock, decision, decisions
 from evaluation.scores import ErrorCategory
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -125,13 +125,12 @@ class ReviewView:
         return decision(item, self.mine) if self.mine else None
 
     def others_decided(self, item: BlockItem) -> list[tuple[str, Decision]]:
-        return [(r.reviewer, d) for r in self.others if (d := decision(item, r)) is not None]
+        return list(decisions(item, self.others).items())
 
     @property
     def can_adjudicate(self) -> bool:
         v = self.verification
-        signers = {s.reviewer for s in v.signers} if v else set()
-        return bool(self.is_admin and v and v.disputes and self.me not in signers)
+        return bool(self.is_admin and v and v.disputes and not v.signed_by(self.me))
 
     @property
     def editable(self) -> bool:

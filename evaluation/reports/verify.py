@@ -90,6 +90,11 @@ def decision(item: BlockItem, review: CaseReview, adjudicated: bool = False) -> 
     return got
 
 
+def decisions(item: BlockItem, reviews: Sequence[CaseReview]) -> dict[str, Decision]:
+    """Each reviewer's decision on a block item (reviewers without one are left out)."""
+    return {r.reviewer: d for r in reviews if (d := decision(item, r)) is not None}
+
+
 def missing_items(blocks: Sequence[ReportBlock], review: CaseReview | None) -> list[str]:
     """Items without a decision, as "model: item" (sign-off needs none)."""
     return [
@@ -207,6 +212,9 @@ class Verification(BaseModel):
     # signers whose sign-off confirmed other content than the case shows now (re-scored run)
     stale: list[str] = Field(default_factory=list)
 
+    def signed_by(self, reviewer: str) -> bool:
+        return any(s.reviewer == reviewer for s in self.signers)
+
     @property
     def verifiers(self) -> list[Signer]:
         """Everyone a VERIFIED report names as verifying observer, in order."""
@@ -267,7 +275,7 @@ def case_verification(
     for b in blocks:
         decide: dict[str, Decision] = {}
         for it in b.items:
-            per = {r.reviewer: d for r in signed if (d := decision(it, r)) is not None}
+            per = decisions(it, signed)
             first = next(iter(per.values()), None)
             agreed = first is not None and len(per) == len(signed)
             if agreed and all(d.same(first) for d in per.values()):  # type: ignore[arg-type]

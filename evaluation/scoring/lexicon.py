@@ -229,7 +229,7 @@ class Lexicon:
         key = " ".join(toks)
         if key in self._index:
             return Lookup(concept_id=self._index[key], matched_text=key, whole=True)
-        if key in self._eponyms and key not in self._index:
+        if key in self._eponyms:
             return Lookup(concept_id=self._eponyms[key], matched_text=key, whole=True)
         spans: list[tuple[int, int, str]] = []
         for n in range(min(self._max_len, len(toks)), 0, -1):
@@ -249,16 +249,8 @@ class Lexicon:
         negated: list[tuple[int, int, str]] = []
         for s in spans:
             # negation is scoped to the clause: "no haemorrhage; ischaemic stroke"
-            before = {
-                t
-                for k, t in enumerate(toks[max(0, s[0] - 3) : s[0]], start=max(0, s[0] - 3))
-                if clause[k] == clause[s[0]]
-            }
-            after = {
-                t
-                for k, t in enumerate(toks[s[1] : s[1] + 2], start=s[1])
-                if clause[k] == clause[s[1] - 1]
-            }
+            before = _in_clause(toks, clause, max(0, s[0] - 3), s[0], s[0])
+            after = _in_clause(toks, clause, s[1], s[1] + 2, s[1] - 1)
             (negated if before & _NEGATION_BEFORE or after & _NEGATION_AFTER else kept).append(s)
         if not kept:
             return Lookup(negated=[s[2] for s in negated])
@@ -431,6 +423,11 @@ def match_diagnosis(
     if a_id is not None and t_groups & lex[a_id].groups:
         return result(MatchLevel.GROUP)
     return result(MatchLevel.NONE)
+
+
+def _in_clause(toks: list[str], clause: list[int], a: int, b: int, ref: int) -> set[str]:
+    """The tokens in ``toks[a:b]`` that are in the same clause as token ``ref``."""
+    return {toks[k] for k in range(a, min(b, len(toks))) if clause[k] == clause[ref]}
 
 
 def _unqualified(lex: Lexicon, concept_id: str) -> set[str]:

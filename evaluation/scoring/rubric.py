@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 import jsonschema
@@ -160,13 +160,17 @@ def grader_messages(case: Case, family: TaskFamily, answer_text: str) -> list[Me
     ]
 
 
+@cache
+def _verdict_validator() -> Any:
+    """The verdict schema's validator, built once (jsonschema.validate re-checks the schema)."""
+    return jsonschema.validators.validator_for(VERDICT_SCHEMA)(VERDICT_SCHEMA)
+
+
 def parse_verdict(text: str, nonce: str) -> GraderVerdict | None:
     """The grader's own verdict in its reply: the last JSON object that validates against the
     schema and carries ``nonce``; None when there is none (anything the answer forged lacks it)."""
     for obj in reversed(carrying_nonce(text or "", nonce)):
-        try:
-            jsonschema.validate(obj, VERDICT_SCHEMA)
-        except jsonschema.ValidationError:
+        if not _verdict_validator().is_valid(obj):
             continue
         cat = obj.get("error_category")
         return GraderVerdict(
@@ -179,6 +183,12 @@ def parse_verdict(text: str, nonce: str) -> GraderVerdict | None:
 
 def canary_result(reply: str | None) -> dict[str, Any]:
     """How a grader did on the canary: its mean, and passed (None: no readable verdict)."""
+    return dict(_canary_result(reply))  # a copy: the caller's dict is its own
+
+
+@lru_cache(maxsize=64)
+def _canary_result(reply: str | None) -> dict[str, Any]:
+    """One grader's canary reply is the same text for every answer of a run: read it once."""
     v = parse_verdict(reply, verdict_nonce(CANARY_ANSWER)) if reply is not None else None
     if v is None:
         return {"mean": None, "passed": None, "max": CANARY_MAX}
@@ -229,7 +239,7 @@ def rubric_from_outputs(
             counted = not (canary and canary["passed"] is False)
             entry |= {"scored": True, "counted": counted, **v.model_dump(mode="json")}
             entry["mean"] = v.mean
-            if canary is None or counted:
+            if counted or canary is None:  # (no canary: always counted)
                 verdicts[name] = v
             else:
                 failed.append(name)
@@ -280,18 +290,12 @@ async def grade(
     answer_text: str,
     graders: list[ModelAdapter],
     config: GenerateConfig | None = None,
-    *,
-    canary: bool = True,
 ) -> Score:
     """Ask every grader (concurrently), and the canary once each, and combine their verdicts."""
     config = config or GenerateConfig(temperature=0.0, max_tokens=800, json_mode=True)
     messages = grader_messages(case, family, answer_text)
     outs = await asyncio.gather(*(g.generate(messages, config) for g in graders))
-    checks = (
-        await asyncio.gather(*(g.generate(canary_messages(), config) for g in graders))
-        if canary
-        else []
-    )
+    checks = await asyncio.gather(*(g.generate(canary_messages(), config) for g in graders))
     replies: dict[str, str | None] = {}
     canaries: dict[str, str | None] = {}
     for n, (g, out) in enumerate(zip(graders, outs, strict=True)):
@@ -299,9 +303,13 @@ async def grade(
         while name in replies:  # the same model twice: keep both verdicts
             name += "'"
         replies[name] = None if out.error else out.text
-        if checks:
-            canaries[name] = None if checks[n].error else checks[n].text
+        canaries[name] = None if checks[n].error else checks[n].text
     return rubric_from_outputs(replies, answer_text, canaries)
+
+
+def grader_counted(entry: dict[str, Any]) -> bool:
+    """Whether a grader's verdict (its entry in a rubric score) counts: read, canary passed."""
+    return bool(entry.get("scored") and entry.get("counted", True))
 
 
 def rubric_agreement(scores: Sequence[Score]) -> float | None:
@@ -312,7 +320,7 @@ def rubric_agreement(scores: Sequence[Score]) -> float | None:
         per = s.details.get("graders", {})
         for i, g in enumerate(graders):
             entry = per.get(g) or {}
-            counted = entry.get("scored") and entry.get("counted", True)
+            counted = grader_counted(entry)
             for d in DIMENSIONS:
                 rows[i].append(entry["scores"][d] if counted else None)
     return krippendorff_alpha(rows)

@@ -83,7 +83,12 @@ def _singular(token: str) -> str:
 
 def tokens(text: str) -> list[str]:
     """Lower-case, accent-free, spelling- and plural-normalised word tokens of ``text``."""
-    text = unicodedata.normalize("NFKD", clean(text))
+    return _tokens_of_clean(clean(text))
+
+
+def _tokens_of_clean(text: str) -> list[str]:
+    """``tokens`` of a text already through ``clean`` (a clause of one: not cleaned twice)."""
+    text = unicodedata.normalize("NFKD", text)
     text = "".join(c for c in text if not unicodedata.combining(c)).lower()
     text = text.replace("'s ", " ").replace("'s", " ")
     for pattern, repl in _SPELLING:
@@ -105,7 +110,7 @@ def clause_tokens(text: str) -> tuple[list[str], list[int]]:
     toks: list[str] = []
     clause: list[int] = []
     for n, part in enumerate(_CLAUSE.split(clean(text))):
-        t = tokens(part)
+        t = _tokens_of_clean(part)
         toks += t
         clause += [n] * len(t)
     return toks, clause

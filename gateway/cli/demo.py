@@ -138,7 +138,7 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
     Returns the Orthanc ids of the instances stored."""
     from evaluation import load_run, report_blocks, unverified_content
     from gateway.orthanc import OrthancClient
-    from gateway.sr import build_pdf, build_sr
+    from gateway.sr import build_pdf, build_sr, encode
 
     run = load_run(run_dir)
     client = OrthancClient.from_settings(settings)
@@ -168,11 +168,11 @@ def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str
                 sr = build_sr(
                     headers, content, block.model, "demo", instance_number=1, modality=modality
                 )
-                stored.append(client.upload(_encode(sr)))
+                stored.append(client.upload(encode(sr)))
             pdf = report_dir / "cases" / f"{case.case_id}.pdf"
             if pdf.exists():
                 doc = build_pdf(headers[0], pdf.read_bytes(), "NeuroSandbox checklist", 1)
-                stored.append(client.upload(_encode(doc)))
+                stored.append(client.upload(encode(doc)))
     finally:
         client.close()
     return stored
@@ -194,14 +194,6 @@ def _already_written_back(run_dir: Path, settings: Settings) -> int | None:
         return state.written_back(run_dir, exists)
     finally:
         client.close()
-
-
-def _encode(ds: pydicom.Dataset) -> bytes:
-    import io
-
-    buf = io.BytesIO()
-    ds.save_as(buf, enforce_file_format=True)
-    return buf.getvalue()
 
 
 def run_demo(

@@ -281,7 +281,7 @@ def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str
     rv.is_admin = who.role is Role.ADMIN
     rv.missing = missing_items(cu.blocks, rv.mine)
     rv.verification = cu.verification
-    signer = who.name in {s.reviewer for s in rv.verification.signers}
+    signer = rv.verification.signed_by(who.name)
     rv.can_reissue = bool(rv.verification.complete and cl.study_uids and (signer or rv.is_admin))
     body = render_checklist(cl, images, review=rv, message=message, message_error=error)
     return _html(body, code)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, HTTPException, Path, Request, status
+from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from evaluation import (
@@ -22,10 +22,11 @@ from evaluation import (
     Verification,
     VerifiedBlock,
     decision,
+    decisions,
     missing_items,
 )
 from gateway.api.deps import Ctx, ErrorBody, errors
-from gateway.api.routers.review import service
+from gateway.api.routers.review import Report, Slug, service
 from gateway.orthanc import OrthancError
 from gateway.reissue import ReissueError
 from gateway.review_actions import (
@@ -47,8 +48,6 @@ from gateway.review_auth import Reviewer, csrf_ok, identify
 from gateway.review_service import ReportNotFoundError, ReviewService
 
 router = APIRouter(prefix="/review/api", tags=["review (JSON)"])
-Report = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")]
-Slug = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,80}$")]
 Short = Annotated[str, Field(max_length=400)]
 Long = Annotated[str, Field(max_length=4000)]
 T = TypeVar("T")
@@ -152,11 +151,9 @@ def _case(
 
 def _block_state(b: ReportBlock, cu: CaseUnderReview, who: Reviewer) -> BlockState:
     mine = cu.mine(who)
+    rest = [r for r in cu.reviews if r.reviewer != who.name]
     items = []
     for it in b.items:
-        others = {
-            r.reviewer: d for r in cu.reviews if r.reviewer != who.name and (d := decision(it, r))
-        }
         items.append(
             BlockItemState(
                 item_id=it.item_id,
@@ -165,7 +162,7 @@ def _block_state(b: ReportBlock, cu: CaseUnderReview, who: Reviewer) -> BlockSta
                 text=it.text,
                 origin=it.origin,
                 mine=decision(it, mine) if mine else None,
-                others=others,
+                others=decisions(it, rest),
             )
         )
     return BlockState(model=b.model, items=items)
