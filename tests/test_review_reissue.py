@@ -46,7 +46,7 @@ def setup(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactor
                         verifying_organization="Test Hospital")  # fmt: skip
     run = build_run(tmp / "src")
     study_uids, unverified = {}, {}
-    for case_id in ("ms-1", "normal-1"):
+    for case_id in ("ms-1", "normal-1", "stroke-1"):
         # each case on its own copy of the study (its own StudyInstanceUID)
         uid = pydicom.uid.generate_uid()
         headers, series = [], {}
@@ -231,3 +231,41 @@ def test_a_token_without_a_person_name_cannot_sign_off(setup: Setup) -> None:
     digest = c.get(f"{url}/signoff", headers=bot).json()["digest"]
     r = c.post(f"{url}/signoff", headers=bot, json={"digest": digest})
     assert r.status_code == 409 and "person name" in r.json()["detail"]
+
+
+def test_rejected_and_corrected_diagnoses_and_categories_reach_the_verified_sr(setup: Setup) -> None:  # fmt: skip
+    """Other members of the class the issue named with a finding: a rejected final diagnosis
+    is absent from the VERIFIED SR, a corrected differential entry carries the correction (and
+    none of the model's code), an overridden error category replaces the model's."""
+    c, ctx = setup.client, setup.ctx
+    url = f"{API}/stroke-1"
+    who = _auth(ctx, "Dr Dx", "Dx^Dora")
+    block = next(b for b in c.get(url, headers=who).json()["blocks"] if b["model"] == GOOD)
+    kinds = {i["item_id"]: i for i in block["items"]}
+    verdicts = [
+        {"model": GOOD, "item_id": "final", "verdict": "reject"},
+        {"model": GOOD, "item_id": "dx.1", "verdict": "correct", "text": "Cardioembolic stroke"},
+    ]
+    errors = [i for i in kinds if i.startswith("error.")]
+    original = [kinds[i]["text"] for i in errors]
+    new_category = next(c for c in ("reasoning", "knowledge_gap") if c not in original)
+    verdicts += [
+        {"model": GOOD, "item_id": i, "verdict": "correct", "text": new_category} for i in errors
+    ]
+    r = c.post(f"{url}/verdicts", headers=who, json={"verdicts": verdicts})
+    assert r.status_code == 200, r.text
+    c.post(f"{url}/accept-remaining", headers=who, json={"model": GOOD})
+    digest = c.get(f"{url}/signoff", headers=who).json()["digest"]
+    assert c.post(f"{url}/signoff", headers=who, json={"digest": digest}).status_code == 200
+    out = c.post(f"{url}/reissue", headers=who)
+    assert out.status_code == 200, out.text
+    (sr,) = _instances(ctx, setup.study_uids["stroke-1"], out.json()["sr_sop_instance_uids"])
+    assert_dciodvfy_clean(sr)
+    texts = _texts(sr)
+    assert "Cardioembolic stroke" in texts
+    assert "Acute ischaemic stroke" not in " ".join(texts)  # the rejected final diagnosis
+    codes = [str(c.CodeValue) for e in sr.iterall() if e.keyword == "ConceptCodeSequence" for c in e.value]  # fmt: skip
+    assert "I63.5" not in codes  # the model's code left with its rejected/corrected diagnoses
+    assert errors  # the model's answer has an error category (grounding) to override
+    assert new_category.replace("_", " ") in texts
+    assert not any(o.replace("_", " ") in texts for o in original)
