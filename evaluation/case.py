@@ -142,6 +142,22 @@ class GroundTruth(BaseModel):
 # --------------------------------------------------------------------------- cases
 
 
+class StudyIdentity(BaseModel):
+    """The hospital's identifiers of the study a case comes from (shown to reviewers apart from
+    the de-identified record; never sent to a model). Filled from ``dicom.HeaderIdentity``."""
+
+    patient_name: str = ""  # display form: "Given Family"
+    patient_id: str = ""
+    birth_date: str = ""  # ISO (YYYY-MM-DD) or empty
+    sex: str = ""  # M, F, O or empty
+    accession_number: str = ""
+    study_date: str = ""  # ISO (YYYY-MM-DD) or empty
+    study_description: str = ""
+    institution: str = ""
+    modalities: list[str] = Field(default_factory=list)
+    n_series: int = 0
+
+
 class ImageRef(BaseModel):
     """One image a model is shown, with what the imaging core recorded about it."""
 
@@ -281,6 +297,8 @@ class Provenance(BaseModel):
     neurovlm: NeuroVLMLabels | None = None  # the labels of a NeuroVLM-Bench row
     answers_by_question: dict[str, Any] = Field(default_factory=dict)  # Neural-MedBench answers
     phantom: PhantomProvenance | None = None  # how the phantom generator made the case
+    # the hospital's identifiers of the study (reviewers see them; never sent to a model)
+    identity: StudyIdentity | None = None
 
     @model_validator(mode="before")
     @classmethod

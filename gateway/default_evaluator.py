@@ -128,6 +128,13 @@ class DefaultEvaluator:
         case.images = rendered.images
         if rendered.burned_in_series:  # the PHI gate drops these images for remote models
             case.provenance.burned_in_series = rendered.burned_in_series
+        if rendered.identity is not None:  # the study as received, not only the routed series
+            case.provenance.identity = rendered.identity.model_copy(
+                update={
+                    "n_series": len({s.series_uid for s in index.series}),
+                    "modalities": sorted({s.modality for s in index.series if s.modality}),
+                }
+            )
         warnings = list(rendered.warnings)
         if len(tasks) < len(route.tasks):
             warnings.append("multi-turn not run: it needs a scripted case (turns), not a study")

@@ -11,6 +11,7 @@ from evaluation import (
     Action,
     BlockItem,
     CaseReview,
+    Decision,
     ErrorCategory,
     ItemKind,
     ReportBlock,
@@ -171,6 +172,39 @@ def accept_remaining(
             events += _item_events(who, cu, item, Verdict.ACCEPT, "", Action.ITEM)
     if not events:
         raise ReviewError(f"every item of {model}'s block already has your verdict")
+    return svc.store.append_many(events)
+
+
+def save_block(
+    svc: ReviewService,
+    who: Reviewer,
+    cu: CaseUnderReview,
+    model: str,
+    verdicts: list[ItemVerdict],
+    accept_rest: bool = False,
+) -> list[ReviewEvent]:
+    """A model's block saved in one go: the verdicts that differ from the reviewer's current
+    ones and, with ``accept_rest``, an accept for every other item still without a verdict.
+    All recorded, or none when one is invalid (an unknown item, a correction without text)."""
+    if len(verdicts) > MAX_BATCH:
+        raise ReviewError(f"at most {MAX_BATCH} verdicts per request")
+    block = cu.block(model)
+    mine = cu.mine(who)
+    events: list[ReviewEvent] = []
+    named: set[str] = set()
+    for v in verdicts:
+        item = cu.item(model, v.item_id)
+        named.add(item.item_id)
+        now = decision(item, mine) if mine else None
+        if now is not None and now.same(Decision(verdict=v.verdict, text=v.text.strip())):
+            continue
+        events += _item_events(who, cu, item, v.verdict, v.text, Action.ITEM)
+    if accept_rest:
+        for item in block.items:
+            if item.item_id not in named and (mine is None or decision(item, mine) is None):
+                events += _item_events(who, cu, item, Verdict.ACCEPT, "", Action.ITEM)
+    if not events:
+        raise ReviewError("nothing to save: choose a verdict for an item, or accept the rest")
     return svc.store.append_many(events)
 
 

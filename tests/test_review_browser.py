@@ -1,13 +1,12 @@
 """The review pages in a real browser (Debian's Chromium driven by Playwright): a reviewer
 signs in, opens a case, corrects an item, overrides the error category, signs off, and the
 run summary changes; hostile strings from DICOM, the record and a model show as text and
-never run. Screenshots go to tests/artifacts/ and docs/screenshots/ (for the README)."""
+never run. Screenshots go to tests/artifacts/."""
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,7 +30,6 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
-SCREENSHOTS = ROOT / "docs" / "screenshots"
 
 
 @dataclass
@@ -101,37 +99,47 @@ def _signed_in(browser: object, server: Server, name: str, dialogs: list[str]): 
     return ctx, page
 
 
-def _save(path: Path, page) -> None:  # type: ignore[no-untyped-def]
+def _save(name: str, page) -> None:  # type: ignore[no-untyped-def]
+    """A screenshot for inspection (tests/artifacts). The README's screenshots come from a
+    phantom run (tests/test_review_verified_e2e.py), not from this fixture's test strings."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / path.name), full_page=True)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(ARTIFACTS / path.name, path)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
 
 def _answer(page, model: str):  # type: ignore[no-untyped-def]
-    return page.locator(
-        "section.answer", has=page.locator("h2", has_text=f"{model} · differential · sample")
-    )
+    """A model's differential answer, its collapsed details opened."""
+    details = page.locator(
+        "details.answer-detail",
+        has=page.locator("summary", has_text=f"{model} · differential · sample"),
+    ).first
+    if details.get_attribute("open") is None:
+        details.locator("> summary").click()
+    return details.locator("section.answer")
 
 
 def _block(page, model: str):  # type: ignore[no-untyped-def]
     return page.locator(f'section.block[data-model="{model}"]')
 
 
-def _decide(page, model: str, item_id: str, verdict: str, text: str = "") -> None:  # type: ignore[no-untyped-def]
-    form = _block(page, model).locator(f'form[data-block-item="{model}/{item_id}"]')
-    form.locator("select[name=verdict]").select_option(verdict)
-    if text and form.locator("select[name=text]").count():
-        form.locator("select[name=text]").select_option(text)
+def _choose(page, model: str, item_id: str, verdict: str, text: str = "") -> None:  # type: ignore[no-untyped-def]
+    """Set one item's verdict in its block's form (saved with the block)."""
+    box = _block(page, model).locator(f'fieldset[data-block-item="{model}/{item_id}"]')
+    box.locator(f'input[type=radio][value="{verdict}"]').check()
+    if text and box.locator("select").count():
+        box.locator("select").select_option(text)
     elif text:
-        form.locator("input[name=text]").fill(text)
-    form.locator("button").click()
-    page.wait_for_url("**done=item*")
+        box.locator("input[type=text]").fill(text)
+
+
+def _decide(page, model: str, item_id: str, verdict: str, text: str = "") -> None:  # type: ignore[no-untyped-def]
+    _choose(page, model, item_id, verdict, text)
+    _block(page, model).locator("form.block-form button[name=rest][value='']").click()
+    page.wait_for_url("**done=block*")
 
 
 def _accept_rest(page, model: str) -> None:  # type: ignore[no-untyped-def]
-    _block(page, model).locator("form.accept-remaining button").click()
-    page.wait_for_url("**done=accept*")
+    _block(page, model).locator("form.block-form button.accept-rest").click()
+    page.wait_for_url("**done=block*")
 
 
 def _sign_off(page) -> None:  # type: ignore[no-untyped-def]
@@ -167,8 +175,9 @@ def test_reviewer_corrects_signs_off_and_summary_follows(browser: object, server
     # The block says it is what goes into the SR; nothing is accepted by being left alone.
     assert "exactly what goes into" in _block(page, BAD).locator(".block-says").inner_text()
     _decide(page, BAD, "final", "correct", "Multiple sclerosis")
-    # Saving keeps the reader where they were: back at the item, not at the top of the page.
-    row = _block(page, BAD).locator('tr[data-item="final"]')
+    # Saving keeps the reader where they were: back at the block's save button, not at the top
+    # of the page.
+    row = _block(page, BAD).locator("p.block-actions")
     assert page.url.endswith(f"#{row.get_attribute('id')}")
     assert page.evaluate("window.scrollY") > 0
     box, height = row.bounding_box(), page.viewport_size["height"]
@@ -190,7 +199,7 @@ def test_reviewer_corrects_signs_off_and_summary_follows(browser: object, server
     _sign_off(page)
     assert "Signed off by Dr Ada" in page.inner_text(".banner")
     assert page.locator("#signoff").count() == 0  # final: no more forms
-    _save(SCREENSHOTS / "review-page.png", page)
+    _save("review-page.png", page)
 
     page.goto(f"{server.base}/review/runs/test-run/summary")
     assert page.inner_text("#review-counts").startswith("1 of 3 cases signed off")
@@ -199,7 +208,7 @@ def test_reviewer_corrects_signs_off_and_summary_follows(browser: object, server
     assert "reasoning: 1" in after and after != bad_errors_before
     ms_row = page.locator("#cases-table tr", has_text="ms-1").inner_text()
     assert "signed off by Dr Ada" in ms_row
-    _save(SCREENSHOTS / "run-summary.png", page)
+    _save("run-summary.png", page)
     assert dialogs == []
     ctx.close()
 

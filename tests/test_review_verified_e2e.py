@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 MODEL = "ward-vlm"
 ORG = "St Elsewhere Neurology"
 SR_CLASS = "1.2.840.10008.5.1.4.1.1.88.34"
@@ -85,6 +88,7 @@ class Setup:
     token: str
     study_uid: str
     run_id: str
+    first_file: Path
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +135,17 @@ def setup(orthanc_server: OrthancServer, phantom_suite: PhantomSuite,
         assert runs, gw.log.read_text()[-3000:]
         run = gw.wait_run(str(runs[0]["run_id"]), timeout=120)
         assert run["status"] == "done", (run, gw.log.read_text()[-3000:])
-        yield Setup(gw, gw.api, token, study_uid, str(run["run_id"]))
+        yield Setup(gw, gw.api, token, study_uid, str(run["run_id"]), files[0])
+
+
+def _shot(page, name: str, full_page: bool = True, at=None) -> None:  # type: ignore[no-untyped-def]
+    """A screenshot of the phantom run for the README (docs/screenshots) and tests/artifacts."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    if at is not None:
+        at.scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / name), full_page=full_page)
+    shutil.copyfile(ARTIFACTS / name, SCREENSHOTS / name)
 
 
 def _documents(gw: Gateway, study_uid: str) -> list[pydicom.Dataset]:
@@ -162,8 +176,14 @@ def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> 
         page.fill("#token", setup.token)
         page.click("#login")
         page.wait_for_url(f"{setup.base}/review")
-        page.goto(f"{setup.base}/review/runs/{setup.run_id}")
-        page.locator("a.case-link").first.click()
+        # The queue: the patient as the hospital knows them, from the study's own headers.
+        head = pydicom.dcmread(setup.first_file, stop_before_pixels=True)
+        row = page.locator(f'tr.queue-row[data-run="{setup.run_id}"]')
+        assert str(head.AccessionNumber) in row.inner_text()
+        assert str(head.PatientID) in row.inner_text()
+        assert re.search(r"\b0 of \d+ items", row.inner_text()) and "to review" in row.inner_text()
+        _shot(page, "review-queue.png")
+        row.locator("a.case-link").click()
         block = page.locator(f'section.block[data-model="{MODEL}"]')
         rows = block.locator("tr[data-item]")
         # 5 lesion findings + 1 more from the differential answer (its oedema is finding 2);
@@ -172,19 +192,25 @@ def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> 
         assert [i for i in ids if i.startswith("finding")] == [f"finding.{n}" for n in range(1, 7)]
         assert [i for i in ids if i.startswith("final")] == ["final", "final.2"]
         assert "lesion finding 2; differential finding 1" in block.locator('tr[data-item="finding.2"]').inner_text()  # fmt: skip
+        # the identifiers are in their own labelled panel, not above the record
+        assert str(head.AccessionNumber) in page.inner_text("#hospital")
+        assert str(head.AccessionNumber) not in page.inner_text("#model-saw ~ div")
 
-        def decide(item: str, verdict: str, text: str = "") -> None:
-            form = block.locator(f'form[data-block-item="{MODEL}/{item}"]')
-            form.locator("select[name=verdict]").select_option(verdict)
+        # The whole block in one go: one radio click per changed item, then one save that
+        # accepts the rest (4 clicks and the correction typed; 2 more to sign off).
+        def choose(item: str, verdict: str, text: str = "") -> None:
+            box = block.locator(f'fieldset[data-block-item="{MODEL}/{item}"]')
+            box.locator(f'input[type=radio][value="{verdict}"]').check()
             if text:
-                form.locator("input[name=text]").fill(text)
-            form.locator("button").click()
-            page.wait_for_url("**done=item*")
+                box.locator("input[type=text]").fill(text)
 
-        decide("finding.4", "reject")
-        decide("finding.5", "correct", "tiny left temporal cavernoma, incidental")
-        block.locator("form.accept-remaining button").click()
-        page.wait_for_url("**done=accept*")
+        choose("finding.4", "reject")
+        choose("finding.5", "correct", "tiny left temporal cavernoma, incidental")
+        _shot(page, "review-case.png", full_page=False, at=block)
+        block.locator("button.accept-rest").click()
+        page.wait_for_url("**done=block*")
+        assert page.url.endswith("-save")  # back where the reader was, not at the top
+        assert page.evaluate("window.scrollY") > 0
         page.fill("#case-review form[action$='/comment'] input[name=text]", "Discussed at MDT")
         page.click("#case-review form[action$='/comment'] button")
         page.wait_for_url("**done=comment")
@@ -193,8 +219,7 @@ def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> 
         preview = page.locator(f'section.verified-block[data-model="{MODEL}"]')
         assert "dropped" in preview.locator('tr[data-item="finding.4"]').inner_text()
         assert "tiny left temporal cavernoma" in preview.locator('tr[data-item="finding.5"]').inner_text()  # fmt: skip
-        ARTIFACTS.mkdir(exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "signoff-preview.png"), full_page=True)
+        _shot(page, "signoff-preview.png")
         page.click("#signoff-confirm button")
         page.wait_for_url("**done=signoff")
         page.click("#reissue button")

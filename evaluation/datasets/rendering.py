@@ -18,8 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from dicom import RenderedImage
-from evaluation.case import Case, ImageRef
+from dicom import IndexResult, RenderedImage
+from evaluation.case import Case, ImageRef, StudyIdentity
 from evaluation.errors import DatasetError
 
 MONTAGE_CLASSES = ("FLAIR", "DWI", "ADC", "T1C", "T2", "T1", "SWI", "T2STAR", "CT", "PD", "TRACE")
@@ -43,6 +43,7 @@ class RenderedStudy(BaseModel):
     images: list[ImageRef]
     burned_in_series: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    identity: StudyIdentity | None = None  # the hospital's identifiers (for reviewers)
 
 
 def study_digest(path: Path) -> str:
@@ -223,7 +224,20 @@ def _render(
             f"case {case.case_id}: nothing could be rendered from {study}: "
             + ("; ".join(warnings[:3]) or "no clinical series found")
         )
-    return RenderedStudy(key="", images=images, burned_in_series=burned, warnings=warnings)
+    return RenderedStudy(
+        key="",
+        images=images,
+        burned_in_series=burned,
+        warnings=warnings,
+        identity=_identity(index),
+    )
+
+
+def _identity(index: IndexResult) -> StudyIdentity | None:
+    from dicom import study_identity
+
+    found = study_identity(index)
+    return StudyIdentity.model_validate(found.model_dump()) if found else None
 
 
 def _pick_slice(images: list[RenderedImage], lesion_z: float | None) -> RenderedImage | None:

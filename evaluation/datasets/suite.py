@@ -106,6 +106,7 @@ def load_case_dir(
         warnings.extend(f"{case.case_id}: {w}" for w in rendered.warnings)
         if rendered.burned_in_series:
             case.provenance.burned_in_series = rendered.burned_in_series
+        case.provenance.identity = rendered.identity
     return case, warnings
 
 
@@ -256,4 +257,5 @@ def _finish(
         warnings.extend(f"{case.case_id}: {w}" for w in rendered.warnings)
         if rendered.burned_in_series:
             case.provenance.burned_in_series = rendered.burned_in_series
+        case.provenance.identity = rendered.identity
     return case, warnings

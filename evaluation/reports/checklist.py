@@ -100,6 +100,8 @@ def _images(case: Case, root: str | Path | None, sent: set[str] | None) -> list[
                 kind=ref.kind,
                 window=ref.window,
                 sent=None if sent is None else ref.sha256 in sent,
+                series_uid=ref.series_uid,
+                slice_positions_mm=ref.slice_positions_mm,
             )
         )
     return out
@@ -406,6 +408,7 @@ def build_checklist(
         run_id=run_id,
         case_id=case.case_id,
         patient_id=case.patient_id,
+        hospital=case.provenance.identity,
         generated_at=(now or datetime.now(UTC)).isoformat(timespec="seconds"),
         source=case.provenance.source,
         dataset=case.provenance.dataset,

@@ -23,13 +23,15 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from PIL import Image
 
 from dicom import display_name
+from evaluation.answers import Finding
 from evaluation.reports.block import BlockItem, ItemKind
-from evaluation.reports.model import FLAG_TITLES, CaseChecklist
+from evaluation.reports.model import FLAG_TITLES, CaseChecklist, ImageItem
 from evaluation.reports.reviews import CaseReview
 from evaluation.reports.rundata import RunData
 from evaluation.reports.summary import SummaryReport
 from evaluation.reports.verify import Decision, Verification, VerifiedBlock, decision, decisions
 from evaluation.scores import ErrorCategory
+from evaluation.scoring.anatomy import sequence_class
 
 TEMPLATES = Path(__file__).with_name("templates")
 THUMB_PX = 320
@@ -47,6 +49,7 @@ def env() -> Environment:
         lstrip_blocks=True,
     )
     e.filters["person"] = display_name
+    e.filters["when"] = _local_time
     return e
 
 
@@ -119,6 +122,28 @@ class ReviewView:
     is_admin: bool = False
     missing: list[str] = field(default_factory=list)  # block items without my verdict
     verification: Verification | None = None  # signed reviews combined (disputes, outcome)
+    # a link into the DICOM viewer: (study UID, series UID or None, slice position mm or None)
+    viewer: Callable[[str, str | None, float | None], str] | None = None
+
+    def image_link(self, image: ImageItem, checklist: CaseChecklist) -> str | None:
+        """The viewer at the series and slice an image shows (a montage: its middle tile)."""
+        if self.viewer is None or not image.series_uid or not checklist.study_uids:
+            return None
+        pos = image.slice_positions_mm
+        return self.viewer(
+            checklist.study_uids[0], image.series_uid, pos[len(pos) // 2] if pos else None
+        )
+
+    def finding_link(self, finding: Finding, checklist: CaseChecklist) -> str | None:
+        """The viewer at the series of the finding's sequence, at the slice the model was shown
+        of it (the middle tile of its montage): a finding names no slice of its own."""
+        wanted = sequence_class(finding.sequence)
+        if wanted is None:
+            return None
+        for image in checklist.images:
+            if image.series_class == wanted and image.series_uid:
+                return self.image_link(image, checklist)
+        return None
 
     def decided(self, item: BlockItem) -> Decision | None:
         """My decision on a review-block item."""
@@ -234,14 +259,20 @@ def render_verified(
     )
 
 
-def _local_time(iso: str) -> str:
-    """An ISO time from the review log as readable local time with the zone's name."""
-    from datetime import datetime
+def _local_time(iso: str | None) -> str:
+    """An ISO time (the review log, a run, a checklist) as readable local time in the server's
+    time zone, with the zone's name ("2026-11-24 16:05 CET"); a time without a zone is UTC."""
+    from datetime import UTC, datetime
 
+    if not iso:
+        return "–"
     try:
-        return datetime.fromisoformat(iso).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+        t = datetime.fromisoformat(str(iso))
     except ValueError:
-        return iso
+        return str(iso)
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=UTC)
+    return t.astimezone().strftime("%Y-%m-%d %H:%M %Z")
 
 
 def render_summary(

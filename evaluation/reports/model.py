@@ -15,10 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from evaluation.case import StudyIdentity
 from evaluation.reports.block import ReportBlock
 from evaluation.scores import ErrorCategory, ParseStatus
 
-CHECKLIST_VERSION = 2  # 2: review blocks (what goes into each model's SR)
+CHECKLIST_VERSION = (
+    3  # 2: review blocks (what goes into each model's SR); 3: hospital identity, image series
+)
 SCHEMA_FILE = Path(__file__).with_name("checklist.schema.json")
 
 
@@ -81,6 +84,8 @@ class ImageItem(BaseModel):
     kind: str = "slice"
     window: str | None = None
     sent: bool | None = None  # in the prompt of the reviewed answers (None: not recorded)
+    series_uid: str | None = None  # the DICOM series it was rendered from (the viewer opens it)
+    slice_positions_mm: list[float] = Field(default_factory=list)  # along the slice normal
 
 
 class SequenceItem(BaseModel):
@@ -234,6 +239,9 @@ class CaseChecklist(BaseModel):
     run_id: str
     case_id: str
     patient_id: str | None = None
+    # The hospital's identifiers of the study: shown to reviewers apart from the de-identified
+    # record, never sent to a model.
+    hospital: StudyIdentity | None = None
     generated_at: str
     source: str = ""  # provenance: phantom, orthanc, neural-medbench...
     dataset: str | None = None

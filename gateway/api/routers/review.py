@@ -10,7 +10,8 @@ import threading
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import APIRouter, Form, HTTPException, Path, Request, status
+from fastapi import APIRouter, Form, HTTPException, Path, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
 from evaluation import (
@@ -35,6 +36,7 @@ from gateway.auth import Role
 from gateway.orthanc import OrthancError
 from gateway.reissue import ReissueError
 from gateway.review_actions import (
+    MAX_BATCH,
     CaseUnderReview,
     ItemVerdict,
     ReviewForbiddenError,
@@ -45,6 +47,7 @@ from gateway.review_actions import (
     record,
     record_verdicts,
     reissue,
+    save_block,
     sign_off,
 )
 from gateway.review_auth import (
@@ -55,6 +58,7 @@ from gateway.review_auth import (
     csrf_ok,
     identify,
 )
+from gateway.review_queue import CaseStatus, queue
 from gateway.review_service import ReportNotFoundError, ReviewService
 
 BASE = "/review"
@@ -70,6 +74,7 @@ DONE = {
     "rating": "Rating saved.",
     "comment": "Comment added.",
     "accept": "Remaining items accepted.",
+    "block": "Block saved.",
     "signoff": "Case signed off. Your review is final.",
     "adjudication": "Ruling recorded.",
     "reissue": "Re-issued to PACS as VERIFIED.",
@@ -169,43 +174,38 @@ def _view(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str = ""
     )
 
 
-@router.get("", response_class=HTMLResponse, summary="Runs with reports to review")
-def reports(ctx: Ctx, request: Request) -> Response:
-    who = _who(ctx, request)
-    if who is None:
-        return _login_redirect()
-    rv = _view(ctx, request, who, "")
-    rv.queue_url = BASE
-    return _html(render_page("reports.html.j2", review=rv, base=BASE,
-                             reports=service(ctx, request).reports()))  # fmt: skip
+StatusFilter = Annotated[str, Query(max_length=20, pattern=r"^[a-z ]*$")]
+ModelFilter = Annotated[str, Query(max_length=400)]
 
 
-@router.get("/runs/{report}", response_class=HTMLResponse, summary="Queue of a run's cases")
-def queue(ctx: Ctx, request: Request, report: Report) -> Response:
+def _queue_page(ctx: Ctx, request: Request, report: str | None, status_f: str,
+                model: str) -> Response:  # fmt: skip
     who = _who(ctx, request)
     if who is None:
         return _login_redirect()
     svc = service(ctx, request)
     try:
-        summary = svc.summary(report)
-        run = svc.run(report)
+        rows, models = queue(svc, ctx.runs, who, report=report, status=status_f, model=model)
+        run = svc.run(report) if report else None
     except ReportNotFoundError:
         raise _missing("report") from None
-    reviews = svc.store.reviews(run.run_id)
-    rows = []
-    for c in summary.cases:
-        mine = next((r for r in reviews if r.case_id == c.case_id and r.reviewer == who.name), None)
-        rows.append({
-            "case_id": c.case_id, "slug": c.slug, "truth": c.truth, "difficulty": c.difficulty,
-            "flags": c.flags, "mine_signed": bool(mine and mine.signed_off_at),
-            "mine_started": mine is not None,
-            "others": [f"{r.reviewer} ({'signed off' if r.signed_off_at else 'in progress'})"
-                       for r in reviews if r.case_id == c.case_id and r.reviewer != who.name],
-        })  # fmt: skip
-    rows.sort(key=lambda r: (r["mine_signed"], not r["flags"]))
-    rv = _view(ctx, request, who, report)
+    rv = _view(ctx, request, who, report or "")
+    rv.queue_url = f"{BASE}/runs/{report}" if report else BASE
     return _html(render_page("queue.html.j2", review=rv, base=BASE, report=report, run=run,
-                             rows=rows))  # fmt: skip
+                             rows=rows, models=models, statuses=[s.value for s in CaseStatus],
+                             status=status_f, model=model,
+                             reports=svc.reports() if report is None else []))  # fmt: skip
+
+
+@router.get("", response_class=HTMLResponse, summary="Review queue: the cases of every run")
+def reports(ctx: Ctx, request: Request, status: StatusFilter = "", model: ModelFilter = "") -> Response:  # fmt: skip
+    return _queue_page(ctx, request, None, status, model)
+
+
+@router.get("/runs/{report}", response_class=HTMLResponse, summary="Review queue of one run")
+def run_queue(ctx: Ctx, request: Request, report: Report, status: StatusFilter = "",
+              model: ModelFilter = "") -> Response:  # fmt: skip
+    return _queue_page(ctx, request, report, status, model)
 
 
 @router.get("/runs/{report}/summary", response_class=HTMLResponse, summary="Live run summary")
@@ -350,6 +350,38 @@ def post_item(ctx: Ctx, request: Request, report: Report, slug: Slug,
                       verdict=verdict, text=text.strip())  # fmt: skip
 
     return _act(ctx, request, report, slug, csrf, "item", act, anchor)
+
+
+@router.post("/runs/{report}/cases/{slug}/block",
+             summary="Save a model's review block in one go (form fields v:ITEM, t:ITEM)")  # fmt: skip
+async def post_block(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Response:
+    """Every item's verdict of one block (radio ``v:<item id>``, correction ``t:<item id>``),
+    and with ``rest=accept`` an accept for every item left without a verdict."""
+    form = await request.form(max_fields=2 * MAX_BATCH + 10)
+    model = str(form.get("model", ""))[:400]
+    verdicts, bad = [], []
+    for key, value in form.multi_items():
+        if not key.startswith("v:") or not value:
+            continue
+        item_id = key[2:102]
+        try:
+            verdict = Verdict(str(value))
+        except ValueError:
+            bad.append(item_id)
+            continue
+        text = str(form.get(f"t:{item_id}", ""))[:4000]
+        verdicts.append(ItemVerdict(model, item_id, verdict, text))
+    accept_rest = form.get("rest") == "accept"
+
+    def act(svc: ReviewService, who: Reviewer, cu: CaseUnderReview) -> object:
+        if bad:
+            raise ReviewError(f"unknown verdict for {', '.join(bad)}: accept, reject or correct")
+        return save_block(svc, who, cu, model, verdicts, accept_rest)
+
+    return await run_in_threadpool(
+        _act, ctx, request, report, slug, str(form.get("csrf", ""))[:200], "block", act,
+        str(form.get("anchor", ""))[:100],
+    )  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/accept-remaining",

@@ -1,0 +1,165 @@
+"""The review queue: every case of every report folder, as the reviewer needs to pick one, and the
+gateway runs that failed (with their error), newest first, filtered by status and model.
+
+A row carries the hospital's identifiers of the study (patient, accession number, study date):
+the queue is for reviewers only and these never go to a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from evaluation import case_slug, missing_items
+from gateway.review_actions import CaseUnderReview, open_case
+from gateway.review_auth import Reviewer
+from gateway.review_service import ReportNotFoundError, ReviewService
+from gateway.runs import RunStatus, StudyRunStore
+
+MAX_FAILED = 50  # failed gateway runs listed (the newest)
+MAX_ERROR = 300  # characters of a failed run's error shown
+
+
+class CaseStatus(StrEnum):
+    TO_REVIEW = "to review"
+    IN_PROGRESS = "in progress"
+    SIGNED_OFF = "signed off"
+    DISPUTED = "disputed"
+    VERIFIED = "verified"  # signed off and re-issued to PACS as VERIFIED
+    FAILED = "failed"  # the gateway could not evaluate the study
+
+
+@dataclass
+class QueueRow:
+    """One line of the queue: a case of a report, or a failed gateway run."""
+
+    status: CaseStatus
+    created_at: str  # ISO; the run's
+    report: str = ""  # report folder name ("" for a failed gateway run)
+    run_id: str = ""
+    case_id: str = ""
+    slug: str = ""
+    patient: str = ""
+    patient_id: str = ""
+    accession: str = ""
+    study_date: str = ""
+    modalities: list[str] = field(default_factory=list)
+    n_series: int | None = None
+    models: list[str] = field(default_factory=list)
+    reviewed: int = 0  # items with the reviewer's verdict
+    total: int = 0  # items of the case's review blocks
+    mine: str = "to do"  # to do | in progress | signed off (the signed-in reviewer)
+    others: list[str] = field(default_factory=list)
+    error: str = ""  # of a failed gateway run
+    study_uid: str = ""
+
+
+def _status(cu: CaseUnderReview) -> CaseStatus:
+    v = cu.verification
+    if v.open_disputes:
+        return CaseStatus.DISPUTED
+    if v.complete:
+        return CaseStatus.VERIFIED if any(r.reissued for r in cu.reviews) else CaseStatus.SIGNED_OFF
+    if any(r.n_events for r in cu.reviews):
+        return CaseStatus.IN_PROGRESS
+    return CaseStatus.TO_REVIEW
+
+
+def _case_row(svc: ReviewService, who: Reviewer, report: str, case_id: str) -> QueueRow:
+    cu = open_case(svc, report, case_slug(case_id))
+    run = cu.run
+    case = next(c for c in run.cases if c.case_id == case_id)
+    ident = case.provenance.identity
+    mine = cu.mine(who)
+    total = sum(len(b.items) for b in cu.blocks)
+    state = "to do"
+    if mine is not None:
+        state = "signed off" if mine.signed_off_at else "in progress"
+    return QueueRow(
+        status=_status(cu),
+        created_at=run.created_at or "",
+        report=report,
+        run_id=run.run_id,
+        case_id=case_id,
+        slug=cu.slug,
+        patient=ident.patient_name if ident else "",
+        patient_id=(ident.patient_id if ident else "") or (case.patient_id or ""),
+        accession=ident.accession_number if ident else "",
+        study_date=ident.study_date if ident else "",
+        modalities=ident.modalities if ident and ident.modalities else _modalities(case),
+        n_series=ident.n_series if ident else None,
+        models=[b.model for b in cu.blocks] or run.models,
+        reviewed=total - len(missing_items(cu.blocks, mine)),
+        total=total,
+        mine=state,
+        others=[
+            f"{r.reviewer} ({'signed off' if r.signed_off_at else 'in progress'})"
+            for r in cu.reviews
+            if r.reviewer != who.name
+        ],
+        study_uid=(case.provenance.study_uids or [""])[0],
+    )
+
+
+def _modalities(case: object) -> list[str]:
+    images = getattr(case, "images", [])
+    return sorted({i.modality for i in images if getattr(i, "modality", None)})
+
+
+def case_rows(svc: ReviewService, who: Reviewer, report: str | None = None) -> list[QueueRow]:
+    """The cases of one report (``report``) or of every report; unreadable ones are skipped."""
+    reports = [(report, svc.run(report))] if report else svc.reports()
+    rows = []
+    for name, run in reports:
+        for c in run.cases:
+            try:
+                rows.append(_case_row(svc, who, name, c.case_id))
+            except (ReportNotFoundError, StopIteration):
+                continue
+    return rows
+
+
+def failed_rows(runs: StudyRunStore, limit: int = MAX_FAILED) -> list[QueueRow]:
+    """The newest gateway runs that failed, with their error."""
+    out = []
+    for rec in runs.list(limit=1000):
+        if rec.status is not RunStatus.FAILED:
+            continue
+        out.append(
+            QueueRow(
+                status=CaseStatus.FAILED,
+                created_at=rec.finished_at or rec.created_at,
+                run_id=rec.run_id,
+                models=list(rec.route.models) if rec.route else [],
+                error=(rec.error or "failed without a recorded error")[:MAX_ERROR],
+                study_uid=rec.study_uid or "",
+            )
+        )
+        if len(out) >= limit:
+            break
+    return out
+
+
+def queue(
+    svc: ReviewService,
+    runs: StudyRunStore | None,
+    who: Reviewer,
+    *,
+    report: str | None = None,
+    status: str = "",
+    model: str = "",
+) -> tuple[list[QueueRow], list[str]]:
+    """The rows to show (newest first, filtered) and every model seen (for the filter)."""
+    rows = case_rows(svc, who, report)
+    if runs is not None and report is None:
+        rows += failed_rows(runs)
+    models = sorted({m for r in rows for m in r.models})
+    if status:
+        rows = [r for r in rows if r.status.value == status]
+    if model:
+        rows = [r for r in rows if model in r.models]
+    # newest first; within a run, cases to do first, then by case id
+    rows.sort(key=lambda r: r.case_id)
+    rows.sort(key=lambda r: (r.mine == "signed off", r.status is CaseStatus.VERIFIED))
+    rows.sort(key=lambda r: r.created_at, reverse=True)
+    return rows, models

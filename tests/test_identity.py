@@ -1,0 +1,42 @@
+"""The hospital's identifiers of a study (dicom.identity): read from the headers, bounded and
+cleaned (hostile values), carried by the case to the reviewer's checklist."""
+
+from __future__ import annotations
+
+import pydicom
+from phantom_fixture import PhantomSuite
+from pydicom.dataset import Dataset
+
+from dicom import index_path, study_identity
+from dicom.identity import identity_of
+
+
+def test_identity_of_a_phantom_study_is_what_its_headers_say(phantom_suite: PhantomSuite) -> None:
+    folder = phantom_suite.case_dir("gbm") / "dicom"
+    first = sorted(p for p in folder.rglob("*") if p.is_file())[0]
+    ds = pydicom.dcmread(first, stop_before_pixels=True)
+    index = index_path(folder)
+    ident = study_identity(index)
+    assert ident is not None
+    family, given = str(ds.PatientName).split("^")[:2]
+    assert ident.patient_name == f"{given} {family}"
+    assert ident.patient_id == ds.PatientID and ident.accession_number == ds.AccessionNumber
+    assert ident.study_date == f"{ds.StudyDate[:4]}-{ds.StudyDate[4:6]}-{ds.StudyDate[6:]}"
+    assert ident.n_series == len({s.series_uid for s in index.series}) > 1
+    assert ident.modalities == ["MR"]
+
+
+def test_hostile_header_values_are_cleaned_not_fatal() -> None:
+    ds = Dataset()
+    ds.PatientName = "Evil\x1b[31m^Eve" + "x" * 200
+    ds.PatientID = "ID\x00\x07"
+    ds.PatientSex = "0000"
+    ds.PatientBirthDate = "20231341"
+    ds.StudyDate = "2024-01-02"
+    ds.AccessionNumber = "A" * 500
+    ident = identity_of(ds, ["MR", "MR\nX"], 3)
+    assert "\x1b" not in ident.patient_name and len(ident.patient_name) <= 64
+    assert ident.patient_id == "ID"
+    assert ident.sex == "" and ident.birth_date == "" and ident.study_date == ""
+    assert len(ident.accession_number) == 64
+    assert all("\n" not in m for m in ident.modalities)
