@@ -7,6 +7,8 @@ from .errors import ImagingError as ImagingError
 from .headers.batch import read_headers as read_headers
 from .headers.frame import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
 from .identity import HeaderIdentity as HeaderIdentity
+from .identity import checked_attributes as checked_attributes
+from .identity import header_value_problem as header_value_problem
 from .identity import study_identity as study_identity
 from .index import index_path as index_path
 from .person import (

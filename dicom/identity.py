@@ -41,6 +41,85 @@ class HeaderIdentity(BaseModel):
     n_series: int = 0
 
 
+# Enumerated values the standard lists for attributes copied into reports (PS3.3 C.7.1.1).
+_ENUMS = {"PatientSex": ("M", "F", "O")}
+_CONTROL_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x0c\x0e-\x1f\x7f]")
+
+
+def header_value_problem(keyword: str, value: object) -> str | None:
+    """Why ``value`` of attribute ``keyword`` is outside the standard (its VR's form and length,
+    its VM, its enumerated values, a real date or time), or None when it is a valid value.
+
+    The one rule for every patient/study attribute copied from a study into what we write."""
+    from datetime import date
+
+    from pydicom import config
+    from pydicom.datadict import dictionary_VM, dictionary_VR, tag_for_keyword
+    from pydicom.multival import MultiValue
+    from pydicom.valuerep import validate_value
+
+    if value is None or value == "":
+        return None
+    tag = tag_for_keyword(keyword)
+    if tag is None:
+        return f"{keyword} is not a DICOM attribute"
+    vr = dictionary_VR(tag)
+    if isinstance(value, MultiValue | list | tuple):
+        if dictionary_VM(tag) == "1":
+            return f"{keyword} holds {len(value)} values where the standard allows one"
+        values = list(value)
+    else:
+        values = [value]
+    for v in values:
+        text = str(v)
+        if _CONTROL_IN_VALUE.search(text):
+            return f"{keyword} contains control characters"
+        try:
+            validate_value(vr, text, config.RAISE)
+        except (ValueError, TypeError) as exc:
+            return f"{keyword} {_show(text)} is not a valid {vr} value ({exc})"
+        if keyword in _ENUMS and text.strip() not in _ENUMS[keyword]:
+            allowed = ", ".join(_ENUMS[keyword])
+            return f"{keyword} {_show(text)} is not a value the standard allows ({allowed})"
+        if vr == "DA":
+            try:
+                date(int(text[:4]), int(text[4:6]), int(text[6:8]))
+            except ValueError:
+                return f"{keyword} {_show(text)} is not a calendar date"
+        if vr == "PN" and any(len(group.split("^")) > 5 for group in text.split("=")):
+            return f"{keyword} {_show(text)} has more than five name components"
+    return None
+
+
+def _show(text: str) -> str:
+    return repr(clean_text(text, 40))
+
+
+def checked_attributes(
+    ds: pydicom.Dataset, keywords: Iterable[str]
+) -> tuple[dict[str, object], list[str]]:
+    """The values of ``keywords`` in ``ds`` that the standard allows (an invalid one becomes
+    None: the standard's empty form), and a warning for each one left out."""
+    values: dict[str, object] = {}
+    warnings = []
+    for kw in keywords:
+        if kw not in ds:
+            continue
+        try:
+            value = ds.data_element(kw).value  # type: ignore[union-attr]
+        except (ValueError, TypeError, UnicodeError) as exc:
+            warnings.append(f"{kw} could not be decoded ({exc}): left empty")
+            values[kw] = None
+            continue
+        problem = header_value_problem(kw, value)
+        if problem:
+            warnings.append(f"{problem}: left empty")
+            values[kw] = None
+        else:
+            values[kw] = value
+    return values, warnings
+
+
 def clean_text(value: object, limit: int = MAX_TEXT) -> str:
     """A header value as safe display text: no control characters, at most ``limit`` long."""
     text = _CONTROL.sub(" ", str(value if value is not None else "")).strip()
@@ -63,18 +142,18 @@ def iso_date(value: object) -> str:
 def identity_of(
     ds: pydicom.Dataset, modalities: Iterable[str] = (), n_series: int = 0
 ) -> HeaderIdentity:
-    """The identity a header names (invalid values left out)."""
-    sex = str(ds.get("PatientSex", "") or "").strip().upper()
-    name = ds.get("PatientName", "")
+    """The identity a header names (values outside the standard left out)."""
+    v, _ = checked_attributes(ds, _TAGS)
+    name = v.get("PatientName")
     return HeaderIdentity(
-        patient_name=clean_text(display_name(str(name).split("=")[0]) if name else ""),
-        patient_id=clean_text(ds.get("PatientID", "")),
-        birth_date=iso_date(ds.get("PatientBirthDate", "")),
-        sex=sex if sex in ("M", "F", "O") else "",
-        accession_number=clean_text(ds.get("AccessionNumber", "")),
-        study_date=iso_date(ds.get("StudyDate", "")),
-        study_description=clean_text(ds.get("StudyDescription", "")),
-        institution=clean_text(ds.get("InstitutionName", "")),
+        patient_name=clean_text(display_name(str(name).split("=")[0])) if name else "",
+        patient_id=clean_text(v.get("PatientID") or ""),
+        birth_date=iso_date(v.get("PatientBirthDate")),
+        sex=str(v.get("PatientSex") or ""),
+        accession_number=clean_text(v.get("AccessionNumber") or ""),
+        study_date=iso_date(v.get("StudyDate")),
+        study_description=clean_text(v.get("StudyDescription") or ""),
+        institution=clean_text(v.get("InstitutionName") or ""),
         modalities=sorted({clean_text(m, 16) for m in modalities if m}),
         n_series=n_series,
     )

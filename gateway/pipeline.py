@@ -38,6 +38,7 @@ from gateway.sr import (
     build_pdf,
     build_sr,
     evidence_from_files,
+    header_warnings,
     model_of,
     series_uid_for,
 )
@@ -309,6 +310,10 @@ class StudyPipeline:
         headers = evidence_from_files(files, set(result.evaluated_series_uids))
         if not headers:
             raise RuntimeError("no readable source instance to attach the report to")
+        # header values outside the standard are left out of the SR and PDF, and said so
+        left_out = [f"SR/PDF: {w}" for w in header_warnings(headers[0])]
+        warnings += left_out
+        result.warnings = [*result.warnings, *left_out]
         previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
         sr_paths: list[str] = []
         sr_uids: dict[str, str] = {}  # model -> SOP Instance UID of its UNVERIFIED SR

@@ -46,7 +46,7 @@ from pydicom.tag import Tag
 from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 from pydicom.valuerep import DA, TM
 
-from dicom import PersonNameError, person_name
+from dicom import PersonNameError, checked_attributes, person_name
 from evaluation import DifferentialItem, Finding, ReportContent
 from gateway.cache import InvalidUIDError, check_uid
 
@@ -97,6 +97,10 @@ _PATIENT_STUDY = (
     "StudyTime",
     "ReferringPhysicianName",
 )
+
+
+# ... and the other study attributes the PDF carries (type 3: left out when invalid)
+_PATIENT_STUDY_COPIED = (*_PATIENT_STUDY, "StudyDescription", "IssuerOfPatientID")
 
 
 class ReportBuildError(ValueError):
@@ -230,20 +234,43 @@ _EVIDENCE_KEYWORDS = (
 _EVIDENCE_TAGS = tuple(Tag(kw) for kw in _EVIDENCE_KEYWORDS)
 
 
+def _patient_study(source: Dataset) -> tuple[Dataset, list[str]]:
+    """The patient and study attributes of ``source`` as the SR and PDF carry them: a value
+    outside the standard (PatientSex '0000', an impossible date) becomes the standard's empty
+    form, with a warning; a missing one is empty (type 2)."""
+    values, warnings = checked_attributes(source, _PATIENT_STUDY_COPIED)
+    out = Dataset()
+    for kw in _PATIENT_STUDY_COPIED:
+        if values.get(kw) is not None:
+            out[kw] = source[kw]  # the element as read: its value is valid
+        elif kw in _PATIENT_STUDY:
+            setattr(out, kw, None)
+    return out, warnings
+
+
+def header_warnings(source: Dataset) -> list[str]:
+    """What the SR and PDF of this study leave out of its patient and study attributes, and why."""
+    return _patient_study(source)[1]
+
+
 def _evidence(source: Sequence[Dataset]) -> list[Dataset]:
     """The few attributes highdicom needs of each source instance (elements shared, not copied:
-    a study has hundreds of instances, and per-attribute assignment re-validates each value)."""
+    a study has hundreds of instances, and per-attribute assignment re-validates each value).
+    The patient and study attributes are the first instance's, checked (``_patient_study``)."""
+    patient, _ = _patient_study(source[0])
     out = []
     for ds in source:
         e = Dataset()
         for kw, tag in zip(_EVIDENCE_KEYWORDS, _EVIDENCE_TAGS, strict=True):
+            if kw in _PATIENT_STUDY:
+                if tag in patient:
+                    e[tag] = patient[tag]
+                continue
             elem = ds.get(tag)
             if kw == "SpecificCharacterSet" and (elem is None or not elem.value):
                 continue  # empty = default repertoire; highdicom rejects an empty value
             if elem is not None:
                 e[tag] = elem
-            elif kw in _PATIENT_STUDY:
-                setattr(e, kw, "" if kw != "PatientName" else None)
         out.append(e)
     return out
 
@@ -382,11 +409,10 @@ def build_pdf(
     ds.file_meta.MediaStorageSOPInstanceUID = sop
     ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
     ds.SpecificCharacterSet = UTF8  # the source's values are decoded; written back as UTF-8
-    for kw in (*_PATIENT_STUDY, "StudyInstanceUID", "StudyDescription", "IssuerOfPatientID"):
-        if kw in source:
-            setattr(ds, kw, source.data_element(kw).value)  # type: ignore[union-attr]
-        elif kw in _PATIENT_STUDY:
-            setattr(ds, kw, None)
+    patient, _ = _patient_study(source)
+    for elem in patient:
+        ds[elem.tag] = elem
+    ds.StudyInstanceUID = source.StudyInstanceUID
     ds.SOPClassUID = ENCAPSULATED_PDF_STORAGE
     ds.SOPInstanceUID = sop
     ds.Modality = "DOC"
