@@ -30,6 +30,46 @@ class StackGeometry:
     gaps: list[str]
 
 
+def geometry_problem(
+    orientation: Sequence[float], pixel_spacing: Sequence[float] | None
+) -> str | None:
+    """Why a stack's header cannot place its pixels in space, or None.
+
+    ImageOrientationPatient must be two finite, near-unit, near-perpendicular direction cosines;
+    PixelSpacing (when given) two finite non-zero numbers. The sign of the spacing is not a
+    problem here: orientation comes from ImageOrientationPatient and the positions, never from
+    the spacing's sign (``stack_geometry`` uses its absolute value)."""
+    o = np.asarray(list(orientation), dtype=float)
+    if o.shape != (6,) or not np.all(np.isfinite(o)):
+        return f"ImageOrientationPatient {_show(orientation)} is not six finite numbers"
+    row, col = o[:3], o[3:]
+    n_row, n_col = float(np.linalg.norm(row)), float(np.linalg.norm(col))
+    if not (0.9 < n_row < 1.1 and 0.9 < n_col < 1.1):
+        return f"ImageOrientationPatient {_show(orientation)} is not two unit direction cosines"
+    if abs(float(row @ col)) / (n_row * n_col) > 0.05:
+        return (
+            f"ImageOrientationPatient {_show(orientation)}: rows and columns are not perpendicular"
+        )
+    if pixel_spacing is not None:
+        ps = np.asarray(list(pixel_spacing), dtype=float)
+        if ps.shape != (2,) or not np.all(np.isfinite(ps)) or np.any(ps == 0):
+            return f"PixelSpacing {_show(pixel_spacing)} is not two finite non-zero numbers"
+    return None
+
+
+def affine_problem(affine: np.ndarray) -> str | None:
+    """Why a stack's voxel-to-patient affine is unusable (not finite, or its slices collapse)."""
+    if not np.all(np.isfinite(affine)):
+        return "the slice positions give a non-finite affine"
+    if abs(float(np.linalg.det(affine[:3, :3]))) < 1e-6:
+        return "the slice positions do not span the stack (every slice at one position)"
+    return None
+
+
+def _show(values: Sequence[float] | None) -> str:
+    return "\\".join(f"{float(v):g}" for v in list(values or [])[:6]) or "(none)"
+
+
 def slice_normal(orientation: Sequence[float]) -> np.ndarray:
     """Unit normal of an image plane from ImageOrientationPatient (row cosines, column cosines)."""
     row = np.asarray(orientation[:3], dtype=float)
@@ -61,7 +101,12 @@ def stack_geometry(
     row_dir = np.asarray(orientation[:3], dtype=float)
     col_dir = np.asarray(orientation[3:6], dtype=float)
     normal = slice_normal(orientation)
-    dr, dc = (float(pixel_spacing[0]), float(pixel_spacing[1])) if pixel_spacing else (1.0, 1.0)
+    # The sign of the spacing never flips the image: the direction is the orientation's.
+    dr, dc = (
+        (abs(float(pixel_spacing[0])), abs(float(pixel_spacing[1])))
+        if pixel_spacing
+        else (1.0, 1.0)
+    )
     pos = np.asarray(positions, dtype=float)
     gaps: list[str] = []
     uniform = True

@@ -13,7 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from dicom.classify import SeriesContext, classify
-from dicom.geometry import cluster_positions, project, slice_normal, stack_geometry
+from dicom.geometry import (
+    affine_problem,
+    cluster_positions,
+    geometry_problem,
+    project,
+    slice_normal,
+    stack_geometry,
+)
 from dicom.headers import DEFAULT_MEMORY_CAP, FrameHeader, ProgressFn, read_headers
 from dicom.records import FileError, FrameRef, IndexResult, Plane, SequenceClass, SeriesInfo
 from dicom.sources import iter_sources
@@ -319,13 +326,40 @@ def _describe_stack(
     oblique = None
     uniform = True
     gaps: list[str] = []
-    if first.orientation is not None and all(f.position is not None for f in volumes[0]):
+    errors: list[FileError] = []
+    problem = (
+        geometry_problem(first.orientation, first.pixel_spacing)
+        if first.orientation is not None
+        else None
+    )
+    if first.pixel_spacing and min(first.pixel_spacing) < 0 and problem is None:
+        warnings.append(
+            f"PixelSpacing {first.pixel_spacing[0]:g}\\{first.pixel_spacing[1]:g} is negative: "
+            "its absolute value is used (orientation comes from ImageOrientationPatient)"
+        )
+    geo = None
+    if (
+        problem is None
+        and first.orientation is not None
+        and all(f.position is not None for f in volumes[0])
+    ):
         geo = stack_geometry(
             first.orientation,
             first.pixel_spacing,
             [f.position for f in volumes[0]],  # type: ignore[misc]
             first.spacing_between_slices or first.slice_thickness,
         )
+        problem = affine_problem(geo.affine)
+    if problem is not None:
+        errors.append(
+            FileError(
+                path=_common_folder({f.path for f in frames}),
+                kind="geometry",
+                message=f"series {first.series_uid} stack {label or idx}: {problem}; "
+                "this stack is not rendered",
+            )
+        )
+    elif geo is not None:
         affine = [[round(float(v), 6) for v in row] for row in geo.affine]
         spacing = [round(v, 6) for v in geo.spacing]
         plane, oblique, uniform, gaps = geo.plane, geo.obliquity_deg, geo.uniform, geo.gaps
@@ -333,7 +367,8 @@ def _describe_stack(
             warnings.append(f"non-uniform slice spacing: {len(gaps)} irregular step(s)")
     else:
         if first.pixel_spacing:
-            spacing = [first.pixel_spacing[1], first.pixel_spacing[0], first.slice_thickness or 0.0]
+            dr, dc = (abs(v) for v in first.pixel_spacing[:2])
+            spacing = [dc, dr, first.slice_thickness or 0.0]
         plane = _plane_from_patient_orientation(first.extras.get("patient_orientation"))
         if plane is not None:
             warnings.append(f"plane {plane} inferred from PatientOrientation; no affine available")
@@ -394,4 +429,5 @@ def _describe_stack(
         volume_labels=vol_labels if len(volumes) > 1 else [],
         volumes=refs,
         warnings=warnings,
+        errors=errors,
     )

@@ -63,7 +63,7 @@ class FileError(BaseModel):
     """One input file that could not be used, and why."""
 
     path: str
-    kind: str  # not_dicom | unreadable | non_image | too_large | invalid | decode
+    kind: str  # not_dicom | unreadable | non_image | too_large | invalid | decode | geometry
     message: str
 
 
@@ -134,7 +134,11 @@ class SeriesInfo(BaseModel):
 
     @property
     def renderable(self) -> bool:
-        return self.series_class is not SequenceClass.NON_IMAGE and bool(self.volumes)
+        return (
+            self.series_class is not SequenceClass.NON_IMAGE
+            and bool(self.volumes)
+            and not any(e.kind == "geometry" for e in self.errors)
+        )
 
     @property
     def key(self) -> str:

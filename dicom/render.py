@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from nibabel.orientations import OrientationError
 
 from dicom.display import (
     DisplayVolume,
@@ -378,7 +379,9 @@ def render_path(
         find_series(index, series_uid) if series_uid else default_targets(index)
     )
     mask = find_series(index, mask_uid)[0] if mask_uid else None
-    manifest = RenderManifest(source=str(path), errors=list(index.errors))
+    # a stack whose geometry is broken is an error of its own; its neighbours render
+    broken = [e for s in index.series for e in s.errors if e.kind == "geometry"]
+    manifest = RenderManifest(source=str(path), errors=[*index.errors, *broken])
     jobs = [(s, [x for x in index.series if x.series_uid == s.series_uid]) for s in targets]
 
     def run(job: tuple[SeriesInfo, list[SeriesInfo]]) -> tuple[_Rendered | None, Exception | None]:
@@ -386,6 +389,9 @@ def render_path(
             return _render_images(job[0], options, job[1], mask), None
         except ImagingError as exc:
             return None, exc
+        except (ValueError, ArithmeticError, np.linalg.LinAlgError, OrientationError) as exc:
+            # what the header checks did not foresee still stays with this stack
+            return None, RenderError(f"{type(exc).__name__}: {exc}")
 
     # Stacks render in threads when CPUs are idle (numpy, the decoders and PNG encoding
     # release the GIL); files are written and recorded in target order, as a serial run would.
