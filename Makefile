@@ -5,10 +5,12 @@ PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := orthanc orthanc-dicomweb dcmtk dicom3tools dcm2niix chromium poppler-utils fonts-dejavu-core
 STAMP := $(VENV)/.setup-done
+# OHIF's static files, served by the gateway under /review/viewer/ (viewer/README.md)
+VIEWER := viewer/node_modules/@ohif/app/dist/index.html
 
 .PHONY: setup test demo bench lint format clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(VIEWER)
 
 $(STAMP): pyproject.toml Makefile
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -21,6 +23,15 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
+
+# npm comes with Debian's nodejs+npm or with NodeSource's nodejs (which conflicts with Debian's
+# npm package), so the command is checked rather than the package. The touch dates index.html
+# after the lockfile (npm keeps the tarball's 1985 dates): a second `make setup` does nothing.
+$(VIEWER): viewer/package.json viewer/package-lock.json
+	@command -v npm >/dev/null || { echo "Installing system packages: nodejs npm"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq nodejs npm; }
+	cd viewer && npm ci --no-audit --no-fund --ignore-scripts
+	@touch $@
 
 test: setup
 	$(VENV)/bin/lint-imports --no-cache

@@ -155,6 +155,18 @@ class OrthancClient:
 
         return self._retry(f"GET {path.split('?')[0]}", call)
 
+    def open_stream(
+        self, path: str, query: str, headers: dict[str, str], timeout: httpx.Timeout
+    ) -> httpx.Response:
+        """GET ``path?query`` with the body left unread: the caller streams it, then closes the
+        response. Not retried (a browser retries); transport failures raise OrthancError."""
+        url = f"{self.url}{path}" + (f"?{query}" if query else "")
+        request = self.api.build_request("GET", url, headers=headers, timeout=timeout)
+        try:
+            return self.api.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise OrthancError(f"Orthanc GET: {type(exc).__name__} talking to {self.url}") from None
+
     def system(self) -> dict[str, Any]:
         return dict(self.get_json("/system"))
 
@@ -202,7 +214,14 @@ class OrthancClient:
 
     def find_study(self, study_uid: str) -> str | None:
         """Orthanc ID of the study with this StudyInstanceUID, or None."""
-        uid = check_uid(study_uid)
+        return self._lookup(study_uid, "Study")
+
+    def find_series(self, series_uid: str) -> str | None:
+        """Orthanc ID of the series with this SeriesInstanceUID, or None."""
+        return self._lookup(series_uid, "Series")
+
+    def _lookup(self, dicom_uid: str, level: str) -> str | None:
+        uid = check_uid(dicom_uid)
 
         def call() -> Any:
             r = self.api.post(f"{self.url}/tools/lookup", content=uid)
@@ -210,7 +229,7 @@ class OrthancClient:
             return r.json()
 
         hits = self._retry("lookup", call)
-        return next((h["ID"] for h in hits if h.get("Type") == "Study"), None)
+        return next((h["ID"] for h in hits if h.get("Type") == level), None)
 
     def list_series(self, study_id: str, classify: bool = True) -> list[SeriesSummary]:
         study = self.get_json(f"/studies/{study_id}")

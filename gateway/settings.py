@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     review_session_hours: float = 8.0  # browser session lifetime after login
     review_cookie_secure: bool = False  # set True behind HTTPS (Secure cookie)
     verifying_organization: str = "NeuroSandbox"  # recorded in re-issued VERIFIED SRs
+    # OHIF's static files for the web DICOM viewer at /review/viewer/ (installed by `make setup`)
+    viewer_dir: Path = (
+        Path(__file__).resolve().parents[1] / "viewer" / "node_modules" / "@ohif" / "app" / "dist"
+    )
 
     # Evaluation engine (`neurosandbox eval`, `neurosandbox runs`)
     # when no --model; NEUROSANDBOX_MODELS="openai/gpt-4o,ollama/llava" (comma/space list or JSON)

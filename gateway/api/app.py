@@ -8,7 +8,7 @@ from fastapi import APIRouter, FastAPI
 
 from gateway.api.context import GatewayContext
 from gateway.api.middleware import AccessLog, BodyLimit
-from gateway.api.routers import admin, health, review, review_api, runs, studies
+from gateway.api.routers import admin, health, review, review_api, runs, studies, viewer
 
 DESCRIPTION = """NeuroSandbox gateway: studies from Orthanc, evaluations of vision-language
 models on them, their reports, and the audit log. Every endpoint except `/health` needs
@@ -34,6 +34,7 @@ def create_app(ctx: GatewayContext, extra_routers: Iterable[APIRouter] = ()) -> 
         admin.router,
         review.router,
         review_api.router,
+        viewer.router,
     )
     for r in (*routers, *extra_routers):
         app.include_router(r)

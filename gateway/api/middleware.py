@@ -14,6 +14,9 @@ from gateway.metrics import METRICS
 
 log = logging.getLogger("gateway.api")
 QUIET_PATHS = {"/health", "/metrics"}  # not audited (scraped every few seconds)
+# The web viewer's files and DICOMweb reads: one series opened makes hundreds of requests; the
+# opening itself is audited by the viewer. Refusals (4xx/5xx) still go to the audit log.
+QUIET_WHEN_OK = "/review/viewer/"
 
 
 class _TooLarge(Exception):
@@ -111,7 +114,8 @@ class AccessLog:
             METRICS.inc("http_requests_total", route=template, method=method, status=str(status))
             METRICS.inc("http_request_seconds_sum", dt, route=template)
             log.info("%s %s -> %d (%.0f ms)", method, template, status, dt * 1000)
-            if template not in QUIET_PATHS:
+            quiet = template in QUIET_PATHS or (template.startswith(QUIET_WHEN_OK) and status < 400)
+            if not quiet:
                 state = scope.get("state") or {}
                 actor = state.get("actor", "anonymous")
                 target = _target(scope)

@@ -1,0 +1,149 @@
+"""What the viewer reads from the PACS: the DICOMweb paths a reviewer may read through the
+gateway, Orthanc's URLs in DICOMweb JSON moved behind the gateway, and the instance of a series
+at a position a montage tile names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+from pydicom.dataset import Dataset
+
+from gateway.viewer import DICOMWEB_ROOT, PLANES
+
+_UID = r"[0-9]+(?:\.[0-9]+)*"
+_LEVELS = rf"studies/{_UID}(?:/series/{_UID}(?:/instances/{_UID})?)?"
+_FRAMES = r"frames/[0-9]{1,6}(?:,[0-9]{1,6}){0,63}"
+# Reads only (QIDO searches, metadata, frames, rendered images, thumbnails, bulk data, one
+# instance): no STOW, no deletion, no whole-study or whole-series archive.
+_READ = re.compile(
+    "^(?:"
+    + "|".join(
+        [
+            "studies",  # QIDO: studies
+            rf"studies/{_UID}/series",  # QIDO: series of a study
+            rf"studies/{_UID}/series/{_UID}/instances",  # QIDO: instances of a series
+            rf"{_LEVELS}/metadata",
+            rf"studies/{_UID}/series/{_UID}/instances/{_UID}",  # one instance (SR, PDF, SEG)
+            rf"studies/{_UID}/series/{_UID}/instances/{_UID}/{_FRAMES}",
+            rf"{_LEVELS}(?:/{_FRAMES})?/(?:rendered|thumbnail)",
+            rf"studies/{_UID}/series/{_UID}/instances/{_UID}/bulk/[0-9a-fA-F]{{8}}(?:/[0-9]{{1,6}}/[0-9a-fA-F]{{8}}){{0,8}}",
+        ]
+    )
+    + ")$"
+)
+# Orthanc writes absolute URLs of itself into DICOMweb JSON (RetrieveURL, BulkDataURI) and
+# into the part headers of multipart answers (Content-Location); matches are at most _SPAN long.
+_ORTHANC_URL = re.compile(
+    rb'(?P<lead>"|(?i:content-location): ?)https?://[^"\s/]{1,255}(?:/[^"\s]{0,500}?)?/dicom-web/'
+)
+_SPAN = 800
+
+
+def dicomweb_read_path(path: str) -> bool:
+    """True when ``path`` (after the DICOMweb root) is a read the viewer may make."""
+    return (
+        len(path) <= 1000
+        and _READ.match(path) is not None
+        and all(len(u) <= 64 for u in re.findall(_UID, path))
+    )
+
+
+def behind_gateway(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """A DICOMweb answer (JSON or multipart) with Orthanc's URLs of itself replaced by the
+    gateway's proxy, streamed: only the last _SPAN bytes are held back between chunks."""
+    root = DICOMWEB_ROOT.encode() + b"/"
+    carry = b""
+    for chunk in chunks:
+        buf = carry + chunk
+        cut = len(buf) - _SPAN
+        if cut <= 0:
+            carry = buf
+            continue
+        out, pos = [], 0
+        for m in _ORTHANC_URL.finditer(buf):
+            if m.start() >= cut:
+                break  # may be incomplete: decided with the next chunk
+            out += [buf[pos : m.start()], m.group("lead"), root]
+            pos = m.end()
+        keep = max(pos, cut)
+        out.append(buf[pos:keep])
+        carry = buf[keep:]
+        yield b"".join(out)
+    if carry:
+        yield _ORTHANC_URL.sub(lambda m: m.group("lead") + root, carry)
+
+
+def plane_axis(plane: str | None) -> int | None:
+    """The RAS axis (0 R, 1 A, 2 S) along the normal of slices in ``plane``."""
+    return PLANES.index(plane) if plane in PLANES else None
+
+
+def _floats(ds: Dataset, keyword: str, n: int) -> np.ndarray | None:
+    try:
+        value = [float(v) for v in ds.get(keyword) or ()]
+    except (TypeError, ValueError):
+        return None
+    return np.array(value) if len(value) == n else None
+
+
+def _centre_ras(ds: Dataset) -> tuple[np.ndarray, np.ndarray] | None:
+    """(slice centre in RAS mm, unit slice normal in RAS) of a single-frame image."""
+    ipp = _floats(ds, "ImagePositionPatient", 3)
+    iop = _floats(ds, "ImageOrientationPatient", 6)
+    spacing = _floats(ds, "PixelSpacing", 2)
+    rows, cols = ds.get("Rows"), ds.get("Columns")
+    if ipp is None or iop is None or spacing is None or not rows or not cols:
+        return None
+    row_dir, col_dir = iop[:3], iop[3:]
+    normal = np.cross(row_dir, col_dir)
+    if not np.linalg.norm(normal) > 0:
+        return None
+    # PixelSpacing is (between rows, between columns); the centre as the renderer labels it.
+    centre = (
+        ipp
+        + row_dir * (int(cols) - 1) / 2 * spacing[1]
+        + col_dir * (int(rows) - 1) / 2 * spacing[0]
+    )
+    lps_to_ras = np.array([-1.0, -1.0, 1.0])
+    return centre * lps_to_ras, normal / np.linalg.norm(normal) * lps_to_ras
+
+
+def _number(ds: Dataset) -> int:
+    try:
+        return int(ds.get("InstanceNumber") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def instance_at(
+    datasets: Sequence[Dataset], z_mm: float | None = None, plane: str | None = None
+) -> str:
+    """SOPInstanceUID of the image of a series nearest ``z_mm`` (see ``viewer_open_url``).
+
+    ``z_mm`` is compared with the RAS coordinate of each slice's centre along the axis of
+    ``plane`` (the series' own slice axis when None), as dicom's renderer labels montage tiles.
+    The middle slice when ``z_mm`` is None, when the images have no patient geometry, or when
+    the tile was resliced into a plane the series was not acquired in (no slice of the series
+    lies at a position along that axis).
+    """
+    images = [ds for ds in datasets if ds.get("SOPInstanceUID") and ds.get("Rows")]
+    if not images:
+        images = [ds for ds in datasets if ds.get("SOPInstanceUID")]
+    if not images:
+        raise LookupError("the series has no instances")
+    geometry = [_centre_ras(ds) for ds in images]
+    located = [(ds, g) for ds, g in zip(images, geometry, strict=True) if g is not None]
+    if len(located) < len(images):  # no geometry for some: InstanceNumber order, middle one
+        by_number = sorted(images, key=_number)
+        return str(by_number[(len(by_number) - 1) // 2].SOPInstanceUID)
+    normal = located[0][1][1]
+    native = int(np.argmax(np.abs(normal)))
+    axis = plane_axis(plane)
+    axis = native if axis is None else axis
+    if z_mm is None or axis != native:
+        along = sorted(located, key=lambda dg: (float(dg[1][0] @ normal), _number(dg[0])))
+        return str(along[(len(along) - 1) // 2][0].SOPInstanceUID)
+    best = min(located, key=lambda dg: (abs(float(dg[1][0][axis]) - z_mm), _number(dg[0])))
+    return str(best[0].SOPInstanceUID)
