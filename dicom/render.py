@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,6 +179,26 @@ def render_stack(
     records, files, warnings = _render_images(series, options, siblings, lesion_mask)
     _write(out_dir, files)
     return records, warnings
+
+
+def _unique_names(
+    images: list[RenderedImage], files: list[tuple[str, bytes]], series_uid: str, taken: set[str]
+) -> list[tuple[str, bytes]]:
+    """File names no earlier stack of this render used (two series may share a number and a
+    class: Siemens XA30 numbers its perfusion series alike); the records follow the rename."""
+    tag = hashlib.sha256(series_uid.encode()).hexdigest()[:8]
+    renamed: dict[str, str] = {}
+    for name, _ in files:
+        new, n = name, 1
+        while new in taken:
+            stem, dot, ext = name.rpartition(".")
+            new = f"{stem}_{tag}{'' if n == 1 else f'_{n}'}{dot}{ext}"
+            n += 1
+        taken.add(new)
+        renamed[name] = new
+    for img in images:
+        img.file = renamed.get(img.file, img.file)
+    return [(renamed[name], data) for name, data in files]
 
 
 def _write(out_dir: Path, files: list[tuple[str, bytes]]) -> None:
@@ -349,9 +369,13 @@ def _one_per_dwi_series(stacks: list[SeriesInfo]) -> list[SeriesInfo]:
     return out
 
 
-def default_targets(index: IndexResult) -> list[SeriesInfo]:
-    """The stacks rendered when none is named: one per clinical series."""
-    return [s for s in index.series if s.renderable and s.series_class in CLINICAL_CLASSES]
+def default_targets(
+    index: IndexResult, classes: Collection[SequenceClass] | None = None
+) -> list[SeriesInfo]:
+    """The stacks rendered when none is named: one per series of ``classes`` (default: the
+    clinical classes)."""
+    wanted = CLINICAL_CLASSES if classes is None else frozenset(classes)
+    return [s for s in index.series if s.renderable and s.series_class in wanted]
 
 
 def find_series(index: IndexResult, uid: str) -> list[SeriesInfo]:
@@ -370,13 +394,15 @@ def render_path(
     series_uid: str | None = None,
     mask_uid: str | None = None,
     index: IndexResult | None = None,
+    classes: Collection[SequenceClass] | None = None,
 ) -> RenderManifest:
-    """Index ``path``, render the chosen (or default) series into ``out_dir``, write manifest.json."""
+    """Index ``path``, render the chosen series (``series_uid``, else every series of
+    ``classes``, by default the clinical ones) into ``out_dir``, write manifest.json."""
     options = options or RenderOptions()
     out = Path(out_dir)
     index = index or index_path(path, memory_cap=options.memory_cap)
     targets = _one_per_dwi_series(
-        find_series(index, series_uid) if series_uid else default_targets(index)
+        find_series(index, series_uid) if series_uid else default_targets(index, classes)
     )
     mask = find_series(index, mask_uid)[0] if mask_uid else None
     # a stack whose geometry is broken is an error of its own; its neighbours render
@@ -395,6 +421,7 @@ def render_path(
 
     # Stacks render in threads when CPUs are idle (numpy, the decoders and PNG encoding
     # release the GIL); files are written and recorded in target order, as a serial run would.
+    written: set[str] = set()
     n_threads = min(len(jobs), idle_cpus(), _RENDER_THREADS)
     pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
     try:
@@ -406,6 +433,7 @@ def render_path(
                 )
                 continue
             images, files, warnings = result
+            files = _unique_names(images, files, s.series_uid, written)
             _write(out, files)
             manifest.images.extend(images)
             manifest.warnings.extend(warnings)

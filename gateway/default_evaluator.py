@@ -124,7 +124,8 @@ class DefaultEvaluator:
         (case_dir / "case.json").write_text(case.model_dump_json(indent=2))
         case.root = str(case_dir)
         cache = work_dir / "render"
-        rendered = render_study(study, case, cache, self.plan, self.settings.memory_cap)
+        plan = self.plan.model_copy(update={"series_classes": list(route.series_classes)})
+        rendered = render_study(study, case, cache, plan, self.settings.memory_cap)
         case.images = rendered.images
         if rendered.burned_in_series:  # the PHI gate drops these images for remote models
             case.provenance.burned_in_series = rendered.burned_in_series
@@ -138,7 +139,7 @@ class DefaultEvaluator:
         warnings = list(rendered.warnings)
         if len(tasks) < len(route.tasks):
             warnings.append("multi-turn not run: it needs a scripted case (turns), not a study")
-        spec = DatasetSpec(path=str(dataset_dir.resolve()), kind="suite", render=self.plan)
+        spec = DatasetSpec(path=str(dataset_dir.resolve()), kind="suite", render=plan)
         dataset = Dataset(
             name="PACS study", kind="suite", spec=spec, cases=[case], hash=dataset_hash([case])
         )

@@ -320,6 +320,16 @@ class StudyPipeline:
         blocks = {b.model: b for b in report_blocks(result.run.samples)}
         for model in route.models:
             if model not in blocks:
+                why = sorted(
+                    {
+                        f"{c.task}: {c.error or c.parse_status}"
+                        for c in result.cases
+                        if c.model == model
+                    }
+                )
+                warnings.append(
+                    f"no SR for {model}: no answer to report ({'; '.join(why) or 'no answer'})"
+                )
                 continue
             prev = [d for d in previous if model_of(d) == model]
             content = unverified_content(blocks[model])

@@ -36,6 +36,9 @@ class RenderPlan(BaseModel):
     max_series: int = 8
     classification_slice: bool = True
     candidate_slices: int = 24  # singles rendered to choose the classification slice from
+    # series classes a model may be shown (None: the clinical ones); a routing rule that names
+    # others (FMRI, PERFUSION, FIELDMAP...) has them rendered too
+    series_classes: list[str] | None = None
 
 
 class RenderedStudy(BaseModel):
@@ -162,6 +165,7 @@ def _render(
         DEFAULT_MEMORY_CAP,
         ImagingError,
         RenderOptions,
+        SequenceClass,
         index_path,
         render_path,
     )
@@ -171,7 +175,12 @@ def _render(
         index = index_path(study, memory_cap=cap)
     except (ImagingError, OSError) as exc:
         raise DatasetError(f"case {case.case_id}: cannot index study {study}: {exc}") from exc
-    clinical = [s for s in index.series if s.renderable and s.series_class in CLINICAL_CLASSES]
+    wanted = (
+        frozenset(SequenceClass(c) for c in plan.series_classes if c in SequenceClass.__members__)
+        if plan.series_classes
+        else CLINICAL_CLASSES
+    )
+    clinical = [s for s in index.series if s.renderable and s.series_class in wanted]
     burned = sorted({s.series_uid for s in clinical if s.burned_in_annotation})
     by_class = {s.series_uid: s.series_class.value for s in clinical}
     modality = {s.series_uid: ("CT" if s.modality == "CT" else "MR") for s in clinical}
@@ -183,7 +192,7 @@ def _render(
         singles=False,
         memory_cap=cap,
     )
-    manifest = render_path(study, out, options, index=index)
+    manifest = render_path(study, out, options, index=index, classes=wanted)
     warnings = list(manifest.warnings) + [e.message for e in manifest.errors]
     ranked = sorted(
         manifest.images,
@@ -194,8 +203,8 @@ def _render(
     keep = {id(i) for i in ranked[: plan.max_series]}
     images = [_ref(out, i, modality) for i in manifest.images if id(i) in keep]
     if plan.classification_slice and clinical:
-        wanted = _classification_series(case, sorted(set(by_class.values())))
-        target = next((s for s in clinical if s.series_class.value == wanted), None)
+        chosen = _classification_series(case, sorted(set(by_class.values())))
+        target = next((s for s in clinical if s.series_class.value == chosen), None)
         if target is not None:
             single_opts = RenderOptions(
                 n_slices=plan.candidate_slices,
