@@ -54,7 +54,9 @@ _RE = {
     "fieldmap": re.compile(r"(field ?map|field mapping| b0 ?map|fmap)"),
     "fmri": re.compile(r" (bold|fmri|func|rest|resting|task|rs ?fmri)"),
     "swi": re.compile(r" (swi|swan|susceptibility|venobold|swip|mip swi|swi mip) "),
-    "t2star": re.compile(r"( t2\*| t2 star| t2star| gre | hemo| ffe t2)"),
+    "t2star": re.compile(r"( t2\*| t2 star| t2star| hemo| ffe t2| t2 gre | gre t2 )"),
+    # A gradient-echo readout: T1 (spoiled GRE, MPRAGE) and T2* sequences alike use it.
+    "gre": re.compile(r" gre "),
     "flair": re.compile(r" (flair|dark ?fluid|tirm) "),
     "t1": re.compile(r" (t1|t1w|t1 ?se|mprage|mp ?rage|spgr|bravo|tfl|tfe|vibe|fspgr|mpr) "),
     "t2": re.compile(r" (t2|t2w|tse|fse|haste|space) "),
@@ -79,6 +81,46 @@ def _hint(description: str) -> SequenceClass | None:
     ):
         if _RE[key].search(w):
             return cls
+    # 'GRE' alone, as in GE's 'AX GRE', conventionally names the T2* sequence of a neuro
+    # protocol; _structural lets the acquisition overrule it (UIH's 'gre_fsp' is a T1 family).
+    if _RE["gre"].search(w):
+        return C.T2STAR
+    return None
+
+
+# An EPI readout in a sequence name: Siemens epfid (gradient echo) / epse (spin echo) / ep2d,
+# GE epi / epiRT / epi2, Philips FEEPI / SEEPI, UIH epi_*.
+_EPI_NAME = re.compile(r"(?:^|[^a-z]|fe|se)ep(?:i|fid|se|ir|\d)")
+_GRE_EPI_NAME = re.compile(r"epfid|feepi")
+_SE_EPI_NAME = re.compile(r"epse|seepi")
+
+
+def _epi_readout(f: FrameHeader) -> str | None:
+    """The headers that show an EPI readout, in words, or None."""
+    name = f.sequence_name.lower()
+    by_name = bool(_EPI_NAME.search(name))
+    if "EP" in f.scanning_sequence:
+        seq = f"ScanningSequence {'/'.join(f.scanning_sequence)}"
+        return f"{seq} (SequenceName {f.sequence_name!r})" if by_name else seq
+    if by_name:
+        return f"SequenceName {f.sequence_name!r} names an EPI readout"
+    return None
+
+
+def _epi_echo(f: FrameHeader) -> tuple[str, str] | None:
+    """Gradient or spin echo, and the header that says so; None when nothing says which."""
+    ss = set(f.scanning_sequence)
+    if ("GR" in ss) != ("SE" in ss):
+        kind = "gradient" if "GR" in ss else "spin"
+        return kind, f"ScanningSequence {'/'.join(f.scanning_sequence)}"
+    if f.echo_pulse_sequence in ("GRADIENT", "SPIN"):
+        return f.echo_pulse_sequence.lower(), f"EchoPulseSequence {f.echo_pulse_sequence}"
+    name = f.sequence_name.lower()
+    gre, se = _GRE_EPI_NAME.search(name), _SE_EPI_NAME.search(name)
+    match = gre or se
+    if match is not None and not (gre and se):
+        kind = "gradient" if gre else "spin"
+        return kind, f"{match.group()!r} in SequenceName is {kind}-echo EPI"
     return None
 
 
@@ -204,7 +246,8 @@ def classify(
             else f"SeriesDescription {desc_q}"
         )
         return Classification(C.FIELDMAP, "B0 field map", f"{src} marks a field map", 0.9)
-    if _RE["fmri"].search(w) and ("EP" in f.scanning_sequence or not f.scanning_sequence):
+    epi = _epi_readout(f)
+    if _RE["fmri"].search(w) and (epi or not f.scanning_sequence):
         return Classification(
             C.FMRI,
             "BOLD EPI",
@@ -224,23 +267,70 @@ def classify(
             C.SWI, f"SWI {variant}", f"{src}; EchoTime {_fmt(f.echo_time)} ms", 0.95
         )
 
-    # EPI without diffusion weighting is functional imaging, not a structural contrast.
-    if "EP" in f.scanning_sequence:
-        if f.mosaic_slices or ctx.n_volumes > 1:
+    if epi:
+        return _epi(f, epi, ctx, desc_q)
+
+    return _structural(f, it, w, desc_q, dim)
+
+
+def _epi(f: FrameHeader, epi: str, ctx: SeriesContext, desc_q: str) -> Classification:
+    """EPI without diffusion weighting, a description or ImageType that names it.
+
+    Repeated volumes at the same slice positions are a time series: a dynamic susceptibility
+    contrast (DSC) perfusion run when a contrast agent was given, a functional run otherwise.
+    A single gradient-echo EPI volume is T2*-weighted (as in a stroke protocol's fast T2*).
+    """
+    n = ctx.n_volumes
+    if n > 1:
+        repeated = f"{epi}, {n} volumes at the same slice positions"
+        if f.contrast_agent:
             return Classification(
-                C.FMRI,
-                "EPI time series",
-                f"ScanningSequence EP without diffusion weighting, {'Siemens mosaic' if f.mosaic_slices else 'repeated volumes'}",
-                0.7,
+                C.PERFUSION,
+                "DSC perfusion (EPI time series with contrast)",
+                f"{repeated}, ContrastBolusAgent {f.contrast_agent!r}: a dynamic susceptibility contrast run",
+                0.85,
             )
+        return Classification(
+            C.FMRI,
+            "EPI time series",
+            f"{repeated}, no contrast agent, no diffusion weighting: a functional (BOLD) time series",
+            0.7,
+        )
+    echo = _epi_echo(f)
+    te = f"EchoTime {_fmt(f.echo_time)} ms"
+    if echo is None:
         return Classification(
             C.UNKNOWN,
             "",
-            f"ScanningSequence EP without diffusion weighting or a description that names it; SeriesDescription {desc_q}",
+            f"{epi}, one volume, no diffusion weighting, and no header says gradient or spin "
+            f"echo ({te}); SeriesDescription {desc_q}",
             0.0,
         )
-
-    return _structural(f, it, w, desc_q, dim)
+    kind, src = echo
+    said = "" if src in epi else f" ({src})"
+    if kind == "spin":
+        return Classification(
+            C.UNKNOWN,
+            "",
+            f"{epi}: one volume of spin-echo EPI{said} without diffusion weighting or a "
+            f"description that names it ({te}); SeriesDescription {desc_q}",
+            0.0,
+        )
+    if f.echo_time is not None and f.echo_time < 15:
+        return Classification(
+            C.UNKNOWN,
+            "",
+            f"{epi}: one gradient-echo EPI volume{said}, but {te} is too short for T2* "
+            f"weighting; SeriesDescription {desc_q}",
+            0.0,
+        )
+    return Classification(
+        C.T2STAR,
+        "gradient-echo EPI T2*-weighted",
+        f"{epi}: a single gradient-echo EPI volume{said}, {te}, no diffusion weighting: "
+        "T2*-weighted",
+        0.7 if f.echo_time is not None else 0.5,
+    )
 
 
 def _structural(f: FrameHeader, it: set[str], w: str, desc_q: str, dim: str) -> Classification:
@@ -257,6 +347,7 @@ def _structural(f: FrameHeader, it: set[str], w: str, desc_q: str, dim: str) -> 
         f"TR {_fmt(tr)} ms, TE {_fmt(te)} ms, TI {_fmt(ti)} ms"
     )
     hint = _hint(f"{f.description} {f.protocol}")
+    readout_only = hint is C.T2STAR and not _RE["t2star"].search(w)
     physics: SequenceClass | None = None
     detail = ""
     if inversion and ti is not None and ti >= 1400:
@@ -281,6 +372,9 @@ def _structural(f: FrameHeader, it: set[str], w: str, desc_q: str, dim: str) -> 
         elif tr >= 1500 and te < 40:
             physics, detail = C.PD, "proton-density"
 
+    if readout_only and physics is not None and physics is not C.T2STAR:
+        # The description names only the readout ('gre'), the acquisition names the contrast.
+        hint = None
     if physics is None and hint is None:
         return Classification(
             C.UNKNOWN, "", f"no rule matched: {tags}; SeriesDescription {desc_q}", 0.0

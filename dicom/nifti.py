@@ -414,7 +414,7 @@ def _series(path: Path, memory_cap: int) -> SeriesInfo:
     unique_b = sorted({round(b) for b in bvals})
     if len(unique_b) == 1 and header.b_value is None:
         header.b_value = float(unique_b[0])
-    ctx = SeriesContext(b_values=unique_b, n_stacks=1, n_files=1)
+    ctx = SeriesContext(b_values=unique_b, n_stacks=1, n_files=1, n_volumes=layout.n_volumes)
     result = classify([header], ctx, plane)
     series_uid = (sidecar.uid("SeriesInstanceUID") if sidecar else "") or (
         "nifti:" + hashlib.sha1(str(path.absolute()).encode("utf-8")).hexdigest()[:16]

@@ -438,14 +438,23 @@ _CORPUS_REF = {
         "siemens_xa30/Ref/7001_func-bold_task-fa_run-1.nii"
     ),
     "ge_pioneer/In/01_Ax_DWI_TENSOR_R2": "ge_pioneer/Ref/Ax_DWI_TENSOR_R2_1.nii",
+    "uih_umr770/In/DTI_132225/dti_tra_dir16_PA_rot_SaveBySlc__134057": (
+        "uih_umr770/Ref/dti_tra_dir16_PA_rot_12_132222.nii"
+    ),
 }
+
+
+def _label(corpus: Path, key: str) -> dict[str, Any]:
+    """labels.json entry of a series, supported ('series') or newly supported ('series_pending')."""
+    doc = json.loads((corpus / "labels.json").read_text())
+    return {**doc["series"], **doc["series_pending"]}[key]
 
 
 @pytest.mark.corpus
 @pytest.mark.parametrize("label_key", sorted(_CORPUS_REF))
 def test_corpus_ref_matches_labels(label_key: str) -> None:
     corpus = _corpus()
-    expected = json.loads((corpus / "labels.json").read_text())["series"][label_key]
+    expected = _label(corpus, label_key)
     s = _one(corpus / _CORPUS_REF[label_key])
     assert s.series_class.value == expected["class"], s.reason
     assert "sidecar" in s.reason
@@ -455,3 +464,51 @@ def test_corpus_ref_matches_labels(label_key: str) -> None:
     last = len(s.volumes) - 1
     vol = load_nifti_volume(s, last)
     assert vol.shape[:3] == tuple(s.shape[:3])
+
+
+# dcm2niix's affines carry the float32 rounding of the written positions: the tolerance of
+# tests/test_geometry.py (0.01 mm plus 1.1e-4 mm per slice).
+def _affine_tolerance(n_slices: int) -> float:
+    return 0.01 + 1.1e-4 * n_slices
+
+
+@pytest.mark.corpus
+def test_corpus_uih_dti_mosaics_match_dcm2niix() -> None:
+    """UIH 'VFRAME' mosaics (ImageType ...\\VFRAME, 320x256 = 5x4 tiles of 64x64, no
+    ImagePositionPatient) become a 64x64x20 DWI with 17 volumes: the voxels and the affine of
+    dcm2niix's reference, the b-values of its .bval and the directions of its .bvec."""
+    from dicom.pixels import load_volume
+
+    corpus = _corpus()
+    key = "uih_umr770/In/DTI_132225/dti_tra_dir16_PA_rot_SaveBySlc__134057"
+    ref_path = corpus / _CORPUS_REF[key]
+    ref = nib.as_closest_canonical(nib.load(ref_path))
+    ref_data = ref.get_fdata(dtype=np.float32)
+    assert ref_data.shape == (64, 64, 20, 17)
+    stacks = index_path(corpus / key).series
+    assert [s.series_class for s in stacks] == [SequenceClass.DWI] * 2, [s.reason for s in stacks]
+    # As for every vendor, the b=0 volume and the 16 diffusion directions are two stacks of one
+    # series (tests/test_index.py::test_siemens_819_file_dwi_splits_into_b0_and_directions).
+    b0, dw = stacks
+    assert b0.shape == [64, 64, 20] and dw.shape == [64, 64, 20, 16]
+    assert b0.plane is Plane.AXIAL and dw.plane is Plane.AXIAL
+    assert all(s.errors == [] and s.warnings == [] for s in stacks), [s.warnings for s in stacks]
+    # dcm2niix writes the actual b-value UIH stores in (0065,1009), not the nominal 0 / 1000.
+    bvals = np.loadtxt(ref_path.with_suffix(".bval"))
+    assert b0.b_values == [round(bvals[0])] and dw.b_values == [round(bvals[1])]
+    assert dw.n_directions == 16
+    # UIH's (0065,1037) direction is in the image frame; dcm2niix negates its second component
+    # for the flipped NIfTI rows.
+    bvecs = np.loadtxt(ref_path.with_suffix(".bvec"))
+    assert dw.volume_labels == [
+        "direction (" + ", ".join(f"{v:.3f}" for v in (x, -y, z)) + ")" for x, y, z in bvecs.T[1:]
+    ]
+    ours = [(b0, 0)] + [(dw, v) for v in range(16)]  # acquisition order, as dcm2niix's
+    worst = 0.0
+    for v, (s, i) in enumerate(ours):
+        canon = nib.as_closest_canonical(
+            nib.Nifti1Image(load_volume(s, i).data, np.array(s.affine))
+        )
+        assert np.array_equal(np.asanyarray(canon.dataobj), ref_data[..., v]), f"volume {v}"
+        worst = max(worst, float(np.abs(canon.affine - ref.affine).max()))
+    assert worst <= _affine_tolerance(20), f"affine differs from dcm2niix's by {worst:.5f} mm"

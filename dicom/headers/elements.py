@@ -109,6 +109,8 @@ NEEDED_PRIVATE = (
     (0x0019, 0x10BD),
     (0x0043, 0x1039),
     (0x2001, 0x1003),
+    (0x0065, 0x1009),
+    (0x0065, 0x1037),
 )
 # Present at the top level: the object needs pydicom's full parse (functional groups, codes).
 FALLBACK_KEYWORDS = (

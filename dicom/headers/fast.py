@@ -90,8 +90,8 @@ def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
         entry = _SERIES_MEMO.get(key)
         if entry is None:
             base = series_fields(path, ScannedDataset(scan, hidden=_NOT_SERIES), memory_cap)
-            if "MOSAIC" in base.image_type:
-                return None  # needs the CSA header: pydicom
+            if "MOSAIC" in base.image_type or "VFRAME" in base.image_type:
+                return None  # needs the CSA header or UIH's private sequence: pydicom
             if len(_SERIES_MEMO) >= _MAX_SERIES:
                 _SERIES_MEMO.clear()
             _SERIES_MEMO[key] = entry = (base, {})

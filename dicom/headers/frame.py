@@ -7,6 +7,7 @@ multi-frame splitters (dicom.headers.multiframe).
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -248,7 +249,36 @@ def _vendor_diffusion(
         elem = ds.get((0x2001, 0x1003))
         if elem is not None:
             b = _f(elem.value)
+    if is_uih(manufacturer):
+        # UIH (dcm2niix's UIH/README.md): (0065,1009) FD is the b-value the sequence applied
+        # ((0065,100A) the one chosen in the UI), (0065,1037) FD the gradient direction. As in
+        # dcm2niix, they win over the standard elements (rordenlab/dcm2niix#993).
+        elem = ds.get((0x0065, 0x1009))
+        b_uih = _fd(elem.value, 1) if elem is not None else None
+        if b_uih is not None:
+            b = b_uih[0]
+        elem = ds.get((0x0065, 0x1037))
+        d_uih = _fd(elem.value, 3) if elem is not None else None
+        if d_uih is not None:
+            direction = d_uih
     return b, direction
+
+
+def is_uih(manufacturer: str) -> bool:
+    """United Imaging Healthcare writes Manufacturer 'UIH'."""
+    m = manufacturer.upper()
+    return "UIH" in m or "UNITED IMAGING" in m
+
+
+def _fd(value: Any, n: int) -> tuple[float, ...] | None:
+    """``n`` FD values, also when an implicit-VR file leaves a private element as raw bytes."""
+    if isinstance(value, bytes):
+        if len(value) != 8 * n:
+            return None
+        value = struct.unpack(f"<{n}d", value)
+    elif n == 1 and not isinstance(value, list | tuple | pydicom.multival.MultiValue):
+        value = [value]
+    return _floats(value, n)
 
 
 # Elements whose values usually change from file to file within a series, in three tiers.
@@ -278,6 +308,8 @@ VOLUME_PRIVATE_TAGS = (
     (0x0019, 0x10BD),
     (0x0043, 0x1039),
     (0x2001, 0x1003),
+    (0x0065, 0x1009),
+    (0x0065, 0x1037),
 )
 VOLUME_FIELDS = (
     "acquisition_number",

@@ -1,4 +1,5 @@
-"""Frames of multi-frame objects: enhanced objects (functional groups) and Siemens mosaics.
+"""Frames of multi-frame objects: enhanced objects (functional groups), Siemens mosaics and
+UIH grids ('VFRAME' mosaics).
 
 Split from dicom.headers.read, which calls these for the objects that need them; both read the
 whole header with pydicom (the fast scanner hands these objects over).
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence
 
 from dicom.headers.frame import FrameHeader, _cs, _f, _first_item, _floats, _group_value, _i, _s
 
@@ -42,6 +44,48 @@ def _mosaic_tiles(ds: Dataset) -> tuple[int, tuple[float, float, float]] | None:
     if not n or normal is None:
         return None
     return int(n), (float(normal[0]), float(normal[1]), float(normal[2]))
+
+
+def uih_grid_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
+    """A UIH grid's tiles, or the grid as one frame when its private header does not place them.
+
+    United Imaging stores a DTI or fMRI volume per file as a grid (ImageType ending VFRAME) and
+    documents it (dcm2niix's UIH/README.md, from rordenlab/dcm2niix#225): (0065,1050) holds
+    the number of slices n, laid out ceil(sqrt(n)) tiles across and ceil(n / across) down, and
+    item k of the sequence (0065,1051) holds the ImagePositionPatient of tile k. There is no
+    top-level position, and unlike a Siemens mosaic's, each position is the tile's own corner.
+    """
+    grid = _uih_grid(base, ds)
+    if grid is None:
+        return [base]
+    n, positions = grid
+    across = math.ceil(math.sqrt(n))
+    rows, cols = base.rows // math.ceil(n / across), base.cols // across
+    return [
+        replace(base, frame=k, extras={}, rows=rows, cols=cols, position=pos, mosaic_slices=n)
+        for k, pos in enumerate(positions)
+    ]
+
+
+def _uih_grid(base: FrameHeader, ds: Dataset) -> tuple[int, list[tuple[float, ...]]] | None:
+    """Number of tiles of a UIH grid and the position of each, from the 'Image Private Header'."""
+    try:
+        block = ds.private_block(0x0065, "Image Private Header")
+    except KeyError:
+        return None
+    if 0x50 not in block or 0x51 not in block:
+        return None
+    n = _i(block[0x50].value)
+    items = block[0x51].value
+    if not n or n < 1 or not isinstance(items, Sequence) or len(items) != n:
+        return None
+    across = math.ceil(math.sqrt(n))
+    if base.cols % across or base.rows % math.ceil(n / across):
+        return None
+    positions = [_floats(item.get("ImagePositionPatient"), 3) for item in items]
+    if any(p is None for p in positions):
+        return None
+    return n, [p for p in positions if p is not None]
 
 
 def enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:

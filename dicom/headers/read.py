@@ -1,8 +1,8 @@
 """Header-only reading of one file: one FrameHeader per 2D image it holds.
 
 Classic objects give one frame; enhanced multi-frame objects give one per frame, with the
-per-frame and shared functional groups flattened; Siemens mosaics give one per tile.
-No pixel data is read here. The fast scanner (dicom.headers.fast) reads most files; pydicom
+per-frame and shared functional groups flattened; Siemens mosaics and UIH grids give one per
+tile. No pixel data is read here. The fast scanner (dicom.headers.fast) reads most files; pydicom
 reads the rest, and every file the scanner finds an error in.
 """
 
@@ -31,7 +31,7 @@ from dicom.headers.frame import (
     series_fields,
     set_file_fields,
 )
-from dicom.headers.multiframe import enhanced_frames, mosaic_frames
+from dicom.headers.multiframe import enhanced_frames, mosaic_frames, uih_grid_frames
 from dicom.sources import is_plain_file, open_source
 
 
@@ -105,4 +105,6 @@ def _frames_from_dataset(
         return enhanced_frames(base, ds)
     if "MOSAIC" in base.image_type:
         return mosaic_frames(base, ds)
+    if "VFRAME" in base.image_type:
+        return uih_grid_frames(base, ds)
     return [base]
