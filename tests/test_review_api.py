@@ -155,7 +155,9 @@ def test_review_routes_survive_fuzzed_input(data: Path) -> None:
     ops = [
         op
         for op in (r.ok() for r in schema.get_all_operations())
-        if op.path.startswith("/review") and not op.path.endswith(("/reissue", "summary.pdf"))
+        # re-issue and the viewer's resolver talk to Orthanc (none here: they answer 502)
+        if op.path.startswith("/review")
+        and not op.path.endswith(("/reissue", "summary.pdf", "/viewer/open"))
     ]
     assert len(ops) >= 12
     for op in ops:

@@ -12,10 +12,12 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pydicom
 import pytest
 from dciodvfy import assert_dciodvfy_clean
@@ -23,6 +25,8 @@ from gateway_process import Gateway, running_gateway, send
 from openai_server import OpenAIServer, Script
 from orthanc_fixture import OrthancServer
 from phantom_fixture import PhantomSuite
+from PIL import Image
+from viewer_fixture import needs_viewer
 
 from gateway.auth import Role, TokenStore
 
@@ -96,6 +100,7 @@ def setup(orthanc_server: OrthancServer, phantom_suite: PhantomSuite,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:  # fmt: skip
     if not Path(CHROMIUM).exists():
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    needs_viewer()
     tmp = tmp_path_factory.mktemp("verified-e2e")
     routing = tmp / "routing.yaml"
     routing.write_text(
@@ -148,6 +153,16 @@ def _shot(page, name: str, full_page: bool = True, at=None) -> None:  # type: ig
     shutil.copyfile(ARTIFACTS / name, SCREENSHOTS / name)
 
 
+def _centre_std(page) -> float:  # type: ignore[no-untyped-def]
+    """Grey-level spread of the middle half of the viewer's canvas, as it is on screen."""
+    box = page.locator("canvas.cornerstone-canvas").first.bounding_box()
+    assert box is not None
+    clip = {"x": box["x"] + box["width"] / 4, "y": box["y"] + box["height"] / 4,
+            "width": box["width"] / 2, "height": box["height"] / 2}  # fmt: skip
+    grey = np.asarray(Image.open(io.BytesIO(page.screenshot(clip=clip))).convert("L"), float)
+    return float(grey.std())
+
+
 def _documents(gw: Gateway, study_uid: str) -> list[pydicom.Dataset]:
     study_id = gw.orthanc.find_study(study_uid)
     assert study_id is not None
@@ -195,6 +210,20 @@ def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> 
         # the identifiers are in their own labelled panel, not above the record
         assert str(head.AccessionNumber) in page.inner_text("#hospital")
         assert str(head.AccessionNumber) not in page.inner_text("#model-saw ~ div")
+
+        # The review page's own links open the real viewer at the tile's slice: pixels render.
+        assert block.locator('tr[data-item="finding.1"] a.viewer-link').count() == 1
+        with page.expect_popup() as popup:
+            page.locator(".thumb a.viewer-link").first.click()
+        viewer = popup.value
+        viewer.wait_for_url(re.compile(r"/review/viewer/viewer\?"), timeout=60_000)
+        viewer.locator("canvas.cornerstone-canvas").first.wait_for(timeout=60_000)
+        deadline, spread = time.monotonic() + 30, 0.0
+        while spread < 20 and time.monotonic() < deadline:
+            spread = _centre_std(viewer)
+            time.sleep(0.25)
+        assert spread >= 20, f"the viewer's centre is uniform (std {spread:.1f})"
+        viewer.close()
 
         # The whole block in one go: one radio click per changed item, then one save that
         # accepts the rest (4 clicks and the correction typed; 2 more to sign off).

@@ -122,17 +122,17 @@ class ReviewView:
     is_admin: bool = False
     missing: list[str] = field(default_factory=list)  # block items without my verdict
     verification: Verification | None = None  # signed reviews combined (disputes, outcome)
-    # a link into the DICOM viewer: (study UID, series UID or None, slice position mm or None)
-    viewer: Callable[[str, str | None, float | None], str] | None = None
+    # a link into the DICOM viewer: (study UID, series UID or None, slice position mm or None,
+    # the plane that position is along or None); "" when there is none to give
+    viewer: Callable[[str, str | None, float | None, str | None], str] | None = None
 
     def image_link(self, image: ImageItem, checklist: CaseChecklist) -> str | None:
         """The viewer at the series and slice an image shows (a montage: its middle tile)."""
         if self.viewer is None or not image.series_uid or not checklist.study_uids:
             return None
         pos = image.slice_positions_mm
-        return self.viewer(
-            checklist.study_uids[0], image.series_uid, pos[len(pos) // 2] if pos else None
-        )
+        middle = pos[len(pos) // 2] if pos else None
+        return self.viewer(checklist.study_uids[0], image.series_uid, middle, image.plane) or None
 
     def finding_link(self, finding: Finding, checklist: CaseChecklist) -> str | None:
         """The viewer at the series of the finding's sequence, at the slice the model was shown

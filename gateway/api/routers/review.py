@@ -9,6 +9,7 @@ import secrets
 import threading
 from collections.abc import Callable
 from typing import Annotated
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, HTTPException, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -33,6 +34,7 @@ from evaluation import (
 )
 from gateway.api.deps import Ctx
 from gateway.auth import Role
+from gateway.cache import InvalidUIDError, check_uid
 from gateway.orthanc import OrthancError
 from gateway.reissue import ReissueError
 from gateway.review_actions import (
@@ -60,6 +62,8 @@ from gateway.review_auth import (
 )
 from gateway.review_queue import CaseStatus, queue
 from gateway.review_service import ReportNotFoundError, ReviewService
+from gateway.viewer import BASE as VIEWER_BASE
+from gateway.viewer import OHIF_ROUTE, PLANES, viewer_open_url
 
 BASE = "/review"
 router = APIRouter(prefix=BASE, tags=["review"], include_in_schema=True)
@@ -266,6 +270,18 @@ def export(ctx: Ctx, request: Request, report: Report, fmt: str) -> Response:
     raise _missing("export format (csv or json)")
 
 
+def viewer_link(study: str, series: str | None, z: float | None, plane: str | None) -> str:
+    """The review page's link into the DICOM viewer (the study, or a series at a slice)."""
+    try:
+        if series is None:
+            return f"{VIEWER_BASE}/{OHIF_ROUTE}?" + urlencode(
+                {"StudyInstanceUIDs": check_uid(study)}
+            )
+        return viewer_open_url(study, series, z, plane if plane in PLANES else None)
+    except (InvalidUIDError, ValueError):
+        return ""
+
+
 def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str,
                message: str = "", error: bool = False, code: int = 200) -> Response:  # fmt: skip
     svc = service(ctx, request)
@@ -281,6 +297,7 @@ def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str
     rv.is_admin = who.role is Role.ADMIN
     rv.missing = missing_items(cu.blocks, rv.mine)
     rv.verification = cu.verification
+    rv.viewer = viewer_link
     signer = rv.verification.signed_by(who.name)
     rv.can_reissue = bool(rv.verification.complete and cl.study_uids and (signer or rv.is_admin))
     body = render_checklist(cl, images, review=rv, message=message, message_error=error)
