@@ -17,6 +17,7 @@ CASES = [
     ("enhanced_mr/Ref", "enhanced_mr/In"),
     ("ge_pioneer/Ref", "ge_pioneer/In"),
     ("transfer_syntaxes/Ref", "transfer_syntaxes/In"),
+    ("uih_umr770/Ref", "uih_umr770/In"),  # UIH grid mosaics
 ]
 # ImagePositionPatient is a DS string (at most 16 characters, so "-100.424", "-98.4239"):
 # dcm2niix takes the slice step from the first two positions, in float32, and carries it down
