@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pydicom
 import pytest
 from dciodvfy import assert_dciodvfy_clean
@@ -25,8 +24,7 @@ from gateway_process import Gateway, running_gateway, send
 from openai_server import OpenAIServer, Script
 from orthanc_fixture import OrthancServer
 from phantom_fixture import PhantomSuite
-from PIL import Image
-from viewer_fixture import needs_viewer
+from viewer_fixture import centre_std, needs_viewer
 
 from gateway.auth import Role, TokenStore
 
@@ -153,16 +151,6 @@ def _shot(page, name: str, full_page: bool = True, at=None) -> None:  # type: ig
     shutil.copyfile(ARTIFACTS / name, SCREENSHOTS / name)
 
 
-def _centre_std(page) -> float:  # type: ignore[no-untyped-def]
-    """Grey-level spread of the middle half of the viewer's canvas, as it is on screen."""
-    box = page.locator("canvas.cornerstone-canvas").first.bounding_box()
-    assert box is not None
-    clip = {"x": box["x"] + box["width"] / 4, "y": box["y"] + box["height"] / 4,
-            "width": box["width"] / 2, "height": box["height"] / 2}  # fmt: skip
-    grey = np.asarray(Image.open(io.BytesIO(page.screenshot(clip=clip))).convert("L"), float)
-    return float(grey.std())
-
-
 def _documents(gw: Gateway, study_uid: str) -> list[pydicom.Dataset]:
     study_id = gw.orthanc.find_study(study_uid)
     assert study_id is not None
@@ -220,7 +208,7 @@ def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> 
         viewer.locator("canvas.cornerstone-canvas").first.wait_for(timeout=60_000)
         deadline, spread = time.monotonic() + 30, 0.0
         while spread < 20 and time.monotonic() < deadline:
-            spread = _centre_std(viewer)
+            spread = centre_std(viewer)
             time.sleep(0.25)
         assert spread >= 20, f"the viewer's centre is uniform (std {spread:.1f})"
         viewer.close()

@@ -6,7 +6,6 @@ lands on the sign-in page and no image is shown. The screenshot goes to docs/scr
 
 from __future__ import annotations
 
-import io
 import re
 import shutil
 import time
@@ -14,13 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 from gateway_process import Gateway, running_gateway
 from orthanc_fixture import OrthancServer
 from phantom_fixture import PhantomSuite
-from PIL import Image
-from viewer_fixture import StoredStudy, needs_viewer, stored
+from viewer_fixture import StoredStudy, centre_std, needs_viewer, stored
 
 from dicom import RenderOptions, render_path
 from gateway.auth import Role, TokenStore
@@ -108,16 +105,6 @@ def _instance_number(page) -> int:  # type: ignore[no-untyped-def]
     return int(match.group(1))
 
 
-def _centre_std(page) -> float:  # type: ignore[no-untyped-def]
-    """Grey-level spread of the middle half of the viewport's canvas, as it is on screen."""
-    box = page.locator("canvas.cornerstone-canvas").first.bounding_box()
-    assert box is not None
-    clip = {"x": box["x"] + box["width"] / 4, "y": box["y"] + box["height"] / 4,
-            "width": box["width"] / 2, "height": box["height"] / 2}  # fmt: skip
-    grey = np.asarray(Image.open(io.BytesIO(page.screenshot(clip=clip))).convert("L"), float)
-    return float(grey.std())
-
-
 def test_without_a_session_the_link_lands_on_sign_in_and_shows_no_image(chromium, site: Site) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
     console: list[str] = []
     ctx, page = _page(chromium(), console)
@@ -153,9 +140,9 @@ def test_a_reviewer_opens_the_tiles_slice_and_scrolls_the_series(chromium, site:
         expected = site.study.nearest(site.tile_z)
         assert expected.number != site.study.slices[len(site.study.slices) // 2].number
         deadline = time.monotonic() + 30
-        while _centre_std(page) < 20 and time.monotonic() < deadline:
+        while centre_std(page) < 20 and time.monotonic() < deadline:
             time.sleep(0.25)  # frames still arriving / rendering
-        spread = _centre_std(page)
+        spread = centre_std(page)
         assert spread >= 20, f"the viewport's centre is uniform (std {spread:.1f})"
         assert _instance_number(page) == expected.number
         loaded_s = time.monotonic() - t0
@@ -178,7 +165,7 @@ def test_a_reviewer_opens_the_tiles_slice_and_scrolls_the_series(chromium, site:
         while _instance_number(page) == expected.number and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _instance_number(page) != expected.number
-        assert _centre_std(page) >= 20
+        assert centre_std(page) >= 20
         csp = [m for m in console if "Content Security Policy" in m or "Refused to" in m]
         assert not csp, csp
         assert not [m for m in console if m.startswith("pageerror")], console

@@ -4,12 +4,15 @@ slices are (read from the files, not through the code under test)."""
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pydicom
 import pytest
+from PIL import Image
 
 from gateway.orthanc import OrthancClient
 from gateway.settings import Settings
@@ -73,3 +76,14 @@ def stored(orthanc: OrthancClient, case_dir: Path) -> Iterator[StoredStudy]:
         study_id = orthanc.find_study(study.study_uid)
         if before is None and study_id is not None:
             orthanc.api.delete(f"{orthanc.url}/studies/{study_id}")
+
+
+def centre_std(page) -> float:  # type: ignore[no-untyped-def]
+    """Grey-level spread of the middle half of the viewer's canvas, as it is on screen: a
+    rendered slice is far from uniform (std >= 20), a blank or error viewport is not."""
+    box = page.locator("canvas.cornerstone-canvas").first.bounding_box()
+    assert box is not None
+    clip = {"x": box["x"] + box["width"] / 4, "y": box["y"] + box["height"] / 4,
+            "width": box["width"] / 2, "height": box["height"] / 2}  # fmt: skip
+    grey = np.asarray(Image.open(io.BytesIO(page.screenshot(clip=clip))).convert("L"), float)
+    return float(grey.std())
