@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import stat
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +20,34 @@ _SKIP_SUFFIXES = {".nii", ".json", ".bval", ".bvec", ".txt", ".md", ".png", ".jp
 _SKIP_NAMES = {"LICENSE", "DICOMDIR", ".DS_Store", "README"}
 
 
+class NotRegularFileError(OSError):
+    """A path that is not a regular file (a named pipe, a device, a socket): never read."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISDIR, "a folder"))  # fmt: skip
+
+
+def check_regular(path: str | Path) -> None:
+    """Raise ``NotRegularFileError`` unless ``path`` (symlinks followed) is a regular file:
+    opening a named pipe blocks forever, reading /dev/zero never ends."""
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode):
+        return
+    what = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    raise NotRegularFileError(f"{path} is {what}: only regular files are read")
+
+
 def iter_sources(path: str | Path) -> Iterator[str]:
-    """Yield every candidate DICOM source below ``path`` in a stable (sorted) order."""
+    """Yield every candidate DICOM source below ``path`` in a stable (sorted) order.
+
+    Special files (named pipes, devices, sockets) are yielded too, so that reading them gives
+    a per-file error (``open_source`` refuses them before opening) instead of a silent skip."""
     p = Path(path)
+    if p.exists() and not p.is_dir() and not p.is_file():
+        yield str(p)  # a special file given directly: an error, not an empty result
+        return
     if p.is_file():
         if zipfile.is_zipfile(p) and not _looks_like_dicom(p):
             yield from _zip_members(p)
@@ -40,7 +66,7 @@ def iter_sources(path: str | Path) -> Iterator[str]:
             if os.path.splitext(name)[1].lower() in _SKIP_SUFFIXES or name.endswith(".nii.gz"):
                 continue
             full = name if base == "." else os.path.join(base, name)
-            if name.lower().endswith(".zip") and zipfile.is_zipfile(full):
+            if name.lower().endswith(".zip") and os.path.isfile(full) and zipfile.is_zipfile(full):
                 yield from _zip_members(Path(full))
             else:
                 yield full
@@ -73,6 +99,7 @@ def open_source(source: str, max_bytes: int | None = None) -> BinaryIO:
 
     ``max_bytes`` bounds the in-memory size of a decompressed member (zip bombs).
     """
+    check_regular(source.split(ZIP_SEP, 1)[0])
     if ZIP_SEP in source:
         archive, member = source.split(ZIP_SEP, 1)
         with zipfile.ZipFile(archive) as zf:

@@ -75,7 +75,7 @@ def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
     """
     plain = is_plain_file(path)
     try:
-        with open(path, "rb") if plain else open_source(path, 4 * memory_cap) as fp:
+        with open_source(path, 4 * memory_cap) as fp:
             size = os.fstat(fp.fileno()).st_size if plain else fp.seek(0, os.SEEK_END)
             fp.seek(0)
             scan = scan_file(fp, size)

@@ -37,7 +37,8 @@ def inspect(
 
     With --json, prints a JSON list: one object per series stack (class, reason, plane, shape,
     spacing, affine as 4x4 RAS, n_files, errors...), then one object per file that could not be
-    used, with "class": "ERROR" and its message in "errors".
+    used, with "class": "ERROR" and its message in "errors". Exits 1 when nothing under PATH
+    could be read (every file an error), 2 when PATH does not exist.
     """
     from dicom import index_path
 
@@ -66,6 +67,8 @@ def inspect(
             )
         json.dump(rows, sys.stdout, indent=2)
         sys.stdout.write("\n")
+        if not result.series and result.errors:
+            raise typer.Exit(1)
         return
     table = Table(title=f"{len(result.series)} series stack(s) in {result.n_files} file(s)")
     for col in ("series", "class", "plane", "shape", "spacing mm", "files", "reason"):
@@ -91,6 +94,8 @@ def inspect(
         for e in result.errors:
             err.add_row(e.kind, escape(e.message))
         Console().print(err)
+    if not result.series and result.errors:
+        raise typer.Exit(1)  # nothing under PATH could be read
 
 
 def render(
