@@ -38,6 +38,60 @@ async def _send_json(send: Send, status: int, detail: str) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+class _NotJsonNumber(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _NotJsonNumber(name)
+
+
+class StrictJson:
+    """A JSON request body with NaN or Infinity (which Python's parser accepts but JSON has
+    not) is refused with 422 before any handler sees it. Bodies are already bounded by
+    ``BodyLimit``, which wraps this."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        ctype = dict(scope.get("headers", [])).get(b"content-type", b"")
+        if not ctype.split(b";")[0].strip().lower().endswith(b"json"):
+            await self.app(scope, receive, send)
+            return
+        chunks, more = [], True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                await self.app(scope, receive, send)  # disconnected: let the app see it
+                return
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            json.loads(body, parse_constant=_refuse_constant)
+        except _NotJsonNumber as exc:
+            await _send_json(
+                send, 422, f"{exc} is not a JSON number: send finite numbers (no NaN, no Infinity)"
+            )
+            return
+        except ValueError:
+            pass  # not JSON at all: the handler's validation says so
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 class BodyLimit:
     """Refuse request bodies over ``max_bytes`` (413), by header and by counting the stream."""
 
