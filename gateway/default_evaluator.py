@@ -103,13 +103,14 @@ class DefaultEvaluator:
         index = index_path(study_dir, workers=1)
         if not index.series:
             raise ValueError("no DICOM series in the study folder")
-        study_uid = index.series[0].study_uid
         routed = [s for s in index.series if s.series_class.value in route.series_classes]
         if not routed:
             found = sorted({s.series_class.value for s in index.series})
             raise ValueError(
                 f"no series of the routed classes {route.series_classes}; found {found}"
             )
+        # the evaluated images' study (a non-image object is listed without one, sorted first)
+        study_uid = routed[0].study_uid
         case_id = f"study-{study_uid[-16:]}"
         dataset_dir = work_dir / "dataset"
         case_dir = dataset_dir / case_id

@@ -366,3 +366,26 @@ def test_generate_uid_is_used_for_new_objects() -> None:
     uid = generate_uid()
     assert series_uid_for(uid, "sr") == series_uid_for(uid, "sr") != series_uid_for(uid, "pdf")
     assert os.sep not in series_uid_for(uid, "sr")
+
+
+def test_a_non_image_object_in_the_study_never_hides_its_study_uid(tmp_path: Path) -> None:
+    """XA30 carries a Phoenix protocol (SR, Raw Data) that the index lists as a NON_IMAGE series
+    without a study UID, sorted first: the case must still be the study's ("study-" was)."""
+    study = make_study(tmp_path / "study" / "mr", classes=("FLAIR",), n_slices=6)
+    raw = pydicom.Dataset()
+    raw.file_meta = pydicom.dataset.FileMetaDataset()
+    raw.file_meta.MediaStorageSOPClassUID = "1.2.840.10008.5.1.4.1.1.66"  # Raw Data Storage
+    raw.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    raw.file_meta.TransferSyntaxUID = pydicom.uid.ExplicitVRLittleEndian
+    raw.SOPClassUID, raw.SOPInstanceUID = "1.2.840.10008.5.1.4.1.1.66", generate_uid()
+    raw.StudyInstanceUID, raw.SeriesInstanceUID = study.study_uid, generate_uid()
+    raw.Modality = "OT"
+    (tmp_path / "study" / "phoenix").mkdir()
+    raw.save_as(tmp_path / "study" / "phoenix" / "raw.dcm", enforce_file_format=True)
+    route = Route(rule="t", models=["reference/image-rules"], tasks=[TaskFamily.LESION],
+                  series_classes=["FLAIR"])  # fmt: skip
+    work = tmp_path / "runs" / ("1" * 32)
+    result = DefaultEvaluator(Settings(data_dir=tmp_path)).evaluate(tmp_path / "study", route, work)
+    assert result.study_uid == study.study_uid
+    assert result.run.cases[0].case_id == f"study-{study.study_uid[-16:]}"
+    assert result.run.cases[0].provenance.study_uids == [study.study_uid]
