@@ -4,6 +4,7 @@ from .classify import classify as classify
 from .deid import Deidentifier as Deidentifier
 from .deid import DeidPolicy as DeidPolicy
 from .errors import ImagingError as ImagingError
+from .geometry import slice_centre as slice_centre
 from .headers.batch import read_headers as read_headers
 from .headers.frame import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
 from .identity import HeaderIdentity as HeaderIdentity

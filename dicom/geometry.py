@@ -31,7 +31,7 @@ class StackGeometry:
 
 
 def geometry_problem(
-    orientation: Sequence[float], pixel_spacing: Sequence[float] | None
+    orientation: Sequence[float] | np.ndarray, pixel_spacing: Sequence[float] | np.ndarray | None
 ) -> str | None:
     """Why a stack's header cannot place its pixels in space, or None.
 
@@ -66,8 +66,29 @@ def affine_problem(affine: np.ndarray) -> str | None:
     return None
 
 
-def _show(values: Sequence[float] | None) -> str:
-    return "\\".join(f"{float(v):g}" for v in list(values or [])[:6]) or "(none)"
+def _show(values: Sequence[float] | np.ndarray | None) -> str:
+    shown = list(values)[:6] if values is not None else []
+    return "\\".join(f"{float(v):g}" for v in shown) or "(none)"
+
+
+def slice_centre(
+    orientation: Sequence[float] | np.ndarray,
+    position: Sequence[float] | np.ndarray,
+    pixel_spacing: Sequence[float] | np.ndarray,
+    rows: int,
+    cols: int,
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(centre of one slice in RAS mm, unit slice normal in RAS), as the renderer labels tiles;
+    None when the header cannot place the slice (``geometry_problem``). The spacing's sign is
+    ignored, as everywhere: the directions are the orientation's."""
+    if geometry_problem(orientation, pixel_spacing) is not None:
+        return None
+    o = np.asarray(list(orientation), dtype=float)
+    dr, dc = abs(float(pixel_spacing[0])), abs(float(pixel_spacing[1]))  # rows, columns
+    centre = np.asarray(position, dtype=float) + o[:3] * (cols - 1) / 2 * dc
+    centre = centre + o[3:] * (rows - 1) / 2 * dr
+    flip = LPS_TO_RAS.diagonal()[:3]
+    return centre * flip, slice_normal(list(o)) * flip
 
 
 def slice_normal(orientation: Sequence[float]) -> np.ndarray:

@@ -21,6 +21,7 @@ from evaluation import (
     Verdict,
     Verification,
     VerifiedBlock,
+    case_slug,
     case_verification,
     decision,
     digest,
@@ -85,6 +86,25 @@ def open_case(svc: ReviewService, report: str, slug: str) -> CaseUnderReview:
         blocks=report_blocks(run.samples_of(case_id)),
         reviews=svc.store.reviews(run.run_id, case_id),
     )
+
+
+def open_cases(svc: ReviewService, report: str) -> list[CaseUnderReview]:
+    """Every case of a report folder (the queue), the run's reviews read once for all."""
+    run = svc.run(report)
+    by_case: dict[str, list[CaseReview]] = {}
+    for r in svc.store.reviews(run.run_id):
+        by_case.setdefault(r.case_id, []).append(r)
+    return [
+        CaseUnderReview(
+            report=report,
+            slug=case_slug(c.case_id),
+            run=run,
+            case_id=c.case_id,
+            blocks=report_blocks(run.samples_of(c.case_id)),
+            reviews=by_case.get(c.case_id, []),
+        )
+        for c in run.cases
+    ]
 
 
 def _event(who: Reviewer, cu: CaseUnderReview, action: Action, **kw: object) -> ReviewEvent:

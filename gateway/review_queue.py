@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from evaluation import case_slug, missing_items
-from gateway.review_actions import CaseUnderReview, open_case
+from evaluation import Case, missing_items
+from gateway.review_actions import CaseUnderReview, open_cases
 from gateway.review_auth import Reviewer
 from gateway.review_service import ReportNotFoundError, ReviewService
 from gateway.runs import RunStatus, StudyRunStore
@@ -65,10 +65,7 @@ def _status(cu: CaseUnderReview) -> CaseStatus:
     return CaseStatus.TO_REVIEW
 
 
-def _case_row(svc: ReviewService, who: Reviewer, report: str, case_id: str) -> QueueRow:
-    cu = open_case(svc, report, case_slug(case_id))
-    run = cu.run
-    case = next(c for c in run.cases if c.case_id == case_id)
+def _case_row(cu: CaseUnderReview, case: Case, who: Reviewer) -> QueueRow:
     ident = case.provenance.identity
     mine = cu.mine(who)
     total = sum(len(b.items) for b in cu.blocks)
@@ -77,18 +74,19 @@ def _case_row(svc: ReviewService, who: Reviewer, report: str, case_id: str) -> Q
         state = "signed off" if mine.signed_off_at else "in progress"
     return QueueRow(
         status=_status(cu),
-        created_at=run.created_at or "",
-        report=report,
-        run_id=run.run_id,
-        case_id=case_id,
+        created_at=cu.run.created_at or "",
+        report=cu.report,
+        run_id=cu.run.run_id,
+        case_id=cu.case_id,
         slug=cu.slug,
         patient=ident.patient_name if ident else "",
         patient_id=(ident.patient_id if ident else "") or (case.patient_id or ""),
         accession=ident.accession_number if ident else "",
         study_date=ident.study_date if ident else "",
-        modalities=ident.modalities if ident and ident.modalities else _modalities(case),
+        modalities=(ident.modalities if ident else [])
+        or sorted({i.modality for i in case.images if i.modality}),
         n_series=ident.n_series if ident else None,
-        models=[b.model for b in cu.blocks] or run.models,
+        models=[b.model for b in cu.blocks] or cu.run.models,
         reviewed=total - len(missing_items(cu.blocks, mine)),
         total=total,
         mine=state,
@@ -101,21 +99,16 @@ def _case_row(svc: ReviewService, who: Reviewer, report: str, case_id: str) -> Q
     )
 
 
-def _modalities(case: object) -> list[str]:
-    images = getattr(case, "images", [])
-    return sorted({i.modality for i in images if getattr(i, "modality", None)})
-
-
 def case_rows(svc: ReviewService, who: Reviewer, report: str | None = None) -> list[QueueRow]:
     """The cases of one report (``report``) or of every report; unreadable ones are skipped."""
-    reports = [(report, svc.run(report))] if report else svc.reports()
+    names = [report] if report else [name for name, _ in svc.reports()]
     rows = []
-    for name, run in reports:
-        for c in run.cases:
-            try:
-                rows.append(_case_row(svc, who, name, c.case_id))
-            except (ReportNotFoundError, StopIteration):
-                continue
+    for name in names:
+        try:
+            opened = zip(open_cases(svc, name), svc.run(name).cases, strict=True)
+        except ReportNotFoundError:
+            continue
+        rows += [_case_row(cu, case, who) for cu, case in opened]
     return rows
 
 

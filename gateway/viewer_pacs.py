@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from pydicom.dataset import Dataset
 
+from dicom import slice_centre
 from gateway.viewer import DICOMWEB_ROOT, PLANES
 
 _UID = r"[0-9]+(?:\.[0-9]+)*"
@@ -96,18 +97,7 @@ def _centre_ras(ds: Dataset) -> tuple[np.ndarray, np.ndarray] | None:
     rows, cols = ds.get("Rows"), ds.get("Columns")
     if ipp is None or iop is None or spacing is None or not rows or not cols:
         return None
-    row_dir, col_dir = iop[:3], iop[3:]
-    normal = np.cross(row_dir, col_dir)
-    if not np.linalg.norm(normal) > 0:
-        return None
-    # PixelSpacing is (between rows, between columns); the centre as the renderer labels it.
-    centre = (
-        ipp
-        + row_dir * (int(cols) - 1) / 2 * spacing[1]
-        + col_dir * (int(rows) - 1) / 2 * spacing[0]
-    )
-    lps_to_ras = np.array([-1.0, -1.0, 1.0])
-    return centre * lps_to_ras, normal / np.linalg.norm(normal) * lps_to_ras
+    return slice_centre(iop, ipp, spacing, int(rows), int(cols))
 
 
 def _number(ds: Dataset) -> int:

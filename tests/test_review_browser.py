@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from browser import CHROMIUM, FLAGS
 from report_fixtures import BAD, XSS_MODEL, XSS_NOTE, XSS_SERIES, build_run
 
 from evaluation.reports.bundle import write_report
@@ -25,9 +26,6 @@ from gateway.pacs_local import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 playwright = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 

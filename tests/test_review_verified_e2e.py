@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pydicom
 import pytest
+from browser import CHROMIUM, FLAGS
 from dciodvfy import assert_dciodvfy_clean
 from gateway_process import Gateway, running_gateway, send
 from openai_server import OpenAIServer, Script
@@ -30,8 +31,6 @@ from gateway.auth import Role, TokenStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 playwright = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 SCREENSHOTS = Path(__file__).resolve().parents[1] / "docs" / "screenshots"
 MODEL = "ward-vlm"

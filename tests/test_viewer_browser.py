@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from browser import CHROMIUM, FLAGS
 from gateway_process import Gateway, running_gateway
 from orthanc_fixture import OrthancServer
 from phantom_fixture import PhantomSuite
@@ -25,9 +26,6 @@ from gateway.viewer import viewer_open_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(240)]
 playwright = pytest.importorskip("playwright.sync_api")
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "tests" / "artifacts"
 SCREENSHOTS = ROOT / "docs" / "screenshots"

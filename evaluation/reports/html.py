@@ -210,7 +210,6 @@ def render_checklist(
             summary_href=summary_href,
             block_keys={k for b in checklist.blocks for k in b.answer_keys},
             kinds=ItemKind,
-            when=_local_time,
             **_base(review, print_mode, message, message_error),
         )
     )
@@ -253,7 +252,6 @@ def render_verified(
             v=verification,
             people=verification.verifiers,
             organization=organization,
-            when=_local_time,
             **_base(None, True, "", False),
         )
     )

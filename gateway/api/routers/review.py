@@ -17,7 +17,9 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse,
 
 from evaluation import (
     Action,
+    CaseChecklist,
     ErrorCategory,
+    ImageLoader,
     PdfError,
     ReviewError,
     ReviewView,
@@ -282,14 +284,21 @@ def viewer_link(study: str, series: str | None, z: float | None, plane: str | No
         return ""
 
 
-def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str,
-               message: str = "", error: bool = False, code: int = 200) -> Response:  # fmt: skip
+def _open(
+    ctx: Ctx, request: Request, report: str, slug: str
+) -> tuple[CaseChecklist, ImageLoader, CaseUnderReview]:
+    """A case's checklist, its images and its review state (404 when there is no such case)."""
     svc = service(ctx, request)
     try:
         cl, images = svc.checklist(report, slug)
-        cu = open_case(svc, report, slug)
+        return cl, images, open_case(svc, report, slug)
     except (ReportNotFoundError, FileNotFoundError):
         raise _missing("case") from None
+
+
+def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str,
+               message: str = "", error: bool = False, code: int = 200) -> Response:  # fmt: skip
+    cl, images, cu = _open(ctx, request, report, slug)
     cl.blocks = cu.blocks  # from the run's answers: also for bundles written before blocks
     rv = _view(ctx, request, who, report, slug)
     rv.mine = cu.mine(who)
@@ -446,12 +455,7 @@ def signoff_page(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Resp
     who = _who(ctx, request)
     if who is None:
         return _login_redirect()
-    svc = service(ctx, request)
-    try:
-        cl, _ = svc.checklist(report, slug)
-        cu = open_case(svc, report, slug)
-    except (ReportNotFoundError, FileNotFoundError):
-        raise _missing("case") from None
+    cl, _, cu = _open(ctx, request, report, slug)
     mine = cu.mine(who)
     if mine is not None and mine.signed_off_at:
         return RedirectResponse(f"{BASE}/runs/{report}/cases/{slug}", status.HTTP_303_SEE_OTHER)
