@@ -4,11 +4,12 @@ cleaned (hostile values), carried by the case to the reviewer's checklist."""
 from __future__ import annotations
 
 import pydicom
+import pytest
 from phantom_fixture import PhantomSuite
 from pydicom.dataset import Dataset
 
 from dicom import index_path, study_identity
-from dicom.identity import identity_of
+from dicom.identity import header_value_problem, identity_of
 
 
 def test_identity_of_a_phantom_study_is_what_its_headers_say(phantom_suite: PhantomSuite) -> None:
@@ -40,3 +41,19 @@ def test_hostile_header_values_are_cleaned_not_fatal() -> None:
     assert ident.sex == "" and ident.birth_date == "" and ident.study_date == ""
     assert ident.accession_number == ""  # 500 characters where SH allows 16
     assert all("\n" not in m for m in ident.modalities)
+
+
+@pytest.mark.parametrize(
+    ("keyword", "value", "valid"),
+    [("PatientAge", "45", False), ("PatientAge", "045Y", True), ("StudyTime", "256100", False),
+     ("StudyTime", "101500.123", True), ("StudyDate", "20230229", False),
+     ("StudyDate", "20240229", True), ("PatientSex", "U", False), ("PatientSex", "O", True),
+     ("ReferringPhysicianName", "A^B^C^D^E^F", False), ("PatientID", "A\\B", False)],
+)  # fmt: skip
+def test_the_one_rule_for_copied_header_values(keyword: str, value: str, valid: bool) -> None:
+    """Members of the class beyond the issue's example: ages, times, leap days, enumerations,
+    person-name components, a value-multiplicity of one (dicom.header_value_problem)."""
+    from pydicom.multival import MultiValue
+
+    v: object = MultiValue(str, value.split("\\")) if "\\" in value else value
+    assert (header_value_problem(keyword, v) is None) is valid
