@@ -165,7 +165,7 @@ def study_identity(index: IndexResult) -> HeaderIdentity | None:
     if not series:
         return None
     try:
-        with open_source(series[0].volumes[0][0].path, max_bytes=_HEADER_CAP) as fh:
+        with open_source(series[0].volumes[0][0].path, prefix=_HEADER_CAP) as fh:
             ds = pydicom.dcmread(fh, stop_before_pixels=True, specific_tags=list(_TAGS))
     except (OSError, ValueError, pydicom.errors.InvalidDicomError, EOFError):
         return None

@@ -20,7 +20,7 @@ from numpy.typing import DTypeLike
 from dicom.errors import DecodeError, TooLargeError
 from dicom.headers import DEFAULT_MEMORY_CAP
 from dicom.records import NIFTI_SOP_CLASS, FrameRef, SeriesInfo
-from dicom.sources import open_source
+from dicom.sources import is_plain_file, open_source
 
 
 @dataclass
@@ -45,7 +45,7 @@ def load_volume(
 
         return Volume(load_nifti_volume(series, volume, memory_cap))
     refs = _volume_refs(series, volume, memory_cap)
-    return _decode(series, refs, np.float32, rescale=True)
+    return _decode(series, refs, np.float32, rescale=True, file_cap=memory_cap)
 
 
 @dataclass
@@ -75,7 +75,7 @@ def load_stored(
     if not slope > 0:
         return None
     try:
-        vol = _decode(series, refs, dtype, rescale=False)
+        vol = _decode(series, refs, dtype, rescale=False, file_cap=memory_cap)
     except _NotStored:
         return None
     if vol.failed_slices and intercept != 0:
@@ -105,7 +105,9 @@ def _volume_refs(series: SeriesInfo, volume: int, memory_cap: int) -> list[Frame
     return refs
 
 
-def _decode(series: SeriesInfo, refs: list[FrameRef], dtype: DTypeLike, rescale: bool) -> Volume:
+def _decode(
+    series: SeriesInfo, refs: list[FrameRef], dtype: DTypeLike, rescale: bool, file_cap: int
+) -> Volume:
     cols, rows = series.shape[0], series.shape[1]
     spp = series.samples_per_pixel
     shape: tuple[int, ...] = (len(refs), rows, cols) + ((3,) if spp == 3 else ())
@@ -123,7 +125,8 @@ def _decode(series: SeriesInfo, refs: list[FrameRef], dtype: DTypeLike, rescale:
         by_file = _read_native(series, refs, native, out, rescale, failed, errors)
     for path, items in by_file.items():
         try:
-            for k, img, ref in _decode_file(path, items, rows, cols, spp, series, native):
+            decoded = _decode_file(path, items, rows, cols, spp, series, native, file_cap)
+            for k, img, ref in decoded:
                 if rescale:
                     _store(out[k], img, ref)
                 elif img.dtype == out.dtype or np.can_cast(img.dtype, out.dtype, "safe"):
@@ -165,6 +168,7 @@ def _decode_file(
     spp: int,
     series: SeriesInfo,
     dtype: np.dtype | None,
+    file_cap: int,
 ) -> list[tuple[int, np.ndarray, FrameRef]]:
     first = items[0][1]
     if (
@@ -179,7 +183,9 @@ def _decode_file(
         if series.bits_stored < series.bits_allocated and dtype.kind == "u":
             raw = raw & ((1 << series.bits_stored) - 1)
         return [(items[0][0], raw.reshape(rows, cols), first)]
-    with open_source(path) as fp:
+    if is_plain_file(path) and os.path.getsize(path) > file_cap:
+        raise TooLargeError(f"{path}: file is {os.path.getsize(path)} bytes, over the memory cap")
+    with open_source(path, max_bytes=file_cap) as fp:
         ds = pydicom.dcmread(fp)
         arr = ds.pixel_array
     planes = []

@@ -1,6 +1,11 @@
 """Where input files come from: single files, folders (recursive), zip archives, gzipped files.
 
-A source path is a string: a filesystem path, or ``archive.zip::member`` for a zip member.
+A source path is a string: a filesystem path, or ``archive.zip::member`` for a zip member
+(``archive.zip::`` names an archive that cannot be listed: reading it gives its error).
+
+Compressed content is hostile until inflated: it is inflated as a stream, and only as far as
+needed (``prefix``) or allowed (``max_bytes``); an archive's directory is read once per process,
+not once per member, and an archive with more members than ``MAX_MEMBERS`` is one error.
 """
 
 from __future__ import annotations
@@ -9,12 +14,19 @@ import gzip
 import io
 import os
 import stat
+import threading
 import zipfile
+import zlib
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 ZIP_SEP = "::"
+MAX_MEMBERS = 100_000  # members one archive may hold (each is a file to read)
+HEADER_PREFIX = 64 << 20  # the most of a compressed file a header read inflates
+_CHUNK = 1 << 20
+_OPEN_ARCHIVES = 4
 # Files that are never DICOM and only slow a folder walk down.
 _SKIP_SUFFIXES = {".nii", ".json", ".bval", ".bvec", ".txt", ".md", ".png", ".jpg", ".csv", ".py"}
 _SKIP_NAMES = {"LICENSE", "DICOMDIR", ".DS_Store", "README"}
@@ -22,6 +34,10 @@ _SKIP_NAMES = {"LICENSE", "DICOMDIR", ".DS_Store", "README"}
 
 class NotRegularFileError(OSError):
     """A path that is not a regular file (a named pipe, a device, a socket): never read."""
+
+
+class SourceError(OSError):
+    """A source that is not read: an archive or compressed file over a cap, or broken."""
 
 
 _KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
@@ -43,7 +59,8 @@ def iter_sources(path: str | Path) -> Iterator[str]:
     """Yield every candidate DICOM source below ``path`` in a stable (sorted) order.
 
     Special files (named pipes, devices, sockets) are yielded too, so that reading them gives
-    a per-file error (``open_source`` refuses them before opening) instead of a silent skip."""
+    a per-file error (``open_source`` refuses them before opening) instead of a silent skip;
+    so is an archive that cannot be listed, as ``archive.zip::``."""
     p = Path(path)
     if p.exists() and not p.is_dir() and not p.is_file():
         yield str(p)  # a special file given directly: an error, not an empty result
@@ -79,14 +96,52 @@ def _looks_like_dicom(p: Path) -> bool:
 
 
 def _zip_members(p: Path) -> Iterator[str]:
-    with zipfile.ZipFile(p) as zf:
-        for info in sorted(zf.infolist(), key=lambda i: i.filename):
-            if info.is_dir():
-                continue
-            name = info.filename.rsplit("/", 1)[-1]
-            if name in _SKIP_NAMES or name.startswith("."):
-                continue
-            yield f"{p}{ZIP_SEP}{info.filename}"
+    try:
+        infos = _archive_entry(str(p))[0].infolist()
+    except OSError:
+        yield f"{p}{ZIP_SEP}"  # reading it gives the archive's error
+        return
+    for info in sorted(infos, key=lambda i: i.filename):
+        if info.is_dir():
+            continue
+        name = info.filename.rsplit("/", 1)[-1]
+        if not name or name in _SKIP_NAMES or name.startswith("."):
+            continue
+        yield f"{p}{ZIP_SEP}{info.filename}"
+
+
+# Archives open in this process: (path, pid) -> (stat key, archive, lock). The directory of an
+# archive is parsed once, however many members are read; a forked worker opens its own.
+_ARCHIVES: OrderedDict[tuple[str, int], tuple[tuple[int, int], zipfile.ZipFile, threading.Lock]]
+_ARCHIVES = OrderedDict()
+_ARCHIVES_LOCK = threading.Lock()
+
+
+def _archive_entry(path: str) -> tuple[zipfile.ZipFile, threading.Lock]:
+    check_regular(path)
+    st = os.stat(path)
+    key, stamp = (path, os.getpid()), (st.st_mtime_ns, st.st_size)
+    with _ARCHIVES_LOCK:
+        hit = _ARCHIVES.get(key)
+        if hit is not None and hit[0] == stamp:
+            _ARCHIVES.move_to_end(key)
+            return hit[1], hit[2]
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, EOFError) as exc:
+        raise SourceError(f"{path}: not a readable zip archive ({exc})") from exc
+    n = len(zf.infolist())
+    if n > MAX_MEMBERS:
+        zf.close()
+        raise SourceError(f"{path}: archive has {n} members, over the {MAX_MEMBERS} member cap")
+    lock = threading.Lock()
+    with _ARCHIVES_LOCK:
+        _ARCHIVES[key] = (stamp, zf, lock)
+        while len(_ARCHIVES) > _OPEN_ARCHIVES:
+            (_, pid), (_, old, _) = _ARCHIVES.popitem(last=False)
+            if pid == os.getpid():
+                old.close()
+    return zf, lock
 
 
 def is_plain_file(source: str) -> bool:
@@ -94,25 +149,67 @@ def is_plain_file(source: str) -> bool:
     return ZIP_SEP not in source and not source.endswith(".gz")
 
 
-def open_source(source: str, max_bytes: int | None = None) -> BinaryIO:
-    """Open a source for reading; zip members and gzip files are read into memory.
+def open_source(
+    source: str, max_bytes: int | None = None, *, prefix: int | None = None
+) -> BinaryIO:
+    """Open a source for reading; zip members and gzip files are inflated into memory.
 
-    ``max_bytes`` bounds the in-memory size of a decompressed member (zip bombs).
+    ``max_bytes`` bounds the inflated size (a larger member is a ``SourceError``, found while
+    inflating, never trusting the size an archive declares); ``prefix`` inflates only the first
+    ``prefix`` bytes (enough for a header). Plain files are opened as they are.
     """
     check_regular(source.split(ZIP_SEP, 1)[0])
     if ZIP_SEP in source:
         archive, member = source.split(ZIP_SEP, 1)
-        with zipfile.ZipFile(archive) as zf:
+        zf, lock = _archive_entry(archive)
+        if not member:
+            raise SourceError(f"{source}: the archive lists no member of that name")
+        try:
             info = zf.getinfo(member)
-            if max_bytes is not None and info.file_size > max_bytes:
-                raise OSError(
-                    f"{source}: archive member is {info.file_size} bytes, over the {max_bytes} cap"
-                )
-            return io.BytesIO(zf.read(member))
+        except KeyError as exc:
+            raise SourceError(f"{source}: no such member in the archive") from exc
+        if prefix is None and max_bytes is not None and info.file_size > max_bytes:
+            raise SourceError(
+                f"{source}: archive member is {info.file_size} bytes, over the {max_bytes} "
+                "byte cap: not read"
+            )
+        with lock:  # the archive's one file handle is shared by its members
+            try:
+                with zf.open(info) as stream:
+                    return _inflate(stream, source, max_bytes, prefix)
+            except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError,
+                    NotImplementedError) as exc:  # fmt: skip
+                raise SourceError(f"{source}: archive member cannot be inflated ({exc})") from exc
     if source.endswith(".gz"):
-        with gzip.open(source, "rb") as g:
-            data = g.read(max_bytes + 1 if max_bytes is not None else -1)
-        if max_bytes is not None and len(data) > max_bytes:
-            raise OSError(f"{source}: decompressed size is over the {max_bytes} byte cap")
-        return io.BytesIO(data)
+        try:
+            with gzip.open(source, "rb") as stream:
+                return _inflate(stream, source, max_bytes, prefix)
+        except (gzip.BadGzipFile, zlib.error, EOFError) as exc:
+            raise SourceError(f"{source}: cannot be inflated ({exc})") from exc
     return open(source, "rb")
+
+
+class _Readable(Protocol):
+    def read(self, n: int = -1, /) -> bytes: ...
+
+
+def _inflate(
+    stream: _Readable, source: str, max_bytes: int | None, prefix: int | None
+) -> io.BytesIO:
+    """Read ``stream`` in chunks into memory: its first ``prefix`` bytes, or all of it unless
+    it passes ``max_bytes``."""
+    want = prefix if prefix is not None else (max_bytes + 1 if max_bytes is not None else None)
+    out = io.BytesIO()
+    got = 0
+    while want is None or got < want:
+        chunk = stream.read(_CHUNK if want is None else min(_CHUNK, want - got))
+        if not chunk:
+            break
+        out.write(chunk)
+        got += len(chunk)
+    if prefix is None and max_bytes is not None and got > max_bytes:
+        raise SourceError(
+            f"{source}: inflates past the {max_bytes} byte cap (a compression bomb?): not read"
+        )
+    out.seek(0)
+    return out

@@ -30,7 +30,7 @@ from dicom.headers.frame import (
 )
 from dicom.headers.scan import scan_file
 from dicom.headers.scanned import ScannedDataset
-from dicom.sources import is_plain_file, open_source
+from dicom.sources import HEADER_PREFIX, is_plain_file, open_source
 
 _FILE_TAGS = frozenset(keyword_tag(kw) for kw in FILE_KEYWORDS)
 _VOLUME_TAGS = tuple(
@@ -75,7 +75,7 @@ def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
     """
     plain = is_plain_file(path)
     try:
-        with open_source(path, 4 * memory_cap) as fp:
+        with open_source(path, prefix=min(HEADER_PREFIX, memory_cap)) as fp:
             size = os.fstat(fp.fileno()).st_size if plain else fp.seek(0, os.SEEK_END)
             fp.seek(0)
             scan = scan_file(fp, size)
