@@ -1,15 +1,20 @@
 """The audit log: who did what to which resource, as JSON lines; never PHI, never secrets.
 
-Targets are opaque handles (run ids, Orthanc IDs, token ids), not patient data.
+Targets are opaque handles (run ids, Orthanc IDs, token ids), not patient data. The log rotates
+by size (``audit.jsonl`` -> ``audit.jsonl.1`` ... ``.N``, the oldest dropped), so that anonymous
+requests cannot fill the disk; ``tail`` reads across the rotated files.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import logging.handlers
 import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -23,11 +28,30 @@ class AuditEvent(BaseModel):
     detail: str = ""
 
 
+DEFAULT_MAX_BYTES = 16 << 20
+DEFAULT_BACKUPS = 5
+
+
+class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
+    """The standard size-rotating handler, creating its files readable by the owner only."""
+
+    def _open(self) -> Any:
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return open(fd, "a", encoding="utf-8")
+
+
 class AuditLog:
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = DEFAULT_BACKUPS
+    ) -> None:
         self.path = path
+        self.backups = max(1, backups)
         self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
+        self._handler = _PrivateRotatingFile(
+            path, maxBytes=max(1024, max_bytes), backupCount=self.backups, delay=True
+        )
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
 
     def write(
         self, actor: str, action: str, target: str = "", outcome: str = "", detail: str = ""
@@ -40,39 +64,55 @@ class AuditLog:
             outcome=str(outcome)[:32],
             detail=detail[:256],
         )
-        line = event.model_dump_json() + "\n"
+        record = logging.makeLogRecord({"msg": event.model_dump_json(), "levelno": logging.INFO})
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line.encode())
-            finally:
-                os.close(fd)
+            self._handler.emit(record)
+            self._handler.flush()
+
+    def close(self) -> None:
+        self._handler.close()
+
+    def files(self) -> list[Path]:
+        """The log's files, newest first (the current one, then ``.1``, ``.2``...)."""
+        names = [self.path] + [Path(f"{self.path}.{k}") for k in range(1, self.backups + 1)]
+        return [p for p in names if p.exists()]
 
     def tail(self, limit: int = 100, actor: str | None = None) -> list[AuditEvent]:
-        """The last ``limit`` events (newest first)."""
-        if not self.path.exists():
-            return []
-        # Read from the end in blocks: the log only grows.
+        """The last ``limit`` events (newest first), across the rotated files."""
         out: list[AuditEvent] = []
-        with open(self.path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            pos, buf = fh.tell(), b""
-            while pos > 0 and len(out) < limit:
-                step = min(65536, pos)
-                pos -= step
-                fh.seek(pos)
-                buf = fh.read(step) + buf
-                lines = buf.split(b"\n")
-                buf = lines[0]
-                for raw in reversed(lines[1:]):
-                    if raw.strip():
-                        ev = AuditEvent.model_validate(json.loads(raw))
-                        if actor is None or ev.actor == actor:
-                            out.append(ev)
-                        if len(out) >= limit:
-                            break
-            if pos == 0 and buf.strip() and len(out) < limit:
-                ev = AuditEvent.model_validate(json.loads(buf))
-                if actor is None or ev.actor == actor:
-                    out.append(ev)
+        for path in self.files():
+            if len(out) >= limit:
+                break
+            out.extend(_tail_file(path, limit - len(out), actor))
         return out
+
+
+def _tail_file(path: Path, limit: int, actor: str | None) -> list[AuditEvent]:
+    # Read from the end in blocks: a file only grows until it is rotated.
+    out: list[AuditEvent] = []
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the with below)
+    except FileNotFoundError:  # rotated away meanwhile
+        return out
+    with fh:
+        fh.seek(0, os.SEEK_END)
+        pos, buf = fh.tell(), b""
+        while pos > 0 and len(out) < limit:
+            step = min(65536, pos)
+            pos -= step
+            fh.seek(pos)
+            buf = fh.read(step) + buf
+            lines = buf.split(b"\n")
+            buf = lines[0]
+            for raw in reversed(lines[1:]):
+                if raw.strip():
+                    ev = AuditEvent.model_validate(json.loads(raw))
+                    if actor is None or ev.actor == actor:
+                        out.append(ev)
+                    if len(out) >= limit:
+                        break
+        if pos == 0 and buf.strip() and len(out) < limit:
+            ev = AuditEvent.model_validate(json.loads(buf))
+            if actor is None or ev.actor == actor:
+                out.append(ev)
+    return out

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int | None = None
     api_max_body_bytes: int = 1_048_576
+    api_body_timeout_s: float = 30.0  # a request body must be complete this long after it starts
+    audit_max_bytes: int = 16 << 20  # the audit log rotates past this size...
+    audit_backups: int = 5  # ...keeping this many older files (audit.jsonl.1 ... .N)
 
     # Reports and clinician review (evaluation/reports, /review pages)
     reports_dir: Path | None = None  # report folders to review; default DATA_DIR/reports

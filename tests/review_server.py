@@ -29,7 +29,7 @@ def build_context(
         settings=settings,
         orthanc=OrthancClient(orthanc_url, user, password, timeout_s=30),
         runs=StudyRunStore(data),
-        audit=AuditLog(data / "audit.jsonl"),
+        audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
         tokens=TokenStore(data / "secret" / "tokens.json"),
     )
 

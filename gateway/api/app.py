@@ -69,6 +69,10 @@ def create_app(ctx: GatewayContext, extra_routers: Iterable[APIRouter] = ()) -> 
     for r in (*routers, *extra_routers):
         app.include_router(r)
     app.add_middleware(StrictJson)
-    app.add_middleware(BodyLimit, max_bytes=ctx.settings.api_max_body_bytes)
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=ctx.settings.api_max_body_bytes,
+        timeout_s=ctx.settings.api_body_timeout_s,
+    )
     app.add_middleware(AccessLog, audit=ctx.audit)
     return app

@@ -28,6 +28,6 @@ class GatewayContext:
             settings=settings,
             orthanc=OrthancClient.from_settings(settings),
             runs=StudyRunStore(data),
-            audit=AuditLog(data / "audit.jsonl"),
+            audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
             tokens=TokenStore(data / "secret" / "tokens.json"),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -23,18 +24,16 @@ class _TooLarge(Exception):
     pass
 
 
-async def _send_json(send: Send, status: int, detail: str) -> None:
+class _SlowBody(Exception):
+    pass
+
+
+async def _send_json(send: Send, status: int, detail: str, *, close: bool = False) -> None:
     body = json.dumps({"detail": detail}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if close:  # the rest of the request will never be read: free the connection now
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -93,10 +92,12 @@ class StrictJson:
 
 
 class BodyLimit:
-    """Refuse request bodies over ``max_bytes`` (413), by header and by counting the stream."""
+    """Refuse request bodies over ``max_bytes`` (413), by header and by counting the stream,
+    and bodies not complete within ``timeout_s`` of the request's start (408): a client that
+    sends half a body and waits must not hold a worker forever."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
+        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -114,14 +115,24 @@ class BodyLimit:
                     return
         seen = 0
         started = False
+        body_done = False
+        deadline = time.monotonic() + self.timeout_s
 
         async def limited() -> Message:
-            nonlocal seen
-            msg = await receive()
+            nonlocal seen, body_done
+            if body_done:  # after the body, receive() waits for the disconnect: no deadline
+                return await receive()
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise _SlowBody from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
                 if seen > self.max_bytes:
                     raise _TooLarge
+                body_done = not msg.get("more_body", False)
+            else:
+                body_done = True
             return msg
 
         async def watch(msg: Message) -> None:
@@ -134,6 +145,14 @@ class BodyLimit:
         except _TooLarge:
             if not started:
                 await _send_json(send, 413, f"request body over {self.max_bytes} bytes")
+        except _SlowBody:
+            if not started:
+                await _send_json(
+                    send,
+                    408,
+                    f"request body not complete within {self.timeout_s:g} s: send it whole",
+                    close=True,
+                )
 
 
 class AccessLog:
