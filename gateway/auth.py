@@ -1,8 +1,9 @@
 """API bearer tokens: random secrets shown once, stored only as salted SHA-256 hashes.
 
 A token reads ``nsbx_<id>_<secret>``; the id finds the record, the secret is checked in
-constant time. Roles: ``reviewer`` (read studies, runs, reports; start evaluations) and
-``admin`` (also the audit log). The token file is 0600 and re-read when it changes, so
+constant time. Roles: ``reviewer`` (read studies, runs, reports; review and sign off; start
+evaluations only when the routing file grants it: ``api: {reviewers_may_evaluate: true}``) and
+``admin`` (also start evaluations, and the audit log). The token file is 0600 and re-read when it changes, so
 ``neurosandbox tokens create`` works while the server runs.
 """
 

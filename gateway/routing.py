@@ -1,22 +1,41 @@
-"""Routing rules: which studies are evaluated, by which models, on which tasks.
+"""Routing rules: which studies are evaluated, by which models, on which tasks; and what API
+clients may start.
 
 A YAML file lists rules; the first rule whose ``match`` holds decides (``skip: true`` rules
 exclude). A match may name calling AE titles (shell globs), modalities and series classes
 (any of / all of, from the imaging core's classifier). Example: ``deploy/routing.example.yaml``.
+
+An optional ``api`` section grants API clients more than the default::
+
+    api:
+      reviewers_may_evaluate: true   # default false: only admin tokens start evaluations
+    rules:
+      - ...
+
+``POST /studies/{id}/evaluations`` may name only models the server configures
+(:func:`api_models`): the reference models, the entries of the models file
+(``NEUROSANDBOX_MODELS_FILE``) and the models the rules name here, never a ``replay:`` model
+(answers read from a file: for the command line).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import logging
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dicom import CLINICAL_CLASSES, SequenceClass
-from evaluation import TaskFamily
+from evaluation import ModelConfigError, TaskFamily, load_models_file
+
+log = logging.getLogger(__name__)
 
 REFERENCE_MODEL = "reference/image-rules"
+# The engine's built-in models (evaluation.models.BUILTIN): in process, no key, no network.
+REFERENCE_MODELS = ("reference/image-rules", "reference/text-prior")
+REPLAY = "replay"  # answers from a file (``replay:PATH``): the command line's, never the API's
 CLINICAL = [c.value for c in SequenceClass if c in CLINICAL_CLASSES]  # in enum order
 
 
@@ -65,9 +84,18 @@ class Rule(BaseModel):
     evaluate: Evaluate = Field(default_factory=Evaluate)
 
 
+class ApiGrants(BaseModel):
+    """What API clients may do beyond the default (admin tokens start evaluations)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reviewers_may_evaluate: bool = False  # a reviewer token may start evaluations too
+
+
 class RoutingTable(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    api: ApiGrants = Field(default_factory=ApiGrants)
     rules: list[Rule]
 
 
@@ -132,6 +160,15 @@ class Router:
             where = ".".join(str(p) for p in first["loc"])
             raise RoutingError(f"{path}: {where}: {first['msg']}") from exc
 
+    @property
+    def reviewers_may_evaluate(self) -> bool:
+        return self.table.api.reviewers_may_evaluate
+
+    def model_names(self) -> list[str]:
+        """Every model a rule names, in order of first mention."""
+        names = (m for rule in self.table.rules if not rule.skip for m in rule.evaluate.models)
+        return list(dict.fromkeys(names))
+
     def route(self, facts: StudyFacts) -> Route | None:
         for rule in self.table.rules:
             if _matches(rule.match, facts):
@@ -145,3 +182,22 @@ class Router:
                     series_classes=list(ev.series_classes),
                 )
         return None
+
+
+def is_replay(model: str) -> bool:
+    return model == REPLAY or model.startswith(REPLAY + ":")
+
+
+def api_models(router: Router, models_file: Path | None) -> list[str]:
+    """The model names an API client may ask for, sorted: the reference models, the models
+    file's entries and the routing rules' models; never a replay (it reads a file named in the
+    request). The check is on names only: nothing a client names is opened or resolved."""
+    names = set(REFERENCE_MODELS) | set(router.model_names())
+    if models_file is not None:
+        try:
+            specs = load_models_file(models_file)
+        except ModelConfigError as exc:  # said in the server log, not to the client
+            log.warning("models file left out of the API's models: %s", exc)
+            specs = {}
+        names |= {n for n, s in specs.items() if not is_replay(s.litellm_model)}
+    return sorted(n for n in names if not is_replay(n))

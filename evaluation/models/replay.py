@@ -5,6 +5,9 @@ The file is JSON Lines (or a JSON list) of ``{"case_id", "task", "sample", "turn
 (``answer`` may hold the JSON object instead of ``text``); a run export (``runs export``) is
 accepted as it is, filtered to one model with ``replay:PATH#MODEL``. A record without ``turn``
 answers every turn. A missing answer is an error of that sample, not of the run.
+
+The file is read only when it is a regular file (a named pipe would block, ``/dev/zero``
+never ends) of at most :data:`MAX_REPLAY_BYTES`.
 """
 
 from __future__ import annotations
@@ -16,15 +19,14 @@ from typing import Any
 from evaluation.errors import ModelConfigError
 from evaluation.modelio import GenerateConfig, Message, ModelOutput
 from evaluation.models.context import current_request
+from evaluation.models.spec import read_regular
 
 Key = tuple[str, str, int, int | None]
+MAX_REPLAY_BYTES = 256 << 20  # a run export of a large benchmark stays well under this
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ModelConfigError(f"replay file {path}: {exc}") from exc
+    text = read_regular(path, MAX_REPLAY_BYTES, "replay file")
     try:
         if text.lstrip().startswith("["):
             data = json.loads(text)

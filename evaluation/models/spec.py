@@ -13,10 +13,15 @@ file (YAML or JSON)::
         concurrency: 4
 
 The key itself is never written anywhere: a spec names the environment variable holding it.
+
+Files named here (a models file, a replay file) are read only when they are regular files (a
+named pipe would block the open forever, ``/dev/zero`` would never end) and up to a size cap.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,44 @@ REFERENCE_IMAGE = "reference/image-rules"
 REPLAY = "replay"
 BUILTIN = (REFERENCE_TEXT, REFERENCE_IMAGE)
 LIMITS = ("max_images_per_request", "max_images_per_message", "max_image_bytes", "reasoning")
+MAX_MODELS_FILE_BYTES = 4 << 20
+
+
+def check_regular(path: Path, what: str) -> None:
+    """Raise ``ModelConfigError`` unless ``path`` (symlinks followed) is a regular file; a stat,
+    never an open."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ModelConfigError(f"{what} {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise ModelConfigError(f"{what} {path}: not a regular file: only regular files are read")
+
+
+def read_regular(path: Path, cap: int, what: str) -> str:
+    """The text of ``path`` when it is a regular file of at most ``cap`` bytes; else
+    ``ModelConfigError``. Opened without blocking (a named pipe swapped in after a check is
+    still refused: the open file is checked) and never read past the cap."""
+    check_regular(path, what)  # a device is not even opened (opening one may do something)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ModelConfigError(f"{what} {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelConfigError(
+                f"{what} {path}: not a regular file: only regular files are read"
+            )
+        if info.st_size > cap:
+            raise ModelConfigError(f"{what} {path}: {info.st_size} bytes, over the {cap}-byte cap")
+        data = fh.read(cap + 1)
+    if len(data) > cap:  # grew since the stat
+        raise ModelConfigError(f"{what} {path}: over the {cap}-byte cap")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ModelConfigError(f"{what} {path}: not UTF-8 text ({exc.reason})") from None
 
 
 class ModelSpec(BaseModel):
@@ -94,9 +137,10 @@ class ModelSpec(BaseModel):
 
 def load_models_file(path: Path) -> dict[str, ModelSpec]:
     """Specs of a models file, by name."""
+    text = read_regular(path, MAX_MODELS_FILE_BYTES, "models file")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
         raise ModelConfigError(f"models file {path}: {exc}") from exc
     entries = data.get("models") if isinstance(data, dict) else data
     if isinstance(entries, dict):
@@ -145,8 +189,12 @@ def resolve_specs(
             spec.concurrency = concurrency
         if processes and name not in known and spec.kind == "litellm":
             spec.processes = processes
-        if spec.kind == REPLAY and not spec.replay_file:
-            raise ModelConfigError(f"model {name!r}: replay needs a file (replay:PATH)")
+        if spec.kind == REPLAY:
+            if not spec.replay_file:
+                raise ModelConfigError(f"model {name!r}: replay needs a file (replay:PATH)")
+            path = Path(spec.replay_file.partition("#")[0])
+            if os.path.exists(path):  # a missing file is an error when it is read, as before
+                check_regular(path, "replay file")
         specs.append(spec)
     if len({s.name for s in specs}) != len(specs):
         raise ModelConfigError("the same model is named twice")

@@ -48,8 +48,25 @@ def require_admin(token: Annotated[TokenRecord, Depends(require_token)]) -> Toke
     return token
 
 
+def require_evaluation_starter(
+    ctx: Ctx, token: Annotated[TokenRecord, Depends(require_token)]
+) -> TokenRecord:
+    """Starting an evaluation is an admin action; a reviewer may when the routing file says
+    ``api: {reviewers_may_evaluate: true}`` (gateway.routing)."""
+    if token.role is Role.ADMIN:
+        return token
+    if ctx.pipeline is not None and ctx.pipeline.router.reviewers_may_evaluate:
+        return token
+    raise HTTPException(
+        status.HTTP_403_FORBIDDEN,
+        detail="starting an evaluation needs an admin token (the routing file may grant "
+        "reviewers: api: reviewers_may_evaluate: true)",
+    )
+
+
 Token = Annotated[TokenRecord, Depends(require_token)]
 Admin = Annotated[TokenRecord, Depends(require_admin)]
+Starter = Annotated[TokenRecord, Depends(require_evaluation_starter)]
 
 
 class ErrorBody(BaseModel):

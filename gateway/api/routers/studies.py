@@ -1,4 +1,10 @@
-"""Studies in Orthanc: list, detail with series classes, start an evaluation."""
+"""Studies in Orthanc: list, detail with series classes, start an evaluation.
+
+Starting an evaluation is an admin action unless the routing file grants reviewers
+(``api: {reviewers_may_evaluate: true}``), and it may name only the models the server
+configures (``gateway.routing.api_models``): a name is checked against that list before
+anything else happens, so no client-chosen path or provider string is ever opened or called.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,9 @@ from pydantic import BaseModel, Field
 
 from dicom import SequenceClass
 from evaluation import TaskFamily
-from gateway.api.deps import Ctx, Token, errors
+from gateway.api.deps import Ctx, Starter, Token, errors
 from gateway.orthanc import OrthancError, SeriesSummary, StudySummary
-from gateway.routing import CLINICAL, Route
+from gateway.routing import CLINICAL, Route, api_models
 from gateway.runs import RunRecord
 
 router = APIRouter(prefix="/studies", tags=["studies"], responses=errors(400, 401, 413, 502))
@@ -83,13 +89,26 @@ def get_study(ctx: Ctx, _t: Token, study_id: StudyId) -> StudyDetail:
     response_model=RunCreated,
     status_code=status.HTTP_202_ACCEPTED,
     summary="Evaluate a study with the given models and tasks; returns a run id",
-    responses=errors(404, 503),
+    description="Needs an admin token, or a reviewer token when the routing file grants "
+    "reviewers (`api: {reviewers_may_evaluate: true}`). `models` are names the server "
+    "configures: the reference models, the models file's entries and the routing rules' "
+    "models (a `403` names them); never a `replay:` file.",
+    responses=errors(403, 404, 503),
 )
 def start_evaluation(
-    ctx: Ctx, token: Token, study_id: StudyId, body: EvaluationRequest
+    ctx: Ctx, token: Starter, study_id: StudyId, body: EvaluationRequest
 ) -> RunCreated:
     if ctx.pipeline is None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail="no evaluation worker")
+    allowed = api_models(ctx.pipeline.router, ctx.settings.models_file)
+    unknown = [m for m in dict.fromkeys(body.models) if m not in allowed]
+    if unknown:  # 403: a well-formed request the server's policy refuses (the schema is static)
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail=f"not a model this server configures: {', '.join(map(repr, unknown))}; "
+            f"the API may name {', '.join(allowed)} (reference models, the models file, "
+            "the routing file)",
+        )
     try:
         ctx.orthanc.study(study_id)
     except OrthancError as exc:
