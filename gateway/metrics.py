@@ -8,7 +8,13 @@ import time
 HELP: dict[str, tuple[str, str]] = {
     "dicom_associations_requested_total": ("counter", "DICOM associations requested"),
     "dicom_associations_total": ("counter", "DICOM associations accepted"),
-    "dicom_associations_refused_total": ("counter", "associations from AEs not allowed"),
+    "dicom_associations_refused_total": (
+        "counter",
+        "DICOM associations refused, by reason: limit (every association slot taken),"
+        " calling_aet (calling AE not allowed), called_aet (called AE not ours),"
+        " rejected (another A-ASSOCIATE-RJ), artim (connection closed by the node:"
+        " no complete A-ASSOCIATE-RQ within the ARTIM timeout)",
+    ),
     "dicom_associations_aborted_total": ("counter", "associations aborted or dropped"),
     "dicom_instances_received_total": ("counter", "instances stored by the DICOM node"),
     "dicom_instances_refused_total": ("counter", "instances refused (invalid UIDs/dataset)"),

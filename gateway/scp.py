@@ -9,6 +9,14 @@ reaches the study: its files go to ``spool/quarantine/`` and are logged. A write
 (disk full, file size limit, I/O error) answers 0xA700 (Out of Resources), so the sender knows
 the instance was not kept. The transport is pynetdicom's, with the C-STORE hot path of
 ``gateway.scp_transport``.
+
+Every TCP connection holds an association slot (``max_associations``) until it ends. One that
+has not completed its A-ASSOCIATE-RQ within the ARTIM timeout (``artim_timeout_s``, a few
+seconds) is closed, so idle or half-open connections cannot keep a sender out for long; an
+accepted association keeps the network timeout (60 s) for pauses between images. Every refused
+association is counted in ``dicom_associations_refused_total`` with its reason (see
+``gateway.metrics``).
+
 A study is complete once no association is sending to it and ``quiet_s`` seconds have passed
 since its last instance; later arrivals make it complete again (a new report version).
 """
@@ -55,6 +63,10 @@ STATUS_OUT_OF_RESOURCES = 0xA700
 STATUS_CANNOT_UNDERSTAND = 0xC000
 STATUS_DATASET_MISMATCH = 0xA900
 CLOSE_GRACE_S = 3.0  # after a connection closes, how long to wait for the release event
+ARTIM_TIMEOUT_S = 5.0  # from connection to accepted association; then the network timeout
+NETWORK_TIMEOUT_S = 60.0  # an accepted association may be silent this long (between images)
+# A-ASSOCIATE-RJ (source, diagnostic) -> the refusal counter's reason label
+_REJECT_REASONS = {(0x01, 0x03): "calling_aet", (0x01, 0x07): "called_aet"}
 
 
 def uid_key(uid: str) -> str:
@@ -113,6 +125,7 @@ class StorageSCP:
         max_associations: int = 32,
         allowed_calling_aets: list[str] | None = None,
         fsync: FsyncPolicy = "association",
+        artim_timeout_s: float = ARTIM_TIMEOUT_S,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -138,7 +151,10 @@ class StorageSCP:
         self.ae.maximum_associations = max_associations
         self.ae.maximum_pdu_size = 0  # no limit: let the sender pick large PDUs
         self.ae.require_called_aet = True
-        self.ae.network_timeout = 60
+        # An empty list accepts any calling AE; otherwise others get A-ASSOCIATE-RJ (0x03).
+        self.ae.require_calling_aet = sorted(self.allowed)
+        self.ae.acse_timeout = artim_timeout_s  # pynetdicom's ARTIM timer (scp_transport)
+        self.ae.network_timeout = NETWORK_TIMEOUT_S
         self.ae.dimse_timeout = 120
         for cx in AllStoragePresentationContexts:
             if cx.abstract_syntax is not None:
@@ -157,11 +173,14 @@ class StorageSCP:
             (evt.EVT_C_ECHO, lambda _e: STATUS_SUCCESS),
             (evt.EVT_REQUESTED, self._on_requested),
             (evt.EVT_ACCEPTED, self._on_accepted),
+            (evt.EVT_REJECTED, self._on_rejected),
             (evt.EVT_RELEASED, self._on_released),
             (evt.EVT_ABORTED, self._on_aborted),
             (evt.EVT_CONN_CLOSE, self._on_closed),
         ]
-        self._server = start_store_server(self.ae, (self.host, self.port), handlers)
+        self._server = start_store_server(
+            self.ae, (self.host, self.port), handlers, on_artim=self._on_artim
+        )
         self.port = self._server.server_address[1]
         self._stop.clear()
         self._ticker = threading.Thread(target=self._tick, name="scp-quiet", daemon=True)
@@ -207,13 +226,23 @@ class StorageSCP:
     def _on_requested(self, event: Any) -> None:
         METRICS.inc("dicom_associations_requested_total")
 
+    def _on_rejected(self, event: Any) -> None:
+        rj = event.assoc.acceptor.primitive  # the A-ASSOCIATE-RJ pynetdicom sent
+        source, diagnostic = rj.result_source, rj.diagnostic
+        reason = _REJECT_REASONS.get((source, diagnostic), "rejected")
+        if source == 0x03:  # DUL presentation related: local limit exceeded (every slot taken)
+            reason = "limit"
+        log.warning("association refused (%s)", reason)
+        METRICS.inc("dicom_associations_refused_total", reason=reason)
+
+    def _on_artim(self) -> None:
+        # A connection that requested no association in time (idle, or half a request): it
+        # held a slot like one, so its closing counts as a refusal.
+        log.info("connection closed: no A-ASSOCIATE-RQ within the ARTIM timeout")
+        METRICS.inc("dicom_associations_refused_total", reason="artim")
+
     def _on_accepted(self, event: Any) -> None:
         aet = event.assoc.requestor.ae_title.strip()
-        if self.allowed and aet not in self.allowed:
-            log.warning("association from calling AE not in the allowed list: aborting")
-            METRICS.inc("dicom_associations_refused_total")
-            event.assoc.abort()
-            return
         a = _Assoc(id=uuid.uuid4().hex, calling_aet=aet, staging=self.incoming / uuid.uuid4().hex)
         with self._lock:
             self._assocs[id(event.assoc)] = a

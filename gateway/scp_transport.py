@@ -17,6 +17,14 @@ hot path only, through pynetdicom's extension point (``AE.make_server(request_ha
 - each association copies the ~170 presentation contexts shallowly (``deepcopy`` took ~0.1 s
   per association) and binds no per-message logging handlers (they log UIDs at debug level).
 
+It also bounds association negotiation. pynetdicom starts an association thread per TCP
+connection, and every one counts against ``AE.maximum_associations`` until it ends, whether or
+not the peer ever sends an A-ASSOCIATE-RQ. The ARTIM timer (``AE.acse_timeout``) is a deadline
+from the connection to the A-ASSOCIATE-AC: a connection that sends nothing is closed by the
+DUL's ARTIM timer, and one that sends part of a request (or trickles it) by the socket timeout,
+which until the accept is whatever is left of that deadline. Once the association is accepted,
+the socket timeout is ``AE.network_timeout``, the generous one for pauses between images.
+
 The overrides follow pynetdicom 3.0's internals; with another version ``start_store_server``
 falls back to the stock server (correct, slower) and logs why.
 """
@@ -30,6 +38,8 @@ import select
 import socket
 import struct
 import threading
+import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, cast
 
@@ -47,6 +57,7 @@ from pynetdicom.dimse import DIMSEServiceProvider
 from pynetdicom.dimse_messages import C_STORE_RQ, DIMSEMessage
 from pynetdicom.dimse_primitives import C_CANCEL, C_STORE, N_EVENT_REPORT
 from pynetdicom.dul import DULServiceProvider
+from pynetdicom.pdu import A_ASSOCIATE_AC
 from pynetdicom.pdu_primitives import P_DATA
 from pynetdicom.transport import AssociationSocket, RequestHandler, ThreadedAssociationServer
 
@@ -214,12 +225,42 @@ class _StoreDUL(DULServiceProvider):
                 select.select([sock], [], [], IDLE_WAIT_S)
         return bool(super()._is_transport_event())
 
+    def _send(self, pdu: Any) -> None:
+        if isinstance(pdu, A_ASSOCIATE_AC) and isinstance(self.socket, _StoreSocket):
+            # Before the peer can answer the accept: its data is read with the network timeout.
+            self.socket.negotiated(self.assoc.network_timeout)
+        super()._send(pdu)
+
 
 class _StoreSocket(AssociationSocket):
+    def __init__(
+        self, assoc: Association, client_socket: socket.socket, artim_s: float | None
+    ) -> None:
+        super().__init__(assoc, client_socket=client_socket)
+        # Until the A-ASSOCIATE-AC is sent: the ARTIM deadline, from the connection.
+        self.deadline = None if artim_s is None else time.monotonic() + artim_s
+        self.negotiating = True
+        self.timed_out = False  # a read during negotiation ran into the deadline
+        client_socket.settimeout(artim_s)
+
+    def negotiated(self, network_timeout: float | None) -> None:
+        self.negotiating = False
+        if self.socket is not None:
+            self.socket.settimeout(network_timeout)
+
+    @property
+    def artim_expired(self) -> bool:
+        """The ARTIM deadline passed before the association was accepted."""
+        if not self.negotiating or self.deadline is None:
+            return False
+        return self.timed_out or time.monotonic() >= self.deadline
+
     def recv(self, nr_bytes: int) -> bytearray:
         """Read ``nr_bytes`` (fewer if the peer closes) with ``recv_into``.
 
         The length comes from the peer: the buffer grows as data arrives, never ahead of it.
+        Before the association is accepted, the read ends at the ARTIM deadline too, with what
+        has arrived: the DUL then sees a short PDU, as from a peer that closed, and closes.
         """
         sock = cast(Any, self.socket)
         if _QUICKACK is not None:
@@ -234,12 +275,23 @@ class _StoreSocket(AssociationSocket):
             if got == len(buf):
                 buf += bytearray(min(nr_bytes - got, len(buf)))  # doubles, up to nr_bytes
             with memoryview(buf) as view:
-                n = sock.recv_into(view[got:])
+                n = self._recv_into(sock, view[got:])
             if not n:
                 del buf[got:]
                 break
             got += n
         return buf
+
+    def _recv_into(self, sock: socket.socket, view: memoryview) -> int:
+        if not self.negotiating or self.deadline is None:
+            return sock.recv_into(view)
+        left = self.deadline - time.monotonic()
+        if left > 0:
+            sock.settimeout(left)
+            with contextlib.suppress(TimeoutError):
+                return sock.recv_into(view)
+        self.timed_out = True
+        return 0
 
 
 class _StoreAssociation(Association):
@@ -247,9 +299,30 @@ class _StoreAssociation(Association):
         super().__init__(ae, mode)
         self.dul = _StoreDUL(self)
         self.dimse = _StoreDIMSE(self)
+        # The stock DUL took the AE's timeouts in Association.__init__; this one starts with
+        # pynetdicom's placeholders (ARTIM 30 s, idle 60 s) until they are set again.
+        self.acse_timeout = self.acse_timeout
+        self.network_timeout = self.network_timeout
         # Set once negotiation is over (EVT_ACCEPTED/EVT_ESTABLISHED handlers have run) and
         # the association's own loop runs: from then on the reader may serve C-STOREs.
         self.serving = False
+        self.on_artim: Callable[[], object] | None = None
+
+    def run_reactor(self) -> None:
+        try:
+            super().run_reactor()
+        finally:
+            # Once per connection, when its thread (and slot) ends: was it closed because no
+            # association was requested in time? (Not EVT_CONN_CLOSE: pynetdicom skips it when
+            # its own ARTIM wait in this thread stops the reader first.)
+            sock = self.dul.socket
+            if (
+                self.on_artim is not None
+                and isinstance(sock, _StoreSocket)
+                and sock.artim_expired
+                and not self.is_rejected
+            ):
+                self.on_artim()
 
     def _run_reactor(self) -> None:
         self.serving = self.is_acceptor
@@ -265,8 +338,10 @@ class _StoreRequestHandler(RequestHandler):
         """As pynetdicom 3.0's, with the providers above and a shallow context copy."""
         assoc = _StoreAssociation(self.ae, MODE_ACCEPTOR)
         assoc._server = self.server
+        assoc.on_artim = cast(_StoreServer, self.server).on_artim
         assoc.name = f"AcceptorThread@{datetime.now():%Y%m%d%H%M%S}"
-        assoc.set_socket(_StoreSocket(assoc, client_socket=self.request))
+        sock = cast(socket.socket, self.request)
+        assoc.set_socket(_StoreSocket(assoc, sock, self.ae.acse_timeout))
         acceptor = assoc.acceptor
         acceptor.maximum_length = self.ae.maximum_pdu_size
         acceptor.ae_title = self.server.ae_title
@@ -291,10 +366,24 @@ class _StoreRequestHandler(RequestHandler):
         return assoc
 
 
+class _StoreServer(ThreadedAssociationServer):
+    # socketserver's listen backlog is 5: a burst of connections (modalities sending at once,
+    # or a flood of idle ones) had its SYNs dropped and retried 1 s, 3 s... later.
+    request_queue_size = 128
+    on_artim: Callable[[], object] | None = None
+
+
 def start_store_server(
-    ae: pynetdicom.AE, address: tuple[str, int], handlers: list[Any]
+    ae: pynetdicom.AE,
+    address: tuple[str, int],
+    handlers: list[Any],
+    on_artim: Callable[[], object] | None = None,
 ) -> ThreadedAssociationServer:
-    """Start a non-blocking storage server on ``address`` (as ``ae.start_server`` does)."""
+    """Start a non-blocking storage server on ``address`` (as ``ae.start_server`` does).
+
+    ``on_artim`` is called (on the connection's thread) for each connection closed because it
+    had not completed an A-ASSOCIATE-RQ within the ARTIM timeout; never with the stock server.
+    """
     if not fast_path_available():
         log.warning(
             "pynetdicom %s: the C-STORE fast path follows 3.0 only; using the stock server",
@@ -306,14 +395,15 @@ def start_store_server(
     if _config.STORE_RECV_CHUNKED_DATASET:
         log.info("STORE_RECV_CHUNKED_DATASET is on: C-STORE requests take the stock path")
     server = cast(
-        ThreadedAssociationServer,
+        _StoreServer,
         ae.make_server(
             address,
             evt_handlers=handlers,
-            server_class=ThreadedAssociationServer,
+            server_class=_StoreServer,
             request_handler=_StoreRequestHandler,
         ),
     )
+    server.on_artim = on_artim
     thread = threading.Thread(
         target=server.serve_forever, name=f"AcceptorServer@{address[1]}", daemon=True
     )
