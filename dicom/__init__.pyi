@@ -3,6 +3,14 @@
 from .classify import classify as classify
 from .deid import Deidentifier as Deidentifier
 from .deid import DeidPolicy as DeidPolicy
+from .deid_study import DeidentifiedStudy as DeidentifiedStudy
+from .deid_study import DeidSummary as DeidSummary
+from .deid_study import ExportedSeries as ExportedSeries
+from .deid_study import SkippedSeries as SkippedSeries
+from .deid_study import SourceIdentifiers as SourceIdentifiers
+from .deid_study import StudyCheck as StudyCheck
+from .deid_study import deidentify_study as deidentify_study
+from .deid_study import verify_deidentified_study as verify_deidentified_study
 from .errors import ImagingError as ImagingError
 from .geometry import slice_centre as slice_centre
 from .headers.batch import read_headers as read_headers

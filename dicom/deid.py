@@ -1,4 +1,7 @@
-"""De-identification of DICOM datasets before they leave the building (to a remote model).
+"""De-identification of DICOM datasets before they leave the building.
+
+Used per object by ``dicom.deid_study`` (a whole study into a folder, checked by reading it back),
+which ``neurosandbox export-case`` calls to share a benchmark case with another site.
 
 Implements the DICOM PS3.15 Annex E *Basic Application Level Confidentiality Profile*
 (Table E.1-1) with two of its options:
@@ -47,6 +50,7 @@ __all__ = [
     "BurnedInAnnotationError",
     "DeidPolicy",
     "Deidentifier",
+    "burned_in_reason",
 ]
 
 Action = Literal["X", "Z", "D", "U", "K", "C"]
@@ -498,6 +502,28 @@ def _name_terms(values: Iterable[Any]) -> set[str]:
     return terms
 
 
+_PATIENT_NAME_KEYWORDS = frozenset({"PatientName", "OtherPatientNames", "PatientBirthName"})
+
+
+def _other_person_names(root: Dataset) -> list[Any]:
+    """Values of every PN attribute at any depth, but the patient's own (iterative walk; the
+    caller has bounded the depth already)."""
+    found: list[Any] = []
+    stack: list[Dataset] = [root]
+    while stack:
+        current = stack.pop()
+        for elem in current:
+            if elem.VR == "SQ":
+                stack.extend(i for i in _as_list(elem.value) if isinstance(i, Dataset))
+            elif (
+                elem.VR == "PN"
+                and elem.keyword not in _PATIENT_NAME_KEYWORDS
+                and not BaseTag(elem.tag).is_private
+            ):
+                found.extend(_as_list(elem.value))
+    return found
+
+
 class Deidentifier:
     """Applies a DeidPolicy to datasets; keeps an audit of the last one processed.
 
@@ -550,6 +576,15 @@ class Deidentifier:
         """
         digest = _hmac(self._key, "date-shift", patient_id.strip())
         return -(int.from_bytes(digest[:8], "big") % 365) - 1
+
+    def subject(self, ds: Dataset) -> tuple[str, int]:
+        """The pseudonym and the date shift (days) deidentify() gives the patient of `ds`.
+
+        For whoever de-identifies the patient's record alongside the images (a case export), so
+        both carry one pseudonym and move their dates together. Never write the shift out.
+        """
+        patient_key, issuer = self._patient_key(ds)
+        return self.pseudonym(patient_key, issuer), self.date_shift_days(patient_key)
 
     # ------------------------------------------------------------------ main entry point
 
@@ -606,21 +641,7 @@ class Deidentifier:
         """Raise unless the object is free of likely pixel-borne identifiers or allowed."""
         if self.policy.allow_burned_in:
             return
-        reason = ""
-        burned = str(ds.get("BurnedInAnnotation", "") or "").strip().upper()
-        meta = getattr(ds, "file_meta", None)
-        sop_class = str(ds.get("SOPClassUID", "") or "").strip()
-        if not sop_class and isinstance(meta, Dataset):
-            sop_class = str(meta.get("MediaStorageSOPClassUID", "") or "").strip()
-        conversion = str(ds.get("ConversionType", "") or "").strip().upper()
-        if burned == "YES":
-            reason = "BurnedInAnnotation is YES"
-        elif sop_class == _SECONDARY_CAPTURE or sop_class.startswith(_SECONDARY_CAPTURE + "."):
-            reason = f"SOP class {sop_class} is a Secondary Capture"
-        elif sop_class.startswith(_ENCAPSULATED_DOC_PREFIX):
-            reason = f"SOP class {sop_class} is an encapsulated document"
-        elif conversion in _SCANNED_CONVERSION_TYPES:
-            reason = f"ConversionType {conversion} is a scanned document/image"
+        reason = burned_in_reason(ds)
         if not reason:
             return
         self._audit["refused"] = reason
@@ -667,11 +688,19 @@ class Deidentifier:
             if isinstance(item, Dataset):
                 ids.extend(_as_list(item.get("PatientID")))
         terms.update(s for s in (str(v).strip() for v in ids) if len(s) >= _MIN_TERM_LEN)
-        if not terms:
+        # Every other person the object names (referring, performing, operators, observers in
+        # nested items): whole words only, and 3+ letters, so "Rao" never cuts "paraorbital".
+        others = {t for t in _name_terms(_other_person_names(ds)) if len(t) > _MIN_TERM_LEN}
+        others -= terms
+        if not terms and not others:
             return None
         # Longest first so "Smith-Jones" is removed whole before "Smith" is tried.
-        alternatives = sorted(terms, key=lambda t: (-len(t), t))
-        return re.compile("|".join(re.escape(t) for t in alternatives), re.IGNORECASE)
+        alternatives = [re.escape(t) for t in sorted(terms, key=lambda t: (-len(t), t))]
+        alternatives += [
+            rf"(?<![^\W_]){re.escape(t)}(?![^\W_])"
+            for t in sorted(others, key=lambda t: (-len(t), t))
+        ]
+        return re.compile("|".join(alternatives), re.IGNORECASE)
 
     def _clean_text(self, text: str) -> str:
         """Remove name/ID terms; tidy the separators they leave behind."""
@@ -865,6 +894,30 @@ class Deidentifier:
             ds.timestamp = None
             if ds.preamble is not None:
                 ds.preamble = b"\x00" * 128
+
+
+def burned_in_reason(ds: Dataset) -> str:
+    """Why the pixels of `ds` may show identifying text (empty when nothing says so).
+
+    BurnedInAnnotation YES, a Secondary Capture, an encapsulated document or a scanned
+    document/image: the header can be cleaned, the pixels cannot. The reason names standard
+    values only (a SOP class, never an instance), so it may be shown or written anywhere.
+    """
+    burned = str(ds.get("BurnedInAnnotation", "") or "").strip().upper()
+    meta = getattr(ds, "file_meta", None)
+    sop_class = str(ds.get("SOPClassUID", "") or "").strip()
+    if not sop_class and isinstance(meta, Dataset):
+        sop_class = str(meta.get("MediaStorageSOPClassUID", "") or "").strip()
+    conversion = str(ds.get("ConversionType", "") or "").strip().upper()
+    if burned == "YES":
+        return "BurnedInAnnotation is YES"
+    if sop_class == _SECONDARY_CAPTURE or sop_class.startswith(_SECONDARY_CAPTURE + "."):
+        return f"SOP class {sop_class} is a Secondary Capture"
+    if sop_class.startswith(_ENCAPSULATED_DOC_PREFIX):
+        return f"SOP class {sop_class} is an encapsulated document"
+    if conversion in _SCANNED_CONVERSION_TYPES:
+        return f"ConversionType {conversion} is a scanned document/image"
+    return ""
 
 
 def _shift_da(value: str, shift: dt.timedelta) -> str | None:

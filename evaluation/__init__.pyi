@@ -182,6 +182,11 @@ from .scoring_bridge import (
 from .scoring_bridge import (
     summary as summary,
 )
+from .sharing import SharedCase as SharedCase
+from .sharing import find_case as find_case
+from .sharing import load_shared_case as load_shared_case
+from .sharing import share_case as share_case
+from .sharing import write_case_manifest as write_case_manifest
 from .store import STORE_FILE as STORE_FILE
 from .store import RunStore as RunStore
 from .tasks import Ablation as Ablation

@@ -11,6 +11,7 @@ import io
 import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pydicom
 import pytest
@@ -26,7 +27,9 @@ from dicom.deid import (
     BurnedInAnnotationError,
     Deidentifier,
     DeidPolicy,
+    burned_in_reason,
 )
+from dicom.deid_study import SourceIdentifiers, deidentify_study, verify_deidentified_study
 from dicom.errors import ImagingError, UnreadableHeaderError
 
 SALT = "unit-test-salt-0123456789abcdef-not-a-real-secret"
@@ -581,3 +584,175 @@ def test_missing_patient_id_does_not_collapse_patients() -> None:
     deid = _deid()
     assert deid.deidentify(a).PatientID != deid.deidentify(b).PatientID
     assert a.PatientName == "Doe^Jane" and "PatientIdentityRemoved" not in a
+
+
+# ------------------------------------------------------------------ the patient and other people
+
+
+@pytest.mark.corpus
+def test_subject_is_the_pseudonym_and_shift_deidentify_uses() -> None:
+    ds = _brainix()
+    deid = _deid()
+    out = deid.deidentify(ds)
+    pseudonym, shift = deid.subject(ds)
+    assert out.PatientName == out.PatientID == pseudonym
+    shifted = dt.datetime.strptime(out.StudyDate, "%Y%m%d").date()
+    original = dt.datetime.strptime(ds.StudyDate, "%Y%m%d").date()
+    assert (shifted - original).days == shift < 0
+
+
+@pytest.mark.corpus
+def test_every_person_named_in_the_object_is_cleaned_from_kept_text() -> None:
+    """Not only the patient: the referring physician, operators, and a name in a nested item
+    are cleaned from descriptions, as whole words (a short name never cuts another word)."""
+    ds = _brainix()
+    ds.ReferringPhysicianName = "Rao^Priya^^Dr"
+    ds.OperatorsName = "Okonkwo^Chibueze"
+    item = Dataset()
+    item.PersonName = "Nakamura^Hiroshi"
+    ds.ReferencedStudySequence[0].PersonName = item.PersonName
+    ds.SeriesDescription = "T1 Rao paraorbital okonkwo"
+    ds.ProtocolName = "Nakamura_T1"
+    out = _deid().deidentify(ds)
+    assert out.SeriesDescription == "T1 paraorbital"
+    assert "nakamura" not in out.ProtocolName.lower() and "T1" in out.ProtocolName
+    assert "OperatorsName" not in out and out.ReferringPhysicianName == ""
+    assert out.ReferencedStudySequence[0].PersonName == "ANONYMIZED"
+
+
+def test_burned_in_reason_names_standard_values_only() -> None:
+    ds = Dataset()
+    ds.SOPInstanceUID = "1.2.3.4.5"
+    assert burned_in_reason(ds) == ""
+    ds.BurnedInAnnotation = "YES"
+    assert burned_in_reason(ds) == "BurnedInAnnotation is YES"
+    del ds.BurnedInAnnotation
+    ds.SOPClassUID = "1.2.840.10008.5.1.4.1.1.7"
+    assert "Secondary Capture" in burned_in_reason(ds) and "1.2.3.4.5" not in burned_in_reason(ds)
+
+
+# ------------------------------------------------------------------ a whole study (dicom.deid_study)
+
+
+def _small_study(tmp_path: Path, *, burned_in_flair: bool = False) -> Path:
+    """BRAINIX T1 and FLAIR (8 files each) and a structured report naming a physician."""
+    study = tmp_path / "Doe_John_study"  # a folder name that names the patient
+    for series in ("T1", "FLAIR"):
+        (study / series).mkdir(parents=True)
+        for n in range(1, 9):
+            ds = _read(f"brainix/BRAINIX/DICOM/{series}/IM-0001-{n:04d}.dcm")
+            ds.OperatorsName = "Okonkwo^Chibueze"
+            if burned_in_flair and series == "FLAIR":
+                ds.BurnedInAnnotation = "YES"
+            ds.save_as(study / series / f"Doe_John_{n}.dcm")
+    sr = Dataset()
+    sr.SOPClassUID = "1.2.840.10008.5.1.4.1.1.88.11"  # Basic Text SR
+    sr.SOPInstanceUID = "1.2.3.999.1"
+    sr.StudyInstanceUID = _brainix().StudyInstanceUID
+    sr.SeriesInstanceUID = "1.2.3.999"
+    sr.Modality = "SR"
+    sr.PatientName = "BRAINIX"
+    sr.VerifyingObserverSequence = Sequence([Dataset()])
+    sr.VerifyingObserverSequence[0].VerifyingObserverName = "Quist^Tobias"
+    sr.ensure_file_meta()
+    sr.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.1"
+    (study / "SR").mkdir()
+    sr.save_as(study / "SR" / "report.dcm", enforce_file_format=True)
+    return study
+
+
+@pytest.mark.corpus
+def test_study_written_under_new_names_and_read_back_clean(tmp_path: Path) -> None:
+    study = _small_study(tmp_path)
+    out = tmp_path / "out"
+    result = deidentify_study(study, out, DeidPolicy(salt=SALT))
+    assert [(s.folder, s.series_class, len(s.files)) for s in result.series] == [
+        ("S01_MR", "FLAIR", 8),
+        ("S02_MR", "T1", 8),
+    ]
+    assert all(re.fullmatch(r"S0\d_MR/IM000\d\.dcm", f) for f in result.files)
+    assert [s.reason.split(" (")[0] for s in result.skipped] == ["non-image object"]
+    assert result.n_patients == 1 and result.pseudonym.startswith("NS-")
+    assert result.date_shift_days is not None and result.date_shift_days < 0
+    assert "OperatorsName" in result.summary.removed
+    # The report's physician is known, to scrub the case's note with; never dumped.
+    terms = result.identifiers.terms()
+    assert {"Quist", "Tobias", "Okonkwo", "BRAINIX"} <= set(terms)
+    dumped = result.model_dump_json()
+    assert "Quist" not in dumped and str(result.date_shift_days) not in json.loads(dumped)
+    check = verify_deidentified_study(out, result)
+    assert check.ok and check.files_checked == 16 and check.series_checked == 2
+    for path in out.rglob("*"):
+        assert "doe" not in str(path.relative_to(out)).lower()
+
+
+@pytest.mark.corpus
+def test_same_secret_same_files(tmp_path: Path) -> None:
+    study = _small_study(tmp_path)
+    one = deidentify_study(study, tmp_path / "one", DeidPolicy(salt=SALT))
+    two = deidentify_study(study, tmp_path / "two", DeidPolicy(salt=SALT))
+    assert one.files == two.files
+    for rel in one.files:
+        assert (tmp_path / "one" / rel).read_bytes() == (tmp_path / "two" / rel).read_bytes()
+    other = deidentify_study(study, tmp_path / "three", DeidPolicy(salt=SALT + "x"))
+    assert other.series[0].series_uid != one.series[0].series_uid
+
+
+@pytest.mark.corpus
+def test_burned_in_series_left_out_or_flagged(tmp_path: Path) -> None:
+    study = _small_study(tmp_path, burned_in_flair=True)
+    left = deidentify_study(study, tmp_path / "left", DeidPolicy(salt=SALT))
+    assert [s.series_class for s in left.series] == ["T1"]
+    assert "BurnedInAnnotation is YES" in left.skipped[0].reason
+    assert not (tmp_path / "left" / "S01_MR").exists() or left.series[0].folder == "S01_MR"
+    assert verify_deidentified_study(tmp_path / "left", left).ok
+    flagged = deidentify_study(
+        study, tmp_path / "flag", DeidPolicy(salt=SALT, allow_burned_in=True)
+    )
+    assert [(s.series_class, s.burned_in) for s in flagged.series] == [
+        ("FLAIR", "BurnedInAnnotation is YES"),
+        ("T1", ""),
+    ]
+    assert verify_deidentified_study(tmp_path / "flag", flagged).ok
+
+
+@pytest.mark.corpus
+def test_verification_finds_what_leaked(tmp_path: Path) -> None:
+    """Read-back catches a person name, an original UID in a nested item, an identifier in free
+    text, a private tag, a missing mark and a stray file; it names attributes, never values."""
+    study = _small_study(tmp_path)
+    out = tmp_path / "out"
+    result = deidentify_study(study, out, DeidPolicy(salt=SALT))
+    source = _brainix()
+    path = out / result.files[0]
+    ds = pydicom.dcmread(path)
+    ds.PerformingPhysicianName = "Somebody^Else"
+    item = Dataset()
+    item.ReferencedSOPInstanceUID = source.SOPInstanceUID
+    ds.ReferencedImageSequence = Sequence([item])
+    ds.ImageComments = f"patient {source.PatientID}"
+    ds.add_new(0x00291010, "LO", "private")
+    del ds.PatientIdentityRemoved
+    ds.save_as(path)
+    (out / "S01_MR" / "notes.txt").write_text("x")
+    check = verify_deidentified_study(out, result)
+    text = "\n".join(check.problems)
+    assert not check.ok
+    for finding in (
+        "PerformingPhysicianName holds a person name",
+        "ReferencedSOPInstanceUID is an original UID",
+        "PatientID value is in its bytes",
+        "private tag (0029,1010) is present",
+        "PatientIdentityRemoved is not YES",
+        "S01_MR/notes.txt: written but not listed",
+    ):
+        assert finding in text, text
+    assert source.PatientID not in text and source.SOPInstanceUID not in text
+
+
+def test_identifier_search_is_whole_word_and_any_case() -> None:
+    ids = SourceIdentifiers(values={"Rao": "ReferringPhysicianName", "PH1234": "PatientID"})
+    ids.uids.add("1.2.3.4")
+    assert ids.find(b"seen by dr RAO today") == ["ReferringPhysicianName"]
+    assert ids.find(b"paraorbital; PH12345; 1.2.3.45; 11.2.3.4") == []
+    assert ids.find(b"ref 1.2.3.4\x00 and ph1234") == ["PatientID", "an original instance UID"]

@@ -9,6 +9,7 @@ import typer
 
 from gateway.cli.demo import demo_command
 from gateway.cli.eval import eval_command
+from gateway.cli.export import export_case_command
 from gateway.cli.imaging import inspect, render
 from gateway.cli.models import models_app
 from gateway.cli.pacs import pacs_app
@@ -32,6 +33,7 @@ app.command("serve")(serve_command)
 app.command("report")(report_command)
 app.command("phantoms")(phantoms_command)
 app.command("eval")(eval_command)
+app.command("export-case")(export_case_command)
 app.add_typer(runs_app, name="runs")
 app.add_typer(models_app, name="models")
 
