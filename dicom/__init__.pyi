@@ -21,13 +21,28 @@ from .identity import header_value_problem as header_value_problem
 from .identity import study_identity as study_identity
 from .index import index_path as index_path
 from .person import (
+    NamedPerson as NamedPerson,
+)
+from .person import (
+    PersonName as PersonName,
+)
+from .person import (
     PersonNameError as PersonNameError,
 )
 from .person import (
     display_name as display_name,
 )
 from .person import (
+    parse_person_name as parse_person_name,
+)
+from .person import (
     person_name as person_name,
+)
+from .person import (
+    person_names as person_names,
+)
+from .person import (
+    study_person_names as study_person_names,
 )
 from .pixels import load_volume as load_volume
 from .records import (

@@ -1,6 +1,18 @@
-"""DICOM person names (PN) as the project writes them: family^given, checked once here."""
+"""DICOM person names (PN): as the project writes them (family^given, checked once here), and
+every person a study's headers name (any PN attribute, sequences included), so that the PHI gate
+can keep each of them from a model.
+"""
 
 from __future__ import annotations
+
+import re
+
+import pydicom
+from pydantic import BaseModel, Field
+from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
+
+from dicom.records import IndexResult
 
 
 class PersonNameError(ValueError):
@@ -33,3 +45,121 @@ def display_name(value: str) -> str:
     parts = [p.strip() for p in (value or "").split("^")] + [""] * 5
     family, given, middle, prefix, suffix = parts[:5]
     return " ".join(x for x in (prefix, given, middle, family, suffix) if x) or value
+
+
+# --------------------------------------------------------------------------- who a header names
+
+MAX_PERSONS = 512  # person names kept from one header (each PN value is one)
+_MAX_ELEMENTS = 20_000  # elements visited in one header, sequences included
+_MAX_DEPTH = 12  # sequence nesting followed
+_MAX_SERIES = 256  # series whose header is read for the persons of a study
+_PN_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+class PersonName(BaseModel):
+    """One component group of a PN value: family name, given and middle names, prefix, suffix."""
+
+    family: str = ""
+    given: list[str] = Field(default_factory=list)  # given name first, then middle names
+    prefix: str = ""
+    suffix: str = ""
+
+
+class NamedPerson(BaseModel):
+    """A person a DICOM header names: the attribute (its keyword, or its tag when private or
+    unknown) and the PN value as written (``Family^Given^Middle^Prefix^Suffix``, with the
+    ideographic and phonetic groups after ``=``)."""
+
+    keyword: str
+    name: str
+
+
+def parse_person_name(value: str) -> list[PersonName]:
+    """The names a PN value holds, one per non-empty component group (alphabetic, ideographic,
+    phonetic). A value not in DICOM form ("Marta Alvarez") is one family component: callers
+    that need words split it."""
+    out = []
+    for group in _PN_CONTROL.sub(" ", value or "").split("=")[:3]:
+        comps = [c.strip() for c in group.split("^")] + [""] * 5
+        family, given, middle, prefix, suffix = comps[:5]
+        if not (family or given or middle):
+            continue
+        out.append(
+            PersonName(
+                family=family,
+                given=[g for g in (given, *middle.split()) if g],
+                prefix=prefix,
+                suffix=suffix,
+            )
+        )
+    return out
+
+
+def person_names(ds: Dataset) -> list[NamedPerson]:
+    """Every person a header names: each value of every PN attribute (standard or private),
+    inside sequences too, in the order they come; bounded in elements, depth and count. A value
+    that cannot be decoded is skipped."""
+    from pydicom.datadict import keyword_for_tag
+
+    found: list[NamedPerson] = []
+    seen: set[tuple[str, str]] = set()
+    budget = [_MAX_ELEMENTS]
+
+    def walk(d: Dataset, depth: int) -> None:
+        for tag in list(d.keys()):
+            budget[0] -= 1
+            if budget[0] < 0 or len(found) >= MAX_PERSONS:
+                return
+            try:
+                elem = d[tag]
+                vr, value = elem.VR, elem.value
+            except Exception:  # a hostile element: unreadable, not fatal
+                continue
+            if vr == "SQ" and depth < _MAX_DEPTH:
+                for item in value or []:
+                    if isinstance(item, Dataset):
+                        walk(item, depth + 1)
+            elif vr == "PN" and value not in (None, ""):
+                name = keyword_for_tag(tag) if not tag.is_private else ""
+                key = name or f"({tag.group:04X},{tag.element:04X})"
+                values = value if isinstance(value, MultiValue | list | tuple) else [value]
+                for v in values:
+                    text = _PN_CONTROL.sub(" ", str(v)).strip()[: 5 * 3 * MAX_COMPONENT]
+                    if text and (key, text) not in seen:
+                        seen.add((key, text))
+                        found.append(NamedPerson(keyword=key, name=text))
+
+    walk(ds, 0)
+    return found
+
+
+def study_person_names(index: IndexResult, max_series: int = _MAX_SERIES) -> list[NamedPerson]:
+    """Every person the headers of an indexed study name: the first file of each series is read
+    whole (pixels excepted), since operators, performing and reading physicians differ from one
+    series to the next. A file that cannot be read adds no one."""
+    from dicom.sources import HEADER_PREFIX, open_source
+
+    found: list[NamedPerson] = []
+    seen: set[tuple[str, str]] = set()
+    paths = list(
+        dict.fromkeys(s.volumes[0][0].path for s in index.series if s.volumes and s.volumes[0])
+    )
+    for path in paths[:max_series]:
+        try:
+            with open_source(path, prefix=HEADER_PREFIX) as fh:  # a header: no more inflated
+                ds = pydicom.dcmread(fh, stop_before_pixels=True, defer_size="1 MB")
+                people = person_names(ds)
+        except (
+            OSError,
+            ValueError,
+            TypeError,
+            EOFError,
+            RecursionError,
+            pydicom.errors.InvalidDicomError,
+        ):
+            continue
+        for p in people:
+            if (p.keyword, p.name) not in seen and len(found) < MAX_PERSONS:
+                seen.add((p.keyword, p.name))
+                found.append(p)
+    return found

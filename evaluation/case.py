@@ -142,9 +142,19 @@ class GroundTruth(BaseModel):
 # --------------------------------------------------------------------------- cases
 
 
+class StudyPerson(BaseModel):
+    """A person the study's headers name: the PN attribute (``ReferringPhysicianName``,
+    ``OperatorsName``...; a tag for a private one) and its value as written
+    (``Family^Given^Middle^Prefix^Suffix``, ideographic and phonetic groups after ``=``)."""
+
+    role: str
+    name: str
+
+
 class StudyIdentity(BaseModel):
     """The hospital's identifiers of the study a case comes from (shown to reviewers apart from
-    the de-identified record; never sent to a model). Filled from ``dicom.HeaderIdentity``."""
+    the de-identified record; never sent to a model). Filled from ``dicom.HeaderIdentity``, and
+    ``persons`` from ``dicom.study_person_names``: the PHI gate scrubs each of them."""
 
     patient_name: str = ""  # display form: "Given Family"
     patient_id: str = ""
@@ -156,6 +166,9 @@ class StudyIdentity(BaseModel):
     institution: str = ""
     modalities: list[str] = Field(default_factory=list)
     n_series: int = 0
+    # every person any PN attribute of the study names (patient, referring, performing, reading
+    # physicians, operators, physicians of record, requesting physician, nested ones...)
+    persons: list[StudyPerson] = Field(default_factory=list)
 
 
 class ImageRef(BaseModel):

@@ -246,9 +246,160 @@ def note_from_bundle(bundle: Any, max_chars: int = 20000) -> str:
     return ""
 
 
-def identifying_terms(bundle: Any) -> list[str]:
-    """Strings of the Patient resource that identify the person (for scrubbing free text)."""
+# --------------------------------------------------------------------------- who the record names
+
+
+def word_set(text: str) -> frozenset[str]:
+    """A list of words written as one space-separated text."""
+    return frozenset(text.split())
+
+
+# Words that stand next to names without being one (titles, credentials, roles, departments,
+# particles): never scrubbed on their own.
+NOT_NAMES = word_set(
+    """dr doctor prof professor mr mrs ms mx miss sir dame rev sister sr jr md phd mbbs mbchb
+    frcp frcr frcs mrcp frcpath facp dm do rn np pa ba bsc msc dds consultant registrar sho
+    resident fellow attending nurse matron radiographer technologist technician
+    physician physio neurologist radiologist neuroradiologist surgeon neurosurgeon clinician
+    gp neurology radiology neuroradiology stroke emergency department dept team
+    clinic service ward unit hospital general practitioner practice medicine medical the and
+    of for with at in on van von der den del della de da di du dos das bin ibn ben al el la
+    le los las y e ophthalmology neurophysiology cardiology haematology oncology rheumatology
+    psychiatry physiotherapy orthopaedics icu itu hdu ae"""
+)
+# FHIR resources that are people, and Reference keys that point at one
+PERSON_RESOURCES = frozenset({"Patient", "Practitioner", "PractitionerRole", "RelatedPerson", "Person"})  # fmt: skip
+_PERSON_KEYS = word_set(
+    """author authenticator attester party performer participant individual actor requester
+    recorder asserter informant enterer who onBehalfOf generalPractitioner verifier sender
+    recipient interpreter resultsInterpreter referrer orderer agent collector practitioner
+    attender consultant responsible responsibleParty careManager reporter witness contact
+    signer custodianPerson"""
+)
+_FOLD = str.maketrans({"ß": "ss", "ø": "o", "Ø": "O", "æ": "ae", "Æ": "AE", "œ": "oe",
+                       "Œ": "OE", "ł": "l", "Ł": "L", "đ": "d", "Đ": "D", "ı": "i", "þ": "th",
+                       "Þ": "Th", "ð": "d", "Ð": "D"})  # fmt: skip
+_WORDS = re.compile(r"[\s\-‐–]+")
+_CJK = re.compile(r"[\u2e80-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+_MAX_NODES = 50_000
+_MAX_DEPTH = 24
+
+
+def ascii_fold(text: str) -> str:
+    """``text`` without accents, as a note typed on an English keyboard writes a name."""
+    import unicodedata
+
+    decomposed = unicodedata.normalize("NFKD", text.translate(_FOLD))
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
+
+
+def person_terms(family: str, given: list[str], text: str = "") -> list[str]:
+    """Every string by which a note may name this person: each name and each word of it (3
+    letters or more, titles and particles excepted), the usual written forms ("Marta Alvarez",
+    "Alvarez, Marta", "Alvarez^Marta", "M. Alvarez", "Alvarez M"...), and their spellings without
+    accents."""
+    family = _text(family, 200)
+    givens = [g for g in (_text(x, 200) for x in given) if g]
+    words = [w for n in [family, *givens] for w in [n, *_WORDS.split(n)] if w]
+    terms = [w for w in words if w.lower().strip(".") not in NOT_NAMES]
+    if text:
+        terms.append(_text(text, 200))
+    if family and givens:
+        g1, all_given, i = givens[0], " ".join(givens), givens[0][0]
+        terms += [
+            f"{g1} {family}", f"{all_given} {family}", f"{family}, {g1}", f"{family}, {all_given}",
+            f"{family} {g1}", f"{family}^{g1}", f"{family}^{'^'.join(givens)}", f"{i}. {family}",
+            f"{i}.{family}", f"{i} {family}", f"{family}, {i}.", f"{family} {i}.",
+        ]  # fmt: skip
+        if _CJK.search(family + g1):  # written without a space
+            terms += [f"{family}{g1}", f"{g1}{family}"]
+    elif givens and _CJK.search(givens[0]):
+        terms.append("".join(givens))
+    terms += [ascii_fold(t) for t in terms]
+    return [t for t in dict.fromkeys(terms) if long_enough(t)]
+
+
+def display_terms(display: str) -> list[str]:
+    """The terms of a name written as display text ("Dr Marta Alvarez (neurology)", "Alvarez,
+    Marta", "Nicolás Barbero, MD"): its words, without titles, credentials and what is in
+    brackets."""
+    text = re.sub(r"\([^)]*\)|\[[^\]]*\]", " ", _text(display, 200))
+    head, _, tail = text.partition(",")
+    tail_words = [w for w in tail.split() if w.lower().strip(".") not in NOT_NAMES]
+    if tail_words and len(head.split()) == 1:  # "Family, Given"
+        family, given = head.strip(), tail_words
+    else:
+        words = [w for w in head.split() if w.lower().strip(".") not in NOT_NAMES]
+        if not words:
+            return []
+        family, given = words[-1], words[:-1]
+    shown = " ".join([*given, family])
+    return person_terms(family, given, shown)
+
+
+def _human_name(n: dict[str, Any]) -> list[str]:
+    given = [g for g in _list(n.get("given")) if isinstance(g, str)]
+    family = n["family"] if isinstance(n.get("family"), str) else ""
+    terms = person_terms(family, given, _text(n.get("text"))) if family or given else []
+    if isinstance(n.get("text"), str):
+        terms += display_terms(n["text"])
+    return terms
+
+
+def _reference_type(ref: dict[str, Any]) -> str:
+    kind = ref.get("type")
+    if isinstance(kind, str):
+        return kind.rstrip("/").rsplit("/", 1)[-1]
+    target = ref.get("reference")
+    if isinstance(target, str) and not target.startswith(("urn:", "#")):
+        parts = target.split("?")[0].rstrip("/").split("/")
+        return parts[-2] if len(parts) >= 2 else ""
+    return ""
+
+
+def person_name_terms(bundle: Any) -> list[str]:
+    """Terms of every person the record names, whatever their role: every HumanName anywhere
+    (patients, practitioners, related persons, contacts, contained resources), the display of
+    every Reference to a person (an encounter's participants, a note's author and
+    authenticator, a general practitioner...), and the telecom and address of each."""
     terms: list[str] = []
+    budget = [_MAX_NODES]
+
+    def walk(node: Any, key: str, depth: int) -> None:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > _MAX_DEPTH:
+            return
+        if isinstance(node, list):
+            for item in node[:500]:
+                walk(item, key, depth + 1)
+            return
+        if not isinstance(node, dict):
+            return
+        if (key == "name" or "family" in node or "given" in node) and "coding" not in node:
+            terms.extend(_human_name(node))
+        if isinstance(node.get("display"), str) and "coding" not in node and "code" not in node:
+            kind = _reference_type(node)
+            if kind in PERSON_RESOURCES or (not kind and key in _PERSON_KEYS):
+                terms.extend(display_terms(node["display"]))
+        if key == "telecom" and isinstance(node.get("value"), str):
+            terms.append(_text(node["value"]))
+        if key == "address":
+            terms.append(_text(node.get("text")))
+            terms.extend(_text(line) for line in _list(node.get("line")))
+            terms.extend(_text(node.get(k)) for k in ("city", "postalCode"))
+        for k, v in node.items():
+            if isinstance(v, dict | list):
+                walk(v, k, depth + 1)
+
+    walk(resources(bundle), "", 0)
+    return terms
+
+
+def identifying_terms(bundle: Any) -> list[str]:
+    """Strings of the record that identify a person (for scrubbing free text): the patient's
+    names, identifiers, telecom, address and birth date, and every other person the record
+    names (``person_name_terms``), longest first."""
+    terms: list[str] = person_name_terms(bundle)
     for p in _of(resources(bundle), "Patient"):
         for name in _list(p.get("name")):
             n = _dict(name)
@@ -275,5 +426,11 @@ def identifying_terms(bundle: Any) -> list[str]:
                     born.strftime("%Y%m%d"),
                 ]
             )
-    # Short fragments (initials) would scrub ordinary words; keep terms of 3+ characters.
-    return sorted({t for t in terms if len(t) >= 3}, key=len, reverse=True)
+    # Short fragments (initials) would scrub ordinary words; keep terms of 3+ characters (2 for
+    # a name in Chinese, Japanese or Korean characters).
+    return sorted({t for t in terms if long_enough(t)}, key=len, reverse=True)
+
+
+def long_enough(term: str) -> bool:
+    """Whether a term is long enough to scrub wherever it stands as a word."""
+    return len(term) >= 3 or (len(term) == 2 and bool(_CJK.search(term)))

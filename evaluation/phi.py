@@ -5,8 +5,15 @@ reference models, a vLLM/Ollama server on this machine). Anything else is remote
 only de-identified content:
 
 * text parts are scrubbed of the patient's own identifiers (names, MRN and other identifiers,
-  telecom, address, birth date, taken from the FHIR Patient resource) and of identifier shapes
-  (dates, phone numbers, e-mail addresses, long digit runs, "MRN: ..." fields, ages over 89);
+  telecom, address, birth date, taken from the FHIR Patient resource and the study's headers), of
+  every other person the record names, in any role and any written form ("Marta Alvarez",
+  "M. Alvarez", "Alvarez, Marta", "Alvarez^Marta"): each PN attribute of the study (referring,
+  performing, reading physicians, operators, physicians of record, requesting physician...) and
+  each person of the FHIR record (practitioners, participants, the note's author, family
+  contacts...), of the names on signature lines whoever signs ("Signed: ...", "Dictated by ...",
+  "— M. Alvarez (neurology)", a titled name, a name after a role or relation word), and of
+  identifier shapes (dates, phone numbers, e-mail addresses, long digit runs, "MRN: ..." fields,
+  ages over 89);
 * images must be PNGs without text chunks (re-encoded otherwise) and must not come from a series
   flagged as carrying burned-in annotation (dropped, and the drop is recorded);
 * rendered labels and the EHR block carry no identifiers by construction, and are scrubbed too.
@@ -23,12 +30,20 @@ import io
 import ipaddress
 import re
 import struct
+from functools import lru_cache
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field
 
-from evaluation.case import Case
-from evaluation.ehr import identifying_terms
+from evaluation.case import Case, StudyPerson
+from evaluation.ehr import (
+    NOT_NAMES,
+    display_terms,
+    identifying_terms,
+    long_enough,
+    person_terms,
+    word_set,
+)
 from evaluation.errors import PHIError
 from evaluation.modelio import ImagePart, Message, TextPart
 
@@ -47,7 +62,11 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
             re.I,
         ),
     ),
-    ("labelled_name", re.compile(r"\b(Patient|Name|Pt)\s*:\s*[^\n]*?(?=\s{2,}|\t|$)", re.I | re.M)),
+    # a name never starts with a digit: the record block's "Patient: 35 years, male" stays
+    (
+        "labelled_name",
+        re.compile(r"\b(Patient|Name|Pt)\s*:\s*+(?!\d)[^\n]*?(?=\s{2,}|\t|$)", re.I | re.M),
+    ),
     ("labelled_address", re.compile(r"\b(Address|Addr)\s*:\s*[^\n]*?(?=\s{2,}|\t|$)", re.I | re.M)),
     ("date", re.compile(r"\b\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}\b")),
     ("date", re.compile(r"\b(19|20)\d{2}-\d{2}-\d{2}(T[\d:.+Z-]+)?\b")),
@@ -61,7 +80,6 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ("phone", re.compile(r"(?<![\w/])\+?\(?\d{2,5}\)?[ -]\d{3,4}[ -]?\d{3,4}\b")),
     ("digits", re.compile(r"\b\d{7,}\b")),
     ("uk_postcode", re.compile(r"\b[A-Z]{1,2}\d[A-Z\d]?\s+\d[A-Z]{2}\b")),
-    ("title_name", re.compile(r"\b(Mr|Mrs|Ms|Miss|Dr)\.?\s+[A-Z][A-Za-z'-]+")),
 ]
 _OLD_AGE = re.compile(r"\b(9\d|1[0-4]\d)(?=\s*(-?\s*year|y/?o\b|yo\b|yrs?\b))", re.I)
 
@@ -131,14 +149,220 @@ def is_trusted(api_base: str | None, policy: PHIPolicy, *, local: bool = False) 
     return False
 
 
+# --------------------------------------------------------------------------- names by their shape
+
+# A name as people write one: capitalised words (any alphabet: Alvarez, O'Brien, Okonkwo-Hartigan,
+# ALVAREZ, Ибрагимова), initials (M., J), a name already redacted; after a title or not.
+_UPPER = "".join(re.escape(chr(c)) for c in range(0x41, 0x2C00) if chr(c).isupper())
+_LETTER = r"[^\W\d_]"
+_TOKEN = rf"(?:\[REDACTED\]|[{_UPPER}]{_LETTER}*(?:['’-]{_LETTER}+)*\.?)"
+_TITLES = ("Dr", "Prof", "Professor", "Mr", "Mrs", "Ms", "Mx", "Miss", "Rev")
+_TITLE = r"(?:" + "|".join(_TITLES) + r")\.?"
+_SPAN = rf"(?:{_TITLE}[ \t]+)?{_TOKEN}(?:(?:,[ \t]*|[ \t]+){_TOKEN}){{0,4}}"
+_TOKEN_RE = re.compile(_TOKEN)
+_SPAN_RE = re.compile(_SPAN)
+_CUE_END = re.compile(r"(?i)(?:\bby|:)[ \t]*$")
+# Capitalised words that start clinical lines, never a name.
+_CLINICAL = word_set(
+    """mri ct mr pet brain head spine scan contrast flair dwi adc swi axial sagittal coronal
+    image images plan pc hpc pmh dh o/e obs nkda nihss gcs edss mrs bp hr rr spo2 crp icd
+    who no nil normal left right bilateral multiple sclerosis glasgow coma scale acute
+    chronic history impression findings report conclusion diagnosis differential imaging
+    clinical note letter admission discharge summary date time patient address tel dob mrn
+    nhs ge siemens philips toshiba canon hitachi signa"""
+)
+# Eponyms a note names after "mother", "father: ..." (a family history) or on a line of its own:
+# a disease, never the relative's name.
+_EPONYMS = word_set(
+    """parkinson alzheimer huntington creutzfeldt jakob guillain barré barre charcot
+    friedreich devic lewy binswanger wernicke korsakoff tourette duchenne menière meniere
+    horner sjögren sjogren behçet behcet lyme tolosa susac chiari moyamoya cadasil hashimoto
+    krabbe canavan fabry gaucher niemann batten rett kearns sayre erb klumpke babinski
+    romberg kernig brudzinski dandy sturge hippel lindau bell todd pick"""
+)
+_DISEASE_AFTER = re.compile(
+    r"[ \t]*(?:disease|syndrome|palsy|ataxia|chorea|dementia|dystrophy|sign|phenomenon|"
+    r"malformation|encephalopathy|encephalitis|aneurysm|paralysis|neuropathy|tumou?r)\b",
+    re.I,
+)
+# Words that say the words before them were a person's name (a signature's department or role).
+_ROLE_WORDS = word_set(
+    """neurology radiology neuroradiology registrar consultant sho resident fellow md phd mbbs
+    mbchb frcp frcr mrcp nurse physician neurologist radiologist neuroradiologist gp
+    clinician doctor attending surgeon neurosurgeon neurosurgery stroke team department dept
+    ed a&e medicine st1 st2 st3 st4 st5 st6 st7 st8 fy1 fy2 ct1 ct2 spr sr"""
+)
+# (the cue ignores case; the name after a bare cue must be capitalised: "Signed consent" is not)
+_STRONG_CUE = re.compile(
+    r"(?m)^([ \t>*•·-]*(?i:(?:(?:electronically|digitally|e-)[ \t]*)?"
+    r"(?:signed|co-?signed|countersigned|authenticated|dictated|transcribed|typed|"
+    r"authori[sz]ed|verified|approved|signature|sig\.|e-?signature)\b"
+    r"(?:[^\n:]{0,40}?\bby\b[ \t]*:?|[ \t]*:))|"
+    r"(?i:(?:(?:electronically|digitally|e-)[ \t]*)?(?:signed|co-?signed|countersigned|"
+    r"authenticated|dictated|transcribed|verified|approved)\b)(?=[ \t]+(?:"
+    + _TITLE
+    + r"[ \t]+)?["
+    + _UPPER
+    + r"]"
+    + _LETTER
+    + r"*[ \t]+["
+    + _UPPER
+    + r"]))[ \t]*(\S[^\n]*)$"
+)
+_WEAK_CUE = re.compile(
+    r"(?i:\b(?:(?:seen|reviewed|reported|examined|assessed|referred|requested|ordered|"
+    r"performed|read|scanned|interpreted|written|prepared|admitted|clerked|checked|verified|"
+    r"approved|signed|dictated|transcribed|typed|authored|supervised|triaged|accompanied|"
+    r"escorted|witnessed|covered|accepted|booked|scheduled|vetted|protocolled|operated|"
+    r"acquired|done|note)[ \t]+(?:[a-z]+[ \t]+)?by|(?:discussed|d/w|spoke|spoken|liaised|"
+    r"handed[ \t]+over)[ \t]+(?:with|to)|under[ \t]+(?:the[ \t]+)?care[ \t]+of|"
+    r"(?:referring|requesting|reporting|attending|treating|admitting|responsible|supervising)"
+    r"(?:[ \t]+(?:physician|doctor|clinician|consultant|neurologist|radiologist|surgeon))?|"
+    r"consultant|registrar|radiologists?|radiographers?|operators?|technologists?|"
+    r"next[ \t]+of[ \t]+kin|nok|wife|husband|partner|spouse|son|daughter|mother|father|"
+    r"brother|sister|carer|guardian|friend|relative|niece|nephew|aunt|uncle|grandson|"
+    r"granddaughter|emergency[ \t]+contact)\b[ \t]*[:–—-]?|"
+    r"\b(?:cc|attn|author|reporter|from|to|gp|signed)[ \t]*:)[ \t]*(" + _SPAN + ")"
+)
+_TITLED = re.compile(rf"(?<!\w)({_TITLE})[ \t]+({_TOKEN}(?:(?:,[ \t]*|[ \t]+){_TOKEN}){{0,4}})")
+_DASH_LINE = re.compile(rf"(?m)^[ \t]*(?:—|–|--|~)[ \t]*({_SPAN})")
+_NAME_LINE = re.compile(
+    rf"(?m)^[ \t]*((?:[-—–~]+[ \t]*)?)({_SPAN})[ \t]*(\([^)\n]*\)|,[^\n]*)?[ \t]*\.?[ \t]*$"
+)
+_SIGN_OFF = re.compile(
+    r"(?im)^[ \t]*(?:yours[ \t]+(?:sincerely|faithfully|truly)|(?:kind|best|warm|warmest|"
+    r"with[ \t]+best)[ \t]+regards|regards|best[ \t]+wishes|many[ \t]+thanks|with[ \t]+thanks|"
+    r"thanks)[ \t]*[,.!]?[ \t]*\n(?:[ \t]*\n)*[ \t]*"
+)
+_INITIALS_BEFORE = re.compile(rf"(?<![\w.])(?:[{_UPPER}]\.[ \t]?|[{_UPPER}][ \t])+(?=\[REDACTED\])")
+_INITIALS_AFTER = re.compile(rf"(?<=\[REDACTED\])(?:,?[ \t]+[{_UPPER}]\.)+")
+
+
+def _bare(word: str) -> str:
+    return word.lower().strip(".,")
+
+
+def _name_in(span: str, *, marker: bool = True) -> tuple[int, int] | None:
+    """Where the name is in a name-shaped ``span`` (titles before it and role words after it
+    left out), or None when the words are not a name: a clinical or role word among them, only
+    initials, or (without ``marker``) nothing that marks a signature (a title, an initial)."""
+    toks = [(m.start(), m.end(), m.group()) for m in _TOKEN_RE.finditer(span)]
+    titled = False
+    while toks and _bare(toks[0][2]) in {t.lower() for t in _TITLES}:
+        toks.pop(0)
+        titled = True
+    while toks and toks[-1][2] != REDACTED and _bare(toks[-1][2]) in NOT_NAMES | _ROLE_WORDS:
+        toks.pop()
+    words = [t for _, _, t in toks if t != REDACTED and len(t.rstrip(".")) > 1]
+    if not toks or any(_bare(w) in NOT_NAMES | _CLINICAL for w in words):
+        return None
+    if not words and REDACTED not in (t for _, _, t in toks):
+        return None  # initials only
+    initial = any(t != REDACTED and len(t.rstrip(".")) == 1 for _, _, t in toks)
+    if not (marker or titled or initial):
+        return None
+    return toks[0][0], toks[-1][1]
+
+
+def _eponym(span: str, after: str) -> bool:
+    """Whether the words are a disease named after someone ("Parkinson's", "Guillain-Barré
+    syndrome"), not a person: a possessive, a known eponym, or a disease word right after."""
+    words = [w for w in re.split(r"[\s,]+", span) if w]
+    return (
+        any(re.search(r"['’]s$", w) for w in words)
+        or any(_bare(part) in _EPONYMS for w in words for part in w.split("-"))
+        or bool(_DISEASE_AFTER.match(after))
+    )
+
+
+def _redact_span(
+    text: str, start: int, span: str, *, marker: bool = True, eponyms: bool = True
+) -> tuple[str, bool]:
+    where = _name_in(span, marker=marker)
+    if where is None or span[where[0] : where[1]] == REDACTED:
+        return text, False
+    if eponyms and _eponym(span[where[0] : where[1]], text[start + where[1] :][:40]):
+        return text, False
+    a, b = start + where[0], start + where[1]
+    return text[:a] + REDACTED + text[b:], True
+
+
+def _sub_spans(
+    pattern: re.Pattern[str], text: str, group: int, *, eponyms: bool
+) -> tuple[str, int]:
+    """Redact the name in ``group`` of every match of ``pattern`` (right to left, so offsets hold)."""
+    n = 0
+    for m in reversed(list(pattern.finditer(text))):
+        text, done = _redact_span(text, m.start(group), m.group(group), eponyms=eponyms)
+        n += done
+    return text, n
+
+
+def scrub_signatures(text: str) -> tuple[str, int]:
+    """Redact the names on signature lines and next to a title, role or relation word, whoever
+    they are: the rest of a line that starts with a signature cue ("Signed:", "Electronically
+    signed by", "Dictated by", "Verified by"...), the name after a role or relation cue
+    ("reported by", "discussed with", "cc:", "registrar", "wife"...), after a title (Dr, Prof,
+    Mr...), after a dash that opens a line ("— M. Alvarez"), on a line that is only a name with
+    a department or role ("M. Alvarez (neurology)"), and after a sign-off ("Kind regards,")."""
+    n = 0
+    out = []
+    last = 0
+    for m in _STRONG_CUE.finditer(text):
+        rest = m.group(2)
+        if rest.strip() == REDACTED:
+            continue
+        if not _CUE_END.search(m.group(1)):  # a bare cue: only a name after it counts
+            head = _SPAN_RE.match(rest)
+            if head is None or _name_in(head.group()) is None:
+                continue
+        out.append(text[last : m.start(2)] + REDACTED)
+        last = m.end(2)
+        n += 1
+    text = "".join(out) + text[last:]
+    for pattern, group, eponyms in (
+        (_WEAK_CUE, 1, True),
+        (_TITLED, 2, False),  # "Dr Parkinson's clinic" is a person
+        (_DASH_LINE, 1, True),
+    ):
+        text, k = _sub_spans(pattern, text, group, eponyms=eponyms)
+        n += k
+    for m in reversed(list(_NAME_LINE.finditer(text))):
+        dash, span, tail = m.group(1), m.group(2), m.group(3) or ""
+        role = any(_bare(w) in _ROLE_WORDS for w in re.split(r"[\s(),/]+", tail) if w)
+        text, done = _redact_span(text, m.start(2), span, marker=bool(dash) or role)
+        n += done
+    for m in reversed(list(_SIGN_OFF.finditer(text))):
+        line = _SPAN_RE.match(text, m.end())
+        if line:
+            text, done = _redact_span(text, m.end(), line.group(), marker=True)
+            n += done
+    return text, n
+
+
+@lru_cache(maxsize=256)
+def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
+    """One pattern for all the terms, longest first (so a full name wins over its parts)."""
+    ordered = sorted({t for t in terms if t}, key=len, reverse=True)
+    if not ordered:
+        return None
+    return re.compile(r"(?<!\w)(?:" + "|".join(map(re.escape, ordered)) + r")(?!\w)", re.I)
+
+
 def scrub_text(text: str, terms: list[str]) -> tuple[str, dict[str, int]]:
-    """Replace the patient's identifiers and identifier-shaped strings; count what was replaced."""
+    """Replace the identifiers of the record's persons, the names on signature lines and
+    identifier-shaped strings; count what was replaced."""
     counts: dict[str, int] = {}
-    for term in terms:
-        pattern = re.compile(r"(?<!\w)" + re.escape(term) + r"(?!\w)", re.I)
-        text, n = pattern.subn(REDACTED, text)
+    known = _terms_pattern(tuple(terms))
+    if known is not None:
+        text, n = known.subn(REDACTED, text)
         if n:
-            counts["identifier"] = counts.get("identifier", 0) + n
+            counts["identifier"] = n
+    text, n = scrub_signatures(text)
+    if n:
+        counts["person_name"] = n
+    # "M. [REDACTED]" and "[REDACTED], M." say no more than "[REDACTED]"
+    text = _INITIALS_AFTER.sub("", _INITIALS_BEFORE.sub("", text))
     for name, pattern in _PATTERNS:
         text, n = pattern.subn(_keep_label(name), text)
         if n:
@@ -153,8 +377,6 @@ def _keep_label(name: str) -> str | re._ReplacementFn:  # type: ignore[name-defi
     """For 'Label: value' patterns keep the label and redact the value."""
     if name in ("labelled_name", "labelled_address", "labelled_id"):
         return lambda m: f"{m.group(1)}: {REDACTED}"
-    if name == "title_name":
-        return lambda m: f"{m.group(1)} {REDACTED}"
     return REDACTED
 
 
@@ -188,6 +410,22 @@ def strip_png(png: bytes) -> bytes:
     return buf.getvalue()
 
 
+def study_terms(persons: list[StudyPerson]) -> list[str]:
+    """The terms of every person a study's headers name: each component group of the PN value
+    (alphabetic, ideographic, phonetic) in each written form, and the words of a value that is
+    not in DICOM form."""
+    from dicom import parse_person_name
+
+    terms: list[str] = []
+    for person in persons:
+        for pn in parse_person_name(person.name):
+            family, given = pn.family, pn.given
+            if not given and " " in family.strip():  # "Marta Alvarez" in a PN attribute
+                *given, family = family.split()
+            terms += person_terms(family, given)
+    return terms
+
+
 class PHIGate:
     """Applies a :class:`PHIPolicy` to the messages of one request."""
 
@@ -196,11 +434,21 @@ class PHIGate:
         self._terms: dict[str, list[str]] = {}
 
     def terms_for(self, case: Case) -> list[str]:
+        """What identifies a person in this case: the record's persons (``identifying_terms``),
+        every person the study's headers name, in each of their written forms, and the study's
+        identifiers (patient ID, accession number, institution)."""
         if case.case_id not in self._terms:
             terms = identifying_terms(case.ehr) if case.ehr else []
-            if case.patient_id and len(case.patient_id) >= 3:
+            if case.patient_id:
                 terms.append(case.patient_id)
-            self._terms[case.case_id] = terms
+            ident = case.provenance.identity
+            if ident is not None:
+                terms += study_terms(ident.persons)
+                terms += [ident.patient_id, ident.accession_number, ident.institution]
+                terms += display_terms(ident.patient_name)
+            self._terms[case.case_id] = sorted(
+                {t for t in terms if long_enough(t)}, key=len, reverse=True
+            )
         return self._terms[case.case_id]
 
     def prepare(

@@ -19,12 +19,16 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from dicom import IndexResult, RenderedImage
-from evaluation.case import Case, ImageRef, StudyIdentity
+from evaluation.case import Case, ImageRef, StudyIdentity, StudyPerson
 from evaluation.errors import DatasetError
 
 MONTAGE_CLASSES = ("FLAIR", "DWI", "ADC", "T1C", "T2", "T1", "SWI", "T2STAR", "CT", "PD", "TRACE")
 CLASSIFICATION_PREFERENCE = ("FLAIR", "T1C", "T2", "T1", "CT")
 _MAX_STUDY_BYTES = 4 * 1024**3
+# What a cached rendered.json records beyond the images; part of the cache key, so an entry
+# written before a change is rendered again (2: the persons the study's headers name, which the
+# PHI gate scrubs; an older entry would hand the gate none).
+RENDERED_RECORD_VERSION = 2
 
 
 class RenderPlan(BaseModel):
@@ -106,6 +110,7 @@ def render_study(
             "plan": plan.model_dump(),
             "renderer": renderer_version(),
             "lesion_z": lesion_z,
+            "record": RENDERED_RECORD_VERSION,
         },
         sort_keys=True,
     )
@@ -243,10 +248,14 @@ def _render(
 
 
 def _identity(index: IndexResult) -> StudyIdentity | None:
-    from dicom import study_identity
+    """The study's identifiers and every person its headers name (for the PHI gate)."""
+    from dicom import study_identity, study_person_names
 
     found = study_identity(index)
-    return StudyIdentity.model_validate(found.model_dump()) if found else None
+    persons = [StudyPerson(role=p.keyword, name=p.name) for p in study_person_names(index)]
+    if found is None:
+        return StudyIdentity(persons=persons) if persons else None
+    return StudyIdentity.model_validate(found.model_dump() | {"persons": persons})
 
 
 def _pick_slice(images: list[RenderedImage], lesion_z: float | None) -> RenderedImage | None:
