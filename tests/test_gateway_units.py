@@ -355,8 +355,8 @@ def test_metrics_render_prometheus_text() -> None:
     m.inc("dicom_instances_received_total", 3)
     text = m.render()
     assert "# TYPE neurosandbox_dicom_instances_received_total counter" in text
-    assert "neurosandbox_dicom_instances_received_total 3" in text
-    assert 'neurosandbox_http_requests_total{method="GET",route="/x\\"y",status="200"} 1' in text
+    assert "neurosandbox_dicom_instances_received_total 3.0" in text
+    assert 'neurosandbox_http_requests_total{method="GET",route="/x\\"y",status="200"} 1.0' in text
 
 
 def test_generate_uid_is_used_for_new_objects() -> None:

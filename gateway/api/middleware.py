@@ -185,7 +185,7 @@ class AccessLog:
             method = scope.get("method", "")
             dt = time.perf_counter() - t0
             METRICS.inc("http_requests_total", route=template, method=method, status=str(status))
-            METRICS.inc("http_request_seconds_sum", dt, route=template)
+            METRICS.observe("http_request_seconds", dt, route=template)
             log.info("%s %s -> %d (%.0f ms)", method, template, status, dt * 1000)
             quiet = template in QUIET_PATHS or (template.startswith(QUIET_WHEN_OK) and status < 400)
             if not quiet:

@@ -7,7 +7,7 @@ import json
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from gateway.api.deps import Admin, Ctx, Token, errors
 from gateway.audit import AuditEvent
@@ -32,10 +32,12 @@ def audit_log(
     "/metrics",
     response_class=PlainTextResponse,
     summary="Prometheus metrics (text exposition format)",
-    responses={200: {"content": {"text/plain": {}}}},
+    responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}}}},
 )
-def metrics(_t: Token) -> PlainTextResponse:
-    return PlainTextResponse(METRICS.render(), media_type="text/plain; version=0.0.4")
+def metrics(request: Request, _t: Token) -> Response:
+    """Prometheus text format; OpenMetrics when the scraper's ``Accept`` asks for it."""
+    body, content_type = METRICS.exposition(request.headers.get("accept", ""))
+    return Response(body, media_type=content_type)
 
 
 @router.get("/openapi.json", include_in_schema=False)
