@@ -1,16 +1,16 @@
 """Orthanc client on pyorthanc: list, classify, fetch (streamed, cached) and store instances.
 
 Timeouts suit long calls (archives, moves, uploads of big studies); idempotent requests are
-retried on transport errors and 502/503/504. Series classes come from the imaging core
-(``dicom.index``) run on header-only copies built from the DICOMweb metadata, so no pixel
-data crosses the network to classify a series.
+retried (tenacity: ``retries`` more attempts, waits of 0.5 s doubling) on transport errors
+and 502/503/504; failed connects are also retried by the httpx transport. Series classes come
+from the imaging core (``dicom.index``) run on header-only copies built from the DICOMweb
+metadata, so no pixel data crosses the network to classify a series.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +20,13 @@ from pydantic import BaseModel, Field
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian
 from pyorthanc import Orthanc
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from dicom import SeriesInfo, index_path
 from gateway.cache import InstanceCache, check_uid
@@ -27,6 +34,20 @@ from gateway.cache import InstanceCache, check_uid
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_STATUS = {502, 503, 504}
+BACKOFF_S = 0.5  # wait before the first retry; doubles before each next one
+
+
+def _retryable(exc: BaseException) -> bool:
+    """A failure worth another try of an idempotent call: the transport, or 502/503/504."""
+    if isinstance(exc, httpx.HTTPStatusError):
+        return exc.response.status_code in RETRY_STATUS
+    return isinstance(exc, httpx.TransportError)
+
+
+def _failure(exc: BaseException | None) -> str:
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return type(exc).__name__
 
 
 class OrthancError(RuntimeError):
@@ -97,9 +118,11 @@ class OrthancClient:
         password: str | None,
         timeout_s: float = 600.0,
         retries: int = 3,
+        backoff_s: float = BACKOFF_S,
     ) -> None:
         self.url = url.rstrip("/")
-        self.retries = retries
+        self.retries = retries  # further attempts of an idempotent call after the first
+        self.backoff_s = backoff_s
         self.api = Orthanc(
             self.url,
             username=username,
@@ -127,25 +150,37 @@ class OrthancClient:
     # ----------------------------------------------------------------- plumbing
 
     def _retry(self, what: str, fn: Callable[[], T], idempotent: bool = True) -> T:
-        delay = 0.5
-        for attempt in range(self.retries + 1):
-            try:
-                return fn()
-            except httpx.HTTPStatusError as exc:
-                code = exc.response.status_code
-                if not idempotent or code not in RETRY_STATUS or attempt == self.retries:
-                    raise OrthancError(
-                        f"Orthanc {what}: HTTP {code} {exc.response.text[:200]}", code
-                    ) from None
-            except httpx.TransportError as exc:
-                if not idempotent or attempt == self.retries:
-                    raise OrthancError(
-                        f"Orthanc {what}: {type(exc).__name__} talking to {self.url}"
-                    ) from None
-            log.warning("orthanc %s failed (attempt %d), retrying", what, attempt + 1)
-            time.sleep(delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+        """Call ``fn``; an idempotent call is tried again (up to ``retries`` times, waiting
+        ``backoff_s``, then twice as long each time) on a transport error or 502/503/504.
+        Any HTTP or transport failure left over is an OrthancError saying which."""
+
+        def warn(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "orthanc %s failed (%s, attempt %d), retrying",
+                what,
+                _failure(exc),
+                state.attempt_number,
+            )
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.retries + 1 if idempotent else 1),
+            wait=wait_exponential(multiplier=self.backoff_s, exp_base=2),
+            retry=retry_if_exception(_retryable),
+            before_sleep=warn,
+            reraise=True,  # the last error itself, not tenacity's RetryError
+        )
+        try:
+            return retrying(fn)
+        except httpx.HTTPStatusError as exc:
+            code = exc.response.status_code
+            raise OrthancError(
+                f"Orthanc {what}: HTTP {code} {exc.response.text[:200]}", code
+            ) from None
+        except httpx.TransportError as exc:
+            raise OrthancError(
+                f"Orthanc {what}: {type(exc).__name__} talking to {self.url}"
+            ) from None
 
     def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
         def call() -> Any:
