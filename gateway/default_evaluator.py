@@ -12,14 +12,30 @@ What it does, plainly:
    payload audited in the run store.
 4. The run is read back as ``RunData``, the input of the report bundle and the review pages.
    Nothing is scored against truth: a clinical study has none.
+
+The service runs it through ``ProcessEvaluator``: each evaluation in a spawned worker process
+(its own process group), abandoned at a deadline (``NEUROSANDBOX_RUN_DEADLINE_S``: SIGTERM to
+the group, SIGKILL after a grace period, the worker reaped), so one stuck model call, render or
+replay never stops the queue. The worker's ``EvaluationResult`` comes back pickled, typed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import multiprocessing as mp
 import os
 import shutil
+import signal
+import threading
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
+from typing import Protocol
+
+from pydantic import BaseModel
 
 from dicom import IndexResult, index_path
 from evaluation import (
@@ -48,8 +64,11 @@ from gateway.results import CaseResult, EvaluationResult
 from gateway.routing import Route
 from gateway.settings import Settings
 
+log = logging.getLogger(__name__)
+
 # Clinical use: the most likely answer, as JSON, once per model and task.
 GENERATE = GenerateConfig(temperature=0.0, max_tokens=2048, json_mode=True)
+STOP_GRACE_S = 5.0  # after SIGTERM, how long a worker may take before SIGKILL
 
 
 def as_answer(parsed: Answer | ClassificationAnswer | None) -> Answer | None:
@@ -215,3 +234,178 @@ def _publish(refs: list[ImageRef], folder: Path) -> list[ImageRef]:
         shutil.copyfile(ref.path, folder / name)
         out.append(ref.model_copy(update={"path": f"images/{name}"}))
     return out
+
+
+# --------------------------------------------------------------------------- worker process
+
+
+class StudyEvaluator(Protocol):
+    """What ``ProcessEvaluator`` runs in its worker (``gateway.pipeline.Evaluator``)."""
+
+    name: str
+
+    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult: ...
+
+
+class WorkerFailure(BaseModel):
+    """How an evaluation failed in its worker process: the exception's class name and text."""
+
+    kind: str
+    message: str
+
+
+class EvaluationAbandonedError(RuntimeError):
+    """The evaluation's worker was stopped (its deadline passed, the gateway stopped); the
+    message is the reason the run records."""
+
+
+class EvaluationWorkerError(RuntimeError):
+    """The evaluation raised in its worker; ``kind`` is the exception's class name there."""
+
+    def __init__(self, failure: WorkerFailure) -> None:
+        super().__init__(failure.message)
+        self.kind = failure.kind
+
+
+def _evaluate_in_worker(
+    evaluator: StudyEvaluator,
+    study_dir: Path,
+    route: Route,
+    work_dir: Path,
+    conn: Connection,
+    init: Callable[[], None] | None,
+    parent: int,
+) -> None:
+    """The worker process: its own process group (stopped as one, with any process it
+    starts), killed with the gateway (Linux PR_SET_PDEATHSIG), one evaluation, its result or
+    failure sent back."""
+    os.setpgrp()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the gateway ended before the line above
+        os._exit(1)
+    if init is not None:
+        init()
+    outcome: EvaluationResult | WorkerFailure
+    try:
+        outcome = evaluator.evaluate(study_dir, route, work_dir)
+    except Exception as exc:
+        log.exception("evaluation failed in its worker process")
+        outcome = WorkerFailure(kind=type(exc).__name__, message=str(exc))
+    try:
+        conn.send(outcome)
+    except Exception as exc:  # an unpicklable result: say so rather than end silently
+        conn.send(WorkerFailure(kind=type(exc).__name__, message=f"result not sent back: {exc}"))
+    finally:
+        conn.close()
+
+
+def _signal(proc: BaseProcess, sig: signal.Signals) -> None:
+    """``sig`` to the worker's process group (the worker and what it started), else to the
+    worker alone (it may not have made its group yet)."""
+    if proc.pid is None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, sig)
+
+
+def _exited(proc: BaseProcess, timeout_s: float) -> bool:
+    """Whether the worker ended within ``timeout_s`` (without reaping it)."""
+    return bool(wait([proc.sentinel], timeout_s))
+
+
+class ProcessEvaluator:
+    """Runs ``inner`` in a spawned worker process per evaluation, abandoned at ``deadline_s``.
+
+    ``init`` runs first in the worker (the service's logging, which hashes UIDs). ``cancel``
+    (the gateway stopping) stops the running worker and refuses further evaluations."""
+
+    def __init__(
+        self,
+        inner: StudyEvaluator,
+        deadline_s: float,
+        init: Callable[[], None] | None = None,
+    ) -> None:
+        self.inner, self.deadline_s, self.init = inner, deadline_s, init
+        self.name = inner.name
+        self._lock = threading.Lock()
+        self._proc: BaseProcess | None = None
+        self._stopping: str | None = None
+
+    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult:
+        ctx = mp.get_context("spawn")  # never fork: the gateway has threads
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_evaluate_in_worker,
+            args=(self.inner, study_dir, route, work_dir, writer, self.init, os.getpid()),
+            name=f"evaluation-{work_dir.name[:8]}",
+        )
+        with self._lock:
+            if self._stopping:
+                raise EvaluationAbandonedError(self._stopping)
+            proc.start()
+            self._proc = proc
+        writer.close()  # the worker holds the only write end: its exit is an EOF here
+        outcome: object = None
+        try:
+            outcome = self._outcome(proc, reader)
+        finally:
+            with self._lock:
+                self._proc = None
+            reader.close()
+            # a worker that answered ends by itself; one that did not is stopped now
+            self._stop(proc, STOP_GRACE_S if outcome is not None else 0.0)
+        if isinstance(outcome, WorkerFailure):
+            raise EvaluationWorkerError(outcome)
+        if not isinstance(outcome, EvaluationResult):
+            raise TypeError(f"the evaluation worker sent {type(outcome).__name__}")
+        return outcome
+
+    def _outcome(self, proc: BaseProcess, reader: Connection) -> object:
+        if not reader.poll(self.deadline_s):
+            raise EvaluationAbandonedError(
+                f"evaluation exceeded the {self.deadline_s:g} s deadline: worker stopped"
+            )
+        try:
+            return reader.recv()
+        except (EOFError, OSError):
+            _exited(proc, STOP_GRACE_S)
+            if self._stopping:
+                raise EvaluationAbandonedError(self._stopping) from None
+            raise EvaluationAbandonedError(
+                f"the evaluation worker ended without a result (exit code {proc.exitcode})"
+            ) from None
+
+    @staticmethod
+    def _stop(proc: BaseProcess, wait_s: float) -> None:
+        """After ``wait_s`` for the worker to end by itself, terminate, then kill, its
+        process group; reap the worker."""
+        if not _exited(proc, wait_s):
+            _signal(proc, signal.SIGTERM)
+            if not _exited(proc, STOP_GRACE_S):
+                _signal(proc, signal.SIGKILL)
+        else:  # ended by itself; anything it left in its group goes too
+            _signal(proc, signal.SIGKILL)
+        proc.join(STOP_GRACE_S)
+        if proc.is_alive():  # cannot happen after SIGKILL but for an unkillable (D) state
+            log.error("evaluation worker %s did not end after SIGKILL", proc.pid)
+
+    def cancel(
+        self, reason: str = "the gateway stopped during the evaluation: worker stopped"
+    ) -> None:
+        """Stop the running worker (its evaluation fails with ``reason``) and refuse new ones.
+        Signals only: the evaluating thread reaps the worker."""
+        with self._lock:
+            self._stopping = reason
+            proc = self._proc
+        if proc is not None and not _exited(proc, 0):
+            _signal(proc, signal.SIGTERM)
+            if not _exited(proc, STOP_GRACE_S):
+                _signal(proc, signal.SIGKILL)

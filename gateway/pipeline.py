@@ -3,7 +3,9 @@
 The evaluation itself sits behind the narrow ``Evaluator`` protocol: a study folder and a
 ``Route`` in, an ``EvaluationResult`` (per-model answers, findings, scores, and the run as
 ``RunData``) out. ``gateway.default_evaluator.DefaultEvaluator``, the built-in one, runs the
-evaluation engine. The pipeline writes the run's report bundle (``gateway.run_report``): its
+evaluation engine; the service runs it through ``ProcessEvaluator`` (a worker process per
+evaluation, stopped at the run deadline: the run fails with the reason and the next study
+goes on). The pipeline writes the run's report bundle (``gateway.run_report``): its
 checklist PDF goes back to PACS with one UNVERIFIED SR per model, and the bundle goes to the
 review pages (``<reports dir>/<run id>``).
 """
@@ -27,6 +29,7 @@ from dicom import index_path
 from evaluation import report_blocks, unverified_content
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
+from gateway.default_evaluator import EvaluationAbandonedError, EvaluationWorkerError
 from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient
 from gateway.results import EvaluationResult
@@ -53,6 +56,15 @@ class Evaluator(Protocol):
     name: str
 
     def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult: ...
+
+
+def failure_text(exc: Exception) -> str:
+    """What a failed run records: the reason an abandoned evaluation was stopped, else the
+    exception (for one raised in the worker, its class there)."""
+    if isinstance(exc, EvaluationAbandonedError):
+        return str(exc)
+    kind = exc.kind if isinstance(exc, EvaluationWorkerError) else type(exc).__name__
+    return f"{kind}: {exc}"
 
 
 def sop_digest(sop_uids: Iterable[str]) -> str:
@@ -97,6 +109,7 @@ class StudyPipeline:
         self._pending: dict[str, str] = {}  # study key -> queued run id
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._stopping = False
 
     # ----------------------------------------------------------------- submission
 
@@ -105,7 +118,14 @@ class StudyPipeline:
         self._thread.start()
 
     def stop(self, timeout_s: float = 60.0) -> None:
+        """Stop the worker thread. An evaluator that can (``cancel``: a worker process) stops
+        the running evaluation now, which fails saying so; runs still queued fail saying the
+        gateway stopped. Otherwise the running job may finish within ``timeout_s``."""
+        self._stopping = True
         self._queue.put(None)
+        cancel = getattr(self.evaluator, "cancel", None)
+        if callable(cancel):
+            cancel()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
 
@@ -173,6 +193,11 @@ class StudyPipeline:
                     for k, v in list(self._pending.items()):
                         if v == job.run_id:
                             del self._pending[k]
+                if self._stopping:
+                    self.runs.finish(
+                        job.run_id, RunStatus.FAILED, error="the gateway stopped before this run"
+                    )
+                    continue
                 self._run(job)
             finally:
                 self._queue.task_done()
@@ -188,8 +213,11 @@ class StudyPipeline:
                 self._run_orthanc(job)
         except Exception as exc:
             METRICS.inc("evaluations_failed_total")
-            log.exception("run %s failed", job.run_id)
-            self.runs.finish(job.run_id, RunStatus.FAILED, error=f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, EvaluationAbandonedError | EvaluationWorkerError):
+                log.warning("run %s failed: %s", job.run_id, failure_text(exc))
+            else:
+                log.exception("run %s failed", job.run_id)
+            self.runs.finish(job.run_id, RunStatus.FAILED, error=failure_text(exc))
             self.audit.write("system", "evaluation", f"run:{job.run_id}", "failed")
             return
         log.info("run %s finished in %.1f s", job.run_id, time.monotonic() - t0)

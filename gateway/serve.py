@@ -1,22 +1,28 @@
 """``neurosandbox serve``: the HTTP API and the DICOM node in one process.
 
 Threads: uvicorn (main), the storage SCP (one per association), the study-quiet ticker, the
-pipeline worker, and optionally the Orthanc /changes follower. Logs carry no PHI: UIDs are
+pipeline worker, and optionally the Orthanc /changes follower. Each evaluation runs in a worker
+process of its own, stopped at ``NEUROSANDBOX_RUN_DEADLINE_S``. Logs carry no PHI: UIDs are
 hashed, pynetdicom and httpx speak only at WARNING, the access log names route templates.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import uvicorn
 from pynetdicom import _config as pynetdicom_config
+from starlette.applications import Starlette
 
 from gateway.api import GatewayContext, create_app
 from gateway.cache import InstanceCache
-from gateway.default_evaluator import DefaultEvaluator
+from gateway.default_evaluator import DefaultEvaluator, ProcessEvaluator
 from gateway.follower import ChangesFollower
 from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
@@ -72,6 +78,7 @@ class Gateway:
     scp: StorageSCP
     pipeline: StudyPipeline
     follower: ChangesFollower | None
+    _stopped: bool = False
 
     def start(self) -> None:
         self.pipeline.start()
@@ -80,21 +87,30 @@ class Gateway:
             self.follower.start()
 
     def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
         self.scp.stop()
         if self.follower is not None:
             self.follower.stop()
         self.pipeline.stop()
         self.ctx.orthanc.close()
+        log.info("gateway stopped")
 
 
 def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gateway:
-    """Wire the parts together from settings (and the local PACS's pacs.json when present)."""
+    """Wire the parts together from settings (and the local PACS's pacs.json when present).
+    The evaluator (default: the engine's) runs in a worker process per study, stopped at the
+    run deadline; it must be picklable."""
     ep = resolve_endpoints(settings)
     ctx = GatewayContext.from_settings(settings)
     data = settings.data_dir
+    worker = ProcessEvaluator(
+        evaluator or DefaultEvaluator(settings), settings.run_deadline_s, init=configure_logging
+    )
     pipeline = StudyPipeline(
         orthanc=ctx.orthanc,
-        evaluator=evaluator or DefaultEvaluator(settings),
+        evaluator=worker,
         router=Router.from_file(settings.routing_file),
         runs=ctx.runs,
         audit=ctx.audit,
@@ -126,6 +142,17 @@ def serve(settings: Settings) -> None:
     ep = resolve_endpoints(settings)
     gw = build_gateway(settings)
     app = create_app(gw.ctx)
+    # uvicorn re-raises SIGTERM once it has shut down, which ends the process at once (no
+    # `finally`): the gateway's parts stop in the app's shutdown, before that.
+    serving = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app_: Starlette) -> AsyncIterator[Any]:
+        async with serving(app_) as state:
+            yield state
+        await asyncio.to_thread(gw.stop)
+
+    app.router.lifespan_context = lifespan
     config = uvicorn.Config(
         app,
         host=settings.api_host,
@@ -147,8 +174,7 @@ def serve(settings: Settings) -> None:
         gw.scp.port,
         ep.orthanc_url,
     )
-    try:  # uvicorn handles SIGINT/SIGTERM and returns
+    try:  # uvicorn handles SIGINT/SIGTERM; the parts stop in the app's shutdown (above)
         server.run()
     finally:
         gw.stop()
-        log.info("gateway stopped")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dicom import DEFAULT_MEMORY_CAP
@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     max_associations: int = 32
     follow_changes: bool = False  # also evaluate StableStudy events from Orthanc's /changes
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
+    # an evaluation's worker process is stopped after this long; the run fails, the queue goes on
+    run_deadline_s: Annotated[float, Field(gt=0)] = 3600.0
     api_host: str = "127.0.0.1"
     api_port: int | None = None
     api_max_body_bytes: int = 1_048_576
