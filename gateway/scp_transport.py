@@ -234,7 +234,7 @@ class _StoreDUL(DULServiceProvider):
 
 class _StoreSocket(AssociationSocket):
     def __init__(
-        self, assoc: Association, client_socket: socket.socket, artim_s: float | None
+        self, assoc: Association, client_socket: socket.socket, artim_s: float | None = None
     ) -> None:
         super().__init__(assoc, client_socket=client_socket)
         # Until the A-ASSOCIATE-AC is sent: the ARTIM deadline, from the connection.

@@ -126,6 +126,7 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         quiet_s=settings.study_quiet_s,
         on_complete=pipeline.on_received,
         max_associations=settings.max_associations,
+        artim_timeout_s=settings.gateway_artim_timeout_s,
         allowed_calling_aets=settings.gateway_allowed_aets,
     )
     follower = (

@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     gateway_allowed_aets: list[str] = []  # calling AEs the DICOM node accepts; empty = any
     study_quiet_s: float = 30.0  # a received study is complete after this long without news
     max_associations: int = 32
+    gateway_artim_timeout_s: float = 5.0  # a connection must send its association request in time
     follow_changes: bool = False  # also evaluate StableStudy events from Orthanc's /changes
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
     # an evaluation's worker process is stopped after this long; the run fails, the queue goes on

@@ -24,7 +24,28 @@ class Guarded:
     stdout: str
     stderr: str
     seconds: float
-    peak_rss: int  # bytes, the child's (and its waited-for children's) high-water mark
+    peak_rss: int  # bytes: the highest VmHWM of the command or any process it started
+
+
+def _group_hwm(pgid: int) -> int:
+    """The largest resident high-water mark (VmHWM) among the processes of group ``pgid``.
+
+    Read from /proc rather than the kernel's ru_maxrss, which for a child forked from a large
+    process (pytest, late in a session) counts the parent's pages it held before exec."""
+    peak = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:
+                continue
+            for line in (d / "status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]) * 1024)
+        except (OSError, ValueError, IndexError):
+            continue
+    return peak
 
 
 def run_guarded(
@@ -38,20 +59,22 @@ def run_guarded(
             args, stdout=out, stderr=err, env={**os.environ, **(env or {})},
             start_new_session=True,
         )  # fmt: skip
+        peak = 0
         while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            peak = max(peak, _group_hwm(proc.pid))  # start_new_session: its own group
+            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
             if time.monotonic() - t0 > timeout:
                 os.killpg(proc.pid, signal.SIGKILL)
                 os.wait4(proc.pid, 0)
                 raise AssertionError(f"{args} not answered within {timeout:.0f} s")
-            time.sleep(0.05)
+            time.sleep(0.02)
         proc.returncode = os.waitstatus_to_exitcode(status)
         seconds = time.monotonic() - t0
         out.seek(0)
         err.seek(0)
-        result = Guarded(proc.returncode, out.read(), err.read(), seconds, usage.ru_maxrss * 1024)
+        result = Guarded(proc.returncode, out.read(), err.read(), seconds, peak)
     for suffix in (".out", ".err"):
         Path(f"{out_path}{suffix}").unlink(missing_ok=True)
     return result

@@ -283,6 +283,13 @@ def test_api_evaluation_run_serves_reports_images_metrics_and_audit(
         headers={"Authorization": f"Bearer {gateway.reviewer}"},
         timeout=30,
     )
+    assert r.status_code == 403, r.text  # starting an evaluation is an admin action (issue 22)
+    r = httpx.post(
+        f"{gateway.api}/studies/{study_id}/evaluations",
+        json={"models": ["reference/image-rules"], "tasks": ["lesion"]},
+        headers={"Authorization": f"Bearer {gateway.admin}"},
+        timeout=30,
+    )
     assert r.status_code == 202, r.text
     run_id = r.json()["run_id"]
     run = gateway.wait_run(run_id)
