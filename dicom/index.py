@@ -23,7 +23,7 @@ from dicom.geometry import (
 )
 from dicom.headers import DEFAULT_MEMORY_CAP, FrameHeader, ProgressFn, read_headers
 from dicom.records import FileError, FrameRef, IndexResult, Plane, SequenceClass, SeriesInfo
-from dicom.sources import iter_sources
+from dicom.sources import iter_sources, source_folder
 
 
 def index_path(
@@ -67,7 +67,7 @@ def _non_image_series(errors: list[FileError]) -> list[SeriesInfo]:
     """Non-image objects (SR, Raw Data) are listed as NON_IMAGE series, one per folder."""
     by_folder: dict[str, list[FileError]] = defaultdict(list)
     for e in errors:
-        by_folder[str(Path(e.path.split("::")[0]).parent)].append(e)
+        by_folder[source_folder(e.path)].append(e)
     out = []
     for folder, errs in sorted(by_folder.items()):
         out.append(

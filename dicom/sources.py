@@ -78,15 +78,20 @@ def iter_sources(path: str | Path) -> Iterator[str]:
         # str(Path(root) / name), with the folder parsed once rather than once per file.
         base = str(Path(root))
         for name in sorted(files):
-            if name in _SKIP_NAMES or name.startswith("."):
-                continue
-            if os.path.splitext(name)[1].lower() in _SKIP_SUFFIXES or name.endswith(".nii.gz"):
+            if _skipped(name):
                 continue
             full = name if base == "." else os.path.join(base, name)
             if name.lower().endswith(".zip") and os.path.isfile(full) and zipfile.is_zipfile(full):
                 yield from _zip_members(Path(full))
             else:
                 yield full
+
+
+def _skipped(name: str) -> bool:
+    """Files a walk passes over, in a folder or an archive alike: hidden, DICOMDIR, sidecars."""
+    if not name or name in _SKIP_NAMES or name.startswith("."):
+        return True
+    return os.path.splitext(name)[1].lower() in _SKIP_SUFFIXES or name.endswith(".nii.gz")
 
 
 def _looks_like_dicom(p: Path) -> bool:
@@ -104,8 +109,7 @@ def _zip_members(p: Path) -> Iterator[str]:
     for info in sorted(infos, key=lambda i: i.filename):
         if info.is_dir():
             continue
-        name = info.filename.rsplit("/", 1)[-1]
-        if not name or name in _SKIP_NAMES or name.startswith("."):
+        if _skipped(info.filename.rsplit("/", 1)[-1]):
             continue
         yield f"{p}{ZIP_SEP}{info.filename}"
 
@@ -144,6 +148,15 @@ def _archive_entry(path: str) -> tuple[zipfile.ZipFile, threading.Lock]:
     return zf, lock
 
 
+def source_folder(source: str) -> str:
+    """The folder a source sits in: a member's folder inside its archive (``a.zip::dir``)."""
+    if ZIP_SEP in source:
+        archive, member = source.split(ZIP_SEP, 1)
+        inner = member.rsplit("/", 1)[0] if "/" in member else ""
+        return f"{archive}{ZIP_SEP}{inner}" if inner else archive
+    return str(Path(source).parent)
+
+
 def is_plain_file(source: str) -> bool:
     """True when ``source`` can be opened and seeked directly (not a zip member, not gzipped)."""
     return ZIP_SEP not in source and not source.endswith(".gz")
@@ -176,8 +189,11 @@ def open_source(
         with lock:  # the archive's one file handle is shared by its members
             try:
                 with zf.open(info) as stream:
+                    if member.endswith(".gz"):  # a gzipped file inside the archive
+                        with gzip.GzipFile(fileobj=stream) as inner:
+                            return _inflate(inner, source, max_bytes, prefix)
                     return _inflate(stream, source, max_bytes, prefix)
-            except (zipfile.BadZipFile, zlib.error, EOFError, RuntimeError,
+            except (zipfile.BadZipFile, gzip.BadGzipFile, zlib.error, EOFError, RuntimeError,
                     NotImplementedError) as exc:  # fmt: skip
                 raise SourceError(f"{source}: archive member cannot be inflated ({exc})") from exc
     if source.endswith(".gz"):

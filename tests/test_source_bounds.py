@@ -169,3 +169,33 @@ def test_a_dicm_preamble_followed_by_zeros_is_a_bounded_per_file_error(tmp_path:
     with pytest.raises(Exception, match="work bound") as err:
         read_frames(str(path))
     assert "elements" in str(err.value)
+
+
+def test_an_archive_is_read_by_the_folder_rules_gzip_members_and_sidecars(
+    tmp_path: Path, good: list[Path]
+) -> None:
+    """A zip of an export as it sits on disk (gzipped slices, NIfTI and JSON sidecars beside
+    them, as in the corpus's XA30 study) indexes as the folder does: same slices, no errors."""
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for f in good:
+        (folder / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
+    (folder / "series.json").write_text("{}")
+    (folder / "series.nii").write_bytes(b"\0" * 352)
+    (folder / "dwi.bval").write_text("0 1000")
+    archive = tmp_path / "export.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        for f in sorted(folder.iterdir()):
+            zf.write(f, f"export/{f.name}")
+    from_folder, from_zip = index_path(folder, workers=1), index_path(archive, workers=1)
+    assert not from_folder.errors and not from_zip.errors, from_zip.errors[:3]
+    slices = [sum(len(v) for v in s.volumes) for s in from_zip.series]
+    assert slices == [sum(len(v) for v in s.volumes) for s in from_folder.series] == [len(good)]
+
+
+def test_a_members_folder_is_its_folder_inside_the_archive() -> None:
+    from dicom.sources import source_folder
+
+    assert source_folder("/d/a.zip::study/sr/1.dcm") == "/d/a.zip::study/sr"
+    assert source_folder("/d/a.zip::1.dcm") == "/d/a.zip"
+    assert source_folder("/d/study/1.dcm") == "/d/study"
