@@ -199,3 +199,15 @@ def test_a_members_folder_is_its_folder_inside_the_archive() -> None:
     assert source_folder("/d/a.zip::study/sr/1.dcm") == "/d/a.zip::study/sr"
     assert source_folder("/d/a.zip::1.dcm") == "/d/a.zip"
     assert source_folder("/d/study/1.dcm") == "/d/study"
+
+
+def test_a_header_of_millions_of_tiny_elements_is_bounded_too(tmp_path: Path) -> None:
+    """Another member of the class: valid, repeated private elements rather than zeros."""
+    ds = pydicom.dcmread(make_study(tmp_path / "s", classes=("FLAIR",), n_slices=1).files[0])
+    raw = io.BytesIO()
+    del ds.PixelData
+    ds.save_as(raw, enforce_file_format=True)
+    path = tmp_path / "many.dcm"
+    path.write_bytes(raw.getvalue() + b"\x09\x00\x10\x10LO\x02\x00ab" * 3_000_000)
+    with pytest.raises(Exception, match="work bound"):
+        read_frames(str(path))
