@@ -19,6 +19,7 @@ from .identity import HeaderIdentity as HeaderIdentity
 from .identity import checked_attributes as checked_attributes
 from .identity import header_value_problem as header_value_problem
 from .identity import study_identity as study_identity
+from .identity import study_identity_and_persons as study_identity_and_persons
 from .index import index_path as index_path
 from .person import (
     NamedPerson as NamedPerson,
@@ -65,6 +66,9 @@ from .records import (
 )
 from .render import (
     RenderOptions as RenderOptions,
+)
+from .render import (
+    default_targets as default_targets,
 )
 from .render import (
     render_path as render_path,

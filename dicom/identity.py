@@ -9,21 +9,19 @@ becomes empty, never an error).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pydicom
 from pydantic import BaseModel, Field
 
-from dicom.person import display_name
+from dicom.person import CONTROL_CHARS, NamedPerson, display_name, persons_of, series_headers
 from dicom.records import IndexResult
-from dicom.sources import open_source
+from dicom.sources import HEADER_PREFIX, open_source
 
 MAX_TEXT = 64
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})$")
 _TAGS = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "AccessionNumber",
          "StudyDate", "StudyDescription", "InstitutionName")  # fmt: skip
-_HEADER_CAP = 64 << 20
 
 
 class HeaderIdentity(BaseModel):
@@ -122,7 +120,7 @@ def checked_attributes(
 
 def clean_text(value: object, limit: int = MAX_TEXT) -> str:
     """A header value as safe display text: no control characters, at most ``limit`` long."""
-    text = _CONTROL.sub(" ", str(value if value is not None else "")).strip()
+    text = CONTROL_CHARS.sub(" ", str(value if value is not None else "")).strip()
     return text[:limit]
 
 
@@ -165,10 +163,30 @@ def study_identity(index: IndexResult) -> HeaderIdentity | None:
     if not series:
         return None
     try:
-        with open_source(series[0].volumes[0][0].path, prefix=_HEADER_CAP) as fh:
+        with open_source(series[0].volumes[0][0].path, prefix=HEADER_PREFIX) as fh:
             ds = pydicom.dcmread(fh, stop_before_pixels=True, specific_tags=list(_TAGS))
     except (OSError, ValueError, pydicom.errors.InvalidDicomError, EOFError):
         return None
     return identity_of(
         ds, [s.modality for s in index.series], len({s.series_uid for s in index.series})
     )
+
+
+def study_identity_and_persons(
+    index: IndexResult,
+) -> tuple[HeaderIdentity | None, list[NamedPerson]]:
+    """The study's identity and every person its headers name, reading the first header of
+    each series once (``study_identity`` and ``study_person_names`` in one pass)."""
+    modalities = [s.modality for s in index.series]
+    n_series = len({s.series_uid for s in index.series})
+    found: list[HeaderIdentity] = []
+
+    def tapped() -> Iterator[pydicom.Dataset | None]:
+        for k, ds in enumerate(series_headers(index)):
+            if k == 0 and ds is not None:
+                found.append(identity_of(ds, modalities, n_series))
+            yield ds
+
+    persons = persons_of(tapped())
+    # A first header that failed whole may still give the identity's few attributes.
+    return (found[0] if found else study_identity(index)), persons

@@ -6,6 +6,7 @@ can keep each of them from a model.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 
 import pydicom
 from pydantic import BaseModel, Field
@@ -13,6 +14,9 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 
 from dicom.records import IndexResult
+
+_UNREADABLE = (OSError, ValueError, TypeError, EOFError, RecursionError,
+               pydicom.errors.InvalidDicomError)  # fmt: skip
 
 
 class PersonNameError(ValueError):
@@ -53,7 +57,7 @@ MAX_PERSONS = 512  # person names kept from one header (each PN value is one)
 _MAX_ELEMENTS = 20_000  # elements visited in one header, sequences included
 _MAX_DEPTH = 12  # sequence nesting followed
 _MAX_SERIES = 256  # series whose header is read for the persons of a study
-_PN_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class PersonName(BaseModel):
@@ -79,7 +83,7 @@ def parse_person_name(value: str) -> list[PersonName]:
     phonetic). A value not in DICOM form ("Marta Alvarez") is one family component: callers
     that need words split it."""
     out = []
-    for group in _PN_CONTROL.sub(" ", value or "").split("=")[:3]:
+    for group in CONTROL_CHARS.sub(" ", value or "").split("=")[:3]:
         comps = [c.strip() for c in group.split("^")] + [""] * 5
         family, given, middle, prefix, suffix = comps[:5]
         if not (family or given or middle):
@@ -124,7 +128,7 @@ def person_names(ds: Dataset) -> list[NamedPerson]:
                 key = name or f"({tag.group:04X},{tag.element:04X})"
                 values = value if isinstance(value, MultiValue | list | tuple) else [value]
                 for v in values:
-                    text = _PN_CONTROL.sub(" ", str(v)).strip()[: 5 * 3 * MAX_COMPONENT]
+                    text = CONTROL_CHARS.sub(" ", str(v)).strip()[: 5 * 3 * MAX_COMPONENT]
                     if text and (key, text) not in seen:
                         seen.add((key, text))
                         found.append(NamedPerson(keyword=key, name=text))
@@ -137,10 +141,15 @@ def study_person_names(index: IndexResult, max_series: int = _MAX_SERIES) -> lis
     """Every person the headers of an indexed study name: the first file of each series is read
     whole (pixels excepted), since operators, performing and reading physicians differ from one
     series to the next. A file that cannot be read adds no one."""
+    return persons_of(series_headers(index, max_series))
+
+
+def series_headers(
+    index: IndexResult, max_series: int = _MAX_SERIES
+) -> Iterator[pydicom.Dataset | None]:
+    """The header (pixels excepted) of the first file of each series, None where unreadable."""
     from dicom.sources import HEADER_PREFIX, open_source
 
-    found: list[NamedPerson] = []
-    seen: set[tuple[str, str]] = set()
     paths = list(
         dict.fromkeys(s.volumes[0][0].path for s in index.series if s.volumes and s.volumes[0])
     )
@@ -148,15 +157,24 @@ def study_person_names(index: IndexResult, max_series: int = _MAX_SERIES) -> lis
         try:
             with open_source(path, prefix=HEADER_PREFIX) as fh:  # a header: no more inflated
                 ds = pydicom.dcmread(fh, stop_before_pixels=True, defer_size="1 MB")
-                people = person_names(ds)
-        except (
-            OSError,
-            ValueError,
-            TypeError,
-            EOFError,
-            RecursionError,
-            pydicom.errors.InvalidDicomError,
-        ):
+                yield ds  # still open: a deferred value is read from it
+                continue
+        except _UNREADABLE:
+            pass
+        yield None
+
+
+def persons_of(headers: Iterable[pydicom.Dataset | None]) -> list[NamedPerson]:
+    """Every person the headers name, each (attribute, name) once; an unreadable header (None)
+    or one whose names cannot be walked adds no one."""
+    found: list[NamedPerson] = []
+    seen: set[tuple[str, str]] = set()
+    for ds in headers:
+        if ds is None:
+            continue
+        try:
+            people = person_names(ds)
+        except _UNREADABLE:
             continue
         for p in people:
             if (p.keyword, p.name) not in seen and len(found) < MAX_PERSONS:

@@ -48,7 +48,10 @@ _KINDS = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
 def check_regular(path: str | Path) -> None:
     """Raise ``NotRegularFileError`` unless ``path`` (symlinks followed) is a regular file:
     opening a named pipe blocks forever, reading /dev/zero never ends."""
-    mode = os.stat(path).st_mode
+    _check_mode(path, os.stat(path).st_mode)
+
+
+def _check_mode(path: str | Path, mode: int) -> None:
     if stat.S_ISREG(mode):
         return
     what = next((name for test, name in _KINDS if test(mode)), "not a regular file")
@@ -122,8 +125,8 @@ _ARCHIVES_LOCK = threading.Lock()
 
 
 def _archive_entry(path: str) -> tuple[zipfile.ZipFile, threading.Lock]:
-    check_regular(path)
     st = os.stat(path)
+    _check_mode(path, st.st_mode)
     key, stamp = (path, os.getpid()), (st.st_mtime_ns, st.st_size)
     with _ARCHIVES_LOCK:
         hit = _ARCHIVES.get(key)
@@ -171,8 +174,7 @@ def open_source(
     inflating, never trusting the size an archive declares); ``prefix`` inflates only the first
     ``prefix`` bytes (enough for a header). Plain files are opened as they are.
     """
-    check_regular(source.split(ZIP_SEP, 1)[0])
-    if ZIP_SEP in source:
+    if ZIP_SEP in source:  # the archive is checked as it is looked up
         archive, member = source.split(ZIP_SEP, 1)
         zf, lock = _archive_entry(archive)
         if not member:
@@ -196,6 +198,7 @@ def open_source(
             except (zipfile.BadZipFile, gzip.BadGzipFile, zlib.error, EOFError, RuntimeError,
                     NotImplementedError) as exc:  # fmt: skip
                 raise SourceError(f"{source}: archive member cannot be inflated ({exc})") from exc
+    check_regular(source)
     if source.endswith(".gz"):
         try:
             with gzip.open(source, "rb") as stream:

@@ -45,6 +45,8 @@ from .errors import ModelConfigError as ModelConfigError
 from .export import export_run as export_run
 from .judging import judge_run as judge_run
 from .modelio import GenerateConfig as GenerateConfig
+from .models import BUILTIN as BUILTIN
+from .models import REPLAY as REPLAY
 from .models import load_models_file as load_models_file
 from .models import resolve_specs as resolve_specs
 from .models.check import check_model as check_model

@@ -238,6 +238,11 @@ _INITIALS_BEFORE = re.compile(rf"(?<![\w.])(?:[{_UPPER}]\.[ \t]?|[{_UPPER}][ \t]
 _INITIALS_AFTER = re.compile(rf"(?<=\[REDACTED\])(?:,?[ \t]+[{_UPPER}]\.)+")
 
 
+_TITLE_WORDS = frozenset(t.lower() for t in _TITLES)
+_NOT_TRAILING = NOT_NAMES | _ROLE_WORDS  # words that end a name span, not part of it
+_NOT_IN_NAME = NOT_NAMES | _CLINICAL  # words that make a span not a name
+
+
 def _bare(word: str) -> str:
     return word.lower().strip(".,")
 
@@ -248,13 +253,13 @@ def _name_in(span: str, *, marker: bool = True) -> tuple[int, int] | None:
     initials, or (without ``marker``) nothing that marks a signature (a title, an initial)."""
     toks = [(m.start(), m.end(), m.group()) for m in _TOKEN_RE.finditer(span)]
     titled = False
-    while toks and _bare(toks[0][2]) in {t.lower() for t in _TITLES}:
+    while toks and _bare(toks[0][2]) in _TITLE_WORDS:
         toks.pop(0)
         titled = True
-    while toks and toks[-1][2] != REDACTED and _bare(toks[-1][2]) in NOT_NAMES | _ROLE_WORDS:
+    while toks and toks[-1][2] != REDACTED and _bare(toks[-1][2]) in _NOT_TRAILING:
         toks.pop()
     words = [t for _, _, t in toks if t != REDACTED and len(t.rstrip(".")) > 1]
-    if not toks or any(_bare(w) in NOT_NAMES | _CLINICAL for w in words):
+    if not toks or any(_bare(w) in _NOT_IN_NAME for w in words):
         return None
     if not words and REDACTED not in (t for _, _, t in toks):
         return None  # initials only

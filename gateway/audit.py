@@ -66,8 +66,7 @@ class AuditLog:
         )
         record = logging.makeLogRecord({"msg": event.model_dump_json(), "levelno": logging.INFO})
         with self._lock:
-            self._handler.emit(record)
-            self._handler.flush()
+            self._handler.emit(record)  # the handler flushes each record
 
     def close(self) -> None:
         self._handler.close()

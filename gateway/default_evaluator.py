@@ -316,6 +316,13 @@ def _signal(proc: BaseProcess, sig: signal.Signals) -> None:
             os.kill(proc.pid, sig)
 
 
+def _terminate(proc: BaseProcess) -> None:
+    """SIGTERM to the worker's group; SIGKILL when it has not ended after the grace time."""
+    _signal(proc, signal.SIGTERM)
+    if not _exited(proc, STOP_GRACE_S):
+        _signal(proc, signal.SIGKILL)
+
+
 def _exited(proc: BaseProcess, timeout_s: float) -> bool:
     """Whether the worker ended within ``timeout_s`` (without reaping it)."""
     return bool(wait([proc.sentinel], timeout_s))
@@ -388,9 +395,7 @@ class ProcessEvaluator:
         """After ``wait_s`` for the worker to end by itself, terminate, then kill, its
         process group; reap the worker."""
         if not _exited(proc, wait_s):
-            _signal(proc, signal.SIGTERM)
-            if not _exited(proc, STOP_GRACE_S):
-                _signal(proc, signal.SIGKILL)
+            _terminate(proc)
         else:  # ended by itself; anything it left in its group goes too
             _signal(proc, signal.SIGKILL)
         proc.join(STOP_GRACE_S)
@@ -406,6 +411,4 @@ class ProcessEvaluator:
             self._stopping = reason
             proc = self._proc
         if proc is not None and not _exited(proc, 0):
-            _signal(proc, signal.SIGTERM)
-            if not _exited(proc, STOP_GRACE_S):
-                _signal(proc, signal.SIGKILL)
+            _terminate(proc)

@@ -28,14 +28,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dicom import CLINICAL_CLASSES, SequenceClass
-from evaluation import ModelConfigError, TaskFamily, load_models_file
+from evaluation import BUILTIN, REPLAY, ModelConfigError, TaskFamily, load_models_file
 
 log = logging.getLogger(__name__)
 
 REFERENCE_MODEL = "reference/image-rules"
-# The engine's built-in models (evaluation.models.BUILTIN): in process, no key, no network.
-REFERENCE_MODELS = ("reference/image-rules", "reference/text-prior")
-REPLAY = "replay"  # answers from a file (``replay:PATH``): the command line's, never the API's
+# The engine's built-in models: in process, no key, no network.
+REFERENCE_MODELS = BUILTIN
+# REPLAY: answers from a file (``replay:PATH``): the command line's, never the API's
 CLINICAL = [c.value for c in SequenceClass if c in CLINICAL_CLASSES]  # in enum order
 
 

@@ -5,20 +5,16 @@ and the connection freed; the audit log rotates by size however many anonymous r
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from review_server import running
 
 from gateway.audit import AuditLog
-from gateway.pacs_local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 BODY_TIMEOUT_S = 2
@@ -29,38 +25,13 @@ AUDIT_BACKUPS = 3
 @pytest.fixture(scope="module")
 def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int, Path]]:
     data = tmp_path_factory.mktemp("api-data")
-    port = free_port()
     env = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}",
         "NEUROSANDBOX_API_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
         "NEUROSANDBOX_AUDIT_MAX_BYTES": str(AUDIT_MAX),
         "NEUROSANDBOX_AUDIT_BACKUPS": str(AUDIT_BACKUPS),
     }
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "review_server.py"), str(data), str(port)],
-        env=env,
-        cwd=ROOT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("the API did not start within 30 s")
+    with running(data, **env) as (base, port):
         yield base, port, data
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 def _half_body(port: int, path: str) -> socket.socket:

@@ -5,24 +5,18 @@ never run. Screenshots go to tests/artifacts/."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from browser import CHROMIUM, FLAGS
 from report_fixtures import BAD, XSS_MODEL, XSS_NOTE, XSS_SERIES, build_run
+from review_server import running
 
 from evaluation.reports.bundle import write_report
 from gateway.auth import Role, TokenStore
-from gateway.pacs_local import free_port
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 playwright = pytest.importorskip("playwright.sync_api")
@@ -46,32 +40,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     store = TokenStore(data / "secret" / "tokens.json")
     people = {"Dr Ada": "Lovelace^Ada", "Dr Bo": "Bo^Bea"}
     tokens = {name: store.create(Role.REVIEWER, name, people[name])[1] for name in people}
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests")}
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "review_server.py"), str(data), str(port)],
-        env=env,
-        cwd=ROOT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            pytest.fail("the review server did not start within 30 s")
+    with running(data) as (base, _):
         yield Server(base, tokens)
-    finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -171,6 +171,7 @@ def _render(
         ImagingError,
         RenderOptions,
         SequenceClass,
+        default_targets,
         index_path,
         render_path,
     )
@@ -185,7 +186,7 @@ def _render(
         if plan.series_classes
         else CLINICAL_CLASSES
     )
-    clinical = [s for s in index.series if s.renderable and s.series_class in wanted]
+    clinical = default_targets(index, wanted)
     burned = sorted({s.series_uid for s in clinical if s.burned_in_annotation})
     by_class = {s.series_uid: s.series_class.value for s in clinical}
     modality = {s.series_uid: ("CT" if s.modality == "CT" else "MR") for s in clinical}
@@ -249,10 +250,10 @@ def _render(
 
 def _identity(index: IndexResult) -> StudyIdentity | None:
     """The study's identifiers and every person its headers name (for the PHI gate)."""
-    from dicom import study_identity, study_person_names
+    from dicom import study_identity_and_persons
 
-    found = study_identity(index)
-    persons = [StudyPerson(role=p.keyword, name=p.name) for p in study_person_names(index)]
+    found, named = study_identity_and_persons(index)
+    persons = [StudyPerson(role=p.keyword, name=p.name) for p in named]
     if found is None:
         return StudyIdentity(persons=persons) if persons else None
     return StudyIdentity.model_validate(found.model_dump() | {"persons": persons})

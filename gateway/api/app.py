@@ -36,8 +36,9 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     """422 for a request that fails validation; a body holding NaN or Infinity (numbers JSON
     does not have, which Python's parser lets through) says so instead of failing with 500."""
     assert isinstance(exc, RequestValidationError)
-    errors = _finite(jsonable_encoder(exc.errors()))
-    if errors != jsonable_encoder(exc.errors()) or any(
+    raw = jsonable_encoder(exc.errors())
+    errors = _finite(raw)
+    if errors != raw or any(
         isinstance(e.get("input"), str) and e["input"] in ("nan", "inf", "-inf") for e in errors
     ):
         errors.insert(0, {"loc": ["body"], "type": "json_invalid",

@@ -115,7 +115,7 @@ def _html(body: str, code: int = 200) -> HTMLResponse:
     return HTMLResponse(body, status_code=code, headers=_headers())
 
 
-def _who(ctx: Ctx, request: Request) -> Reviewer | None:
+def signed_in(ctx: Ctx, request: Request) -> Reviewer | None:
     return identify(request, ctx.tokens, service(ctx, request).sessions)
 
 
@@ -161,7 +161,7 @@ def login(
 
 @router.post("/logout", summary="End the browser session")
 def logout(ctx: Ctx, request: Request, csrf: Csrf = "") -> Response:
-    who = _who(ctx, request)
+    who = signed_in(ctx, request)
     if who is not None and who.session_id and csrf_ok(request, who, csrf):
         service(ctx, request).sessions.drop(who.session_id)
     resp = _login_redirect()
@@ -186,7 +186,7 @@ ModelFilter = Annotated[str, Query(max_length=400)]
 
 def _queue_page(ctx: Ctx, request: Request, report: str | None, status_f: str,
                 model: str) -> Response:  # fmt: skip
-    who = _who(ctx, request)
+    who = signed_in(ctx, request)
     if who is None:
         return _login_redirect()
     svc = service(ctx, request)
@@ -216,7 +216,7 @@ def run_queue(ctx: Ctx, request: Request, report: Report, status: StatusFilter =
 
 @router.get("/runs/{report}/summary", response_class=HTMLResponse, summary="Live run summary")
 def summary_page(ctx: Ctx, request: Request, report: Report) -> Response:
-    who = _who(ctx, request)
+    who = signed_in(ctx, request)
     if who is None:
         return _login_redirect()
     try:
@@ -230,7 +230,7 @@ def summary_page(ctx: Ctx, request: Request, report: Report) -> Response:
 
 @router.get("/runs/{report}/summary.json", summary="Live run summary (JSON)")
 def summary_json(ctx: Ctx, request: Request, report: Report) -> Response:
-    if _who(ctx, request) is None:
+    if signed_in(ctx, request) is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
     try:
         summary = service(ctx, request).summary(report)
@@ -241,7 +241,7 @@ def summary_json(ctx: Ctx, request: Request, report: Report) -> Response:
 
 @router.get("/runs/{report}/summary.pdf", summary="Live run summary (PDF, Chromium)")
 def summary_pdf(ctx: Ctx, request: Request, report: Report) -> Response:
-    if _who(ctx, request) is None:
+    if signed_in(ctx, request) is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
     try:
         summary, plots = service(ctx, request).summary_with_plots(report)
@@ -257,7 +257,7 @@ def summary_pdf(ctx: Ctx, request: Request, report: Report) -> Response:
 
 @router.get("/runs/{report}/reviews.{fmt}", summary="The run's review log (CSV or JSON)")
 def export(ctx: Ctx, request: Request, report: Report, fmt: str) -> Response:
-    if _who(ctx, request) is None:
+    if signed_in(ctx, request) is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
     svc = service(ctx, request)
     try:
@@ -317,7 +317,7 @@ def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str
     "/runs/{report}/cases/{slug}", response_class=HTMLResponse, summary="Checklist to review"
 )
 def case_page(ctx: Ctx, request: Request, report: Report, slug: Slug, done: str = "") -> Response:
-    who = _who(ctx, request)
+    who = signed_in(ctx, request)
     if who is None:
         return _login_redirect()
     return _case_page(ctx, request, who, report, slug, DONE.get(done, ""))
@@ -328,7 +328,7 @@ def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: st
          anchor: str = "") -> Response:  # fmt: skip
     """Run one review action for a form POST; back to the case page after, at ``anchor`` (the
     item or block the form was in: the reader stays where they were)."""
-    who = _who(ctx, request)
+    who = signed_in(ctx, request)
     if who is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="sign in or send a bearer token")
     if not csrf_ok(request, who, csrf):
@@ -452,7 +452,7 @@ def post_comment(ctx: Ctx, request: Request, report: Report, slug: Slug, text: T
 @router.get("/runs/{report}/cases/{slug}/signoff", response_class=HTMLResponse,
             summary="Sign-off, step 1: the VERIFIED content to confirm")  # fmt: skip
 def signoff_page(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Response:
-    who = _who(ctx, request)
+    who = signed_in(ctx, request)
     if who is None:
         return _login_redirect()
     cl, _, cu = _open(ctx, request, report, slug)

@@ -28,9 +28,8 @@ from fastapi.responses import (
 )
 
 from gateway.api.deps import Ctx, errors
-from gateway.api.routers.review import service
+from gateway.api.routers.review import signed_in
 from gateway.orthanc import OrthancError
-from gateway.review_auth import Reviewer, identify
 from gateway.viewer import (
     BASE,
     ViewerFileError,
@@ -61,10 +60,6 @@ def _files(ctx: Ctx, request: Request) -> ViewerFiles:
             files = ViewerFiles(ctx.settings.viewer_dir)
             request.app.state.viewer_files = files
     return files
-
-
-def _who(ctx: Ctx, request: Request) -> Reviewer | None:
-    return identify(request, ctx.tokens, service(ctx, request).sessions)
 
 
 def _page_request(request: Request) -> bool:
@@ -120,7 +115,7 @@ def open_series(
     """Redirect (303) to OHIF showing ``series`` of ``study`` at the instance nearest ``z``
     (mm; RAS coordinate of the slice centre along ``plane``'s axis, as montage tiles record it),
     or at the middle slice without ``z``."""
-    who = _who(ctx, request)
+    who = signed_in(ctx, request)
     if who is None:
         return _refused(request)
     try:
@@ -156,7 +151,7 @@ def dicomweb(ctx: Ctx, request: Request, path: str) -> Response:
             status.HTTP_405_METHOD_NOT_ALLOWED,
             headers={"Allow": "GET"},
         )
-    if _who(ctx, request) is None:
+    if signed_in(ctx, request) is None:
         return _refused(request)
     query = request.url.query
     if not dicomweb_read_path(path) or len(query) > MAX_QUERY:
@@ -202,7 +197,7 @@ def _stream(upstream: httpx.Response) -> Iterator[bytes]:
 
 @router.get("/app-config.js", include_in_schema=False)
 def app_config(ctx: Ctx, request: Request) -> Response:
-    if _who(ctx, request) is None:
+    if signed_in(ctx, request) is None:
         return _refused(request)
     return PlainTextResponse(
         app_config_js(),
@@ -221,7 +216,7 @@ def viewer_root() -> Response:
 def static(ctx: Ctx, request: Request, path: str) -> Response:
     """OHIF's files; any other path without a file extension is one of OHIF's client routes
     (index.html)."""
-    if _who(ctx, request) is None:
+    if signed_in(ctx, request) is None:
         return _refused(request)
     if path == "":
         return viewer_root()
