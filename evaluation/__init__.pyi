@@ -27,6 +27,8 @@ from .case import (
 from .datasets import Dataset as Dataset
 from .datasets import DatasetSpec as DatasetSpec
 from .datasets import dataset_hash as dataset_hash
+from .datasets.manifest import ManifestProblem as ManifestProblem
+from .datasets.manifest import manifest_schema as manifest_schema
 from .datasets.phantoms.anatomy import AnatomyError as AnatomyError
 from .datasets.phantoms.series import GENERATOR_VERSION as GENERATOR_VERSION
 from .datasets.phantoms.suite import (
@@ -37,9 +39,12 @@ from .datasets.phantoms.suite import (
 )
 from .datasets.rendering import RenderPlan as RenderPlan
 from .datasets.rendering import render_study as render_study
+from .datasets.suite import ManifestCheck as ManifestCheck
+from .datasets.suite import check_manifest as check_manifest
 from .engine import rescore as rescore
 from .engine import resume_run as resume_run
 from .engine import start_run as start_run
+from .errors import DatasetError as DatasetError
 from .errors import EvaluationError as EvaluationError
 from .errors import ModelConfigError as ModelConfigError
 from .export import export_run as export_run

@@ -15,9 +15,21 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from evaluation.case import Case, GroundTruth, Provenance, Question, TaskFamily, Turn
+from evaluation.case import Case, Provenance, TaskFamily
+from evaluation.datasets.manifest import (
+    ManifestCase,
+    ManifestProblem,
+    OrthancServer,
+    OrthancStudy,
+    ParsedManifest,
+    StudyFolder,
+    files_of,
+    parse_case,
+    parse_manifest,
+    problems_of,
+)
 from evaluation.datasets.rendering import RenderPlan, render_study
 from evaluation.errors import DatasetError
 
@@ -134,14 +146,14 @@ def load_suite(
 # --------------------------------------------------------------------------- manifests
 
 
-def _orthanc_study(spec: dict[str, Any], cache_dir: Path) -> Path:
+def _orthanc_study(server: OrthancServer, cache_dir: Path) -> Path:
     """Download a study from Orthanc's REST API as a zip into the cache (once)."""
     import hashlib
 
     import httpx
 
-    url = str(spec.get("url") or "").rstrip("/")
-    uid = str(spec.get("study_uid") or "")
+    url = server.url.rstrip("/")
+    uid = server.study_uid or ""
     if not url or not uid:
         raise DatasetError("orthanc study needs 'url' and 'study_uid'")
     target = (
@@ -149,11 +161,11 @@ def _orthanc_study(spec: dict[str, Any], cache_dir: Path) -> Path:
     )
     if target.exists():
         return target
-    user = os.environ.get(str(spec.get("username_env") or ""), "") or spec.get("username")
-    password = os.environ.get(str(spec.get("password_env") or ""), "")
+    user = os.environ.get(server.username_env or "", "") or server.username
+    password = os.environ.get(server.password_env or "", "")
     auth = (str(user), password) if user else None
     try:
-        with httpx.Client(base_url=url, auth=auth, timeout=float(spec.get("timeout_s", 120))) as c:
+        with httpx.Client(base_url=url, auth=auth, timeout=server.timeout_s or 120.0) as c:
             found = c.post("/tools/lookup", content=uid)
             found.raise_for_status()
             ids = [r["ID"] for r in found.json() if r.get("Type") == "Study"]
@@ -172,76 +184,219 @@ def _orthanc_study(spec: dict[str, Any], cache_dir: Path) -> Path:
     return target
 
 
-def _field_or_file(base: Path, value: Any, what: str, as_json: bool) -> Any:
-    if isinstance(value, str) and not as_json:
-        p = base / value
-        if len(value) < 500 and "\n" not in value and p.suffix == ".txt" and p.exists():
-            return _read_note(_inside(base, value, what))
-        return value
-    if isinstance(value, str):
-        return _read_json(_inside(base, value, what))
-    return value
+def _note_file(value: str) -> bool:
+    """Whether a note names a file (one short line ending in .txt) rather than being the text."""
+    return len(value) < 500 and "\n" not in value and Path(value).suffix == ".txt"
+
+
+def _local_study(study: Any) -> tuple[str, str] | None:
+    """A study's path as written and its field, when it is on disk (not in Orthanc)."""
+    if isinstance(study, str):
+        return study, "study"
+    if isinstance(study, StudyFolder):
+        return study.path, "study.path"
+    return None
+
+
+def _file_problems(files: tuple[Any, Any, str | None], base: Path, n: int) -> list[ManifestProblem]:
+    """What the files a case names (its study, record and note, from ``files_of`` or a parsed
+    case) lack: not there, outside the manifest's folder, empty, not JSON. Reads no pixel data."""
+    study, ehr_ref, note = files
+    problems: list[ManifestProblem] = []
+
+    def problem(field: str, message: str) -> None:
+        problems.append(ManifestProblem(path=f"cases[{n}].{field}", message=message, case=n))
+
+    def existing(rel: str, field: str) -> Path | None:
+        try:
+            full = _inside(base, rel, field)
+        except DatasetError as exc:
+            problem(field, str(exc))
+            return None
+        if not full.exists():
+            problem(field, f"{rel!r} not found (looked for {full})")
+            return None
+        return full
+
+    local = _local_study(study)
+    if local is not None:
+        found = existing(*local)
+        if found is not None and found.is_dir() and not any(p.is_file() for p in found.rglob("*")):
+            problem(local[1], f"{local[0]!r} holds no file")
+    if isinstance(ehr_ref, str):
+        ehr = existing(ehr_ref, "ehr")
+        if ehr is not None:
+            try:
+                if not isinstance(_read_json(ehr), dict):
+                    problem("ehr", f"{ehr_ref!r} is not a FHIR Bundle (a JSON object)")
+            except (DatasetError, OSError) as exc:
+                problem("ehr", str(exc))
+    if note and _note_file(note):
+        existing(note, "note")
+    return problems
+
+
+def _case_files(case: ManifestCase) -> tuple[Any, Any, str | None]:
+    return case.study, case.ehr, case.note
+
+
+def _manifest_problems(data: Any, base: Path) -> tuple[ParsedManifest, list[ManifestProblem]]:
+    """A manifest's cases and every problem: fields, files, and case ids given twice."""
+    parsed = parse_manifest(data)
+    problems = list(parsed.problems)
+    first: dict[str, int] = {}
+    for n, case in enumerate(parsed.cases):
+        if case is None:
+            problems.extend(_file_problems(files_of(data["cases"][n]), base, n))
+            continue
+        problems.extend(_file_problems(_case_files(case), base, n))
+        label = case.label(n)
+        if label in first:
+            field = "case_id" if case.case_id else "id"
+            problems.append(
+                ManifestProblem(
+                    path=f"cases[{n}].{field}",
+                    message=f"{label!r} is also the id of cases[{first[label]}]",
+                    case=n,
+                )
+            )
+        first.setdefault(label, n)
+    # the manifest's own problems first, then each case's, in order (the sort is stable)
+    return parsed, sorted(problems, key=lambda p: -1 if p.case is None else p.case)
+
+
+def _read_manifest(path: Path) -> Any:
+    if not path.is_file():
+        raise DatasetError(f"{path}: not found")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: not valid YAML/JSON: {exc}") from exc
+
+
+class ManifestCheck(BaseModel):
+    """What ``neurosandbox cases check`` reports of a manifest."""
+
+    manifest: str
+    name: str | None = None
+    cases: int = 0
+    cases_ok: int = 0
+    problems: list[ManifestProblem] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)  # not errors: what will not happen
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check_manifest(path: Path) -> ManifestCheck:
+    """Check a case manifest without loading its studies: every field (by the loader's rule),
+    every local study, record and note file, and the case ids."""
+    try:
+        data = _read_manifest(path)
+    except DatasetError as exc:
+        return ManifestCheck(
+            manifest=str(path), problems=[ManifestProblem(path="", message=str(exc))]
+        )
+    parsed, problems = _manifest_problems(data, path.parent)
+    bad = {p.case for p in problems}
+    notes = []
+    for n, case in enumerate(parsed.cases):
+        if case is None or n in bad:
+            continue
+        if isinstance(case.study, OrthancStudy):
+            notes.append(f"cases[{n}].study: in Orthanc ({case.study.server().url}), not fetched")
+        if case.ground_truth is None:
+            notes.append(f"cases[{n}]: no ground_truth, so its answers are stored but not scored")
+        if TaskFamily.MULTITURN in (case.tasks or []) and not case.turns:
+            notes.append(f"cases[{n}].tasks: 'multiturn' has no turns to ask, so it will not run")
+    total = len(parsed.cases)
+    return ManifestCheck(
+        manifest=str(path),
+        name=parsed.name or path.stem,
+        cases=total,
+        cases_ok=sum(1 for n, c in enumerate(parsed.cases) if c is not None and n not in bad),
+        problems=problems,
+        notes=notes,
+    )
 
 
 def load_manifest(
     path: Path, cache_dir: Path, plan: RenderPlan | None = None
 ) -> tuple[str, list[Case], list[str]]:
-    """A hospital's case manifest (YAML or JSON)."""
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise DatasetError(f"{path}: not valid YAML/JSON: {exc}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
-        raise DatasetError(f"{path}: a manifest is a mapping with a 'cases' list")
+    """A hospital's case manifest (YAML or JSON). A case with a bad field or a missing file is
+    skipped with every problem named by its path; a problem of the manifest itself raises."""
     base = path.parent
-    cases, warnings = [], []
-    for n, entry in enumerate(data["cases"]):
+    data = _read_manifest(path)
+    parsed, problems = _manifest_problems(data, base)
+    top = [str(p) for p in problems if p.case is None]
+    if top:
+        raise DatasetError(f"{path}: " + "; ".join(top))
+    cases: list[Case] = []
+    warnings: list[str] = []
+    for n, entry in enumerate(parsed.cases):
+        mine = [str(p) for p in problems if p.case == n]
+        label = entry.label(n) if entry is not None else _raw_label(data["cases"][n], n)
         try:
-            case = _manifest_case(entry, base, cache_dir, n)
+            if mine:
+                raise DatasetError("; ".join(mine))
+            assert entry is not None  # a case without problems parsed
+            case = _build_case(entry, base, cache_dir, n)
             case, w = _finish(case, base, cache_dir, plan)
-        except (DatasetError, ValidationError) as exc:
-            msg = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-            warnings.append(f"skipped manifest case {n + 1}: {msg}")
+        except DatasetError as exc:
+            warnings.append(f"skipped manifest case {n + 1} ({label}): {exc}")
             continue
         cases.append(case)
         warnings.extend(w)
     if not cases:
-        raise DatasetError(f"{path}: no case could be loaded: " + "; ".join(warnings[:3]))
-    return str(data.get("name") or path.stem), cases, warnings
+        raise DatasetError(f"{path}: no case could be loaded: " + "; ".join(map(str, warnings[:3])))
+    return parsed.name or path.stem, cases, warnings
+
+
+def _raw_label(entry: Any, n: int) -> str:
+    """The id of a case that did not validate, as far as it can be read."""
+    given = entry.get("case_id") or entry.get("id") if isinstance(entry, dict) else None
+    return str(given) if isinstance(given, str | int) else f"case-{n + 1:03d}"
 
 
 def _manifest_case(entry: Any, base: Path, cache_dir: Path, n: int) -> Case:
-    if not isinstance(entry, dict):
-        raise DatasetError(f"case {n + 1} is not a mapping")
-    case_id = str(entry.get("case_id") or entry.get("id") or f"case-{n + 1:03d}")
-    study = entry.get("study")
+    """The ``n``-th (0-based) case of a manifest in folder `base`, its study not rendered;
+    DatasetError naming every bad field and missing file by its path."""
+    try:
+        case = parse_case(entry)
+    except ValidationError as exc:
+        raise DatasetError("; ".join(map(str, problems_of(exc, ("cases", n))))) from None
+    problems = _file_problems(_case_files(case), base, n)
+    if problems:
+        raise DatasetError("; ".join(map(str, problems)))
+    return _build_case(case, base, cache_dir, n)
+
+
+def _build_case(entry: ManifestCase, base: Path, cache_dir: Path, n: int) -> Case:
     study_path: str | None = None
     source = "folder"
     uids: list[str] = []
-    if isinstance(study, str):
-        study_path = str(_inside(base, study, "study"))
-    elif isinstance(study, dict) and "orthanc" in study:
-        spec = study["orthanc"] if isinstance(study["orthanc"], dict) else {"url": study["orthanc"]}
-        spec = {**spec, **{k: v for k, v in study.items() if k != "orthanc"}}
-        study_path = str(_orthanc_study(spec, cache_dir))
-        source, uids = "orthanc", [str(spec.get("study_uid"))]
-    elif isinstance(study, dict) and "path" in study:
-        study_path = str(_inside(base, str(study["path"]), "study"))
-    elif study is not None:
-        raise DatasetError(f"case {case_id}: 'study' must be a path or {{orthanc: ...}}")
-    ehr = _field_or_file(base, entry.get("ehr"), "ehr", as_json=True)
-    note = _field_or_file(base, entry.get("note", ""), "note", as_json=False)
-    gt = entry.get("ground_truth")
+    local = _local_study(entry.study)
+    if local is not None:
+        study_path = str(_inside(base, local[0], "study"))
+    elif isinstance(entry.study, OrthancStudy):
+        server = entry.study.server()
+        study_path = str(_orthanc_study(server, cache_dir))
+        source, uids = "orthanc", [str(server.study_uid)]
+    ehr = _read_json(_inside(base, entry.ehr, "ehr")) if isinstance(entry.ehr, str) else entry.ehr
+    note = entry.note or ""
+    if _note_file(note):
+        note = _read_note(_inside(base, note, "note"))
     return Case(
-        case_id=case_id,
-        patient_id=str(entry["patient_id"]) if entry.get("patient_id") else None,
+        case_id=entry.label(n),
+        patient_id=entry.patient_id or None,
         study_path=study_path,
         ehr=ehr,
-        note=note if isinstance(note, str) else "",
-        ground_truth=GroundTruth.model_validate(gt) if gt else None,
-        tasks=[TaskFamily(t) for t in entry.get("tasks") or []],
-        questions=[Question.model_validate(q) for q in entry.get("questions") or []],
-        turns=[Turn.model_validate(t) for t in entry.get("turns") or []],
+        note=note,
+        ground_truth=entry.ground_truth,
+        tasks=entry.tasks or [],
+        questions=entry.questions or [],
+        turns=entry.turns or [],
         provenance=Provenance(source=source, study_uids=uids, dataset=str(base)),
     )
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from gateway.cli.cases import cases_app
 from gateway.cli.demo import demo_command
 from gateway.cli.eval import eval_command
 from gateway.cli.export import export_case_command
@@ -36,6 +37,7 @@ app.command("eval")(eval_command)
 app.command("export-case")(export_case_command)
 app.add_typer(runs_app, name="runs")
 app.add_typer(models_app, name="models")
+app.add_typer(cases_app, name="cases")
 
 
 def main() -> None:  # pragma: no cover
