@@ -11,7 +11,10 @@ from .deid_study import SourceIdentifiers as SourceIdentifiers
 from .deid_study import StudyCheck as StudyCheck
 from .deid_study import deidentify_study as deidentify_study
 from .deid_study import verify_deidentified_study as verify_deidentified_study
+from .errors import AmbiguousSeriesError as AmbiguousSeriesError
 from .errors import ImagingError as ImagingError
+from .errors import SeriesNotFoundError as SeriesNotFoundError
+from .errors import SeriesSelectionError as SeriesSelectionError
 from .geometry import slice_centre as slice_centre
 from .headers.batch import read_headers as read_headers
 from .headers.frame import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP

@@ -1,5 +1,13 @@
 """Specific error types of the imaging core, with messages a user can act on."""
 
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dicom.records import SeriesInfo
+
 
 class ImagingError(Exception):
     """Base class for imaging-core errors."""
@@ -29,5 +37,24 @@ class DecodeError(ImagingError):
     """Pixel data could not be decoded."""
 
 
-class SeriesNotFoundError(ImagingError):
-    """No series matched the requested UID."""
+class SeriesSelectionError(ImagingError):
+    """A series selector (UID, number, short form) did not name exactly one series.
+
+    ``candidates`` holds one stack per series a user may choose from instead.
+    """
+
+    def __init__(self, message: str, selector: str, candidates: Sequence[SeriesInfo]) -> None:
+        super().__init__(message)
+        self.selector = selector
+        self.candidates = list(candidates)
+
+    def __reduce__(self) -> tuple[object, ...]:  # pickled back from a worker process whole
+        return (type(self), (str(self), self.selector, self.candidates))
+
+
+class SeriesNotFoundError(SeriesSelectionError):
+    """No series matched the requested UID or number; ``candidates`` are every series there is."""
+
+
+class AmbiguousSeriesError(SeriesSelectionError):
+    """The requested number (or short UID) matched several series; ``candidates`` are those."""

@@ -34,7 +34,7 @@ from dicom.display import (
     select_slices,
     slice_2d,
 )
-from dicom.errors import ImagingError, SeriesNotFoundError
+from dicom.errors import ImagingError
 from dicom.headers import DEFAULT_MEMORY_CAP
 from dicom.index import index_path
 from dicom.montage import Marks, fit_tile, montage, single
@@ -50,6 +50,7 @@ from dicom.records import (
     SequenceClass,
     SeriesInfo,
 )
+from dicom.selection import find_series
 from dicom.window import (
     CT_WINDOWS,
     MR_PERCENTILES,
@@ -378,15 +379,6 @@ def default_targets(
     return [s for s in index.series if s.renderable and s.series_class in wanted]
 
 
-def find_series(index: IndexResult, uid: str) -> list[SeriesInfo]:
-    """Stacks matching a series UID (all its stacks) or a stack key ``UID#n``."""
-    hits = [s for s in index.series if s.key == uid or s.series_uid == uid]
-    if not hits:
-        known = ", ".join(sorted({s.series_uid for s in index.series if s.series_uid})[:5])
-        raise SeriesNotFoundError(f"no series {uid!r} in this input (first known: {known})")
-    return hits
-
-
 def render_path(
     path: str | Path,
     out_dir: str | Path,
@@ -396,8 +388,10 @@ def render_path(
     index: IndexResult | None = None,
     classes: Collection[SequenceClass] | None = None,
 ) -> RenderManifest:
-    """Index ``path``, render the chosen series (``series_uid``, else every series of
-    ``classes``, by default the clinical ones) into ``out_dir``, write manifest.json."""
+    """Index ``path``, render the chosen series (``series_uid``: a UID, stack key, series
+    number or short UID, see dicom.selection; else every series of ``classes``, by default the
+    clinical ones) into ``out_dir``, write manifest.json. A selector naming no series or several
+    raises a SeriesSelectionError listing the choices."""
     options = options or RenderOptions()
     out = Path(out_dir)
     index = index or index_path(path, memory_cap=options.memory_cap)

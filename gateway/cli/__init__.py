@@ -11,6 +11,7 @@ from gateway.cli.cases import cases_app
 from gateway.cli.demo import demo_command
 from gateway.cli.eval import eval_command
 from gateway.cli.export import export_case_command
+from gateway.cli.help_format import flags_take_no_value
 from gateway.cli.imaging import inspect, render
 from gateway.cli.models import models_app
 from gateway.cli.pacs import pacs_app
@@ -20,6 +21,7 @@ from gateway.cli.runs import runs_app
 from gateway.cli.serve import serve_command
 from gateway.cli.tokens import tokens_app
 
+flags_take_no_value()
 app = typer.Typer(
     help="NeuroSandbox: evaluate vision-language models on neuro MRI/CT from a PACS.",
     no_args_is_help=True,

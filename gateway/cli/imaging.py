@@ -6,20 +6,31 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from gateway.cli.console import console
+from gateway.cli.series_table import choices_table, errors_table, series_table
 from gateway.settings import get_settings
+
+if TYPE_CHECKING:
+    from dicom import SeriesSelectionError
+
+
+_WIDE = 100_000  # --wide: lines as long as their content
+
+SERIES_HELP = (
+    "series number as inspect shows it, SeriesInstanceUID (or UID#stack), or the short UID "
+    "inspect prints"
+)
 
 
 def _progress(done: int, total: int) -> None:
-    if total >= 100:
-        console.print(f"  read {done}/{total} headers", end="\r")
+    if total >= 100 and console.is_terminal:
+        console.print(f"  read {done}/{total} headers", end="\r" if done < total else "\n")
 
 
 def inspect(
@@ -32,13 +43,18 @@ def inspect(
     frames: Annotated[
         bool, typer.Option(help="with --json, include every frame reference")
     ] = False,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide", help="full UIDs and text, one line per series however long (for a pager)"
+        ),
+    ] = False,
 ) -> None:
     """List the series found under PATH: class (with the reason), plane, shape, geometry, errors.
 
-    With --json, prints a JSON list: one object per series stack (class, reason, plane, shape,
-    spacing, affine as 4x4 RAS, n_files, errors...), then one object per file that could not be
-    used, with "class": "ERROR" and its message in "errors". Exits 1 when nothing under PATH
-    could be read (every file an error), 2 when PATH does not exist.
+    Each row of the table fits in two lines at any terminal width: a UID shows as … and its last characters, unique within the table (render --series takes this short form, the series number or the whole UID), and long text is cut with …. --wide prints everything whole, one line per series.
+
+    With --json, prints a JSON list: one object per series stack (class, reason, plane, shape, spacing, affine as 4x4 RAS, n_files, errors...), then one object per file that could not be used, with "class": "ERROR" and its message in "errors". Exits 1 when nothing under PATH could be read (every file an error), 2 when PATH does not exist.
     """
     from dicom import index_path
 
@@ -70,30 +86,13 @@ def inspect(
         if not result.series and result.errors:
             raise typer.Exit(1)
         return
-    table = Table(title=f"{len(result.series)} series stack(s) in {result.n_files} file(s)")
-    for col in ("series", "class", "plane", "shape", "spacing mm", "files", "reason"):
-        table.add_column(col, overflow="fold")
-    for s in result.series:
-        uid = s.key if s.series_uid else "-"
-        desc = f"{s.series_number if s.series_number is not None else ''} {s.description}".strip()
-        label = f" [{s.stack_label}]" if s.stack_label else ""
-        table.add_row(
-            escape(f"{desc}{label}\n{uid}"),
-            escape(f"{s.series_class.value} ({s.confidence:.2f})\n{s.detail}"),
-            s.plane.value if s.plane else "-",
-            "x".join(str(v) for v in s.shape) or "-",
-            "x".join(f"{v:g}" for v in s.spacing) or "-",
-            str(s.n_files),
-            escape(s.reason + ("" if not s.warnings else "\n! " + "\n! ".join(s.warnings))),
-        )
-    Console().print(table)
+    out = Console(width=_WIDE) if wide else Console()
+    title = f"{len(result.series)} series stack(s) in {result.n_files} file(s)"
+    out.print(series_table(result.series, out.width, title, wide=wide))
     if result.errors:
-        err = Table(title=f"{len(result.errors)} file(s) not used")
-        err.add_column("kind")
-        err.add_column("message", overflow="fold")
-        for e in result.errors:
-            err.add_row(e.kind, escape(e.message))
-        Console().print(err)
+        out.print(errors_table(result.errors, str(path), out.width, wide=wide))
+    if not wide and (result.series or result.errors):
+        console.print("[dim]UIDs and long text shortened to fit; --wide or --json for all[/dim]")
     if not result.series and result.errors:
         raise typer.Exit(1)  # nothing under PATH could be read
 
@@ -104,7 +103,8 @@ def render(
     series: Annotated[
         str | None,
         typer.Option(
-            "--series", help="series UID (or UID#stack) to render; default: every clinical series"
+            "--series",
+            help=f"the series to render: {SERIES_HELP}; default: every clinical series",
         ),
     ] = None,
     slices: Annotated[
@@ -124,7 +124,7 @@ def render(
         str | None,
         typer.Option(
             "--mask-series",
-            help="series UID of a mask on the same grid: render the slices through it",
+            help=f"a mask on the same grid ({SERIES_HELP}): render the slices through it",
         ),
     ] = None,
     diffusion: Annotated[
@@ -143,8 +143,11 @@ def render(
         bool, typer.Option("--singles", help="also write one PNG per slice")
     ] = False,
 ) -> None:
-    """Render VLM-ready PNGs (labelled montages, optionally single slices) and manifest.json."""
-    from dicom import ImagingError, RenderOptions, render_path
+    """Render VLM-ready PNGs (labelled montages, optionally single slices) and manifest.json.
+
+    Exits 1 when nothing could be rendered, 2 when PATH does not exist or when --series (or --mask-series) names no series or several: the series to choose from are listed.
+    """
+    from dicom import ImagingError, RenderOptions, SeriesSelectionError, render_path
 
     settings = get_settings()
     if not path.exists():
@@ -171,6 +174,8 @@ def render(
     t0 = time.perf_counter()
     try:
         manifest = render_path(path, out, options, series_uid=series, mask_uid=mask_series)
+    except SeriesSelectionError as exc:
+        _refuse(exc)
     except ImagingError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
@@ -188,3 +193,26 @@ def render(
     )
     if not manifest.images:
         raise typer.Exit(1)
+
+
+def _refuse(exc: SeriesSelectionError) -> NoReturn:
+    """A selector naming no series or several: say which, list the choices, exit 2."""
+    from dicom import AmbiguousSeriesError
+
+    sel = escape(exc.selector)
+    if isinstance(exc, AmbiguousSeriesError):
+        studies = len({s.study_uid for s in exc.candidates})
+        where = f"in {studies} studies" if studies > 1 else "in one study"
+        console.print(
+            f"[red]error:[/red] {sel!r} names {len(exc.candidates)} series {where}; "
+            "give one by its SeriesInstanceUID or the short uid below:"
+        )
+    else:
+        console.print(
+            f"[red]error:[/red] no series {sel!r} here (a series number, a SeriesInstanceUID "
+            "or its short form); "
+            + ("the series are:" if exc.candidates else "nothing under PATH has a series")
+        )
+    if exc.candidates:
+        console.print(choices_table(exc.candidates, console.width))
+    raise typer.Exit(2)
