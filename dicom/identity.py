@@ -162,6 +162,11 @@ def study_identity(index: IndexResult) -> HeaderIdentity | None:
     series = [s for s in index.series if s.volumes and s.volumes[0]]
     if not series:
         return None
+    kept = index.series_headers.get(series[0].series_uid)
+    if kept is not None:
+        return identity_of(
+            kept, [s.modality for s in index.series], len({s.series_uid for s in index.series})
+        )
     try:
         with open_source(series[0].volumes[0][0].path, prefix=HEADER_PREFIX) as fh:
             ds = pydicom.dcmread(fh, stop_before_pixels=True, specific_tags=list(_TAGS))

@@ -21,7 +21,13 @@ from dicom.geometry import (
     slice_normal,
     stack_geometry,
 )
-from dicom.headers import DEFAULT_MEMORY_CAP, FrameHeader, ProgressFn, read_headers
+from dicom.headers import (
+    DEFAULT_MEMORY_CAP,
+    FrameHeader,
+    ProgressFn,
+    read_headers,
+    read_headers_keeping,
+)
 from dicom.records import FileError, FrameRef, IndexResult, Plane, SequenceClass, SeriesInfo
 from dicom.sources import iter_sources, source_folder
 
@@ -32,26 +38,36 @@ def index_path(
     workers: int | None = None,
     progress: ProgressFn | None = None,
     cache_dir: Path | None = None,
+    keep_headers: bool = False,
 ) -> IndexResult:
     """Index every DICOM file below ``path`` (file, folder, zip) or a NIfTI file.
 
     ``cache_dir`` (default: $NEUROSANDBOX_HEADER_CACHE, else none) keeps header reads between
     runs, keyed by path, size and modification time (dicom.headers.cache).
+    ``keep_headers`` (one study, read in this process, no cache): the result also holds the
+    first header of each series (``IndexResult.series_headers``), so that nothing downstream
+    reads a file's header a second time.
     """
     p = Path(path)
     if p.is_file() and (p.name.endswith(".nii") or p.name.endswith(".nii.gz")):
         from dicom.nifti import index_nifti
 
         return index_nifti(p)
-    frames, errors, n_files = read_headers(
-        iter_sources(p), memory_cap, workers, progress, cache_dir
-    )
+    headers: dict[str, object] = {}
+    if keep_headers:
+        frames, errors, n_files, headers = read_headers_keeping(iter_sources(p), memory_cap)
+    else:
+        frames, errors, n_files = read_headers(
+            iter_sources(p), memory_cap, workers, progress, cache_dir
+        )
     non_image = [e for e in errors if e.kind == "non_image"]
     other_errors = [e for e in errors if e.kind != "non_image"]
     series = build_series(frames)
     series.extend(_non_image_series(non_image))
     series.sort(key=_series_sort_key)
-    return IndexResult(series=series, errors=other_errors, n_files=n_files)
+    result = IndexResult(series=series, errors=other_errors, n_files=n_files)
+    result.series_headers = headers
+    return result
 
 
 def _series_sort_key(s: SeriesInfo) -> tuple[str, int, str, int]:

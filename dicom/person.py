@@ -147,13 +147,21 @@ def study_person_names(index: IndexResult, max_series: int = _MAX_SERIES) -> lis
 def series_headers(
     index: IndexResult, max_series: int = _MAX_SERIES
 ) -> Iterator[pydicom.Dataset | None]:
-    """The header (pixels excepted) of the first file of each series, None where unreadable."""
+    """The header (pixels excepted) of the first file of each series, None where unreadable;
+    the one the index kept (``keep_headers``) where it did, else read now."""
     from dicom.sources import HEADER_PREFIX, open_source
 
-    paths = list(
-        dict.fromkeys(s.volumes[0][0].path for s in index.series if s.volumes and s.volumes[0])
-    )
-    for path in paths[:max_series]:
+    firsts = {
+        s.volumes[0][0].path: s.series_uid for s in index.series if s.volumes and s.volumes[0]
+    }
+    kept: set[str] = set()
+    for path in list(firsts)[:max_series]:
+        uid = firsts[path]
+        if uid in index.series_headers:
+            if uid not in kept:
+                kept.add(uid)
+                yield index.series_headers[uid]
+            continue
         try:
             with open_source(path, prefix=HEADER_PREFIX) as fh:  # a header: no more inflated
                 ds = pydicom.dcmread(fh, stop_before_pixels=True, defer_size="1 MB")

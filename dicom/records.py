@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -152,6 +153,10 @@ class IndexResult(BaseModel):
     series: list[SeriesInfo] = Field(default_factory=list)
     errors: list[FileError] = Field(default_factory=list)
     n_files: int = 0
+    # With ``index_path(keep_headers=True)``: SeriesInstanceUID -> the whole header (a pydicom
+    # Dataset, pixels excepted) of the series' first file. Not serialised; pickled with the
+    # index (the gateway hands it to its evaluation worker).
+    series_headers: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 
 
 class RenderedImage(BaseModel):

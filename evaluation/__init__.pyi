@@ -38,6 +38,7 @@ from .datasets.phantoms.suite import (
     generate_suite as generate_suite,
 )
 from .datasets.rendering import RenderPlan as RenderPlan
+from .datasets.registry import case_registry as case_registry
 from .datasets.rendering import render_study as render_study
 from .datasets.suite import ManifestCheck as ManifestCheck
 from .datasets.suite import check_manifest as check_manifest

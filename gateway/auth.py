@@ -52,6 +52,11 @@ def _digest(salt: str, secret: str) -> str:
     return hashlib.sha256(f"{salt}:{secret}".encode()).hexdigest()
 
 
+def tokens_file(data_dir: Path) -> Path:
+    """Where the service keeps its API tokens (hashed)."""
+    return data_dir / "secret" / "tokens.json"
+
+
 class TokenStore:
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -1,17 +1,19 @@
 """The built-in ``Evaluator``: one received study, run through the evaluation engine.
 
 What it does, plainly:
-1. The series of the routed classes are linked into a one-case suite inside the run folder
-   (``dataset/<case id>/case.json`` and ``dicom/``), so a gateway run is an ordinary engine run:
-   ``neurosandbox runs resume`` and ``neurosandbox report`` work on its ``engine/`` folder.
-2. ``evaluation.datasets.rendering.render_study`` renders the case (a labelled montage per
-   series, one slice for classification) into the run folder.
-3. ``evaluation.engine.start_run`` asks every routed model every routed task: the built-in
-   reference models in process, litellm models (any other name, or a models-file entry) through
-   the engine's PHI gate (de-identified unless their endpoint is trusted) with every outbound
-   payload audited in the run store.
-4. The run is read back as ``RunData``, the input of the report bundle and the review pages.
-   Nothing is scored against truth: a clinical study has none.
+1. The study's one index (the pipeline's, headers kept) picks the series of the routed classes.
+   The engine's case lives in memory: the registered case of this StudyInstanceUID when the
+   team registered one (``NEUROSANDBOX_CASES``, ``evaluation.case_registry``: its EHR, note,
+   ground truth and scripted turns), else the study alone. No suite is written to disk.
+2. ``evaluation.render_study`` renders the received study from that index (a labelled montage
+   per series, one slice for classification) into the run folder; no header is read again.
+3. ``evaluation.start_run`` asks every routed model every routed task (multi-turn only for a
+   registered case with turns): the built-in reference models in process, litellm models (any
+   other name, or a models-file entry) through the engine's PHI gate (de-identified unless their
+   endpoint is trusted) with every outbound payload audited in the run store.
+4. The run is read back as ``RunData``, the input of the report bundle (whose ``rundata.json``
+   ``neurosandbox report`` reads) and the review pages. A registered case's answers are scored
+   against its truth; a clinical study alone has none, and nothing is scored.
 
 The service runs it through ``ProcessEvaluator``: each evaluation in a spawned worker process
 (its own process group), abandoned at a deadline (``NEUROSANDBOX_RUN_DEADLINE_S``: SIGTERM to
@@ -53,13 +55,13 @@ from evaluation import (
     RunStore,
     SampleResult,
     TaskFamily,
+    case_registry,
     dataset_hash,
     render_study,
     run_from_store,
     start_run,
 )
 from evaluation import Case as EvalCase
-from gateway.cache import check_uid
 from gateway.results import CaseResult, EvaluationResult
 from gateway.routing import Route
 from gateway.settings import Settings
@@ -109,17 +111,23 @@ def case_result(sample: SampleResult, error: str | None) -> CaseResult:
 
 
 class DefaultEvaluator:
-    name = "neurosandbox-gateway-engine-0.3"
+    name = "neurosandbox-gateway-engine-0.4"
 
     def __init__(self, settings: Settings, plan: RenderPlan | None = None) -> None:
         self.settings = settings
         self.plan = plan or RenderPlan()
 
-    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult:
-        tasks = [t for t in route.tasks if t is not TaskFamily.MULTITURN]
-        if not tasks:
-            raise ValueError(f"routing rule {route.rule!r} names no task a received study can run")
-        index = index_path(study_dir, workers=1)
+    def _registered(self, study_uid: str) -> tuple[EvalCase | None, list[str]]:
+        """The registered case of this study (``NEUROSANDBOX_CASES``), if any."""
+        if self.settings.cases is None:
+            return None, []
+        cases, problems = case_registry(self.settings.cases)
+        return cases.get(study_uid), [f"case registry: {p}" for p in problems]
+
+    def evaluate(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult | None = None
+    ) -> EvaluationResult:
+        index = index or index_path(study_dir, workers=1, keep_headers=True)
         if not index.series:
             raise ValueError("no DICOM series in the study folder")
         routed = [s for s in index.series if s.series_class.value in route.series_classes]
@@ -130,22 +138,28 @@ class DefaultEvaluator:
             )
         # the evaluated images' study (a non-image object is listed without one, sorted first)
         study_uid = routed[0].study_uid
-        case_id = f"study-{study_uid[-16:]}"
-        dataset_dir = work_dir / "dataset"
-        case_dir = dataset_dir / case_id
-        study = _link_series(index, {s.series_uid for s in routed}, case_dir / "dicom")
-        case = EvalCase(
-            case_id=case_id,
-            study_path="dicom",
-            tasks=list(route.tasks),
-            provenance=Provenance(source="gateway", study_uids=[study_uid]),
-        )
-        # case.json without images: the suite loader renders it again to the same cache entry.
-        (case_dir / "case.json").write_text(case.model_dump_json(indent=2))
-        case.root = str(case_dir)
+        known, warnings = self._registered(study_uid)
+        scripted = known is not None and bool(known.turns)
+        tasks = [t for t in route.tasks if t is not TaskFamily.MULTITURN or scripted]
+        if not tasks:
+            raise ValueError(f"routing rule {route.rule!r} names no task a received study can run")
+        # The engine's case, in memory: the registered one (record, note, truth, turns) when
+        # the team registered this study, else the study alone. Its images are the study's
+        # as received, rendered from the one index.
+        if known is not None:
+            case = known.model_copy(deep=True)
+            case.images, case.tasks = [], list(route.tasks)
+            case.provenance = case.provenance.model_copy(update={"source": "gateway"})
+        else:
+            case = EvalCase(
+                case_id=f"study-{study_uid[-16:]}",
+                tasks=list(route.tasks),
+                provenance=Provenance(source="gateway", study_uids=[study_uid]),
+            )
+        case.root = str(work_dir)
         cache = work_dir / "render"
         plan = self.plan.model_copy(update={"series_classes": list(route.series_classes)})
-        rendered = render_study(study, case, cache, plan, self.settings.memory_cap)
+        rendered = render_study(study_dir, case, cache, plan, self.settings.memory_cap, index)
         case.images = rendered.images
         if rendered.burned_in_series:  # the PHI gate drops these images for remote models
             case.provenance.burned_in_series = rendered.burned_in_series
@@ -156,12 +170,14 @@ class DefaultEvaluator:
                     "modalities": sorted({s.modality for s in index.series if s.modality}),
                 }
             )
-        warnings = list(rendered.warnings)
+        warnings += rendered.warnings
         if len(tasks) < len(route.tasks):
             warnings.append("multi-turn not run: it needs a scripted case (turns), not a study")
-        spec = DatasetSpec(path=str(dataset_dir.resolve()), kind="suite", render=plan)
+        # The dataset exists only in memory: the run store records the case, the report
+        # bundle (rundata.json) the whole run.
+        spec = DatasetSpec(path=str(study_dir.resolve()), kind="memory", render=plan)
         dataset = Dataset(
-            name="PACS study", kind="suite", spec=spec, cases=[case], hash=dataset_hash([case])
+            name="PACS study", kind="memory", spec=spec, cases=[case], hash=dataset_hash([case])
         )
         config = RunConfig.from_settings(
             self.settings,
@@ -190,25 +206,6 @@ class DefaultEvaluator:
             warnings=warnings,
             run=run,
         )
-
-
-def _link_series(index: IndexResult, series_uids: set[str], folder: Path) -> Path:
-    """Hard-link (else copy) the files of these series into ``folder``, one folder per series."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for s in index.series:
-        if s.series_uid not in series_uids:
-            continue
-        target = folder / check_uid(s.series_uid)  # as in the spool: one folder per series
-        target.mkdir(exist_ok=True)
-        for src in {Path(f.path) for vol in s.volumes for f in vol}:
-            dest = target / src.name
-            if dest.exists() or not src.is_file():
-                continue
-            try:
-                os.link(src, dest)
-            except OSError:
-                shutil.copyfile(src, dest)
-    return folder
 
 
 def _errors(engine_dir: Path) -> dict[tuple[str, TaskFamily], str]:
@@ -244,7 +241,9 @@ class StudyEvaluator(Protocol):
 
     name: str
 
-    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult: ...
+    def evaluate(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
+    ) -> EvaluationResult: ...
 
 
 class WorkerFailure(BaseModel):
@@ -272,6 +271,7 @@ def _evaluate_in_worker(
     study_dir: Path,
     route: Route,
     work_dir: Path,
+    index: IndexResult,
     conn: Connection,
     init: Callable[[], None] | None,
     parent: int,
@@ -292,7 +292,7 @@ def _evaluate_in_worker(
         init()
     outcome: EvaluationResult | WorkerFailure
     try:
-        outcome = evaluator.evaluate(study_dir, route, work_dir)
+        outcome = evaluator.evaluate(study_dir, route, work_dir, index)
     except Exception as exc:
         log.exception("evaluation failed in its worker process")
         outcome = WorkerFailure(kind=type(exc).__name__, message=str(exc))
@@ -346,12 +346,14 @@ class ProcessEvaluator:
         self._proc: BaseProcess | None = None
         self._stopping: str | None = None
 
-    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult:
+    def evaluate(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
+    ) -> EvaluationResult:
         ctx = mp.get_context("spawn")  # never fork: the gateway has threads
         reader, writer = ctx.Pipe(duplex=False)
         proc = ctx.Process(
             target=_evaluate_in_worker,
-            args=(self.inner, study_dir, route, work_dir, writer, self.init, os.getpid()),
+            args=(self.inner, study_dir, route, work_dir, index, writer, self.init, os.getpid()),
             name=f"evaluation-{work_dir.name[:8]}",
         )
         with self._lock:

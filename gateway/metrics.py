@@ -52,6 +52,10 @@ SPECS: dict[str, Spec] = {
     "evaluations_failed_total": Spec("counter", "study evaluations that failed"),
     "evaluations_skipped_total": Spec("counter", "complete studies no routing rule selected"),
     "reports_stored_total": Spec("counter", "SR and PDF objects stored in Orthanc"),
+    "instances_forwarded_total": Spec("counter", "received instances stored in Orthanc on arrival"),
+    "instances_forward_failed_total": Spec(
+        "counter", "forwards to Orthanc that failed (uploaded from the spool instead)"
+    ),
     "http_requests_total": Spec(
         "counter", "HTTP API requests by route template and status", ("method", "route", "status")
     ),

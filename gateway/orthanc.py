@@ -255,6 +255,10 @@ class OrthancClient:
         """Orthanc ID of the series with this SeriesInstanceUID, or None."""
         return self._lookup(series_uid, "Series")
 
+    def find_instance(self, sop_uid: str) -> str | None:
+        """Orthanc ID of the instance with this SOPInstanceUID, or None."""
+        return self._lookup(sop_uid, "Instance")
+
     def _lookup(self, dicom_uid: str, level: str) -> str | None:
         uid = check_uid(dicom_uid)
 
@@ -355,6 +359,10 @@ class OrthancClient:
 
     def upload(self, data: bytes | Path) -> str:
         """Store one instance (POST /instances); returns its Orthanc ID. Idempotent in Orthanc."""
+        return self.store_instance(data)[0]
+
+    def store_instance(self, data: bytes | Path) -> tuple[str, bool]:
+        """Store one instance; its Orthanc ID, and whether it is new (not AlreadyStored)."""
 
         def call() -> Any:
             if isinstance(data, Path):
@@ -377,7 +385,7 @@ class OrthancClient:
         res = self._retry("POST /instances", call)
         if isinstance(res, list):  # a zip upload answers a list; we send single instances
             res = res[0]
-        return str(res["ID"])
+        return str(res["ID"]), res.get("Status") != "AlreadyStored"
 
     def upload_many(self, paths: Iterable[Path]) -> list[str]:
         return [self.upload(p) for p in paths]

@@ -250,7 +250,9 @@ class LocalPacs:
         )
 
     def down(self, timeout_s: float = 20.0) -> bool:
-        """Stop the Orthanc of this folder by its PID; True if one was running."""
+        """Stop the Orthanc of this folder by its PID (and a gateway ``neurosandbox demo`` left
+        running with it); True if Orthanc was running."""
+        stop_gateway(self.settings.data_dir)
         pid = self.pid()
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
@@ -290,6 +292,35 @@ class LocalPacs:
             except httpx.HTTPError:
                 pass
         return out
+
+
+def gateway_pid(data_dir: Path) -> int | None:
+    """PID of the gateway (``neurosandbox serve``) the demo started for this data folder."""
+    try:
+        pid = int((data_dir / "gateway.pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    # a recycled PID belongs to another program: ours runs `neurosandbox serve`
+    ours = any(a.endswith(b"neurosandbox") for a in cmdline) and b"serve" in cmdline
+    return pid if ours and not _is_zombie(pid) else None
+
+
+def stop_gateway(data_dir: Path, timeout_s: float = 30.0) -> bool:
+    """Stop the demo's gateway of this data folder by its PID (SIGTERM: it finishes or fails
+    its running evaluation and stops; SIGKILL after ``timeout_s``); True if one was running."""
+    pid = gateway_pid(data_dir)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and gateway_pid(data_dir) == pid:
+            time.sleep(0.05)
+        if gateway_pid(data_dir) == pid:
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):  # reap our own child
+            os.waitpid(pid, os.WNOHANG)
+    (data_dir / "gateway.pid").unlink(missing_ok=True)
+    return pid is not None
 
 
 def _port_of(url: str) -> int | None:

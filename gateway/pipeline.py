@@ -25,11 +25,11 @@ from typing import Protocol, runtime_checkable
 
 import pydicom
 
-from dicom import index_path
-from evaluation import report_blocks, unverified_content
+from dicom import IndexResult, index_path
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.default_evaluator import EvaluationAbandonedError, EvaluationWorkerError
+from gateway.forward import Forwarder
 from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient
 from gateway.results import EvaluationResult
@@ -37,14 +37,8 @@ from gateway.routing import Route, Router, StudyFacts
 from gateway.run_report import publish, write_checklist
 from gateway.runs import RunRecord, RunStatus, StudyRunStore
 from gateway.scp import ReceivedStudy, uid_key
-from gateway.sr import (
-    build_pdf,
-    build_sr,
-    evidence_from_files,
-    header_warnings,
-    model_of,
-    series_uid_for,
-)
+from gateway.sr import series_uid_for
+from gateway.writeback import build_unverified, evidence, store
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +49,9 @@ class Evaluator(Protocol):
 
     name: str
 
-    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult: ...
+    def evaluate(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
+    ) -> EvaluationResult: ...
 
 
 def failure_text(exc: Exception) -> str:
@@ -71,6 +67,12 @@ def sop_digest(sop_uids: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(sorted(set(sop_uids))).encode()).hexdigest()
 
 
+def evaluation_digest(instances: str, route: Route) -> str:
+    """What an evaluation is of: the instances (``sop_digest``) and the rule, models and tasks.
+    The same again is skipped; a new instance or a changed rule evaluates the study again."""
+    return hashlib.sha256(f"{instances}\n{route.model_dump_json()}".encode()).hexdigest()
+
+
 @dataclass
 class Job:
     run_id: str
@@ -83,7 +85,9 @@ class Job:
     force: bool = False
     t0: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
-    uploads: list[Future[str]] = field(default_factory=list)  # must finish before write-back
+    files: list[Path] = field(default_factory=list)  # the study's instances (dicom)
+    uploads: list[tuple[Path, Future[str]]] = field(default_factory=list)  # before write-back
+    stored: set[str] = field(default_factory=set)  # SOP UIDs this run knows are in Orthanc
 
 
 class StudyPipeline:
@@ -99,8 +103,10 @@ class StudyPipeline:
         cache: InstanceCache,
         upload_threads: int = 4,
         reports_dir: Path | None = None,
+        forwarder: Forwarder | None = None,
     ) -> None:
         self.orthanc, self.evaluator, self.router = orthanc, evaluator, router
+        self.forwarder = forwarder  # stores received instances in Orthanc as they arrive
         self.runs, self.audit, self.cache = runs, audit, cache
         self.upload_threads = upload_threads
         # Where the review pages read report bundles (Settings.reports_dir, DATA_DIR/reports).
@@ -228,41 +234,54 @@ class StudyPipeline:
 
     def _run_received(self, job: Job) -> None:
         assert job.folder is not None and job.study_uid is not None
-        files = sorted(job.folder.rglob("*.dcm"))
+        job.files = sorted(job.folder.rglob("*.dcm"))
         state = self.runs.study_state(job.study_uid)
+        # The forwarder stored (or is storing) most instances in Orthanc as they arrived;
+        # the others are uploaded from the spool now, overlapping the evaluation, and the
+        # write-back waits for both.
         self._stage(job, "storing in Orthanc", 0.1)
-        todo = [p for p in files if p.stem not in state.uploaded]
-        # Step 1 (store in Orthanc) overlaps the evaluation, which reads the spool; the
-        # write-back waits for it.
+        forwarded = self.forwarder.accepted(job.study_uid) if self.forwarder else set()
+        todo = [p for p in job.files if p.stem not in state.uploaded and p.stem not in forwarded]
         with ThreadPoolExecutor(self.upload_threads) as pool:
-            futures = [pool.submit(self.orthanc.upload, p) for p in todo]
-            job.uploads = list(futures)
+            job.uploads = [(p, pool.submit(self.orthanc.upload, p)) for p in todo]
             try:
-                self.runs.update(job.run_id, n_instances=len(files))
-                self._stage(job, "routing", 0.2)
-                index = index_path(job.folder, workers=1)
+                self.runs.update(job.run_id, n_instances=len(job.files))
+                self._stage(job, "indexing", 0.2)
+                # The study's one index: every header read once, the first of each series
+                # kept for the identity, the PHI gate's names and the SR's evidence.
+                index = index_path(job.folder, workers=1, keep_headers=True)
                 facts = StudyFacts(
                     calling_aets=job.calling_aets,
                     modalities=sorted({s.modality for s in index.series if s.modality}),
                     series_classes=sorted({s.series_class.value for s in index.series}),
                 )
-                digest = sop_digest(p.stem for p in files)
-                self._evaluate(job, job.folder, facts, digest, files)
+                digest = sop_digest(p.stem for p in job.files)
+                self._evaluate(job, job.folder, index, facts, digest)
             finally:
                 try:
                     self._finish_uploads(job)
                 finally:
-                    ok = {p.stem for p, f in zip(todo, futures, strict=True) if not f.exception()}
                     state = self.runs.study_state(job.study_uid)
-                    state.uploaded = sorted(set(state.uploaded) | ok)
+                    state.uploaded = sorted(set(state.uploaded) | job.stored)
                     self.runs.save_study_state(state)
 
     def _finish_uploads(self, job: Job) -> None:
-        """Wait for the study's upload to Orthanc; raise the first failure."""
-        futures, job.uploads = job.uploads, []
-        for f in futures:
+        """Wait for the study's upload to Orthanc (forwarded on arrival, or from the spool);
+        upload from the spool what the forwarder could not store; raise the first failure."""
+        pairs, job.uploads = job.uploads, []
+        for p, f in pairs:
+            if f.exception() is None:
+                job.stored.add(p.stem)
+        for _p, f in pairs:
             f.result()
         if job.study_uid and job.trigger == "dicom":
+            if self.forwarder is not None:
+                job.stored |= self.forwarder.settle(job.study_uid)
+            done = job.stored | set(self.runs.study_state(job.study_uid).uploaded)
+            for p in job.files:
+                if p.stem not in done:  # declined or failed on arrival
+                    self.orthanc.upload(p)
+                    job.stored.add(p.stem)
             self.runs.update(job.run_id, orthanc_study_id=self.orthanc.find_study(job.study_uid))
 
     def _run_orthanc(self, job: Job) -> None:
@@ -291,8 +310,8 @@ class StudyPipeline:
         if route is None:
             return self._skip(job, "no routing rule selects this study")
         state = self.runs.study_state(study.study_uid)
-        if not job.force and state.evaluated_digest == digest:
-            return self._skip(job, "no new instances since the last evaluation")
+        if not job.force and state.evaluated_digest == evaluation_digest(digest, route):
+            return self._skip(job, "no new instances since the last evaluation by this rule")
         self._stage(job, "fetching series", 0.2)
         folder = self.runs.run_dir(job.run_id) / "study"
         files: list[Path] = []
@@ -307,7 +326,9 @@ class StudyPipeline:
                 files += self.cache.link_into((sop for _, sop in sops[s.orthanc_id]), target)
         self.runs.update(job.run_id, n_instances=len(files))
         job.route = route
-        self._evaluate(job, folder, facts, digest, files)
+        self._stage(job, "indexing", 0.3)
+        index = index_path(folder, workers=1, keep_headers=True)
+        self._evaluate(job, folder, index, facts, digest)
 
     def _skip(self, job: Job, why: str) -> None:
         METRICS.inc("evaluations_skipped_total")
@@ -315,19 +336,20 @@ class StudyPipeline:
         self.runs.finish(job.run_id, RunStatus.SKIPPED, error=why)
 
     def _evaluate(
-        self, job: Job, folder: Path, facts: StudyFacts, digest: str, files: list[Path]
+        self, job: Job, folder: Path, index: IndexResult, facts: StudyFacts, digest: str
     ) -> None:
         assert job.study_uid is not None
         route = job.route or self.router.route(facts)
         if route is None:
             return self._skip(job, "no routing rule selects this study")
+        digest = evaluation_digest(digest, route)
         state = self.runs.study_state(job.study_uid)
         if not job.force and state.evaluated_digest == digest:
-            return self._skip(job, "no new instances since the last evaluation")
+            return self._skip(job, "no new instances since the last evaluation by this rule")
         self.runs.update(job.run_id, route=route)
         self._stage(job, "evaluating", 0.4)
         work = self.runs.run_dir(job.run_id)
-        result = self.evaluator.evaluate(folder, route, work)
+        result = self.evaluator.evaluate(folder, route, work, index)
         self._stage(job, "writing the checklist", 0.65)
         checklist = write_checklist(result.run, work / "report")
         warnings = [*result.warnings, *checklist.warnings]
@@ -335,47 +357,30 @@ class StudyPipeline:
         self._finish_uploads(job)
         self._stage(job, "writing back SR and PDF", 0.85)
         version = state.version + 1
-        headers = evidence_from_files(files, set(result.evaluated_series_uids))
-        if not headers:
-            raise RuntimeError("no readable source instance to attach the report to")
-        # header values outside the standard are left out of the SR and PDF, and said so
-        left_out = [f"SR/PDF: {w}" for w in header_warnings(headers[0])]
-        warnings += left_out
-        result.warnings = [*result.warnings, *left_out]
+        headers = evidence(index, result.evaluated_series_uids)
         previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
+
+        def no_answer(model: str) -> str:
+            why = {
+                f"{c.task}: {c.error or c.parse_status}" for c in result.cases if c.model == model
+            }
+            return "; ".join(sorted(why)) or "no answer"
+
+        back = build_unverified(
+            result.run, route.models, headers, version, result.evaluator, result.modality,
+            checklist.pdf, previous, no_answer,
+        )  # fmt: skip
+        warnings += back.warnings
+        result.warnings = [*result.warnings, *(w for w in back.warnings if w.startswith("SR/PDF"))]
         sr_paths: list[str] = []
-        sr_uids: dict[str, str] = {}  # model -> SOP Instance UID of its UNVERIFIED SR
-        blocks = {b.model: b for b in report_blocks(result.run.samples)}
-        for model in route.models:
-            if model not in blocks:
-                why = sorted(
-                    {
-                        f"{c.task}: {c.error or c.parse_status}"
-                        for c in result.cases
-                        if c.model == model
-                    }
-                )
-                warnings.append(
-                    f"no SR for {model}: no answer to report ({'; '.join(why) or 'no answer'})"
-                )
-                continue
-            prev = [d for d in previous if model_of(d) == model]
-            content = unverified_content(blocks[model])
-            sr = build_sr(headers, content, model, result.evaluator, version, prev, result.modality)
+        for sr in back.srs.values():  # local copies: the next version names them predecessors
             path = work / f"sr-{len(sr_paths) + 1}.dcm"
             sr.save_as(path, enforce_file_format=True)
-            self.orthanc.upload(path)
             sr_paths.append(str(path))
-            sr_uids[model] = str(sr.SOPInstanceUID)
-        pdf_uid = None
-        if checklist.pdf:
-            pdf = build_pdf(headers[0], checklist.pdf, "NeuroSandbox AI checklist", version)
-            pdf.save_as(work / "checklist.dcm", enforce_file_format=True)
-            self.orthanc.upload(work / "checklist.dcm")
-            pdf_uid = str(pdf.SOPInstanceUID)
-        else:
-            warnings.append("no checklist PDF written back to PACS: it could not be printed")
-        METRICS.inc("reports_stored_total", len(sr_paths) + (pdf_uid is not None))
+        store(self.orthanc, [*back.srs.values(), *([back.pdf] if back.pdf else [])])
+        sr_uids = {m: str(sr.SOPInstanceUID) for m, sr in back.srs.items()}
+        pdf_uid = str(back.pdf.SOPInstanceUID) if back.pdf is not None else None
+        METRICS.inc("reports_stored_total", len(sr_uids) + (pdf_uid is not None))
         self.runs.write_report(job.run_id, result, html=checklist.html, pdf=checklist.pdf)
         info = {
             "run_id": job.run_id,

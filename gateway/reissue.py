@@ -25,10 +25,10 @@ from gateway.sr import (
     Verifier,
     build_pdf,
     build_sr,
-    encode,
     model_of,
     series_uid_for,
 )
+from gateway.writeback import store
 
 MAX_SOURCE_HEADERS = 500
 
@@ -156,14 +156,16 @@ def reissue_case(
         pdf = build_pdf(headers[0], pdf_bytes(page), _title(verification), number, verified=True)
     except (PdfError, ReportBuildError) as exc:
         out.warnings.append(f"the VERIFIED checklist PDF was not written: {exc}")
-    for sr in srs:
-        orthanc.upload(encode(sr))
-        out.sr_uids.append(str(sr.SOPInstanceUID))
-        on_stored(out.sr_uids[-1])
-    if pdf is not None:
-        orthanc.upload(encode(pdf))
-        out.pdf_uid = str(pdf.SOPInstanceUID)
-        on_stored(out.pdf_uid)
+
+    def stored(ds: Dataset) -> None:
+        uid = str(ds.SOPInstanceUID)
+        if pdf is not None and ds is pdf:
+            out.pdf_uid = uid
+        else:
+            out.sr_uids.append(uid)
+        on_stored(uid)
+
+    store(orthanc, [*srs, *([pdf] if pdf is not None else [])], stored)
     return out
 
 

@@ -5,7 +5,9 @@ its folder are read) to a temporary file, then renamed, into a staging folder of
 association. A normally released association commits its files into
 ``spool/studies/<StudyInstanceUID>/<SeriesInstanceUID>/`` once they are on disk (see
 ``gateway.spool`` for the fsync policies); an aborted one (A-ABORT, dropped connection) never
-reaches the study: its files go to ``spool/quarantine/`` and are logged. A write that fails
+reaches the study: its files go to ``spool/quarantine/`` and are logged. With a forwarder
+(``gateway.forward``), each instance is also stored in Orthanc as it arrives, and what an
+aborted association added there is deleted again. A write that fails
 (disk full, file size limit, I/O error) answers 0xA700 (Out of Resources), so the sender knows
 the instance was not kept. The transport is pynetdicom's, with the C-STORE hot path of
 ``gateway.scp_transport``.
@@ -41,6 +43,7 @@ from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
 from gateway.cache import InvalidUIDError, check_uid
+from gateway.forward import Forwarder
 from gateway.metrics import METRICS
 from gateway.part10 import file_meta_bytes, read_uids
 from gateway.scp_transport import start_store_server
@@ -126,6 +129,7 @@ class StorageSCP:
         allowed_calling_aets: list[str] | None = None,
         fsync: FsyncPolicy = "association",
         artim_timeout_s: float = ARTIM_TIMEOUT_S,
+        forwarder: Forwarder | None = None,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -134,6 +138,8 @@ class StorageSCP:
         self.host, self.port = host, port
         self.quiet_s = quiet_s
         self.on_complete = on_complete
+        # stores each instance in Orthanc as it arrives (gateway.forward)
+        self.forwarder = forwarder
         self.fsync = fsync
         self.allowed = {a.strip() for a in allowed_calling_aets or [] if a.strip()}
         self.incoming = spool / "incoming"
@@ -285,6 +291,11 @@ class StorageSCP:
                 tmp = folder / f".{next(a.writes)}.part"
                 write_instance(dest, tmp, (meta, body), self.fsync, self._syncer, a.batch)
                 size = len(body)
+                if self.forwarder is not None:
+                    try:
+                        self.forwarder.submit(a.id, study, sop, meta + bytes(body))
+                    except Exception:  # forwarding is best effort: the pipeline uploads it
+                        log.exception("forwarding a received instance failed")
         except OSError as exc:
             # Disk full, file too large, read-only: the sender must keep (and resend) it.
             log.error(
@@ -369,6 +380,8 @@ class StorageSCP:
         if self.fsync != "off":
             fsync_dirs(sorted(made, key=lambda p: -len(p.parts)))  # children before parents
         shutil.rmtree(a.staging, ignore_errors=True)
+        if self.forwarder is not None:
+            self.forwarder.commit(a.id)
         with self._lock:
             for study, n in a.studies.items():
                 st = self._studies.setdefault(study, _Study(uid=study))
@@ -386,6 +399,8 @@ class StorageSCP:
 
     def _discard(self, a: _Assoc, why: str) -> None:
         METRICS.inc("dicom_associations_aborted_total")
+        if self.forwarder is not None:  # what its instances added to Orthanc goes too
+            self.forwarder.discard(a.id)
         if not a.files:
             shutil.rmtree(a.staging, ignore_errors=True)
             return

@@ -24,6 +24,7 @@ from gateway.api import GatewayContext, create_app
 from gateway.cache import InstanceCache
 from gateway.default_evaluator import DefaultEvaluator, ProcessEvaluator
 from gateway.follower import ChangesFollower
+from gateway.forward import Forwarder
 from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
 from gateway.routing import Router
@@ -94,6 +95,8 @@ class Gateway:
         if self.follower is not None:
             self.follower.stop()
         self.pipeline.stop()
+        if self.pipeline.forwarder is not None:
+            self.pipeline.forwarder.close()
         self.ctx.orthanc.close()
         log.info("gateway stopped")
 
@@ -108,6 +111,8 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     worker = ProcessEvaluator(
         evaluator or DefaultEvaluator(settings), settings.run_deadline_s, init=configure_logging
     )
+    # received instances go to Orthanc as they arrive (an aborted association's are deleted)
+    forwarder = Forwarder(ctx.orthanc.store_instance, ctx.orthanc.delete_instance)
     pipeline = StudyPipeline(
         orthanc=ctx.orthanc,
         evaluator=worker,
@@ -116,9 +121,11 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         audit=ctx.audit,
         cache=InstanceCache(data / "cache"),
         reports_dir=settings.reports_dir or data / "reports",  # where the review pages look
+        forwarder=forwarder,
     )
     ctx.pipeline = pipeline
     scp = StorageSCP(
+        forwarder=forwarder,
         spool=data / "spool",
         ae_title=ep.gateway_aet,
         host=ep.gateway_host,

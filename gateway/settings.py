@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dicom import DEFAULT_MEMORY_CAP
@@ -42,6 +43,9 @@ class Settings(BaseSettings):
     max_associations: int = 32
     gateway_artim_timeout_s: float = 5.0  # a connection must send its association request in time
     follow_changes: bool = False  # also evaluate StableStudy events from Orthanc's /changes
+    # registered cases (a suite folder): a received study one names is evaluated as that case
+    # (its EHR, note, ground truth, turns); see gateway/default_evaluator.py
+    cases: Path | None = None
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
     # an evaluation's worker process is stopped after this long; the run fails, the queue goes on
     run_deadline_s: Annotated[float, Field(gt=0)] = 3600.0
@@ -73,6 +77,18 @@ class Settings(BaseSettings):
     call_processes: int = 0  # >0: litellm calls in N worker processes (for CPU-bound large runs)
     cache_dir: Path = Path("out/cache")  # rendered studies, dataset images, Orthanc downloads
     runs_dir: Path = Path("out/runs")  # where `runs list` looks
+
+    @model_validator(mode="before")
+    @classmethod
+    def _under_out(cls, data: Any) -> Any:
+        """The cache and runs folders follow NEUROSANDBOX_OUT (OUT/cache, OUT/runs) unless
+        set themselves."""
+        if isinstance(data, dict):
+            out = data.get("out") or os.environ.get("NEUROSANDBOX_OUT") or "out"
+            for key in ("cache_dir", "runs_dir"):
+                if data.get(key) is None and not os.environ.get(f"NEUROSANDBOX_{key.upper()}"):
+                    data[key] = Path(out) / key.removesuffix("_dir")
+        return data
 
     @field_validator("models", mode="before")
     @classmethod

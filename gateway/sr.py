@@ -17,7 +17,6 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 
 import highdicom as hd
 import pydicom
@@ -48,7 +47,6 @@ from pydicom.valuerep import DA, TM
 
 from dicom import PersonNameError, checked_attributes, person_name
 from evaluation import DifferentialItem, Finding, ReportContent
-from gateway.cache import InvalidUIDError, check_uid
 
 ENCAPSULATED_PDF_STORAGE = "1.2.840.10008.5.1.4.1.1.104.1"
 MANUFACTURER = "NeuroSandbox"
@@ -458,43 +456,3 @@ def model_of(sr: Dataset) -> str:
         if name == "Device Observer Model Name":
             return str(item.get("TextValue", ""))
     return ""
-
-
-def evidence_from_files(files: list[Path], series: set[str]) -> list[Dataset]:
-    """The SR's evidence: one entry per instance of the evaluated series.
-
-    Files sit in ``<SeriesInstanceUID>/<SOPInstanceUID>.dcm`` (spool and task folders alike), so
-    only the first file of each series is read (SOP class, patient and study modules); the
-    other entries are built from the names. Reading 800 headers would cost seconds.
-    """
-    by_series: dict[str, list[Path]] = {}
-    for p in files:
-        by_series.setdefault(p.parent.name, []).append(p)
-    out: list[Dataset] = []
-    for uid, paths in sorted(by_series.items()):
-        if series and uid not in series:
-            continue
-        first = None
-        for p in paths:
-            try:
-                first = pydicom.dcmread(p, stop_before_pixels=True)
-                break
-            except Exception:
-                continue
-        if first is None or str(first.get("SeriesInstanceUID", "")) != uid:
-            continue
-        out.append(first)
-        for p in paths:
-            if p.stem == str(first.SOPInstanceUID):
-                continue
-            try:
-                sop = check_uid(p.stem)
-            except InvalidUIDError:
-                continue
-            ds = Dataset()
-            ds.SOPClassUID = first.SOPClassUID
-            ds.SOPInstanceUID = sop
-            ds.SeriesInstanceUID = uid
-            ds.StudyInstanceUID = first.StudyInstanceUID
-            out.append(ds)
-    return out

@@ -1,4 +1,4 @@
-"""The PACS side against a real Orthanc (Debian package): CLI status, REST client, DIMSE, /changes."""
+"""The PACS side against a real Orthanc (Debian package): CLI status, REST client, /changes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 
 from gateway.cache import InstanceCache
-from gateway.dimse import DimseRetriever, RetrieveError
 from gateway.follower import ChangesFollower
 from gateway.orthanc import OrthancClient, OrthancError
 from gateway.pacs_local import dcmtk_env
@@ -97,32 +96,6 @@ def test_client_lists_with_series_classes_and_fetches_by_sop_uid(
     with pytest.raises(OrthancError) as exc:
         client.study("00000000-00000000-00000000-00000000-00000000")
     assert exc.value.status == 404
-
-
-def test_c_get_and_c_move_retrieve_into_the_same_cache(
-    orthanc_server: OrthancServer,
-    client: OrthancClient,
-    stored,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
-) -> None:
-    ep = orthanc_server.endpoints
-    cache = InstanceCache(tmp_path / "cache")
-    dimse = DimseRetriever(
-        ep.gateway_aet, "127.0.0.1", ep.orthanc_dicom_port, ep.orthanc_aet, cache
-    )
-    found = dimse.find_series(stored.study_uid)
-    assert sorted(str(d.SeriesInstanceUID) for d in found) == sorted(stored.series_uids.values())
-    got = dimse.get_series(stored.study_uid, stored.series_uids["T2"])
-    assert len(got) == 6 and all(pydicom.dcmread(p).Modality == "MR" for p in got)
-    moved = dimse.move_series(
-        stored.study_uid, stored.series_uids["FLAIR"], "127.0.0.1", ep.gateway_dicom_port
-    )
-    assert len(moved) == 6
-    assert {pydicom.dcmread(p).SeriesInstanceUID for p in moved} == {stored.series_uids["FLAIR"]}
-    # An AE Orthanc does not know may not query it.
-    stranger = DimseRetriever("STRANGER", "127.0.0.1", ep.orthanc_dicom_port, ep.orthanc_aet, cache)
-    with pytest.raises(RetrieveError):
-        stranger.find_series(stored.study_uid)
 
 
 def test_changes_follower_sees_a_study_become_stable(client: OrthancClient, tmp_path: Path) -> None:

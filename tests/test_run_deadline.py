@@ -24,6 +24,7 @@ from gateway_synth import make_study
 from openai_server import OpenAIServer, Script
 from orthanc_fixture import OrthancServer
 
+from dicom import IndexResult
 from gateway.auth import Role, TokenStore
 from gateway.default_evaluator import (
     EvaluationAbandonedError,
@@ -150,7 +151,9 @@ class Stuck:
 
     name = "stuck"
 
-    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult:
+    def evaluate(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
+    ) -> EvaluationResult:
         child = subprocess.Popen(["sleep", "600"])
         (work_dir / "child.pid").write_text(str(child.pid))
         time.sleep(600)
@@ -160,7 +163,9 @@ class Stuck:
 class Broken:
     name = "broken"
 
-    def evaluate(self, study_dir: Path, route: Route, work_dir: Path) -> EvaluationResult:
+    def evaluate(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
+    ) -> EvaluationResult:
         raise ValueError("no DICOM series in the study folder")
 
 
@@ -171,7 +176,7 @@ def _alive(pid: int) -> bool:
 def test_the_worker_and_what_it_started_are_stopped_at_the_deadline(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(EvaluationAbandonedError) as err:
-        ProcessEvaluator(Stuck(), deadline_s=8).evaluate(tmp_path, ROUTE, tmp_path)
+        ProcessEvaluator(Stuck(), deadline_s=8).evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
     took = time.monotonic() - t0
     assert failure_text(err.value) == "evaluation exceeded the 8 s deadline: worker stopped"
     assert 8 <= took < 8 + 10, took
@@ -182,7 +187,7 @@ def test_the_worker_and_what_it_started_are_stopped_at_the_deadline(tmp_path: Pa
 
 def test_a_failure_in_the_worker_is_the_run_error_it_was(tmp_path: Path) -> None:
     with pytest.raises(EvaluationWorkerError) as err:
-        ProcessEvaluator(Broken(), deadline_s=60).evaluate(tmp_path, ROUTE, tmp_path)
+        ProcessEvaluator(Broken(), deadline_s=60).evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
     assert failure_text(err.value) == "ValueError: no DICOM series in the study folder"
     assert not _workers(os.getpid())
 
@@ -193,7 +198,7 @@ def test_cancel_stops_the_running_worker_and_refuses_new_ones(tmp_path: Path) ->
 
     def run() -> None:
         try:
-            worker.evaluate(tmp_path, ROUTE, tmp_path)
+            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
         except BaseException as exc:
             errors.append(exc)
 
@@ -208,4 +213,4 @@ def test_cancel_stops_the_running_worker_and_refuses_new_ones(tmp_path: Path) ->
     assert isinstance(errors[0], EvaluationAbandonedError) and "gateway stopped" in str(errors[0])
     assert not _workers(os.getpid())
     with pytest.raises(EvaluationAbandonedError):
-        worker.evaluate(tmp_path, ROUTE, tmp_path)
+        worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())

@@ -9,7 +9,7 @@ file the same way. The record and its field rules are in ``frame``.
 
 from __future__ import annotations
 
-from dicom.headers.batch import ProgressFn, read_headers
+from dicom.headers.batch import ProgressFn, read_headers, read_headers_keeping
 from dicom.headers.fast import clear_caches
 from dicom.headers.frame import DEFAULT_MEMORY_CAP, FrameHeader, contrast_agent_or_none
 from dicom.headers.read import read_frames
@@ -22,4 +22,5 @@ __all__ = [
     "contrast_agent_or_none",
     "read_frames",
     "read_headers",
+    "read_headers_keeping",
 ]

@@ -21,7 +21,7 @@ from dicom.errors import (
 )
 from dicom.headers.cache import HeaderCache, cache_dir_from_env
 from dicom.headers.frame import DEFAULT_MEMORY_CAP, FrameHeader
-from dicom.headers.read import read_frames
+from dicom.headers.read import read_frames, read_frames_and_header
 from dicom.parallel import idle_cpus
 from dicom.records import FileError
 
@@ -54,6 +54,37 @@ def _read_one(args: tuple[str, int]) -> _ReadResult:
         return path, None, FileError(path=path, kind=_error_kind(exc), message=str(exc))
     except Exception as exc:  # any bug or oddity in one file must not stop the folder
         return path, None, FileError(path=path, kind="unreadable", message=f"{path}: {exc!r}")
+
+
+def read_headers_keeping(
+    sources: Iterable[str], memory_cap: int = DEFAULT_MEMORY_CAP
+) -> tuple[list[FrameHeader], list[FileError], int, dict[str, Any]]:
+    """``read_headers`` for one study, in this process, each file read once, keeping the whole
+    header (pixels excepted) of the first file of each folder by its SeriesInstanceUID: what
+    the study's identity, the PHI gate's names and a report's evidence need, without reading
+    any file a second time. (A spool or PACS download holds one series per folder.)"""
+    frames: list[FrameHeader] = []
+    errors: list[FileError] = []
+    headers: dict[str, Any] = {}
+    folders: set[str] = set()
+    n = 0
+    for path in sources:
+        n += 1
+        folder = path.rsplit("/", 1)[0]
+        try:
+            if folder in folders:
+                fr = read_frames(path, memory_cap)
+            else:
+                fr, ds = read_frames_and_header(path, memory_cap)
+                folders.add(folder)
+                if fr:
+                    headers.setdefault(fr[0].series_uid, ds)
+            frames.extend(fr)
+        except ImagingError as exc:
+            errors.append(FileError(path=path, kind=_error_kind(exc), message=str(exc)))
+        except Exception as exc:  # any bug or oddity in one file must not stop the study
+            errors.append(FileError(path=path, kind="unreadable", message=f"{path}: {exc!r}"))
+    return frames, errors, n, headers
 
 
 def _read_many(paths: list[str], cap: int) -> list[_ReadResult]:

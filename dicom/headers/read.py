@@ -49,6 +49,23 @@ def read_frames(
         frames = read_frames_fast(path, memory_cap)
         if frames is not None:
             return frames
+    return _read_pydicom(path, memory_cap, DEFER_SIZE)[0]
+
+
+def read_frames_and_header(
+    path: str, memory_cap: int = DEFAULT_MEMORY_CAP
+) -> tuple[list[FrameHeader], pydicom.Dataset]:
+    """One read of a file giving both its frames and its whole header (pixels excepted, no
+    value deferred, no file object held: usable once the file is closed, and picklable)."""
+    frames, ds = _read_pydicom(path, memory_cap, None)
+    header = pydicom.Dataset(ds)
+    header.file_meta = ds.file_meta
+    return frames, header
+
+
+def _read_pydicom(
+    path: str, memory_cap: int, defer_size: int | None
+) -> tuple[list[FrameHeader], pydicom.Dataset]:
     try:
         fp = open_source(path, prefix=min(HEADER_PREFIX, memory_cap))
     except OSError as exc:
@@ -63,7 +80,7 @@ def read_frames(
             ds = pydicom.dcmread(
                 _Budget(fp, path),
                 stop_before_pixels=True,
-                defer_size=DEFER_SIZE,
+                defer_size=defer_size,
                 force=not has_preamble,
             )
             pixel_offset = None
@@ -91,7 +108,7 @@ def read_frames(
             raise
         except Exception as exc:
             raise UnreadableHeaderError(f"{path}: unreadable header: {exc}") from exc
-    return frames
+    return frames, ds
 
 
 # The most reads pydicom may make of one header (each element takes one or two): a real header

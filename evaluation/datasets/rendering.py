@@ -71,6 +71,19 @@ def study_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def _indexed_digest(index: IndexResult) -> str:
+    """sha256 over the path, size and modification time of every file an index read."""
+    h = hashlib.sha256()
+    paths = sorted({f.path for s in index.series for vol in s.volumes for f in vol})
+    for path in paths:
+        try:
+            st = os.stat(path)
+            h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
+        except OSError:  # an archive member or a vanished file: its name alone
+            h.update(f"{path}\0".encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
+
+
 def _sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -96,8 +109,13 @@ def render_study(
     cache_dir: Path,
     plan: RenderPlan | None = None,
     memory_cap: int | None = None,
+    index: IndexResult | None = None,
 ) -> RenderedStudy:
-    """Images of ``study`` for ``case`` (rendered now, or read back from the cache)."""
+    """Images of ``study`` for ``case`` (rendered now, or read back from the cache).
+
+    ``index``: the study already indexed (the gateway's one index of a received study): no
+    header is read again, and the cache key is made from the files' names, sizes and times
+    instead of their bytes."""
     from dicom import renderer_version
 
     plan = plan or RenderPlan()
@@ -106,7 +124,7 @@ def render_study(
     lesion_z = _main_lesion_z(case)
     key_src = json.dumps(
         {
-            "study": study_digest(study),
+            "study": study_digest(study) if index is None else _indexed_digest(index),
             "plan": plan.model_dump(),
             "renderer": renderer_version(),
             "lesion_z": lesion_z,
@@ -121,7 +139,7 @@ def render_study(
         return hit
     tmp = folder.with_name(f"{key}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    result = _render(study, case, tmp, plan, lesion_z, memory_cap)
+    result = _render(study, case, tmp, plan, lesion_z, memory_cap, index)
     # Point the refs at the final folder, then publish atomically.
     for img in result.images:
         img.path = str(folder / Path(img.path).name)
@@ -164,6 +182,7 @@ def _render(
     plan: RenderPlan,
     lesion_z: float | None,
     memory_cap: int | None,
+    index: IndexResult | None = None,
 ) -> RenderedStudy:
     from dicom import (
         CLINICAL_CLASSES,
@@ -177,10 +196,11 @@ def _render(
     )
 
     cap = memory_cap or DEFAULT_MEMORY_CAP
-    try:
-        index = index_path(study, memory_cap=cap)
-    except (ImagingError, OSError) as exc:
-        raise DatasetError(f"case {case.case_id}: cannot index study {study}: {exc}") from exc
+    if index is None:
+        try:
+            index = index_path(study, memory_cap=cap)
+        except (ImagingError, OSError) as exc:
+            raise DatasetError(f"case {case.case_id}: cannot index study {study}: {exc}") from exc
     wanted = (
         frozenset(SequenceClass(c) for c in plan.series_classes if c in SequenceClass.__members__)
         if plan.series_classes

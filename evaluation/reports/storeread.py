@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import TaskFamily
@@ -48,6 +48,22 @@ def _parsed(row: SampleRow, family: TaskFamily) -> Answer | ClassificationAnswer
     return model.model_validate(raw)
 
 
+def _recorded_dataset(rundir: Path, config: Any, row: Any) -> Dataset:
+    """The cases a run recorded (as scored: no note, no EHR), for a dataset that lived in memory."""
+    from evaluation.datasets import Dataset
+    from evaluation.store import RunStore
+
+    store = RunStore(rundir)
+    try:
+        cases = list(store.cases().values())
+    finally:
+        store.close()
+    return Dataset(
+        name=str(row.dataset_name), kind="memory", spec=config.dataset, cases=cases,
+        hash=str(row.dataset_hash),
+    )  # fmt: skip
+
+
 def run_from_store(
     store_file: Path, cache_dir: Path | None = None, dataset: Dataset | None = None
 ) -> RunData:
@@ -61,6 +77,8 @@ def run_from_store(
 
     rundir = store_file.parent
     config, row = load_config(rundir)
+    if dataset is None and config.dataset.kind == "memory":  # a gateway run: the store's cases
+        dataset = _recorded_dataset(rundir, config, row)
     dataset = dataset or open_dataset(config, cache_dir)
     warnings = list(dataset.warnings)
     if dataset.hash != row.dataset_hash:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.audit import AuditLog
-from gateway.auth import TokenStore
+from gateway.auth import TokenStore, tokens_file
 from gateway.orthanc import OrthancClient
 from gateway.pipeline import StudyPipeline
 from gateway.runs import StudyRunStore
@@ -29,5 +29,5 @@ class GatewayContext:
             orthanc=OrthancClient.from_settings(settings),
             runs=StudyRunStore(data),
             audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
-            tokens=TokenStore(data / "secret" / "tokens.json"),
+            tokens=TokenStore(tokens_file(data)),
         )

@@ -1,28 +1,36 @@
-"""The main job in one command: local PACS, phantom suite, evaluation, reports, write-back.
+"""The main job in one command, through the product's own path: the local PACS and the gateway
+(DICOM node, pipeline, API), the phantom studies sent to the gateway's DICOM node by C-STORE,
+evaluated by the pipeline, SR and PDF written back, every case in the review queue.
 
 Steps (each prints what it does and how long it took):
 1. start the embedded Orthanc on loopback (``neurosandbox pacs up``);
 2. generate the phantom suite (reused when the same cases and seed are already on disk);
-3. send every study to Orthanc by DICOM C-STORE with dcmtk's storescu as the gateway's AE
-   (studies Orthanc already holds are skipped);
-4. evaluate every task family with the reference models plus every litellm model named in
-   ``NEUROSANDBOX_MODELS``;
-5. write checklists and the run summary (HTML, PDF, JSON), and an UNVERIFIED SR and the
-   checklist PDF back into each study in Orthanc;
-6. stop Orthanc unless ``keep`` (``KEEP=1`` in ``make demo``).
+3. start the gateway (``neurosandbox serve``) with the suite registered as the team's cases
+   (``NEUROSANDBOX_CASES``: each study is evaluated as its case, record, note and truth
+   included), a routing rule for every task family with the reference models plus every
+   litellm model named in ``NEUROSANDBOX_MODELS``, and a short quiet time;
+4. send every study to the gateway's DICOM node with dcmtk's storescu; the node forwards each
+   instance to Orthanc as it arrives and, once the study is complete, the pipeline evaluates
+   it, writes an UNVERIFIED SR per model and the checklist PDF into the study in Orthanc, and
+   puts the case into the review queue (a study whose evaluation is still current is not sent
+   again);
+5. the leaderboard and the run summary (HTML, PDF, JSON) over the gateway's runs;
+6. a reviewer token and the review URL; stop the gateway and Orthanc unless ``keep``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import shutil
+import contextlib
+import hashlib
+import json
+import os
 import subprocess
+import sys
 import time
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
-import pydicom
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -31,7 +39,10 @@ from gateway.cli import demo_state as state
 from gateway.settings import Settings, get_settings
 
 REFERENCE_MODELS = ["reference/image-rules", "reference/text-prior"]
+ALL_TASKS = ["differential", "lesion", "rationale", "classification", "multiturn"]
 STORESCU = "/usr/bin/storescu"
+DEMO_AET = "DEMO_SCANNER"  # the calling AE title the demo's studies come from
+QUIET_S = 1.0  # the demo's quiet time: storescu sends each study in one association
 INDEX_FILE = ".demo-index.json"  # the ReportIndex of the last report, for a reused report
 console = Console(stderr=True)
 
@@ -50,6 +61,8 @@ def _done(t0: float, text: str = "") -> None:
 
 
 def _suite(out: Path, cases: int, seed: int) -> Path:
+    import shutil
+
     from evaluation import GENERATOR_VERSION, SuiteManifest, generate_suite
 
     suite = out / "suite"
@@ -72,220 +85,372 @@ def _suite(out: Path, cases: int, seed: int) -> Path:
     return suite
 
 
-def _send(suite: Path, settings: Settings, endpoints: object) -> tuple[int, int]:
-    """C-STORE every case study Orthanc lacks; returns (studies sent, studies already there)."""
-    import json
+def _studies(suite: Path) -> list[tuple[str, str, Path]]:
+    """(case id, StudyInstanceUID, DICOM folder) of every case of the suite."""
+    out = []
+    for case_dir in sorted(p for p in suite.iterdir() if (p / "case.json").exists()):
+        case = json.loads((case_dir / "case.json").read_text())
+        uids = case.get("provenance", {}).get("study_uids") or []
+        if uids:
+            out.append((str(case["case_id"]), str(uids[0]), case_dir / "dicom"))
+    return out
 
-    from gateway.orthanc import OrthancClient
+
+def _routing(out: Path, models: list[str], inputs: dict[str, Any]) -> Path:
+    """The demo's routing rule: every study from the demo's AE, every task family. Its name
+    carries the demo's inputs (suite, models, code): changed inputs evaluate again."""
+    tag = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+    rules = {
+        "rules": [
+            {
+                "name": f"demo-{tag}",
+                "match": {"calling_aet": [DEMO_AET]},
+                "evaluate": {"models": models, "tasks": ALL_TASKS},
+            }
+        ]
+    }
+    path = out / "routing.json"  # JSON is YAML
+    path.write_text(json.dumps(rules, indent=2))
+    return path
+
+
+# --------------------------------------------------------------------------- the gateway
+
+
+class GatewayProcess:
+    """``neurosandbox serve`` in its own session, stopped by PID (DATA_DIR/gateway.pid)."""
+
+    def __init__(self, settings: Settings, log: Path) -> None:
+        self.settings, self.log = settings, log
+        self.pid_file = settings.data_dir / "gateway.pid"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str], api_url: str, timeout_s: float = 90.0) -> None:
+        from gateway.pacs_local import stop_gateway
+
+        stop_gateway(self.settings.data_dir)  # one left running by an earlier KEEP=1
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        binary = Path(sys.executable).with_name("neurosandbox")
+        with open(self.log, "ab") as fh:
+            self.proc = subprocess.Popen(
+                [str(binary), "serve"],
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.pid_file.parent.mkdir(parents=True, exist_ok=True)
+        self.pid_file.write_text(str(self.proc.pid))
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DemoError(f"the gateway did not start: {self.tail()}")
+            try:
+                if httpx.get(f"{api_url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise DemoError(f"the gateway did not answer at {api_url} within {timeout_s:g} s")
+
+    def tail(self, n: int = 1500) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        from gateway.pacs_local import stop_gateway
+
+        stop_gateway(self.settings.data_dir)
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5)
+
+
+def _gateway_env(settings: Settings, suite: Path, routing: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        NEUROSANDBOX_CASES=str(suite.resolve()),
+        NEUROSANDBOX_ROUTING_FILE=str(routing.resolve()),
+        NEUROSANDBOX_STUDY_QUIET_S=str(QUIET_S),
+        NEUROSANDBOX_FOLLOW_CHANGES="false",
+        NEUROSANDBOX_DATA_DIR=str(settings.data_dir.resolve()),
+    )
+    return env
+
+
+# --------------------------------------------------------------------------- sending, waiting
+
+
+def _send(folder: Path, endpoints: Any) -> None:
     from gateway.pacs_local import dcmtk_env
 
-    client = OrthancClient.from_settings(settings)
-    sent = skipped = 0
-    try:
-        for case_dir in sorted(p for p in suite.iterdir() if (p / "case.json").exists()):
-            case = json.loads((case_dir / "case.json").read_text())
-            uids = case.get("provenance", {}).get("study_uids") or []
-            if uids and all(client.find_study(u) for u in uids):
-                skipped += 1
-                continue
-            cmd = [
-                STORESCU,
-                "-aet",
-                settings.gateway_aet,
-                "-aec",
-                getattr(endpoints, "orthanc_aet", settings.orthanc_aet),
-                "+sd",
-                "+r",
-                "-q",
-                "127.0.0.1",
-                str(getattr(endpoints, "orthanc_dicom_port")),  # noqa: B009
-                str(case_dir / "dicom"),
-            ]
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=600, check=False, env=dcmtk_env()
-            )
-            if proc.returncode != 0:
-                raise DemoError(
-                    f"storescu failed for {case_dir.name} (exit {proc.returncode}): {proc.stderr[-400:]}"
-                )
-            missing = [u for u in uids if not client.find_study(u)]
-            if missing:
-                raise DemoError(f"Orthanc did not store study {missing[0]} of {case_dir.name}")
-            sent += 1
-            console.print(f"   sent {escape(case_dir.name)}")
-    finally:
-        client.close()
-    return sent, skipped
-
-
-def _evaluate(
-    suite: Path, run_dir: Path, settings: Settings, samples: int, extra: list[str]
-) -> None:
-    from evaluation import DatasetSpec, RunConfig, start_run
-    from gateway.cli.console import ProgressBar, print_run
-
-    config = RunConfig.from_settings(
-        settings, DatasetSpec(path=str(suite)), models=REFERENCE_MODELS + extra, samples=samples
+    cmd = [STORESCU, "-aet", DEMO_AET, "-aec", endpoints.gateway_aet, "+sd", "+r", "-q",
+           "127.0.0.1", str(endpoints.gateway_dicom_port), str(folder)]  # fmt: skip
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=600, check=False, env=dcmtk_env()
     )
-    with ProgressBar() as bar:
-        stats = asyncio.run(start_run(config, run_dir, on_progress=bar))
-    print_run(stats, run_dir)
+    if proc.returncode != 0:
+        raise DemoError(
+            f"storescu to the gateway failed for {folder.parent.name} (exit {proc.returncode}): "
+            f"{proc.stderr[-400:]}"
+        )
 
 
-def _write_back(run_dir: Path, report_dir: Path, settings: Settings) -> list[str]:
-    """One UNVERIFIED SR per model and the checklist PDF into each case's study in Orthanc.
+def _current_run(
+    settings: Settings, mark: dict[str, Any], case_id: str, orthanc: Any
+) -> str | None:
+    """The gateway run of this case that is still current: recorded for these inputs, done,
+    its report bundle on disk and its SRs still in Orthanc."""
+    from gateway.runs import RunNotFoundError, RunStatus, StudyRunStore
 
-    Returns the Orthanc ids of the instances stored."""
-    from evaluation import load_run, report_blocks, unverified_content
-    from gateway.orthanc import OrthancClient
-    from gateway.sr import build_pdf, build_sr, encode
-
-    run = load_run(run_dir)
-    client = OrthancClient.from_settings(settings)
-    stored: list[str] = []
+    run_id = (mark.get("cases") or {}).get(case_id)
+    if not isinstance(run_id, str):
+        return None
     try:
-        for case in run.cases:
-            root = Path(run.case_roots.get(case.case_id, "")) or None
-            study = (root / (case.study_path or "dicom")) if root else None
-            if study is None or not study.is_dir():
-                console.print(f"   [yellow]no study folder for {escape(case.case_id)}[/yellow]")
+        rec = StudyRunStore(settings.data_dir).get(run_id)
+    except RunNotFoundError:
+        return None
+    bundle = (settings.reports_dir or settings.data_dir / "reports") / run_id / "rundata.json"
+    if rec.status is not RunStatus.DONE or not rec.sr_sop_uids or not bundle.exists():
+        return None
+    if not all(orthanc.find_instance(uid) for uid in [*rec.sr_sop_uids, rec.pdf_sop_uid or ""]):
+        return None
+    return run_id
+
+
+def _wait_runs(
+    settings: Settings, pending: dict[str, str], since: str, gw: GatewayProcess, timeout_s: float
+) -> dict[str, str]:
+    """Wait until the pipeline has a finished run for every pending study (StudyInstanceUID ->
+    case id); returns case id -> run id. Prints each as it finishes."""
+    from gateway.runs import RunStatus, StudyRunStore
+
+    runs = StudyRunStore(settings.data_dir)
+    found: dict[str, str] = {}
+    deadline = time.monotonic() + timeout_s
+    t0 = time.perf_counter()
+    while len(found) < len(pending):
+        if not gw.alive():
+            raise DemoError(f"the gateway stopped: {gw.tail()}")
+        if time.monotonic() > deadline:
+            left = sorted(set(pending.values()) - set(found))
+            raise DemoError(f"no finished gateway run after {timeout_s:g} s for {left[:5]}")
+        for rec in runs.list(limit=1000):
+            case = pending.get(rec.study_uid or "")
+            if case is None or case in found or rec.created_at < since:
                 continue
-            wanted = {i.series_uid for i in case.images if i.series_uid}
-            headers = []
-            for f in sorted(study.rglob("*")):
-                if not f.is_file():
-                    continue
-                ds = pydicom.dcmread(f, stop_before_pixels=True)
-                if not wanted or ds.SeriesInstanceUID in wanted:
-                    headers.append(ds)
-                if len(headers) >= 400:
-                    break
-            if not headers:
+            if rec.status in (RunStatus.QUEUED, RunStatus.RUNNING):
                 continue
-            modality = "CT" if all(h.Modality == "CT" for h in headers) else "MR"
-            for block in report_blocks(run.samples_of(case.case_id)):
-                content = unverified_content(block)
-                sr = build_sr(
-                    headers, content, block.model, "demo", instance_number=1, modality=modality
+            if rec.status is not RunStatus.DONE:
+                raise DemoError(
+                    f"the gateway's run of {case} {rec.status.value}: {rec.error} "
+                    f"(run {rec.run_id}; log {gw.log})"
                 )
-                stored.append(client.upload(encode(sr)))
-            pdf = report_dir / "cases" / f"{case.case_id}.pdf"
-            if pdf.exists():
-                doc = build_pdf(headers[0], pdf.read_bytes(), "NeuroSandbox checklist", 1)
-                stored.append(client.upload(encode(doc)))
-    finally:
-        client.close()
-    return stored
+            found[case] = rec.run_id
+            took = rec.timings_s.get("done")
+            console.print(
+                f"   [{len(found)}/{len(pending)}] {escape(case)}: evaluated"
+                + (f" in {took:.1f} s" if took else "")
+                + f", {len(rec.sr_sop_uids)} SR + {'1' if rec.pdf_sop_uid else '0'} PDF in Orthanc"
+                f" ({time.perf_counter() - t0:.0f} s)"
+            )
+        time.sleep(0.25)
+    return found
 
 
-def _already_written_back(run_dir: Path, settings: Settings) -> int | None:
-    from gateway.orthanc import OrthancClient, OrthancError
+# --------------------------------------------------------------------------- the report
 
-    client = OrthancClient.from_settings(settings)
 
-    def exists(orthanc_id: str) -> bool:
-        try:
-            client.get_json(f"/instances/{orthanc_id}")
-        except OrthancError:
-            return False
-        return True
+def _merged(settings: Settings, runs: dict[str, str]) -> Any:
+    """One run of every case: the gateway runs' report bundles (``rundata.json``) together."""
+    from evaluation import RunData, load_run
 
+    reports = settings.reports_dir or settings.data_dir / "reports"
+    parts = [load_run(reports / run_id) for _case, run_id in sorted(runs.items())]
+    first = parts[0]
+    digest = hashlib.sha256("\n".join(sorted(runs.values())).encode()).hexdigest()[:8]
+    return RunData(
+        run_id=f"demo-{digest}",
+        title=f"NeuroSandbox demo: {len(parts)} studies through the gateway",
+        created_at=first.created_at,
+        config={k: v for k, v in first.config.items() if k != "gateway"},
+        code_version=first.code_version,
+        cases=[c for p in parts for c in p.cases],
+        case_roots={k: v for p in parts for k, v in p.case_roots.items()},
+        samples=[s for p in parts for s in p.samples],
+    )
+
+
+def _print_leaderboard(run: Any) -> None:
+    from evaluation import build_summary
+    from gateway.cli.console import _leaderboard
+
+    summ = build_summary(run).summary
+    if summ is not None and summ.leaderboard:
+        _leaderboard(summ)
+
+
+def _reviewer_token(settings: Settings) -> str:
+    from gateway.auth import Role, TokenStore, tokens_file
+
+    name = "demo reviewer"
+    tokens = TokenStore(tokens_file(settings.data_dir))
+    for rec in tokens.list():  # the secret is shown once: an earlier demo's token goes
+        if rec.name == name and not rec.revoked:
+            tokens.revoke(rec.id)
+    _rec, secret = tokens.create(Role.REVIEWER, name=name, person="Demo^Reviewer")
+    return secret
+
+
+@contextlib.contextmanager
+def _services(settings: Settings, keep: bool) -> Iterator[tuple[Any, GatewayProcess]]:
+    from gateway.pacs_local import LocalPacs
+
+    pacs = LocalPacs(settings)
+    gw = GatewayProcess(settings, settings.data_dir / "gateway.log")
+    t = _step(1, "starting the local Orthanc (embedded PACS) on loopback")
+    endpoints = pacs.up()
+    _done(t, f"at {endpoints.orthanc_url}")
     try:
-        return state.written_back(run_dir, exists)
+        yield endpoints, gw
     finally:
-        client.close()
+        if not keep:
+            gw.stop()
+            pacs.down()
+            console.print("gateway and Orthanc stopped (KEEP=1 leaves them running)")
 
 
 def run_demo(
     settings: Settings, out: Path, cases: int, seed: int, samples: int, keep: bool, extra: list[str]
 ) -> Path:
     """Run every step; returns the report folder."""
-    from evaluation import ReportIndex, load_run, write_report
-    from gateway.pacs_local import LocalPacs, orthanc_password
+    from evaluation import ReportIndex, write_report
+    from gateway.orthanc import OrthancClient
+    from gateway.pacs_local import orthanc_password
+    from gateway.runs import now_iso
 
+    if samples != 1:
+        raise DemoError("the demo evaluates through the gateway, one sample per task (--samples 1)")
     t_all = time.perf_counter()
-    pacs = LocalPacs(settings)
-    t = _step(1, "starting the local Orthanc (embedded PACS) on loopback")
-    endpoints = pacs.up()
-    _done(t, f"at {endpoints.orthanc_url}")
-    try:
+    models = REFERENCE_MODELS + extra
+    out.mkdir(parents=True, exist_ok=True)
+    with _services(settings, keep) as (endpoints, gw):
         t = _step(2, f"phantom suite: {cases} cases, seed {seed}")
         suite = _suite(out, cases, seed)
         _done(t)
-        t = _step(3, "sending the studies to Orthanc by DICOM C-STORE (dcmtk storescu)")
-        sent, skipped = _send(suite, settings, endpoints)
-        _done(t, f"({sent} sent, {skipped} already in Orthanc)")
-        names = ", ".join(REFERENCE_MODELS + extra)
-        t = _step(4, f"evaluating every task family with {names}")
-        inputs = state.run_inputs(suite, REFERENCE_MODELS + extra, samples)
-        reused = state.reusable_run(out / "runs", inputs)
-        if reused is not None:
-            run_dir = reused
-            console.print(
-                f"   reusing run {escape(run_dir.name)}: same suite, models, samples and code "
-                f"(delete {escape(str(out / 'runs'))} to evaluate afresh)"
+        inputs = state.run_inputs(suite, models, samples)
+        routing = _routing(out, models, inputs)
+        t = _step(
+            3, "starting the gateway (DICOM node, pipeline, API) with the suite as the team's cases"
+        )
+        gw.start(_gateway_env(settings, suite, routing), endpoints.api_url)
+        _done(
+            t,
+            f"DICOM {endpoints.gateway_aet}@127.0.0.1:{endpoints.gateway_dicom_port}, API {endpoints.api_url}",
+        )
+        t = _step(4, "sending each study to the gateway's DICOM node (dcmtk storescu); the pipeline "
+                     "evaluates it and writes SR + PDF back into Orthanc")  # fmt: skip
+        mark_file = out / state.GATEWAY_MARK
+        mark = state.read_mark(mark_file, inputs)
+        orthanc = OrthancClient.from_settings(settings)
+        try:
+            studies = _studies(suite)
+            runs: dict[str, str] = {}
+            for case_id, _uid, _folder in studies:
+                current = _current_run(settings, mark, case_id, orthanc)
+                if current is not None:
+                    runs[case_id] = current
+            todo = [(c, u, f) for c, u, f in studies if c not in runs]
+            if runs:
+                console.print(
+                    f"   {len(runs)} studies already evaluated with these inputs, their SR and "
+                    f"PDF in Orthanc: not sent again (delete {escape(str(mark_file))} to redo)"
+                )
+            since = now_iso()
+            for _case, _uid, folder in todo:
+                _send(folder, endpoints)
+            if todo:
+                console.print(f"   sent {len(todo)} studies; waiting for the pipeline")
+            runs |= _wait_runs(
+                settings, {u: c for c, u, _ in todo}, since, gw, 600 + 60 * len(todo)
             )
-        else:
-            run_dir = out / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
-            _evaluate(suite, run_dir, settings, samples, extra)
-            state.mark_run(run_dir, inputs)
-        _done(t, f"run folder {run_dir}")
-        t = _step(5, "writing checklists and the run summary (HTML, PDF, JSON)")
+        finally:
+            orthanc.close()
+        state.write_mark(mark_file, inputs, runs)
+        _done(t, f"({len(todo)} sent and evaluated, {len(studies) - len(todo)} reused)")
+
+        t = _step(5, "leaderboard and run summary (HTML, PDF, JSON) over the gateway's runs")
+        run = _merged(settings, runs)
+        _print_leaderboard(run)
         report_dir = out / "report"
-        if state.report_is_current(report_dir, run_dir):
-            console.print("   the report of this run is already written: reusing it")
+        if state.report_is_current(report_dir, run.run_id):
+            console.print("   the report of these runs is already written: reusing it")
             index = ReportIndex.model_validate_json((report_dir / INDEX_FILE).read_text())
         else:
+            import shutil
+
             if report_dir.exists():
                 shutil.rmtree(report_dir)
-            index = write_report(load_run(run_dir), report_dir)
+            index = write_report(run, report_dir)
             (report_dir / INDEX_FILE).write_text(index.model_dump_json(indent=2))
-            state.mark_report(report_dir, run_dir)
+            state.mark_report(report_dir, run.run_id)
         _done(t)
-        t = _step(6, "writing SR and checklist PDF back into each study in Orthanc (UNVERIFIED)")
-        n = None if sent else _already_written_back(run_dir, settings)
-        if n is not None:
-            _done(t, f"({n} instances from this run already in Orthanc)")
-        else:
-            stored = _write_back(run_dir, report_dir, settings)
-            state.mark_written_back(run_dir, stored)
-            _done(t, f"({len(stored)} instances stored)")
-    finally:
+        t = _step(6, "review queue: a reviewer token")
+        token = _reviewer_token(settings)
+        _done(t)
         if keep:
             pw = orthanc_password(settings, endpoints)
             console.print(
                 f"Orthanc keeps running: {endpoints.orthanc_url} user {settings.orthanc_username} "
-                f"password {pw or '(see neurosandbox pacs status --json)'}; stop it with "
+                f"password {pw or '(see neurosandbox pacs status --json)'}; the gateway too "
+                f"(API {endpoints.api_url}, log {escape(str(gw.log))}); stop both with "
                 "`neurosandbox pacs down`"
             )
-        else:
-            pacs.down()
-            console.print("Orthanc stopped (KEEP=1 leaves it running)")
     console.print(f"[bold green]demo finished in {time.perf_counter() - t_all:.0f} s[/bold green]")
     console.print(f"  run summary: {escape(str(Path(index.summary_html).resolve()))}")
     if index.summary_pdf:
         console.print(f"  summary PDF: {escape(str(Path(index.summary_pdf).resolve()))}")
     console.print(f"  checklists:  {escape(str((report_dir / 'cases').resolve()))}")
-    console.print(f"  run store:   {escape(str((run_dir / 'run.sqlite').resolve()))}")
+    console.print(f"  gateway runs: {escape(str((settings.data_dir / 'runs').resolve()))} "
+                  "(`neurosandbox runs list`)")  # fmt: skip
+    review = f"{endpoints.api_url}/review"
+    console.print(
+        f"  review queue: {review} (reviewer token {token}"
+        + ("" if keep else "; with KEEP=1 the gateway stays up to review")
+        + ")"
+    )
     for w in index.warnings:
         console.print(f"  [yellow]warning:[/yellow] {escape(w)}")
     return report_dir
 
 
 def demo_command(
-    out: Annotated[Path, typer.Option("--out", help="output folder")] = Path("out/demo"),
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="output folder (default: NEUROSANDBOX_OUT/demo, out/demo)"),
+    ] = None,
     cases: Annotated[int, typer.Option(help="phantom cases to generate")] = 25,
     seed: Annotated[int, typer.Option(help="phantom suite seed")] = 0,
-    samples: Annotated[int, typer.Option(help="independent samples per task (pass@k)")] = 1,
+    samples: Annotated[int, typer.Option(help="samples per task (the gateway takes 1)")] = 1,
     keep: Annotated[
-        bool, typer.Option("--keep", envvar="KEEP", help="leave Orthanc running afterwards")
+        bool,
+        typer.Option(
+            "--keep", envvar="KEEP", help="leave Orthanc and the gateway running afterwards"
+        ),
     ] = False,
 ) -> None:
-    """The main job: local Orthanc, phantom suite sent by C-STORE, evaluation of every task
-    family with the reference models (plus NEUROSANDBOX_MODELS), reports, SR and PDF back in
-    Orthanc, leaderboard. A second run reuses the suite, the studies and the render cache."""
-    import os
-
+    """The main job, through the product: local Orthanc and the gateway, the phantom studies
+    sent to the gateway's DICOM node by C-STORE, evaluated by its pipeline (every task family,
+    reference models plus NEUROSANDBOX_MODELS), SR and PDF back in Orthanc, every case in the
+    review queue, leaderboard and run summary. A second run reuses what is still current."""
     settings = get_settings()
     extra = (
         [m for m in settings.models if m not in REFERENCE_MODELS]
@@ -293,7 +458,7 @@ def demo_command(
         else []
     )
     try:
-        run_demo(settings, out, cases, seed, samples, keep, extra)
+        run_demo(settings, out or settings.out / "demo", cases, seed, samples, keep, extra)
     except DemoError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None

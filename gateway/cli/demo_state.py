@@ -1,10 +1,10 @@
-"""What a second ``neurosandbox demo`` may reuse from the first: the run, the report, the write-back.
+"""What a second ``neurosandbox demo`` may reuse from the first: the gateway's runs, the report.
 
-A run is reused when its inputs are the same: the suite manifest, the models, the samples, and
-the project's own source code (a digest of its files, so an edited scorer or template makes a
-fresh run). The report is reused when it was written from that run; the write-back when every
-instance it stored is still in Orthanc. Each is recorded in a small JSON file next to what it
-describes, written after the step succeeded.
+A case's gateway run is reused when the demo's inputs are the same (the suite manifest, the
+models, the samples, and the project's own source code: a digest of its files, so an edited
+scorer or template evaluates again), the run is done, its report bundle is on disk and its SRs
+are still in Orthanc. The report is reused when it was written from those runs. Each is
+recorded in a small JSON file next to what it describes, written after the step succeeded.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-RUN_MARK = "demo-inputs.json"
+GATEWAY_MARK = "demo-runs.json"  # in the demo's folder: its inputs and each case's gateway run
 REPORT_MARK = ".demo-report.json"
-WRITEBACK_MARK = "demo-writeback.json"
 _PACKAGES = ("dicom", "evaluation", "gateway")
 _SOURCE_SUFFIXES = (".py", ".j2", ".json", ".yaml", ".css", ".js")
 
@@ -50,53 +49,30 @@ def _read(path: Path) -> Any:
         return None
 
 
-def reusable_run(runs: Path, inputs: dict[str, Any]) -> Path | None:
-    """The newest complete run made from these inputs, if any."""
-    from evaluation import RunStore
-
-    if not runs.is_dir():
-        return None
-    for run_dir in sorted((d for d in runs.iterdir() if d.is_dir()), reverse=True):
-        if _read(run_dir / RUN_MARK) != inputs or not (run_dir / "run.sqlite").exists():
-            continue
-        store = RunStore(run_dir)
-        try:
-            row = store.run_row()
-        finally:
-            store.close()
-        if row.status == "complete":
-            return run_dir
-    return None
+def read_mark(path: Path, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The gateway runs an earlier demo recorded (case id -> run id), if made from ``inputs``."""
+    mark = _read(path)
+    if (
+        isinstance(mark, dict)
+        and mark.get("inputs") == inputs
+        and isinstance(mark.get("cases"), dict)
+    ):
+        return mark
+    return {}
 
 
-def mark_run(run_dir: Path, inputs: dict[str, Any]) -> None:
-    (run_dir / RUN_MARK).write_text(json.dumps(inputs, indent=2))
+def write_mark(path: Path, inputs: dict[str, Any], runs: dict[str, str]) -> None:
+    path.write_text(json.dumps({"inputs": inputs, "cases": runs}, indent=2))
 
 
-def report_is_current(report_dir: Path, run_dir: Path) -> bool:
+def report_is_current(report_dir: Path, run_id: str) -> bool:
     mark = _read(report_dir / REPORT_MARK)
     return (
         isinstance(mark, dict)
-        and mark.get("run") == run_dir.resolve().name
+        and mark.get("run") == run_id
         and (report_dir / "summary.html").exists()
     )
 
 
-def mark_report(report_dir: Path, run_dir: Path) -> None:
-    (report_dir / REPORT_MARK).write_text(json.dumps({"run": run_dir.resolve().name}))
-
-
-def written_back(run_dir: Path, exists: Any) -> int | None:
-    """How many instances an earlier write-back of this run stored, if all are still there.
-
-    ``exists(orthanc_id) -> bool`` asks the PACS.
-    """
-    mark = _read(run_dir / WRITEBACK_MARK)
-    ids = mark.get("instances") if isinstance(mark, dict) else None
-    if not ids or not all(isinstance(i, str) and exists(i) for i in ids):
-        return None
-    return len(ids)
-
-
-def mark_written_back(run_dir: Path, instance_ids: list[str]) -> None:
-    (run_dir / WRITEBACK_MARK).write_text(json.dumps({"instances": instance_ids}, indent=2))
+def mark_report(report_dir: Path, run_id: str) -> None:
+    (report_dir / REPORT_MARK).write_text(json.dumps({"run": run_id}))

@@ -30,28 +30,37 @@ def runs_list(
         Path | None, typer.Argument(help="folder holding run folders (default: settings runs_dir)")
     ] = None,
 ) -> None:
-    """List the runs under a folder: id, status, dataset, models, samples."""
+    """List the runs under a folder (default: the runs folder, and the gateway's runs in
+    DATA_DIR/runs): id, status, dataset, models, samples."""
     from evaluation import STORE_FILE, RunStore
     from gateway.settings import get_settings
 
-    root = folder or get_settings().runs_dir
-    table = Table(title=f"runs in {root}")
+    settings = get_settings()
+    root = folder or settings.runs_dir
+    stores = sorted(root.glob(f"*/{STORE_FILE}")) if root.exists() else []
+    title = f"runs in {root}"
+    if folder is None:  # the gateway's runs (the demo's among them): one engine run each
+        gateway = settings.data_dir / "runs"
+        stores += sorted(gateway.glob(f"*/engine/{STORE_FILE}"), key=lambda p: p.stat().st_mtime)
+        title += f" and {gateway}"
+    table = Table(title=title)
     for col in ("folder", "run", "status", "created", "dataset", "models", "samples"):
         table.add_column(col, overflow="fold")
-    for path in sorted(root.glob(f"*/{STORE_FILE}")) if root.exists() else []:
+    for path in stores:
+        label = path.parent.name
+        if label == "engine":  # a gateway run: DATA_DIR/runs/<run id>/engine
+            label = f"gateway {path.parent.parent.name}"
         try:
             store = RunStore(path.parent)
             row = store.run_row()
             n = store.counts().samples
             store.close()
         except EvaluationError as exc:
-            table.add_row(
-                escape(path.parent.name), "-", f"unreadable: {escape(str(exc))}", "", "", "", ""
-            )
+            table.add_row(escape(label), "-", f"unreadable: {escape(str(exc))}", "", "", "", "")
             continue
         models = ", ".join(m["name"] for m in row.config["models"])
         table.add_row(
-            escape(path.parent.name),
+            escape(label),
             row.run_id,
             row.status,
             row.created_at[:19],

@@ -1,0 +1,134 @@
+"""Forward received instances to Orthanc while they arrive, not after the study is complete.
+
+The DICOM node hands each instance it wrote to its spool (the encoded Part 10 bytes it already
+holds in memory) to ``Forwarder.submit``; a few threads store them in Orthanc. By the time the
+study is complete (the quiet time), its instances are in the PACS, and the pipeline's
+write-back does not wait for an upload.
+
+- Bounded: past ``max_bytes`` of instances not yet stored, ``submit`` declines, and the
+  pipeline uploads that instance from the spool instead; an instance whose store failed is
+  uploaded from the spool too (``settle``). Nothing is lost either way.
+- An aborted association leaves nothing behind: ``discard`` deletes from Orthanc what its
+  instances added (an instance Orthanc already held stays), as the spool quarantines them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from gateway.metrics import METRICS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BYTES = 256 << 20
+
+# store(bytes) -> (Orthanc id, new to Orthanc); delete(Orthanc id)
+Store = Callable[[bytes], tuple[str, bool]]
+
+
+@dataclass
+class _StudyForwards:
+    pending: dict[str, Future[tuple[str, bool]]] = field(default_factory=dict)  # SOP UID ->
+    stored: set[str] = field(default_factory=set)
+
+
+class Forwarder:
+    """Stores instances in Orthanc as they arrive, per association."""
+
+    def __init__(
+        self,
+        store: Store,
+        delete: Callable[[str], None],
+        threads: int = 4,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self._store, self._delete = store, delete
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="forward")
+        self._lock = threading.Lock()
+        self._studies: dict[str, _StudyForwards] = {}
+        self._assocs: dict[str, list[tuple[str, str, Future[tuple[str, bool]]]]] = {}
+        self._in_flight = 0
+        self.max_bytes = max_bytes
+
+    def submit(self, assoc_id: str, study_uid: str, sop_uid: str, data: bytes) -> bool:
+        """Queue one instance of an association for Orthanc; False (declined) past the bound."""
+        size = len(data)
+        with self._lock:
+            if self._in_flight + size > self.max_bytes:
+                return False
+            try:
+                fut = self._pool.submit(self._store, data)
+            except RuntimeError:  # shut down
+                return False
+            self._in_flight += size
+            self._studies.setdefault(study_uid, _StudyForwards()).pending[sop_uid] = fut
+            self._assocs.setdefault(assoc_id, []).append((study_uid, sop_uid, fut))
+        fut.add_done_callback(lambda f: self._done(study_uid, sop_uid, size, f))
+        return True
+
+    def _done(self, study_uid: str, sop_uid: str, size: int, fut: Future[tuple[str, bool]]) -> None:
+        failed = fut.exception()
+        with self._lock:
+            self._in_flight -= size
+            st = self._studies.get(study_uid)
+            if st is not None and st.pending.get(sop_uid) is fut:
+                del st.pending[sop_uid]
+                if failed is None:
+                    st.stored.add(sop_uid)
+        if failed is None:
+            METRICS.inc("instances_forwarded_total")
+        else:
+            METRICS.inc("instances_forward_failed_total")
+            log.warning("forwarding an instance to Orthanc failed: %s", failed)
+
+    def commit(self, assoc_id: str) -> None:
+        """The association was released: its instances are the study's."""
+        with self._lock:
+            self._assocs.pop(assoc_id, None)
+
+    def discard(self, assoc_id: str) -> int:
+        """The association was aborted: delete from Orthanc what its instances added. Returns
+        how many were deleted."""
+        with self._lock:
+            items = self._assocs.pop(assoc_id, [])
+        n = 0
+        for study_uid, sop_uid, fut in items:
+            if fut.exception() is not None:  # waits
+                continue
+            orthanc_id, new = fut.result()
+            with self._lock:
+                st = self._studies.get(study_uid)
+                if st is not None:
+                    st.stored.discard(sop_uid)
+            if new:
+                try:
+                    self._delete(orthanc_id)
+                    n += 1
+                except Exception as exc:
+                    log.error("an aborted association's instance stays in Orthanc: %s", exc)
+        return n
+
+    def accepted(self, study_uid: str) -> set[str]:
+        """SOP UIDs of the study stored or still being stored."""
+        with self._lock:
+            st = self._studies.get(study_uid)
+            return set() if st is None else st.stored | set(st.pending)
+
+    def settle(self, study_uid: str) -> set[str]:
+        """Wait for the study's forwards still running; the SOP UIDs stored (the others failed
+        or were declined: the caller uploads them from the spool). Forgets the study."""
+        with self._lock:
+            st = self._studies.get(study_uid)
+            pending = list(st.pending.values()) if st else []
+        for fut in pending:
+            fut.exception()  # waits; failures are logged by _done
+        with self._lock:
+            st = self._studies.pop(study_uid, None)
+            return set() if st is None else set(st.stored)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=False)
