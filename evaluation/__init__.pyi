@@ -199,3 +199,8 @@ from .store import STORE_FILE as STORE_FILE
 from .store import RunStore as RunStore
 from .tasks import Ablation as Ablation
 from .units import RunStats as RunStats
+from .runner import RunTally as RunTally
+from .coverage import CaseCoverage as CaseCoverage
+from .coverage import SkippedCase as SkippedCase
+from .models.cost import cost_text as cost_text
+from .store_rows import CallErrors as CallErrors

@@ -17,7 +17,10 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
+from pydantic import Field
+
 from evaluation.case import Case, TaskFamily
+from evaluation.coverage import SkippedCase
 from evaluation.datasets import Dataset, ImageStore
 from evaluation.errors import StoreError
 from evaluation.modelio import (
@@ -49,6 +52,18 @@ from evaluation.tasks import Turns, build_turns, plan_tasks
 from evaluation.units import Call, RunStats, Unit, shown_case
 
 log = logging.getLogger(__name__)
+
+
+class RunTally(RunStats):
+    """The run's counters and what a report of it must never hide: the retries its calls took,
+    the answered calls whose cost is unknown (no price: not $0), the cases it skipped."""
+
+    retries: int = 0
+    cost_unknown: int = 0
+    skipped: list[SkippedCase] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)  # the loader's other notes on the dataset
+
+
 GRADED = {TaskFamily.DIFFERENTIAL, TaskFamily.RATIONALE, TaskFamily.MULTITURN, TaskFamily.LESION}
 _DONE = {ParseStatus.OK.value, ParseStatus.FORMAT_FAILURE.value, ParseStatus.REFUSAL.value}
 
@@ -74,7 +89,7 @@ class Runner:
         *,
         adapters: dict[str, ModelAdapter] | None = None,
         prompts: PromptSet | None = None,
-        on_progress: Callable[[RunStats], None] | None = None,
+        on_progress: Callable[[RunTally], None] | None = None,
         score: bool = True,
     ) -> None:
         self.config = config
@@ -86,7 +101,7 @@ class Runner:
         self.graders = {s.name: create_model(s) for s in config.graders}
         self.gate = PHIGate(config.phi)
         self.images = ImageStore()
-        self.stats = RunStats()
+        self.stats = RunTally()
         self.on_progress = on_progress
         self.scoring = (
             ScoringBridge(
@@ -119,13 +134,34 @@ class Runner:
                         out.append(Unit(case, item, spec, s))
         return out
 
+    def unplanned(self, units: list[Unit]) -> list[SkippedCase]:
+        """The dataset's cases that got no unit, each with the reason."""
+        planned = {u.case.case_id for u in units}
+        wanted = sorted(f.value for f in self.config.tasks) if self.config.tasks else None
+        out = []
+        for case in self.dataset.cases:
+            if case.case_id in planned:
+                continue
+            own = sorted({i.family.value for i in plan_tasks(case)})
+            if own and wanted:
+                reason = (
+                    f"none of its tasks ({', '.join(own)}) is among the run's tasks "
+                    f"(--tasks {','.join(wanted)})"
+                )
+            elif TaskFamily.MULTITURN in case.tasks and not case.turns:
+                reason = "no task to run: 'multiturn' is its only task and it has no turns"
+            else:
+                reason = "no task to run"
+            out.append(SkippedCase(entry="case", case_id=case.case_id, reason=reason))
+        return out
+
     def _progress(self) -> None:
         if self.on_progress is not None:
             self.on_progress(self.stats)
 
     # ------------------------------------------------------------------ run
 
-    async def run(self) -> RunStats:
+    async def run(self) -> RunTally:
         self._cached = self.store.responses()
         done = {
             (r.case_id, r.task, r.model, r.sample)
@@ -138,6 +174,10 @@ class Runner:
         for u in units:
             self._left[u.case.case_id] = self._left.get(u.case.case_id, 0) + 1
         self.stats.cases_total = len(self._left)
+        self.stats.skipped = [*self.dataset.skipped, *self.unplanned(units)]
+        said = {str(s) for s in self.dataset.skipped}
+        self.stats.warnings = [w for w in self.dataset.warnings if w not in said]
+        self.store.record_coverage(len(self._left), self.stats.skipped)
         queues: dict[str, asyncio.Queue[Unit]] = {
             s.name: asyncio.Queue() for s in self.config.models
         }
@@ -315,13 +355,17 @@ class Runner:
         finally:
             current_request.reset(token)
         self.stats.calls += 1
+        self.stats.retries += output.retries
         if output.error:
             await self._commit(failure_statements(key, spec.name, output))
             return output
         # Committed (on disk) before anything parses or scores it.
         await self._commit(response_statements(key, spec.name, output))
         self._cached[key] = output
-        self.stats.cost_usd += output.cost_usd or 0.0
+        if output.cost_usd is None:
+            self.stats.cost_unknown += 1
+        else:
+            self.stats.cost_usd += output.cost_usd
         self.stats.prompt_tokens += output.prompt_tokens or 0
         self.stats.completion_tokens += output.completion_tokens or 0
         return output

@@ -7,7 +7,11 @@ returns and before anything parses or scores it), ``failures`` (calls that faile
 retries; resume tries them again), ``samples`` (parse status and parsed answer per case x task x
 model x sample), ``scores`` and ``error_labels``, ``audit`` (every outbound payload) and
 ``cases`` (each case as the scorers see it: ground truth and image hashes, no image bytes, so a
-run can be re-scored from its folder alone).
+run can be re-scored from its folder alone), ``skipped_cases`` (every case of the dataset the run
+does not evaluate, and why; with ``meta.cases_evaluated`` the "n of m cases evaluated").
+
+Older stores are brought up to date when opened (columns and tables added since; their rows read
+as "not recorded"); a store opened read-only is read as it is.
 
 Every write is its own committed transaction, so a ``kill -9`` loses at most the call that was
 in flight. ``synchronous=NORMAL`` survives a killed process (the commit is in the WAL); pass
@@ -24,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.case import Case
+from evaluation.coverage import CaseCoverage, SkippedCase
 from evaluation.errors import StoreError
 from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
 from evaluation.scores import ErrorLabel, Score
-from evaluation.store_rows import RunRow, SampleRow, StoreCounts
+from evaluation.store_rows import CallErrors, RunRow, SampleRow, StoreCounts
 from evaluation.store_writes import (
     GroupCommitter,
     Statements,
@@ -139,6 +144,18 @@ CREATE TABLE IF NOT EXISTS cases (
 CREATE INDEX IF NOT EXISTS samples_model ON samples(model);
 CREATE INDEX IF NOT EXISTS failures_key ON failures(cache_key);
 """
+# Added after version 1 stores existed: created on opening (see RunStore._migrate).
+_SKIPPED_CASES = """
+CREATE TABLE IF NOT EXISTS skipped_cases (
+    n INTEGER PRIMARY KEY,
+    entry TEXT NOT NULL,
+    position INTEGER,
+    case_id TEXT,
+    reason TEXT NOT NULL,
+    recorded_at TEXT NOT NULL
+)
+"""
+_CASES_EVALUATED = "cases_evaluated"  # meta key: set once a run recorded its coverage
 
 
 class RunStore:
@@ -163,24 +180,32 @@ class RunStore:
             self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{path}: not a usable run store: {exc}") from exc
-        self._add_columns()
+        self._migrate()
         version = self._one("SELECT value FROM meta WHERE key='store_version'")
         if version is None:
             self._exec("INSERT INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
         elif int(version[0]) != STORE_VERSION:
             raise StoreError(f"{path}: store version {version[0]}, this code reads {STORE_VERSION}")
 
-    def _add_columns(self) -> None:
-        """Columns added since a store was created (NULL in old rows: "not recorded")."""
+    def _migrate(self) -> None:
+        """Columns and tables added since a store was created (the store version stays 1: code
+        that predates them reads a newer store as before). Old rows read as "not recorded"."""
         cols = {r[1] for r in self._all("PRAGMA table_info(scores)")}
-        self._versioned = "scoring_version" in cols
-        if not self._versioned:
-            try:
-                self._exec("ALTER TABLE scores ADD COLUMN scoring_version TEXT")
-                self._versioned = True
-            except sqlite3.OperationalError as exc:  # read-only file: old rows read as NULL
-                if "readonly" not in str(exc).replace("-", "").lower():
-                    raise
+        self._versioned = "scoring_version" in cols or self._try_write(
+            "ALTER TABLE scores ADD COLUMN scoring_version TEXT"
+        )
+        tables = {r[0] for r in self._all("SELECT name FROM sqlite_master WHERE type='table'")}
+        self._has_skipped = "skipped_cases" in tables or self._try_write(_SKIPPED_CASES)
+
+    def _try_write(self, sql: str) -> bool:
+        """Run a migration statement; False when the file is read-only (read it as it is)."""
+        try:
+            self._exec(sql)
+        except sqlite3.OperationalError as exc:
+            if "readonly" not in str(exc).replace("-", "").lower():
+                raise
+            return False
+        return True
 
     # ------------------------------------------------------------------ plumbing
 
@@ -316,6 +341,24 @@ class RunStore:
             self._db.execute("COMMIT")
             return self._db.total_changes - before
 
+    def record_coverage(self, evaluated: int, skipped: list[SkippedCase]) -> None:
+        """How many cases the run evaluates and the ones it skipped (replacing what a previous
+        start or resume recorded: the dataset as loaded now is what the run evaluates)."""
+        t = now()
+        statements: Statements = [("DELETE FROM skipped_cases", ())]
+        statements += [
+            (
+                "INSERT INTO skipped_cases (entry, position, case_id, reason, recorded_at) "
+                "VALUES (?,?,?,?,?)",
+                (s.entry, s.position, s.case_id, s.reason, t),
+            )
+            for s in skipped
+        ]
+        statements.append(
+            ("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_CASES_EVALUATED, str(evaluated)))
+        )
+        self._tx(statements)
+
     def record_scores(
         self,
         sid: str,
@@ -399,6 +442,58 @@ class RunStore:
         return [
             j for (j,) in self._all("SELECT scored_json FROM scored_samples ORDER BY sample_id")
         ]
+
+    def coverage(self) -> CaseCoverage:
+        """The cases evaluated out of those the dataset lists, and every skipped one with why.
+
+        A run stored before this was recorded: ``recorded`` is False and ``evaluated`` counts the
+        cases its samples answer."""
+        evaluated = self._one("SELECT value FROM meta WHERE key=?", (_CASES_EVALUATED,))
+        if evaluated is None or not self._has_skipped:
+            n = self._one("SELECT COUNT(DISTINCT case_id) FROM samples")
+            return CaseCoverage(evaluated=int(n[0]) if n else 0, recorded=False)
+        rows = self._all("SELECT entry, position, case_id, reason FROM skipped_cases ORDER BY n")
+        skipped = [SkippedCase(entry=e, position=p, case_id=c, reason=r) for e, p, c, r in rows]
+        return CaseCoverage(evaluated=int(evaluated[0]), skipped=skipped)
+
+    def call_errors(self) -> list[CallErrors]:
+        """Per model, the samples that ended in an error: how many, the first message and how
+        many distinct ones, and the retries its calls took (the stored responses' and
+        failures'). Models without a failed sample are left out."""
+        retries = self.retries()
+        groups: list[CallErrors] = []
+        for model, n, distinct in self._all(
+            "SELECT model, COUNT(*), COUNT(DISTINCT parse_error) FROM samples "
+            "WHERE status='error' GROUP BY model ORDER BY model"
+        ):
+            first = self._one(
+                "SELECT parse_error FROM samples WHERE status='error' AND model=? "
+                "ORDER BY updated_at, sample_id LIMIT 1",
+                (model,),
+            )
+            groups.append(
+                CallErrors(
+                    model=model,
+                    samples=int(n),
+                    reasons=int(distinct),
+                    first_error=str(first[0] or "") if first else "",
+                    retries=retries.get(model, 0),
+                )
+            )
+        return groups
+
+    def retries(self) -> dict[str, int]:
+        """Retries per model: the extra attempts its calls took, answered or failed in the end
+        (each call's ``ModelOutput.retries``)."""
+        out: dict[str, int] = {}
+        for table in ("responses", "failures"):
+            for model, n in self._all(
+                f"SELECT model, SUM(COALESCE(json_extract(output_json, '$.retries'), 0)) "
+                f"FROM {table} GROUP BY model"
+            ):
+                if n:
+                    out[model] = out.get(model, 0) + int(n)
+        return out
 
     def counts(self) -> StoreCounts:
         keys = ("requests", "responses", "failures", "samples", "scores", "audit")

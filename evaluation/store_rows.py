@@ -64,6 +64,16 @@ class SampleRow(BaseModel):
         )
 
 
+class CallErrors(BaseModel):
+    """One model's samples that ended in an error (a call that failed after its retries)."""
+
+    model: str
+    samples: int
+    reasons: int  # distinct error messages among them
+    first_error: str  # the first, as stored (untrusted text: escape it to print it)
+    retries: int = 0  # extra attempts this model's calls took, in all
+
+
 class StoreCounts(BaseModel):
     """Row counts of a run store, and its samples by status."""
 

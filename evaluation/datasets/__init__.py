@@ -19,14 +19,14 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from evaluation.case import Case, ImageRef
+from evaluation.coverage import LoadNotes, SkippedCase
 from evaluation.datasets.neural_medbench import ColumnMap, load_neural_medbench
 from evaluation.datasets.neurovlm import load_neurovlm
 from evaluation.datasets.rendering import RenderPlan
 from evaluation.datasets.suite import load_manifest, load_suite
 from evaluation.errors import DatasetError
 
-# "memory": cases built in memory (a gateway run's study); the run store keeps them
-DatasetKind = Literal["auto", "suite", "manifest", "neural-medbench", "neurovlm", "memory"]
+DatasetKind = Literal["auto", "suite", "manifest", "neural-medbench", "neurovlm"]
 
 __all__ = [
     "ColumnMap",
@@ -58,7 +58,8 @@ class Dataset(BaseModel):
     spec: DatasetSpec
     cases: list[Case]
     hash: str
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)  # every note, skipped cases included
+    skipped: list[SkippedCase] = Field(default_factory=list)  # listed, but not loaded
 
     def case(self, case_id: str) -> Case:
         for c in self.cases:
@@ -109,39 +110,42 @@ def load_dataset(spec: DatasetSpec | str | Path, cache_dir: Path) -> Dataset:
         spec = DatasetSpec(path=str(spec))
     cache_dir = Path(cache_dir).expanduser().resolve()  # image paths must not depend on the cwd
     path = Path(spec.path).expanduser()
-    if spec.kind == "memory":
-        raise DatasetError(
-            f"the cases of this run were built in memory (a gateway run of {path}): "
-            "they are read from its run store, not loaded again"
-        )
     if not path.exists():
         raise DatasetError(f"dataset not found: {path}")
     kind = detect_kind(path) if spec.kind == "auto" else spec.kind
+    notes: LoadNotes
     if kind == "suite":
-        name, cases, warnings = load_suite(path, cache_dir, spec.render)
+        name, cases, notes = load_suite(path, cache_dir, spec.render)
     elif kind == "manifest":
-        name, cases, warnings = load_manifest(path, cache_dir, spec.render)
+        name, cases, notes = load_manifest(path, cache_dir, spec.render)
     elif kind == "neural-medbench":
-        name, cases, warnings = load_neural_medbench(
+        name, cases, notes = load_neural_medbench(
             path,
             cache_dir,
             answers=Path(spec.answers) if spec.answers else None,
             columns=ColumnMap.parse(spec.columns),
         )
     elif kind == "neurovlm":
-        name, cases, warnings = load_neurovlm(
+        name, cases, notes = load_neurovlm(
             path, Path(spec.image_root) if spec.image_root else None, cache_dir
         )
     else:
         raise DatasetError(f"unknown dataset kind {kind!r}")
     if spec.limit:
         cases = cases[: spec.limit]
+    skipped = [n for n in notes if isinstance(n, SkippedCase)]
     ids = [c.case_id for c in cases]
     if len(set(ids)) != len(ids):
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise DatasetError(f"{path}: duplicate case ids {dup[:5]}")
     return Dataset(
-        name=name, kind=kind, spec=spec, cases=cases, hash=dataset_hash(cases), warnings=warnings
+        name=name,
+        kind=kind,
+        spec=spec,
+        cases=cases,
+        hash=dataset_hash(cases),
+        warnings=[str(n) for n in notes],
+        skipped=skipped,
     )
 
 

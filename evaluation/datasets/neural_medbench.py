@@ -28,6 +28,7 @@ from evaluation.case import (
     TaskFamily,
     Turn,
 )
+from evaluation.coverage import LoadNotes, SkippedCase
 from evaluation.datasets.images import decode_data_uri, image_ref
 from evaluation.errors import DatasetError
 
@@ -186,7 +187,7 @@ def load_neural_medbench(
     *,
     answers: Path | None = None,
     columns: ColumnMap | None = None,
-) -> tuple[str, list[Case], list[str]]:
+) -> tuple[str, list[Case], LoadNotes]:
     """Cases of a Neural-MedBench file (JSON/JSONL/Parquet) with an optional answers file."""
     cols = columns or ColumnMap()
     truth = _answers(answers, cols)
@@ -196,15 +197,20 @@ def load_neural_medbench(
             f"{path}: no column {cols.case_id!r} (columns: {', '.join(list(records[0])[:12])}); "
             "give a column map, e.g. case_id=id,text=clinical_text"
         )
-    cases, warnings = [], []
+    cases: list[Case] = []
+    warnings: LoadNotes = []
     for n, rec in enumerate(records):
         cid = str(rec.get(cols.case_id) or f"row-{n + 1}")
         try:
             cases.append(_case(rec, cid, truth.get(cid, []), cols, cache_dir, path))
         except (DatasetError, ValidationError) as exc:
-            warnings.append(f"skipped record {cid}: {exc}")
+            warnings.append(
+                SkippedCase(entry="record", position=n + 1, case_id=cid, reason=str(exc))
+            )
     if not cases:
-        raise DatasetError(f"{path}: no record could be loaded: " + "; ".join(warnings[:3]))
+        raise DatasetError(
+            f"{path}: no record could be loaded: " + "; ".join(map(str, warnings[:3]))
+        )
     if answers is None:
         warnings.append("no answers file: cases have no ground truth and will not be scored")
     return path.stem, cases, warnings

@@ -24,6 +24,7 @@ from evaluation.case import (
     is_neurovlm_subtype,
     neurovlm_subtype,
 )
+from evaluation.coverage import LoadNotes, SkippedCase
 from evaluation.datasets.images import image_ref
 from evaluation.errors import DatasetError
 
@@ -71,9 +72,14 @@ def _group(cls: str, subclass: str) -> DiseaseGroup | None:
     return CLASS_GROUP.get(cls)
 
 
+def _skip(n: int, reason: str) -> SkippedCase:
+    """The row at index ``n`` of the mapping (line n + 2: the header is line 1), skipped."""
+    return SkippedCase(entry="row", position=n + 2, reason=reason)
+
+
 def load_neurovlm(
     mapping: Path, image_root: Path | None, cache_dir: Path, limit: int | None = None
-) -> tuple[str, list[Case], list[str]]:
+) -> tuple[str, list[Case], LoadNotes]:
     """Cases of an image_mapping.csv; image paths are relative to ``image_root``."""
     if mapping.is_dir():
         mapping = mapping / "image_mapping.csv"
@@ -92,16 +98,17 @@ def load_neurovlm(
             if n >= MAX_ROWS:
                 raise DatasetError(f"{mapping}: more than {MAX_ROWS} rows")
             rows.append(row)
-    cases, warnings = [], []
+    cases: list[Case] = []
+    warnings: LoadNotes = []
     seen: set[str] = set()
     for n, row in enumerate(rows[:limit] if limit else rows):
         rel = _norm(row.get("file_path"))
         full = (root / rel).resolve()
         if root not in full.parents:
-            warnings.append(f"row {n + 2}: image path {rel!r} is outside {root}; skipped")
+            warnings.append(_skip(n, f"image path {rel!r} is outside {root}"))
             continue
         if not full.is_file():
-            warnings.append(f"row {n + 2}: image {rel!r} not found under {root}; skipped")
+            warnings.append(_skip(n, f"image {rel!r} not found under {root}"))
             continue
         cls = _norm(row.get("class")).lower()
         stated = _norm(row.get("subclass"))
@@ -125,7 +132,7 @@ def load_neurovlm(
                 series_class=_norm(row.get("modality_subtype")) or None,
             )
         except DatasetError as exc:
-            warnings.append(f"row {n + 2}: {rel}: {exc}; skipped")
+            warnings.append(_skip(n, f"{rel}: {exc}"))
             continue
         base = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{_norm(row.get('dataset'))}_{Path(rel).stem}")
         cid = base.strip("_") or f"row{n + 2}"
@@ -158,5 +165,5 @@ def load_neurovlm(
             )
         )
     if not cases:
-        raise DatasetError(f"{mapping}: no usable row: " + "; ".join(warnings[:3]))
+        raise DatasetError(f"{mapping}: no usable row: " + "; ".join(map(str, warnings[:3])))
     return mapping.parent.name, cases, warnings

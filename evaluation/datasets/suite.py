@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from evaluation.case import Case, Provenance, TaskFamily
+from evaluation.coverage import LoadNotes, SkippedCase
 from evaluation.datasets.manifest import (
     ManifestCase,
     ManifestProblem,
@@ -92,6 +93,15 @@ def suite_name(suite: Path) -> str:
     return suite.name
 
 
+def _first_error(exc: ValidationError) -> str:
+    """A validation error as a person fixes it: the field's path, what is wrong, the value."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"]) or "the case"
+    got = f" (got {err['input']!r:.80})" if err["type"] != "missing" else ""
+    more = f"; and {len(exc.errors()) - 1} more" if len(exc.errors()) > 1 else ""
+    return f"{where}: {err['msg']}{got}{more}"
+
+
 def load_case_dir(
     folder: Path, cache_dir: Path, plan: RenderPlan | None = None, render: bool = True
 ) -> tuple[Case, list[str]]:
@@ -102,7 +112,7 @@ def load_case_dir(
     try:
         case = Case.model_validate(_read_json(path))
     except ValidationError as exc:
-        raise DatasetError(f"{path}: not a valid case: {exc.errors()[0]['msg']}") from exc
+        raise DatasetError(f"{path}: not a valid case: {_first_error(exc)}") from exc
     case.root = str(folder)
     if case.ehr is None and (folder / "ehr.json").exists():
         case.ehr = _read_json(folder / "ehr.json")
@@ -124,23 +134,27 @@ def load_case_dir(
 
 def load_suite(
     suite: Path, cache_dir: Path, plan: RenderPlan | None = None
-) -> tuple[str, list[Case], list[str]]:
-    """Every case of a suite folder; a case that fails is reported, the rest load."""
+) -> tuple[str, list[Case], LoadNotes]:
+    """Every case of a suite folder; a case that fails is reported (a SkippedCase), the rest
+    load."""
     dirs = suite_case_dirs(suite)
     if not dirs:
         raise DatasetError(f"{suite}: no case folders (no suite.json cases, no */case.json)")
-    cases, warnings = [], []
-    for d in dirs:
+    cases: list[Case] = []
+    notes: LoadNotes = []
+    for n, d in enumerate(dirs, start=1):
         try:
             case, w = load_case_dir(d, cache_dir, plan)
         except DatasetError as exc:
-            warnings.append(f"skipped case {d.name}: {exc}")
+            notes.append(
+                SkippedCase(entry="case folder", position=n, case_id=d.name, reason=str(exc))
+            )
             continue
         cases.append(case)
-        warnings.extend(w)
+        notes.extend(w)
     if not cases:
-        raise DatasetError(f"{suite}: no case could be loaded: " + "; ".join(warnings[:3]))
-    return suite_name(suite), cases, warnings
+        raise DatasetError(f"{suite}: no case could be loaded: " + "; ".join(map(str, notes[:3])))
+    return suite_name(suite), cases, notes
 
 
 # --------------------------------------------------------------------------- manifests
@@ -323,9 +337,10 @@ def check_manifest(path: Path) -> ManifestCheck:
 
 def load_manifest(
     path: Path, cache_dir: Path, plan: RenderPlan | None = None
-) -> tuple[str, list[Case], list[str]]:
+) -> tuple[str, list[Case], LoadNotes]:
     """A hospital's case manifest (YAML or JSON). A case with a bad field or a missing file is
-    skipped with every problem named by its path; a problem of the manifest itself raises."""
+    skipped (a SkippedCase) with every problem named by its path; a problem of the manifest
+    itself raises."""
     base = path.parent
     data = _read_manifest(path)
     parsed, problems = _manifest_problems(data, base)
@@ -333,7 +348,7 @@ def load_manifest(
     if top:
         raise DatasetError(f"{path}: " + "; ".join(top))
     cases: list[Case] = []
-    warnings: list[str] = []
+    warnings: LoadNotes = []
     for n, entry in enumerate(parsed.cases):
         mine = [str(p) for p in problems if p.case == n]
         label = entry.label(n) if entry is not None else _raw_label(data["cases"][n], n)
@@ -344,7 +359,9 @@ def load_manifest(
             case = _build_case(entry, base, cache_dir, n)
             case, w = _finish(case, base, cache_dir, plan)
         except DatasetError as exc:
-            warnings.append(f"skipped manifest case {n + 1} ({label}): {exc}")
+            warnings.append(
+                SkippedCase(entry="manifest case", position=n + 1, case_id=label, reason=str(exc))
+            )
             continue
         cases.append(case)
         warnings.extend(w)

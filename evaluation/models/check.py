@@ -4,8 +4,10 @@ It sends a 64-pixel red square and a JSON-mode question ("what colour is the squ
 the same adapter a run uses, and reports what works: the endpoint answers, the image is
 accepted (when the image request fails and a text-only one succeeds, images are what the model
 rejects), JSON mode, whether cost is known from litellm's price map, the latency, and what the
-adapter had to change for this provider. A check fails (``ok`` is False) when the model cannot
-answer an image request; JSON mode and price are warnings unless ``strict``.
+adapter had to change for this provider. Each item has a level: ``ok``, ``info``, ``warn`` (JSON
+mode, an unknown price: a run works, with less) or ``fail`` (the model cannot answer an image
+request); ``strict`` makes warnings failures. The check fails (``ok`` is False) exactly when an
+item is at level ``fail``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ import io
 import json
 import re
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from PIL import Image
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 
 from evaluation.errors import ModelConfigError
 from evaluation.modelio import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
@@ -42,8 +44,18 @@ IMAGE_WORDS = re.compile(r"image|vision|multimodal|mm_|media|inline_data|base64"
 
 class CheckItem(BaseModel):
     name: str  # reachable, images, json_mode, cost, image_seen, ...
-    ok: bool | None  # None: informational
+    ok: bool | None  # whether this works; None: informational
     detail: str
+    warning: bool = False  # when it does not work, a run still does (with less): WARN, not FAIL
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def level(self) -> Literal["ok", "info", "warn", "fail"]:
+        if self.ok is None:
+            return "info"
+        if self.ok:
+            return "ok"
+        return "warn" if self.warning else "fail"
 
 
 class CheckReport(BaseModel):
@@ -149,6 +161,7 @@ async def check_model(
         CheckItem(
             name="json_mode",
             ok=answer is not None,
+            warning=True,
             detail="the answer is a JSON object"
             if answer is not None
             else f"the answer is not a JSON object: {out.text[:120]!r} (answers are "
@@ -171,6 +184,7 @@ async def check_model(
             CheckItem(
                 name="cost",
                 ok=False,
+                warning=True,
                 detail=(
                     f"{spec.litellm_model} is not in litellm's price map: runs record tokens, not cost"
                 ),
@@ -191,9 +205,9 @@ async def check_model(
                 detail=f"{a['kind']} {a.get('param', '')}: {a['reason']}".replace("  ", " "),
             )
         )
-    ok = True
-    if strict:
-        ok = all(i.ok is not False for i in items)
+    if strict:  # every warning is a failure
+        items = [i.model_copy(update={"warning": False}) for i in items]
+    ok = all(i.level != "fail" for i in items)
     return CheckReport(**base, ok=ok, latency_s=latency, items=items)
 
 

@@ -24,6 +24,7 @@ from PIL import Image
 
 from dicom import display_name
 from evaluation.answers import Finding
+from evaluation.models.cost import cost_text
 from evaluation.reports.block import BlockItem, ItemKind
 from evaluation.reports.model import FLAG_TITLES, CaseChecklist, ImageItem
 from evaluation.reports.reviews import CaseReview
@@ -50,6 +51,7 @@ def env() -> Environment:
     )
     e.filters["person"] = display_name
     e.filters["when"] = _local_time
+    e.filters["cost"] = cost_text  # "unknown" when no price is known, never $0
     return e
 
 

@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from evaluation.models.cost import cost_text
 from evaluation.reports.summary import SummaryReport
 from evaluation.scoring.stats import Estimate
 
@@ -207,7 +208,12 @@ def cost(r: SummaryReport) -> bytes | None:
     ax1.bar(names, ct, bottom=pt, color=PALETTE[1], label="completion")
     ax1.set_title("tokens per answer (mean)")
     ax1.legend(fontsize=7)
-    ax2.bar(names, [x.cost.cost_per_task_usd or 0 for x in rows], color=PALETTE[2])
+    per = [x.cost.cost_per_task_usd for x in rows]
+    bars = ax2.bar(names, [c or 0 for c in per], color=PALETTE[2])
+    for bar, c in zip(bars, per, strict=True):
+        if c is None:  # no price known: say so, a bar of height 0 would read as free
+            ax2.annotate(cost_text(c), (bar.get_x() + bar.get_width() / 2, 0), ha="center",
+                         va="bottom", fontsize=7, color="#a33")  # fmt: skip
     ax2.set_title("cost per answer (USD)")
     med = [x.cost.latency_median_s or 0 for x in rows]
     p90 = [max(0.0, (x.cost.latency_p90_s or 0) - m) for x, m in zip(rows, med, strict=True)]

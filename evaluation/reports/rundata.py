@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
+from evaluation.coverage import CaseCoverage
 from evaluation.scoring.scored import ScoredSample
 
 RUNDATA_VERSION = 1
@@ -42,6 +43,8 @@ class RunData(BaseModel):
     cases: list[Case] = Field(default_factory=list)
     case_roots: dict[str, str] = Field(default_factory=dict)  # case id -> folder of its images
     samples: list[SampleResult] = Field(default_factory=list)
+    # the cases evaluated out of the dataset's, and the skipped ones with why (None: not known)
+    coverage: CaseCoverage | None = None
 
     def case(self, case_id: str) -> Case:
         for c in self.cases:

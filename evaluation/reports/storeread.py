@@ -87,6 +87,7 @@ def run_from_store(
     try:
         rows = store.samples()
         responses = store.responses()
+        coverage = store.coverage()
     finally:
         store.close()
     scored = _scored_json(store_file)
@@ -139,4 +140,5 @@ def run_from_store(
         cases=run_cases,
         case_roots={c.case_id: str(c.root) for c in run_cases if c.root},
         samples=samples,
+        coverage=coverage,
     )

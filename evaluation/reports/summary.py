@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from evaluation.coverage import CaseCoverage
 from evaluation.reports.agreement import ReviewStats, apply_overrides, review_stats
 from evaluation.reports.checklist import answer_label, build_checklist
 from evaluation.reports.model import CaseChecklist
@@ -79,6 +80,8 @@ class SummaryReport(BaseModel):
     reviews: ReviewStats
     published: PublishedBenchmark
     cases: list[CaseRow] = Field(default_factory=list)
+    # the cases evaluated out of the dataset's, and the skipped ones with why (None: not known)
+    coverage: CaseCoverage | None = None
 
 
 def _ablations(run: RunData, n_boot: int) -> list[AblationRow]:
@@ -181,4 +184,5 @@ def build_summary(
         reviews=review_stats(run, reviews),
         published=neural_medbench(),
         cases=_case_rows(checklists, reviews),
+        coverage=run.coverage,
     )

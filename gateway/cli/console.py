@@ -1,9 +1,11 @@
-"""What the commands share: the console, errors, the progress bar, a run's summary table."""
+"""What the commands share: the console, errors, exit codes, the progress bar, a run's summary
+(counts per model, the cases it skipped, the reasons its samples failed, the leaderboard)."""
 
 from __future__ import annotations
 
+from enum import IntEnum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
 from rich.console import Console
@@ -11,9 +13,30 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from evaluation import RunStats
+if TYPE_CHECKING:
+    from evaluation import CallErrors, CaseCoverage, RunTally, SkippedCase
 
 console = Console(stderr=True)
+MAX_SHOWN = 300  # characters of an untrusted message (a model's error, a loader's reason)
+
+
+class ExitCode(IntEnum):
+    """What ``neurosandbox eval`` (and ``runs resume``) exit with; docs/exit-codes.md."""
+
+    OK = 0  # every sample answered (ok, format failure or refusal), no case skipped with --strict
+    SAMPLES_FAILED = 1  # some samples ended in a call error (after retries): resume retries them
+    USAGE = 2  # bad usage: an option, the dataset could not be loaded, the models, the run folder
+    SKIPPED_STRICT = 3  # --strict and the dataset had cases the run skipped (listed)
+
+
+EXIT_CODES = (
+    "Exit codes (docs/exit-codes.md):\n\n"
+    "0  every sample answered (ok, format failure or refusal; none ended in a call error)\n\n"
+    "1  some samples ended in a call error after their retries (reasons printed per model; "
+    "`runs resume` retries them)\n\n"
+    "2  bad usage: an option, the models, the run folder, or the dataset could not be loaded\n\n"
+    "3  --strict and some cases of the dataset were skipped (listed, with the reason)"
+)
 
 
 def table_console() -> Console:
@@ -29,8 +52,72 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
+def shown(text: str, limit: int = MAX_SHOWN) -> str:
+    """Untrusted text made safe to print on one line: control characters and line breaks
+    become spaces, the length is bounded, rich markup is escaped."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    if len(flat) > limit:
+        flat = flat[: limit - 1] + "…"
+    return escape(flat)
+
+
+def note(line: str) -> None:
+    """One line to stderr as it is: never wrapped, no emoji codes, no highlighting."""
+    console.print(line, soft_wrap=True, emoji=False, highlight=False)
+
+
+def list_skipped(skipped: list[SkippedCase], evaluated: int) -> None:
+    """Every case the run does not evaluate, and why."""
+    if not skipped:
+        return
+    total = evaluated + len(skipped)
+    note(f"[yellow]skipped {len(skipped)} of {total} cases (not evaluated):[/yellow]")
+    for s in skipped:
+        note(f"  {shown(s.label, 120)}: {shown(s.reason)}")
+
+
+def list_warnings(warnings: list[str], limit: int = 10) -> None:
+    """The loader's notes on the dataset (a series it could not render, no answers file)."""
+    if not warnings:
+        return
+    note(f"[yellow]dataset warnings ({len(warnings)}):[/yellow]")
+    for w in warnings[:limit]:
+        note(f"  {shown(w)}")
+    if len(warnings) > limit:
+        note(f"  ... and {len(warnings) - limit} more")
+
+
+def show_coverage(coverage: CaseCoverage) -> None:
+    """``n of m cases evaluated`` and the skipped cases, with why."""
+    colour = "yellow" if coverage.skipped or not coverage.recorded else "green"
+    note(f"[{colour}]{escape(coverage.headline())}[/{colour}]")
+    list_skipped(coverage.skipped, coverage.evaluated)
+
+
+def show_call_errors(groups: list[CallErrors], retries: dict[str, int]) -> None:
+    """The samples that ended in an error, per model (count and first message), and the
+    retries the calls took."""
+    if groups:
+        note("[red]samples that ended in an error, per model:[/red]")
+        for g in groups:
+            distinct = f"{g.reasons} distinct reason{'s' if g.reasons != 1 else ''}"
+            note(
+                f"  {shown(g.model, 80)}: {g.samples} sample{'s' if g.samples != 1 else ''} "
+                f"failed ({distinct}, {_retries(g.retries)}); first: {shown(g.first_error)}"
+            )
+    total = sum(retries.values())
+    if total:
+        per = ", ".join(f"{shown(m, 80)}: {n}" for m, n in sorted(retries.items()))
+        note(f"{_retries(total)} in all ({per})")
+
+
+def _retries(n: int) -> str:
+    return f"{n} {'retry' if n == 1 else 'retries'}"
+
+
 class ProgressBar:
-    """A rich progress bar fed by the runner: samples, calls, errors, cost so far."""
+    """A rich progress bar fed by the runner: samples, calls, retries, errors, cost so far; the
+    cases the run skips are listed above it as the run starts."""
 
     def __init__(self) -> None:
         self.progress = Progress(
@@ -43,11 +130,19 @@ class ProgressBar:
             refresh_per_second=4,
         )
         self.task = self.progress.add_task("samples", total=None, info="")
+        self._listed = False
 
-    def __call__(self, s: RunStats) -> None:
+    def __call__(self, s: RunTally) -> None:
+        from evaluation import cost_text
+
+        if not self._listed:
+            self._listed = True
+            list_warnings(s.warnings)
+            list_skipped(s.skipped, s.cases_total)
         info = (
-            f"cases {s.cases_done}/{s.cases_total} | calls {s.calls} cached {s.cached} | errors {s.errors} format {s.format_failures} "
-            f"refusals {s.refusals} | ${s.cost_usd:.4f}"
+            f"cases {s.cases_done}/{s.cases_total} | cost {cost_text(s.cost_usd, unknown_calls=s.cost_unknown)} "
+            f"| calls {s.calls} cached {s.cached} retries {s.retries} | errors {s.errors} "
+            f"format {s.format_failures} refusals {s.refusals}"
         )
         self.progress.update(self.task, total=s.units_total, completed=s.units_done, info=info)
 
@@ -66,24 +161,43 @@ def csv_list(values: list[str] | None) -> list[str]:
     return out
 
 
-def print_run(stats: RunStats, run_dir: Path) -> None:
-    console.print(
-        f"{stats.units_done}/{stats.units_total} samples; {stats.calls} calls, {stats.cached} reused; "
-        f"{stats.errors} errors, {stats.format_failures} format failures, {stats.refusals} refusals; "
-        f"cost ${stats.cost_usd:.4f}"
+def print_run(stats: RunTally, run_dir: Path) -> RunOutcome:
+    """The counts of this session, then the run as ``runs show`` shows it; what it came to."""
+    from evaluation import cost_text
+
+    note(
+        f"{stats.units_done}/{stats.units_total} samples; {stats.calls} calls, {stats.cached} reused, "
+        f"{_retries(stats.retries)}; {stats.errors} errors, {stats.format_failures} format "
+        f"failures, {stats.refusals} refusals; cost {cost_text(stats.cost_usd, unknown_calls=stats.cost_unknown)}"
     )
     if stats.scoring_errors:
-        console.print(
-            f"[yellow]scoring failed for {stats.scoring_errors} samples: run `neurosandbox runs rescore {run_dir}`[/yellow]"
+        note(
+            f"[yellow]scoring failed for {stats.scoring_errors} samples: run "
+            f"`neurosandbox runs rescore {escape(str(run_dir))}`[/yellow]"
         )
-    if stats.errors:
-        console.print(
-            f"some calls failed: `neurosandbox runs resume {escape(str(run_dir))}` retries them"
-        )
-    show_run(run_dir)
+    outcome = show_run(run_dir)
+    if outcome.errors:
+        note(f"`neurosandbox runs resume {escape(str(run_dir))}` retries the failed samples")
+    return outcome
 
 
-def show_run(run_dir: Path) -> None:
+class RunOutcome(NamedTuple):
+    """What a run came to, for the exit code: samples in error, cases skipped."""
+
+    errors: int
+    skipped: int
+
+    def exit_code(self, *, strict: bool = False) -> ExitCode:
+        if self.errors:
+            return ExitCode.SAMPLES_FAILED
+        if strict and self.skipped:
+            return ExitCode.SKIPPED_STRICT
+        return ExitCode.OK
+
+
+def show_run(run_dir: Path) -> RunOutcome:
+    """A run's status, counts per model and leaderboard, then the cases it evaluated out of the
+    dataset's (and the skipped ones, with why), and the reasons its samples failed."""
     from evaluation import RunStore, ScoringUnavailable, summary
 
     store = RunStore(run_dir)
@@ -115,9 +229,14 @@ def show_run(run_dir: Path) -> None:
             summ = summary(store)
         except ScoringUnavailable as exc:
             console.print(f"[yellow]{escape(str(exc))}[/yellow]")
-            return
+            summ = None
         if summ is not None:
             _leaderboard(summ)
+        coverage = store.coverage()
+        groups = store.call_errors()
+        show_coverage(coverage)
+        show_call_errors(groups, store.retries())
+        return RunOutcome(sum(g.samples for g in groups), len(coverage.skipped))
     finally:
         store.close()
 
@@ -158,8 +277,10 @@ def pass_at_cell(row: Any, k: int) -> str:
 
 
 def _leaderboard(summ: Any) -> None:
+    from evaluation import cost_text
+
     table = Table(title="leaderboard (bootstrap 95% CI over patients)")
-    for col in ("model", "scored", "accuracy", "pass@1", "ranked top-5", "lesions P/R", "cost $"):
+    for col in ("model", "scored", "accuracy", "pass@1", "ranked top-5", "lesions P/R", "cost"):
         table.add_column(col, overflow="fold")
     for r in summ.leaderboard:
         lesions = r.lesions
@@ -171,7 +292,7 @@ def _leaderboard(summ: Any) -> None:
             pass_at_cell(r, 1),
             _est(r.ranked_pass_at.get("5")),
             lp,
-            f"{r.cost.cost_total_usd or 0:.4f}",
+            cost_text(r.cost.cost_total_usd),
         )
     table_console().print(table)
     for r in summ.leaderboard:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from pathlib import Path
 from typing import Annotated
 
@@ -10,7 +11,16 @@ import typer
 from rich.markup import escape
 
 from evaluation import EvaluationError
-from gateway.cli.console import ProgressBar, console, csv_list, fail, print_run
+from gateway.cli.console import (
+    EXIT_CODES,
+    ExitCode,
+    ProgressBar,
+    console,
+    csv_list,
+    fail,
+    note,
+    print_run,
+)
 
 
 def eval_command(
@@ -66,7 +76,9 @@ def eval_command(
     ablation: Annotated[str, typer.Option("--ablation", help="both, images or text")] = "both",
     temperature: Annotated[float, typer.Option(help="decoding temperature")] = 0.7,
     top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 0.95,
-    max_tokens: Annotated[int, typer.Option("--max-tokens")] = 2048,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", help="most tokens an answer may take")
+    ] = 2048,
     seed: Annotated[int | None, typer.Option("--seed", help="sample i uses seed+i")] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds per call")] = 120.0,
     max_images: Annotated[int, typer.Option("--max-images", help="images per request")] = 8,
@@ -90,7 +102,10 @@ def eval_command(
             "--phi-trust", help="host/CIDR allowed identified content (default: settings, loopback)"
         ),
     ] = None,
-    bertscore: Annotated[bool, typer.Option("--bertscore/--no-bertscore")] = True,
+    bertscore: Annotated[
+        bool,
+        typer.Option("--bertscore/--no-bertscore", help="also score answers with BERTScore"),
+    ] = True,
     bertscore_model: Annotated[
         Path | None,
         typer.Option(
@@ -102,8 +117,21 @@ def eval_command(
         int | None, typer.Option("--bertscore-layer", help="its layer (default: 6 for MiniLM)")
     ] = None,
     durable: Annotated[bool, typer.Option("--durable", help="fsync every commit")] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="exit 3 when any case of the dataset was skipped (the run still runs and "
+            "records them)",
+        ),
+    ] = False,
 ) -> None:
-    """Run models on a dataset: every response is stored before it is scored; resumable."""
+    """Run models on a dataset: every response is stored before it is scored; resumable.
+
+    Cases the dataset lists but that cannot be loaded (or have no task to run) are listed with
+    the reason as the run starts and again at the end ("n of m cases evaluated"), and recorded
+    in the run; samples whose calls failed are counted per model with the first reason.
+    """
     from evaluation import (
         Ablation,
         DatasetSpec,
@@ -153,11 +181,18 @@ def eval_command(
             durable=durable,
         )
     except (EvaluationError, ValueError) as exc:
-        raise fail(str(exc), 2) from None
+        raise fail(str(exc), ExitCode.USAGE) from None
     console.print(f"loading dataset {escape(str(suite))} ...")
     try:
         with ProgressBar() as bar:
             stats = asyncio.run(start_run(config, out, on_progress=bar))
-    except EvaluationError as exc:
-        raise fail(str(exc)) from None
-    print_run(stats, out)
+    except EvaluationError as exc:  # the dataset, the models or the run folder
+        raise fail(str(exc), ExitCode.USAGE) from None
+    code = print_run(stats, out).exit_code(strict=strict)
+    if code is ExitCode.SKIPPED_STRICT:
+        note(f"[red]--strict: {len(stats.skipped)} skipped case(s); exit {int(code)}[/red]")
+    raise typer.Exit(int(code))
+
+
+# The exit codes are part of the command's help (typer shows the docstring's paragraphs).
+eval_command.__doc__ = f"{inspect.cleandoc(eval_command.__doc__ or '')}\n\n{EXIT_CODES}"

@@ -14,7 +14,12 @@ from rich.markup import escape
 models_app = typer.Typer(help="Check the models a run will call.", no_args_is_help=True)
 console = Console()
 notes = Console(stderr=True)  # notes and errors: stdout stays the report (--json parses)
-MARK = {True: "[green]ok[/green]  ", False: "[red]FAIL[/red]", None: "[dim]info[/dim]"}
+MARK = {
+    "ok": "[green]ok[/green]  ",
+    "info": "[dim]info[/dim]",
+    "warn": "[yellow]WARN[/yellow]",
+    "fail": "[red]FAIL[/red]",
+}
 
 
 @models_app.command("check")
@@ -31,11 +36,15 @@ def models_check(
     ] = None,
     timeout: Annotated[float, typer.Option("--timeout", help="seconds for the call")] = 60.0,
     strict: Annotated[
-        bool, typer.Option("--strict", help="also fail when JSON mode or the price is missing")
+        bool,
+        typer.Option("--strict", help="warnings (JSON mode, an unknown price) fail the check too"),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
-    """Send one tiny image + JSON-mode request; report reachability, images, JSON, cost, latency."""
+    """Send one tiny image + JSON-mode request; report reachability, images, JSON, cost, latency.
+
+    Each line is ok, info, WARN (a run works, with less: no JSON mode, an unknown price) or FAIL;
+    the command exits 1 exactly when a line says FAIL (with --strict, warnings are failures)."""
     from evaluation import ModelConfigError, check_model, load_models_file, resolve_specs
     from gateway.settings import get_settings
 
@@ -66,9 +75,14 @@ def models_check(
         )
         for item in report.items:
             console.print(
-                f"  {MARK[item.ok]} {item.name:<11} {escape(item.detail)}", soft_wrap=True
+                f"  {MARK[item.level]} {item.name:<11} {escape(item.detail)}", soft_wrap=True
             )
-        verdict = "[green]works[/green]" if report.ok else "[red]does not work[/red]"
+        warned = any(i.level == "warn" for i in report.items)
+        verdict = (
+            "[red]does not work[/red]"
+            if not report.ok
+            else "[green]works[/green]" + (", with the warnings above" if warned else "")
+        )
         console.print(f"{escape(report.name)} {verdict}")
     if not report.ok:
         raise typer.Exit(1)

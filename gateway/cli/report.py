@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from gateway.cli.console import show_coverage
+
 console = Console(stderr=True)
 
 
@@ -31,7 +33,10 @@ def report_command(
     ] = None,
     workers: Annotated[int, typer.Option(min=1, max=8, help="Chromium processes at once")] = 2,
 ) -> None:
-    """Write per-case checklists (JSON, HTML, PDF) and the run summary (JSON, HTML, PDF)."""
+    """Write per-case checklists (JSON, HTML, PDF) and the run summary (JSON, HTML, PDF).
+
+    The summary says how many of the dataset's cases the run evaluated and lists the skipped
+    ones with why; so does this command."""
     from evaluation import ReviewStore, RunLoadError, case_slug, load_run, write_report
     from gateway.settings import get_settings
 
@@ -52,5 +57,7 @@ def report_command(
         + (f", {len(index.pdfs)} PDFs" if pdf else "")
         + (f"; {len(feedback)} reviews fed back" if feedback else "")
     )
+    if run.coverage is not None:
+        show_coverage(run.coverage)
     if pdf and index.warnings:
         raise typer.Exit(1)

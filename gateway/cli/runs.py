@@ -16,10 +16,18 @@ from rich.markup import escape
 from rich.table import Table
 
 from evaluation import EvaluationError, TaskFamily
-from gateway.cli.console import ProgressBar, fail, print_run, show_run, table_console
+from gateway.cli.console import (
+    ExitCode,
+    ProgressBar,
+    fail,
+    print_run,
+    show_run,
+    table_console,
+)
 
 runs_app = typer.Typer(
-    help="List, show, resume, re-score and export evaluation runs.", no_args_is_help=True
+    help="Evaluation runs: list, show, compare, resume, rescore, judge and export.",
+    no_args_is_help=True,
 )
 console = Console(stderr=True)
 
@@ -89,8 +97,9 @@ def runs_show(
     ] = False,
     reviews: ReviewsOption = None,
 ) -> None:
-    """Status, counts per model and the leaderboard of a run; with clinician reviews, how well
-    the rubric grader agrees with them."""
+    """Status, counts per model and the leaderboard of a run, the cases it evaluated out of the
+    dataset's (and why any were skipped), why samples failed (per model) and the retries; with
+    clinician reviews, how well the rubric grader agrees with them."""
     from evaluation import RunStore, ScoringUnavailable, summary
 
     try:
@@ -102,6 +111,9 @@ def runs_show(
                 out: dict[str, Any] = {
                     "run": row.model_dump(mode="json"),
                     "counts": store.counts().flat(),
+                    "coverage": store.coverage().model_dump(mode="json"),
+                    "call_errors": [g.model_dump(mode="json") for g in store.call_errors()],
+                    "retries": store.retries(),
                 }
                 try:
                     summ = summary(store)
@@ -268,9 +280,18 @@ def runs_resume(
     api_base: Annotated[
         str | None, typer.Option("--api-base", help="new endpoint for litellm models")
     ] = None,
-    allow_changed_dataset: Annotated[bool, typer.Option("--allow-changed-dataset")] = False,
+    allow_changed_dataset: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changed-dataset",
+            help="resume although the dataset's content hash changed since the run started",
+        ),
+    ] = False,
 ) -> None:
-    """Continue a run: stored responses are reused; only missing or failed calls are made."""
+    """Continue a run: stored responses are reused; only missing or failed calls are made.
+
+    Exits like `neurosandbox eval` (docs/exit-codes.md): 1 while samples still end in a call
+    error, 2 when the run cannot be resumed."""
     from evaluation import resume_run
 
     try:
@@ -284,14 +305,20 @@ def runs_resume(
                 )
             )
     except EvaluationError as exc:
-        raise fail(str(exc)) from None
-    print_run(stats, run_dir)
+        raise fail(str(exc), ExitCode.USAGE) from None
+    raise typer.Exit(int(print_run(stats, run_dir).exit_code()))
 
 
 @runs_app.command("rescore")
 def runs_rescore(
     run_dir: Annotated[Path, typer.Argument(help="run folder")],
-    bertscore: Annotated[bool | None, typer.Option("--bertscore/--no-bertscore")] = None,
+    bertscore: Annotated[
+        bool | None,
+        typer.Option(
+            "--bertscore/--no-bertscore",
+            help="score with BERTScore or not (default: as the run was started)",
+        ),
+    ] = None,
 ) -> None:
     """Parse and score every stored response again. Never calls a model."""
     from evaluation import rescore
