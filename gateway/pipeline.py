@@ -38,7 +38,7 @@ from gateway.run_report import publish, write_checklist
 from gateway.runs import RunRecord, RunStatus, StudyRunStore
 from gateway.scp import ReceivedStudy, uid_key
 from gateway.sr import series_uid_for
-from gateway.writeback import build_unverified, evidence, store
+from gateway.writeback import build_unverified, checklist_pdf, evidence, store
 
 log = logging.getLogger(__name__)
 
@@ -350,12 +350,9 @@ class StudyPipeline:
         self._stage(job, "evaluating", 0.4)
         work = self.runs.run_dir(job.run_id)
         result = self.evaluator.evaluate(folder, route, work, index)
-        self._stage(job, "writing the checklist", 0.65)
-        checklist = write_checklist(result.run, work / "report")
-        warnings = [*result.warnings, *checklist.warnings]
-        self._stage(job, "waiting for the upload to Orthanc", 0.8)
+        self._stage(job, "waiting for the upload to Orthanc", 0.6)
         self._finish_uploads(job)
-        self._stage(job, "writing back SR and PDF", 0.85)
+        self._stage(job, "writing back the SRs", 0.65)
         version = state.version + 1
         headers = evidence(index, result.evaluated_series_uids)
         previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
@@ -368,18 +365,27 @@ class StudyPipeline:
 
         back = build_unverified(
             result.run, route.models, headers, version, result.evaluator, result.modality,
-            checklist.pdf, previous, no_answer,
+            previous, no_answer,
         )  # fmt: skip
-        warnings += back.warnings
+        warnings = [*result.warnings, *back.warnings]
         result.warnings = [*result.warnings, *(w for w in back.warnings if w.startswith("SR/PDF"))]
         sr_paths: list[str] = []
         for sr in back.srs.values():  # local copies: the next version names them predecessors
             path = work / f"sr-{len(sr_paths) + 1}.dcm"
             sr.save_as(path, enforce_file_format=True)
             sr_paths.append(str(path))
-        store(self.orthanc, [*back.srs.values(), *([back.pdf] if back.pdf else [])])
+        # The SRs first (the answers, structured); the checklist's print follows.
+        store(self.orthanc, back.srs.values())
         sr_uids = {m: str(sr.SOPInstanceUID) for m, sr in back.srs.items()}
-        pdf_uid = str(back.pdf.SOPInstanceUID) if back.pdf is not None else None
+        self._stage(job, "writing the checklist and its PDF", 0.8)
+        checklist = write_checklist(result.run, work / "report")
+        warnings += checklist.warnings
+        pdf = checklist_pdf(headers, checklist.pdf, version)
+        if pdf is not None:
+            store(self.orthanc, [pdf])
+        else:
+            warnings.append("no checklist PDF written back to PACS: it could not be printed")
+        pdf_uid = str(pdf.SOPInstanceUID) if pdf is not None else None
         METRICS.inc("reports_stored_total", len(sr_uids) + (pdf_uid is not None))
         self.runs.write_report(job.run_id, result, html=checklist.html, pdf=checklist.pdf)
         info = {

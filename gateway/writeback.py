@@ -7,7 +7,8 @@ case both come here:
   evaluated series, kept by ``dicom.index_path(keep_headers=True)``, and the SOP Instance UIDs
   the spool and the PACS download name their files by): no file is read again;
 - ``build_unverified``: one UNVERIFIED Comprehensive 3D SR per model that answered (its review
-  block, ``evaluation.unverified_content``) and the checklist as Encapsulated PDF;
+  block, ``evaluation.unverified_content``); ``checklist_pdf``: the checklist as Encapsulated
+  PDF (the pipeline stores the SRs first: the PDF waits for Chromium's print);
 - ``store``: every object built before the first is stored; each stored in Orthanc, in order.
 
 ``gateway.reissue`` builds the VERIFIED objects of a signed-off case and stores them through
@@ -74,10 +75,9 @@ def evidence(index: IndexResult, series_uids: Iterable[str]) -> list[Dataset]:
 
 @dataclass
 class Unverified:
-    """What a run writes back: per model its SR, the checklist PDF, and what was left out."""
+    """What a run writes back first: per model its SR, and what was left out."""
 
     srs: dict[str, Dataset] = field(default_factory=dict)  # model -> SR
-    pdf: Dataset | None = None
     warnings: list[str] = field(default_factory=list)
 
 
@@ -88,13 +88,12 @@ def build_unverified(
     version: int,
     evaluator: str,
     modality: str,
-    checklist_pdf: bytes | None,
     previous: Sequence[Dataset] = (),
     no_answer: Callable[[str], str] = lambda model: "no answer",
 ) -> Unverified:
-    """The UNVERIFIED SR of every model that answered, and the checklist PDF. ``previous``:
-    earlier SRs of the study (each model's is named as predecessor); ``no_answer(model)`` says
-    why a model without an answer has no SR."""
+    """The UNVERIFIED SR of every model that answered. ``previous``: earlier SRs of the study
+    (each model's is named as predecessor); ``no_answer(model)`` says why a model without an
+    answer has no SR."""
     out = Unverified()
     # header values outside the standard are left out of the SR and PDF, and said so
     out.warnings += [f"SR/PDF: {w}" for w in header_warnings(headers[0])]
@@ -106,11 +105,13 @@ def build_unverified(
         prev = [d for d in previous if model_of(d) == model]
         content = unverified_content(blocks[model])
         out.srs[model] = build_sr(headers, content, model, evaluator, version, prev, modality)
-    if checklist_pdf:
-        out.pdf = build_pdf(headers[0], checklist_pdf, PDF_TITLE, version)
-    else:
-        out.warnings.append("no checklist PDF written back to PACS: it could not be printed")
     return out
+
+
+def checklist_pdf(headers: list[Dataset], pdf: bytes | None, version: int) -> Dataset | None:
+    """The checklist (Chromium's print of the report bundle's case page) as Encapsulated PDF;
+    None when it could not be printed."""
+    return build_pdf(headers[0], pdf, PDF_TITLE, version) if pdf else None
 
 
 def store(

@@ -26,7 +26,8 @@ from evaluation.datasets.rendering import RenderPlan
 from evaluation.datasets.suite import load_manifest, load_suite
 from evaluation.errors import DatasetError
 
-DatasetKind = Literal["auto", "suite", "manifest", "neural-medbench", "neurovlm"]
+# "memory": cases built in memory (a gateway run's study); the run store keeps them
+DatasetKind = Literal["auto", "suite", "manifest", "neural-medbench", "neurovlm", "memory"]
 
 __all__ = [
     "ColumnMap",
@@ -110,6 +111,11 @@ def load_dataset(spec: DatasetSpec | str | Path, cache_dir: Path) -> Dataset:
         spec = DatasetSpec(path=str(spec))
     cache_dir = Path(cache_dir).expanduser().resolve()  # image paths must not depend on the cwd
     path = Path(spec.path).expanduser()
+    if spec.kind == "memory":
+        raise DatasetError(
+            f"the cases of this run were built in memory (a gateway run of {path}): "
+            "they are read from its run store, not loaded again"
+        )
     if not path.exists():
         raise DatasetError(f"dataset not found: {path}")
     kind = detect_kind(path) if spec.kind == "auto" else spec.kind
