@@ -83,9 +83,9 @@ def test_example_models_file_has_one_working_entry_per_family(
             assert out.text == COLOUR
 
 
-def test_the_readme_example_is_the_tested_example_file() -> None:
-    readme = (EXAMPLE.parents[1] / "README.md").read_text()
-    section = readme.split("## Real models: providers", 1)[1]
+def test_the_documented_example_is_the_tested_example_file() -> None:
+    page = (EXAMPLE.parent / "providers.md").read_text()
+    section = page.split("## The models file", 1)[1]
     block = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     fields = ("name", "model", "api_base", "api_key_env", "max_images_per_request")
 
@@ -93,7 +93,7 @@ def test_the_readme_example_is_the_tested_example_file() -> None:
         return [{k: e.get(k) for k in fields} for e in yaml.safe_load(doc)["models"]]
 
     # One entry per family, the same names, models, endpoints, keys and limits as the file
-    # the test above sends requests with (the README leaves out concurrency and timeouts).
+    # the test above sends requests with (docs/providers.md leaves out concurrency and timeouts).
     assert entries(block) == entries(EXAMPLE.read_text())
 
 
