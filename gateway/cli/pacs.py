@@ -41,7 +41,8 @@ def pacs_up(
 
 @pacs_app.command("down")
 def pacs_down() -> None:
-    """Stop the local Orthanc started from this data folder (by its PID)."""
+    """Stop the local Orthanc started from this data folder, and a gateway `neurosandbox demo`
+    left running with it (by their PIDs)."""
     from gateway.pacs_local import LocalPacs
 
     stopped = LocalPacs(get_settings()).down()
