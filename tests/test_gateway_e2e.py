@@ -79,9 +79,10 @@ def pdf_text(pdf: bytes, tmp: Path) -> str:
 def wait_reports(
     gw: Gateway, study_uid: str, n_sr: int, timeout: float
 ) -> dict[str, list[pydicom.Dataset]]:
+    """Wait for ``n_sr`` SRs and as many checklist PDFs (the pipeline stores the SRs first)."""
     deadline = time.monotonic() + timeout
     got = reports(gw, study_uid)
-    while len(got["sr"]) < n_sr and time.monotonic() < deadline:
+    while (len(got["sr"]) < n_sr or len(got["pdf"]) < n_sr) and time.monotonic() < deadline:
         time.sleep(0.5)
         got = reports(gw, study_uid)
     return got
