@@ -24,6 +24,8 @@ from .case import (
 from .case import (
     TaskFamily as TaskFamily,
 )
+from .coverage import CaseCoverage as CaseCoverage
+from .coverage import SkippedCase as SkippedCase
 from .datasets import Dataset as Dataset
 from .datasets import DatasetSpec as DatasetSpec
 from .datasets import dataset_hash as dataset_hash
@@ -37,8 +39,8 @@ from .datasets.phantoms.suite import (
 from .datasets.phantoms.suite import (
     generate_suite as generate_suite,
 )
-from .datasets.rendering import RenderPlan as RenderPlan
 from .datasets.registry import case_registry as case_registry
+from .datasets.rendering import RenderPlan as RenderPlan
 from .datasets.rendering import render_study as render_study
 from .datasets.suite import ManifestCheck as ManifestCheck
 from .datasets.suite import check_manifest as check_manifest
@@ -56,6 +58,7 @@ from .models import REPLAY as REPLAY
 from .models import load_models_file as load_models_file
 from .models import resolve_specs as resolve_specs
 from .models.check import check_model as check_model
+from .models.cost import cost_text as cost_text
 from .phi import PHIPolicy as PHIPolicy
 from .reports.agreement import review_stats as review_stats
 from .reports.block import BlockItem as BlockItem
@@ -176,6 +179,7 @@ from .reports.verify import may_adjudicate as may_adjudicate
 from .reports.verify import missing_items as missing_items
 from .reports.verify import review_preview as review_preview
 from .runconfig import RunConfig as RunConfig
+from .runner import RunTally as RunTally
 from .scores import ErrorCategory as ErrorCategory
 from .scores import ParseStatus as ParseStatus
 from .scores import Score as Score
@@ -197,10 +201,6 @@ from .sharing import share_case as share_case
 from .sharing import write_case_manifest as write_case_manifest
 from .store import STORE_FILE as STORE_FILE
 from .store import RunStore as RunStore
+from .store_rows import CallErrors as CallErrors
 from .tasks import Ablation as Ablation
 from .units import RunStats as RunStats
-from .runner import RunTally as RunTally
-from .coverage import CaseCoverage as CaseCoverage
-from .coverage import SkippedCase as SkippedCase
-from .models.cost import cost_text as cost_text
-from .store_rows import CallErrors as CallErrors
