@@ -15,8 +15,9 @@ folder; this module treats the rest of the case alike:
   remaining free-text string goes through the PHI gate's scrub;
 * the note, question and turn texts, and the ground truth's rationale and key findings go
   through the PHI gate's scrub (:func:`evaluation.phi.scrub_text`) with every identifying term
-  known: the record's own (``PHIGate.terms_for``), the person names the record holds, and the
-  identifying strings of the study's source headers given by the caller;
+  known: the record's own (``PHIGate.terms_for``: every person it names), the names of the
+  organisations, places and devices it holds, and the identifying strings of the study's source
+  headers given by the caller;
 * the ground truth loses its list of planted identifiers (they are identifiers).
 """
 
@@ -38,8 +39,15 @@ from pydantic import BaseModel, Field
 
 from evaluation.case import Case, Provenance
 from evaluation.datasets import DatasetSpec, detect_kind, load_dataset
-from evaluation.datasets.suite import _inside, _manifest_case, load_case_dir, suite_case_dirs
-from evaluation.ehr import patient_age, resources
+from evaluation.datasets.suite import (
+    _inside,
+    _manifest_case,
+    _raw_label,
+    _read_manifest,
+    load_case_dir,
+    suite_case_dirs,
+)
+from evaluation.ehr import PERSON_RESOURCES, long_enough, patient_age, resources
 from evaluation.errors import DatasetError
 from evaluation.phi import PHIGate, scrub_text
 
@@ -66,7 +74,6 @@ _DROPPED_TYPES = frozenset(
         "Consent",
     }
 )
-_PERSON_TYPES = frozenset({"Practitioner", "PractitionerRole", "RelatedPerson", "Person"})
 # Keys removed wherever they appear.
 _DROPPED_KEYS = frozenset(
     {
@@ -97,7 +104,6 @@ _DATE_KEYS = frozenset(
 )
 _FULL_DATE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})(T[0-9:.]+(?:Z|[+-]\d{2}:\d{2})?)?$")
 _PARTIAL_DATE = re.compile(r"^\d{4}(-\d{2})?$")
-_TITLES = frozenset({"dr", "prof", "mr", "mrs", "ms", "miss", "md", "phd", "sir", "dame"})
 _MAX_DEPTH = 64
 _OLDEST = 90  # ages over 89 are one group (HIPAA safe harbour)
 
@@ -138,16 +144,13 @@ def find_case(path: Path, case_id: str, cache_dir: Path, kind: str = "auto") -> 
                     case.study_path = str(_inside(folder, case.study_path, "study_path"))
                 return case
     elif kind == "manifest":
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise DatasetError(f"{path}: not valid YAML/JSON: {exc}") from exc
+        data = _read_manifest(path)
         if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
             raise DatasetError(f"{path}: a manifest is a mapping with a 'cases' list")
         for n, entry in enumerate(data["cases"]):
             if not isinstance(entry, dict):
                 continue
-            entry_id = str(entry.get("case_id") or entry.get("id") or f"case-{n + 1:03d}")
+            entry_id = _raw_label(entry, n)
             ids.append(entry_id)
             if entry_id == case_id:
                 case = _manifest_case(entry, path.parent, cache_dir, n)
@@ -181,72 +184,15 @@ class _Scrubber:
         return out
 
 
-def _record_person_terms(bundle: Any) -> list[str]:
-    """Names and places of everyone the record names but the patient's own entries: people,
-    organisations, locations, patient contacts, and the display of references to people."""
-    terms: list[str] = []
-    res = resources(bundle)
-    by_ref: dict[str, str] = {}
-    for r in res:
-        kind = str(r.get("resourceType"))
-        if isinstance(r.get("id"), str):
-            by_ref[f"{kind}/{r['id']}"] = kind
-        names: list[Any] = []
-        if kind in _PERSON_TYPES:
-            names.extend(_list(r.get("name")))
-        if kind == "Patient":
-            for contact in _list(r.get("contact")):
-                names.append(_dict(contact).get("name"))
-        for name in names:
-            terms.extend(_human_name_terms(name))
-        org_name = r.get("name") if kind in _DROPPED_TYPES - _PERSON_TYPES else None
-        if isinstance(org_name, str) and len(org_name.strip()) >= 3:
-            terms.append(org_name.strip())
-    for entry in _list(_dict(bundle).get("entry")):
-        url = _dict(entry).get("fullUrl")
-        entry_kind = _dict(_dict(entry).get("resource")).get("resourceType")
-        if isinstance(url, str) and isinstance(entry_kind, str):
-            by_ref[url] = entry_kind
-    for ref in _references(bundle):
-        target = str(ref.get("reference") or "")
-        kind = by_ref.get(target) or target.split("/", 1)[0]
-        if kind in _PERSON_TYPES and isinstance(ref.get("display"), str):
-            terms.extend(_words(ref["display"]))
-    return terms
-
-
-def _human_name_terms(name: Any) -> list[str]:
-    if isinstance(name, str):
-        return _words(name)
-    n = _dict(name)
-    out: list[str] = []
-    for value in [n.get("text"), n.get("family"), *_list(n.get("given"))]:
-        if isinstance(value, str):
-            out.extend(_words(value))
-    return out
-
-
-def _words(text: str) -> list[str]:
+def _dropped_names(bundle: Any) -> list[str]:
+    """The names of the organisations, places and devices the record holds (the record's people
+    are already among ``PHIGate.terms_for``)."""
     return [
-        w
-        for w in re.split(r"[\s,.()]+", text)
-        if len(w) >= 3 and any(c.isalpha() for c in w) and w.lower() not in _TITLES
+        r["name"].strip()
+        for r in resources(bundle)
+        if r.get("resourceType") in _DROPPED_TYPES - PERSON_RESOURCES
+        and isinstance(r.get("name"), str)
     ]
-
-
-def _references(node: Any, depth: int = 0) -> list[dict[str, Any]]:
-    if depth > _MAX_DEPTH:
-        return []
-    found: list[dict[str, Any]] = []
-    if isinstance(node, dict):
-        if "reference" in node or ("display" in node and not {"code", "system"} & node.keys()):
-            found.append(node)
-        for value in node.values():
-            found.extend(_references(value, depth + 1))
-    elif isinstance(node, list):
-        for value in node:
-            found.extend(_references(value, depth + 1))
-    return found
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -463,9 +409,11 @@ def share_case(
     """
     known = list(PHIGate().terms_for(case))
     if case.ehr is not None:
-        known.extend(_record_person_terms(case.ehr))
+        known.extend(_dropped_names(case.ehr))
     known.extend(terms)
-    unique = sorted({t.strip() for t in known if len(t.strip()) >= 3}, key=lambda t: (-len(t), t))
+    unique = sorted(
+        {t.strip() for t in known if long_enough(t.strip())}, key=lambda t: (-len(t), t)
+    )
     scrub = _Scrubber(unique)
     removed: dict[str, int] = {}
     ehr: dict[str, Any] | None = None

@@ -49,6 +49,16 @@ def _number_as_text(value: Any) -> Any:
 Id = Annotated[str, BeforeValidator(_number_as_text, json_schema_input_type=str | int | float)]
 
 
+def case_label(case_id: Any, id_: Any, n: int) -> str:
+    """The case id the loader gives the case at position `n` (0-based): its ``case_id``, else
+    its ``id`` (a number taken as its text), else ``case-NNN``."""
+    for value in (case_id, id_):
+        text = _number_as_text(value)
+        if isinstance(text, str) and text:
+            return text
+    return f"case-{n + 1:03d}"
+
+
 class OrthancServer(BaseModel):
     """An Orthanc server and, optionally, the study on it."""
 
@@ -219,7 +229,7 @@ class ManifestCase(BaseModel):
 
     def label(self, n: int) -> str:
         """The case id the loader gives the case at position `n` (0-based)."""
-        return self.case_id or self.id or f"case-{n + 1:03d}"
+        return case_label(self.case_id, self.id, n)
 
 
 _STUDY: TypeAdapter[Any] = TypeAdapter(StudyRef)

@@ -26,6 +26,7 @@ from evaluation.datasets.manifest import (
     OrthancStudy,
     ParsedManifest,
     StudyFolder,
+    case_label,
     files_of,
     parse_case,
     parse_manifest,
@@ -371,9 +372,9 @@ def load_manifest(
 
 
 def _raw_label(entry: Any, n: int) -> str:
-    """The id of a case that did not validate, as far as it can be read."""
-    given = entry.get("case_id") or entry.get("id") if isinstance(entry, dict) else None
-    return str(given) if isinstance(given, str | int) else f"case-{n + 1:03d}"
+    """The id of a case that did not validate, as far as it can be read (``case_label``'s rule)."""
+    fields = entry if isinstance(entry, dict) else {}
+    return case_label(fields.get("case_id"), fields.get("id"), n)
 
 
 def _manifest_case(entry: Any, base: Path, cache_dir: Path, n: int) -> Case:
