@@ -40,6 +40,7 @@ from .datasets.phantoms.suite import (
     generate_suite as generate_suite,
 )
 from .datasets.registry import case_registry as case_registry
+from .datasets.registry import registered_case as registered_case
 from .datasets.rendering import RenderPlan as RenderPlan
 from .datasets.rendering import render_study as render_study
 from .datasets.suite import ManifestCheck as ManifestCheck
@@ -179,7 +180,6 @@ from .reports.verify import may_adjudicate as may_adjudicate
 from .reports.verify import missing_items as missing_items
 from .reports.verify import review_preview as review_preview
 from .runconfig import RunConfig as RunConfig
-from .runner import RunTally as RunTally
 from .scores import ErrorCategory as ErrorCategory
 from .scores import ParseStatus as ParseStatus
 from .scores import Score as Score

@@ -21,13 +21,14 @@ from evaluation.datasets import Dataset, load_dataset
 from evaluation.errors import DatasetError, StoreError
 from evaluation.prompts import default_prompts
 from evaluation.runconfig import RunConfig, code_version, package_versions
-from evaluation.runner import Runner, RunTally
+from evaluation.runner import Runner
 from evaluation.scoring_bridge import RescoreCounts, rescore_run, scoring_snapshot
 from evaluation.store import STORE_FILE, RunStore
 from evaluation.store_rows import RunRow
+from evaluation.units import RunStats
 
 log = logging.getLogger(__name__)
-Progress = Callable[[RunTally], None]
+Progress = Callable[[RunStats], None]
 
 
 def _cache(config: RunConfig, cache_dir: Path | None) -> Path:
@@ -46,7 +47,7 @@ async def start_run(
     dataset: Dataset | None = None,
     on_progress: Progress | None = None,
     score: bool = True,
-) -> RunTally:
+) -> RunStats:
     """Create the run folder and store, record the configuration, and run every unit."""
     if (run_dir / STORE_FILE).exists():
         raise StoreError(f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`")
@@ -92,7 +93,7 @@ async def resume_run(
     on_progress: Progress | None = None,
     allow_changed_dataset: bool = False,
     score: bool = True,
-) -> RunTally:
+) -> RunStats:
     """Continue a run: stored responses are reused, missing and failed calls are made."""
     config, row = load_config(run_dir)
     if api_base:

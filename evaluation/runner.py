@@ -17,8 +17,6 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
-from pydantic import Field
-
 from evaluation.case import Case, TaskFamily
 from evaluation.coverage import SkippedCase
 from evaluation.datasets import Dataset, ImageStore
@@ -54,16 +52,6 @@ from evaluation.units import Call, RunStats, Unit, shown_case
 log = logging.getLogger(__name__)
 
 
-class RunTally(RunStats):
-    """The run's counters and what a report of it must never hide: the retries its calls took,
-    the answered calls whose cost is unknown (no price: not $0), the cases it skipped."""
-
-    retries: int = 0
-    cost_unknown: int = 0
-    skipped: list[SkippedCase] = Field(default_factory=list)
-    warnings: list[str] = Field(default_factory=list)  # the loader's other notes on the dataset
-
-
 GRADED = {TaskFamily.DIFFERENTIAL, TaskFamily.RATIONALE, TaskFamily.MULTITURN, TaskFamily.LESION}
 _DONE = {ParseStatus.OK.value, ParseStatus.FORMAT_FAILURE.value, ParseStatus.REFUSAL.value}
 
@@ -89,7 +77,7 @@ class Runner:
         *,
         adapters: dict[str, ModelAdapter] | None = None,
         prompts: PromptSet | None = None,
-        on_progress: Callable[[RunTally], None] | None = None,
+        on_progress: Callable[[RunStats], None] | None = None,
         score: bool = True,
     ) -> None:
         self.config = config
@@ -101,7 +89,7 @@ class Runner:
         self.graders = {s.name: create_model(s) for s in config.graders}
         self.gate = PHIGate(config.phi)
         self.images = ImageStore()
-        self.stats = RunTally()
+        self.stats = RunStats()
         self.on_progress = on_progress
         self.scoring = (
             ScoringBridge(
@@ -161,7 +149,7 @@ class Runner:
 
     # ------------------------------------------------------------------ run
 
-    async def run(self) -> RunTally:
+    async def run(self) -> RunStats:
         self._cached = self.store.responses()
         done = {
             (r.case_id, r.task, r.model, r.sample)

@@ -456,11 +456,12 @@ class RunStore:
         skipped = [SkippedCase(entry=e, position=p, case_id=c, reason=r) for e, p, c, r in rows]
         return CaseCoverage(evaluated=int(evaluated[0]), skipped=skipped)
 
-    def call_errors(self) -> list[CallErrors]:
+    def call_errors(self, retries: dict[str, int] | None = None) -> list[CallErrors]:
         """Per model, the samples that ended in an error: how many, the first message and how
         many distinct ones, and the retries its calls took (the stored responses' and
-        failures'). Models without a failed sample are left out."""
-        retries = self.retries()
+        failures': ``retries()``, or the result of it a caller already holds). Models without a
+        failed sample are left out."""
+        retries = self.retries() if retries is None else retries
         groups: list[CallErrors] = []
         for model, n, distinct in self._all(
             "SELECT model, COUNT(*), COUNT(DISTINCT parse_error) FROM samples "

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from evaluation.case import Case, ImageRef
+from evaluation.coverage import SkippedCase
 from evaluation.models.spec import ModelSpec
 from evaluation.tasks import TaskItem
 
 
 class RunStats(BaseModel):
+    """The run's counters and what a report of it must never hide: the retries its calls took,
+    the answered calls whose cost is unknown (no price: not $0), the cases it skipped."""
+
     cases_total: int = 0
     cases_done: int = 0  # cases whose every unit is done
     units_total: int = 0
@@ -26,6 +30,10 @@ class RunStats(BaseModel):
     cost_usd: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    retries: int = 0
+    cost_unknown: int = 0
+    skipped: list[SkippedCase] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)  # the loader's other notes on the dataset
 
 
 @dataclass

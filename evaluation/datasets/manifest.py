@@ -59,14 +59,13 @@ def case_label(case_id: Any, id_: Any, n: int) -> str:
     return f"case-{n + 1:03d}"
 
 
-class OrthancServer(BaseModel):
-    """An Orthanc server and, optionally, the study on it."""
+class _OrthancAccess(BaseModel):
+    """The study and the credentials, which may stand next to 'orthanc:' or inside its mapping."""
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(description="Orthanc's REST base URL, e.g. http://pacs.local:8042")
     study_uid: Id | None = Field(
-        default=None, description="StudyInstanceUID (here or next to 'orthanc:')"
+        default=None, description="StudyInstanceUID (next to 'orthanc:' or inside its mapping)"
     )
     username: str | None = Field(default=None, description="user name for HTTP basic auth")
     username_env: str | None = Field(
@@ -76,6 +75,12 @@ class OrthancServer(BaseModel):
         default=None, description="environment variable holding the password (never the password)"
     )
     timeout_s: float | None = Field(default=None, gt=0, description="seconds (default 120)")
+
+
+class OrthancServer(_OrthancAccess):
+    """An Orthanc server and, optionally, the study on it."""
+
+    url: str = Field(description="Orthanc's REST base URL, e.g. http://pacs.local:8042")
 
 
 def _orthanc_tag(value: Any) -> str | None:
@@ -92,7 +97,7 @@ OrthancRef = Annotated[
 ]
 
 
-class OrthancStudy(BaseModel):
+class OrthancStudy(_OrthancAccess):
     """A study fetched from Orthanc's REST API (once; kept in the cache)."""
 
     model_config = ConfigDict(
@@ -116,15 +121,6 @@ class OrthancStudy(BaseModel):
     )
 
     orthanc: OrthancRef = Field(description="the server: its URL, or a mapping")
-    study_uid: Id | None = Field(default=None, description="StudyInstanceUID")
-    username: str | None = Field(default=None, description="user name for HTTP basic auth")
-    username_env: str | None = Field(
-        default=None, description="environment variable holding the user name"
-    )
-    password_env: str | None = Field(
-        default=None, description="environment variable holding the password"
-    )
-    timeout_s: float | None = Field(default=None, gt=0, description="seconds (default 120)")
 
     @model_validator(mode="after")
     def _has_study(self) -> OrthancStudy:

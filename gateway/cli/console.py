@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from evaluation import CallErrors, CaseCoverage, RunTally, SkippedCase
+    from evaluation import CallErrors, CaseCoverage, RunStats, SkippedCase
 
 console = Console(stderr=True)
 MAX_SHOWN = 300  # characters of an untrusted message (a model's error, a loader's reason)
@@ -132,7 +132,7 @@ class ProgressBar:
         self.task = self.progress.add_task("samples", total=None, info="")
         self._listed = False
 
-    def __call__(self, s: RunTally) -> None:
+    def __call__(self, s: RunStats) -> None:
         from evaluation import cost_text
 
         if not self._listed:
@@ -161,7 +161,7 @@ def csv_list(values: list[str] | None) -> list[str]:
     return out
 
 
-def print_run(stats: RunTally, run_dir: Path) -> RunOutcome:
+def print_run(stats: RunStats, run_dir: Path) -> RunOutcome:
     """The counts of this session, then the run as ``runs show`` shows it; what it came to."""
     from evaluation import cost_text
 
@@ -233,9 +233,10 @@ def show_run(run_dir: Path) -> RunOutcome:
         if summ is not None:
             _leaderboard(summ)
         coverage = store.coverage()
-        groups = store.call_errors()
+        retries = store.retries()
+        groups = store.call_errors(retries)
         show_coverage(coverage)
-        show_call_errors(groups, store.retries())
+        show_call_errors(groups, retries)
         return RunOutcome(sum(g.samples for g in groups), len(coverage.skipped))
     finally:
         store.close()

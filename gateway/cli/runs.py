@@ -108,12 +108,13 @@ def runs_show(
             store = RunStore(run_dir)
             try:
                 row = store.run_row()
+                retries = store.retries()
                 out: dict[str, Any] = {
                     "run": row.model_dump(mode="json"),
                     "counts": store.counts().flat(),
                     "coverage": store.coverage().model_dump(mode="json"),
-                    "call_errors": [g.model_dump(mode="json") for g in store.call_errors()],
-                    "retries": store.retries(),
+                    "call_errors": [g.model_dump(mode="json") for g in store.call_errors(retries)],
+                    "retries": retries,
                 }
                 try:
                     summ = summary(store)
