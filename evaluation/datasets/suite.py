@@ -27,6 +27,7 @@ from evaluation.datasets.manifest import (
     ParsedManifest,
     StudyFolder,
     case_label,
+    field_path,
     files_of,
     parse_case,
     parse_manifest,
@@ -97,7 +98,7 @@ def suite_name(suite: Path) -> str:
 def _first_error(exc: ValidationError) -> str:
     """A validation error as a person fixes it: the field's path, what is wrong, the value."""
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "the case"
+    where = field_path(err["loc"]) or "the case"
     got = f" (got {err['input']!r:.80})" if err["type"] != "missing" else ""
     more = f"; and {len(exc.errors()) - 1} more" if len(exc.errors()) > 1 else ""
     return f"{where}: {err['msg']}{got}{more}"
@@ -213,11 +214,15 @@ def _local_study(study: Any) -> tuple[str, str] | None:
     return None
 
 
-def _file_problems(files: tuple[Any, Any, str | None], base: Path, n: int) -> list[ManifestProblem]:
+def _file_problems(
+    files: tuple[Any, Any, str | None], base: Path, n: int
+) -> tuple[list[ManifestProblem], dict[str, Any] | None]:
     """What the files a case names (its study, record and note, from ``files_of`` or a parsed
-    case) lack: not there, outside the manifest's folder, empty, not JSON. Reads no pixel data."""
+    case) lack: not there, outside the manifest's folder, empty, not JSON; and the record file
+    as read, when it is a JSON object (so that it is read once). Reads no pixel data."""
     study, ehr_ref, note = files
     problems: list[ManifestProblem] = []
+    record: dict[str, Any] | None = None
 
     def problem(field: str, message: str) -> None:
         problems.append(ManifestProblem(path=f"cases[{n}].{field}", message=message, case=n))
@@ -242,29 +247,40 @@ def _file_problems(files: tuple[Any, Any, str | None], base: Path, n: int) -> li
         ehr = existing(ehr_ref, "ehr")
         if ehr is not None:
             try:
-                if not isinstance(_read_json(ehr), dict):
-                    problem("ehr", f"{ehr_ref!r} is not a FHIR Bundle (a JSON object)")
+                read = _read_json(ehr)
             except (DatasetError, OSError) as exc:
                 problem("ehr", str(exc))
+            else:
+                if isinstance(read, dict):
+                    record = read
+                else:
+                    problem("ehr", f"{ehr_ref!r} is not a FHIR Bundle (a JSON object)")
     if note and _note_file(note):
         existing(note, "note")
-    return problems
+    return problems, record
 
 
 def _case_files(case: ManifestCase) -> tuple[Any, Any, str | None]:
     return case.study, case.ehr, case.note
 
 
-def _manifest_problems(data: Any, base: Path) -> tuple[ParsedManifest, list[ManifestProblem]]:
-    """A manifest's cases and every problem: fields, files, and case ids given twice."""
+def _manifest_problems(
+    data: Any, base: Path
+) -> tuple[ParsedManifest, list[ManifestProblem], dict[int, dict[str, Any]]]:
+    """A manifest's cases and every problem: fields, files, and case ids given twice; and the
+    record files read meanwhile, by case position."""
     parsed = parse_manifest(data)
     problems = list(parsed.problems)
+    records: dict[int, dict[str, Any]] = {}
     first: dict[str, int] = {}
     for n, case in enumerate(parsed.cases):
         if case is None:
-            problems.extend(_file_problems(files_of(data["cases"][n]), base, n))
+            problems.extend(_file_problems(files_of(data["cases"][n]), base, n)[0])
             continue
-        problems.extend(_file_problems(_case_files(case), base, n))
+        found, record = _file_problems(_case_files(case), base, n)
+        problems.extend(found)
+        if record is not None:
+            records[n] = record
         label = case.label(n)
         if label in first:
             field = "case_id" if case.case_id else "id"
@@ -277,7 +293,7 @@ def _manifest_problems(data: Any, base: Path) -> tuple[ParsedManifest, list[Mani
             )
         first.setdefault(label, n)
     # the manifest's own problems first, then each case's, in order (the sort is stable)
-    return parsed, sorted(problems, key=lambda p: -1 if p.case is None else p.case)
+    return parsed, sorted(problems, key=lambda p: -1 if p.case is None else p.case), records
 
 
 def _read_manifest(path: Path) -> Any:
@@ -313,7 +329,7 @@ def check_manifest(path: Path) -> ManifestCheck:
         return ManifestCheck(
             manifest=str(path), problems=[ManifestProblem(path="", message=str(exc))]
         )
-    parsed, problems = _manifest_problems(data, path.parent)
+    parsed, problems, _ = _manifest_problems(data, path.parent)
     bad = {p.case for p in problems}
     notes = []
     for n, case in enumerate(parsed.cases):
@@ -344,7 +360,7 @@ def load_manifest(
     itself raises."""
     base = path.parent
     data = _read_manifest(path)
-    parsed, problems = _manifest_problems(data, base)
+    parsed, problems, records = _manifest_problems(data, base)
     top = [str(p) for p in problems if p.case is None]
     if top:
         raise DatasetError(f"{path}: " + "; ".join(top))
@@ -353,19 +369,20 @@ def load_manifest(
     for n, entry in enumerate(parsed.cases):
         mine = [str(p) for p in problems if p.case == n]
         label = entry.label(n) if entry is not None else _raw_label(data["cases"][n], n)
-        try:
-            if mine:
-                raise DatasetError("; ".join(mine))
-            assert entry is not None  # a case without problems parsed
-            case = _build_case(entry, base, cache_dir, n)
-            case, w = _finish(case, base, cache_dir, plan)
-        except DatasetError as exc:
-            warnings.append(
-                SkippedCase(entry="manifest case", position=n + 1, case_id=label, reason=str(exc))
-            )
-            continue
-        cases.append(case)
-        warnings.extend(w)
+        reason = "; ".join(mine)
+        if entry is not None and not mine:
+            try:
+                case = _build_case(entry, base, cache_dir, n, records.get(n))
+                case, w = _finish(case, base, cache_dir, plan)
+            except DatasetError as exc:
+                reason = str(exc)
+            else:
+                cases.append(case)
+                warnings.extend(w)
+                continue
+        warnings.append(
+            SkippedCase(entry="manifest case", position=n + 1, case_id=label, reason=reason)
+        )
     if not cases:
         raise DatasetError(f"{path}: no case could be loaded: " + "; ".join(map(str, warnings[:3])))
     return parsed.name or path.stem, cases, warnings
@@ -384,13 +401,16 @@ def _manifest_case(entry: Any, base: Path, cache_dir: Path, n: int) -> Case:
         case = parse_case(entry)
     except ValidationError as exc:
         raise DatasetError("; ".join(map(str, problems_of(exc, ("cases", n))))) from None
-    problems = _file_problems(_case_files(case), base, n)
+    problems, record = _file_problems(_case_files(case), base, n)
     if problems:
         raise DatasetError("; ".join(map(str, problems)))
-    return _build_case(case, base, cache_dir, n)
+    return _build_case(case, base, cache_dir, n, record)
 
 
-def _build_case(entry: ManifestCase, base: Path, cache_dir: Path, n: int) -> Case:
+def _build_case(
+    entry: ManifestCase, base: Path, cache_dir: Path, n: int, record: dict[str, Any] | None = None
+) -> Case:
+    """The case of a checked manifest entry; ``record``: its record file as already read."""
     study_path: str | None = None
     source = "folder"
     uids: list[str] = []
@@ -401,7 +421,9 @@ def _build_case(entry: ManifestCase, base: Path, cache_dir: Path, n: int) -> Cas
         server = entry.study.server()
         study_path = str(_orthanc_study(server, cache_dir))
         source, uids = "orthanc", [str(server.study_uid)]
-    ehr = _read_json(_inside(base, entry.ehr, "ehr")) if isinstance(entry.ehr, str) else entry.ehr
+    ehr = entry.ehr
+    if isinstance(entry.ehr, str):
+        ehr = record if record is not None else _read_json(_inside(base, entry.ehr, "ehr"))
     note = entry.note or ""
     if _note_file(note):
         note = _read_note(_inside(base, note, "note"))
