@@ -21,6 +21,7 @@ from evaluation.store_rows import SampleRow
 
 if TYPE_CHECKING:
     from evaluation.datasets import Dataset
+    from evaluation.store import RunStore
 
 
 def find_store(rundir: Path) -> Path | None:
@@ -48,19 +49,13 @@ def _parsed(row: SampleRow, family: TaskFamily) -> Answer | ClassificationAnswer
     return model.model_validate(raw)
 
 
-def _recorded_dataset(rundir: Path, config: Any, row: Any) -> Dataset:
+def _recorded_dataset(store: RunStore, config: Any, row: Any) -> Dataset:
     """The cases a run recorded (as scored: no note, no EHR), for a dataset that lived in memory."""
     from evaluation.datasets import Dataset
-    from evaluation.store import RunStore
 
-    store = RunStore(rundir)
-    try:
-        cases = list(store.cases().values())
-    finally:
-        store.close()
     return Dataset(
-        name=str(row.dataset_name), kind="memory", spec=config.dataset, cases=cases,
-        hash=str(row.dataset_hash),
+        name=str(row.dataset_name), kind="memory", spec=config.dataset,
+        cases=list(store.cases().values()), hash=str(row.dataset_hash),
     )  # fmt: skip
 
 
@@ -77,19 +72,19 @@ def run_from_store(
 
     rundir = store_file.parent
     config, row = load_config(rundir)
-    if dataset is None and config.dataset.kind == "memory":  # a gateway run: the store's cases
-        dataset = _recorded_dataset(rundir, config, row)
-    dataset = dataset or open_dataset(config, cache_dir)
-    warnings = list(dataset.warnings)
-    if dataset.hash != row.dataset_hash:
-        warnings.append("the dataset changed since the run; the report shows today's truth")
     store = RunStore(rundir)
     try:
+        if dataset is None and config.dataset.kind == "memory":  # a gateway run: the store's cases
+            dataset = _recorded_dataset(store, config, row)
         rows = store.samples()
         responses = store.responses()
         coverage = store.coverage()
     finally:
         store.close()
+    dataset = dataset or open_dataset(config, cache_dir)
+    warnings = list(dataset.warnings)
+    if dataset.hash != row.dataset_hash:
+        warnings.append("the dataset changed since the run; the report shows today's truth")
     scored = _scored_json(store_file)
     cases = {c.case_id: c for c in dataset.cases}
     samples: list[SampleResult] = []
