@@ -256,7 +256,6 @@ def latency(folder: Path, work: Path, quiet: float, reps: int) -> tuple[float, f
             gw.scp.on_complete = hook
             gw.start()
             try:
-                uid = None
                 send(folder, gw.scp.port, gw.scp.ae_title, True)
                 done.wait(600)
                 uid = received[0].study_uid
@@ -275,11 +274,7 @@ def latency(folder: Path, work: Path, quiet: float, reps: int) -> tuple[float, f
                 study = gw.scp.studies_dir / uid
                 t0 = time.perf_counter()
                 index = index_path(study, workers=1, keep_headers=True)
-                facts = StudyFacts(
-                    modalities=sorted({x.modality for x in index.series if x.modality}),
-                    series_classes=sorted({x.series_class.value for x in index.series}),
-                )
-                route = Router().route(facts)
+                route = Router().route(StudyFacts.from_index(index))
                 assert route is not None
                 ProcessEvaluator(DefaultEvaluator(settings), 600).evaluate(
                     study, route, work / f"floor-{rep}" / ("0" * 32), index

@@ -45,9 +45,6 @@ from .person import (
 from .person import (
     person_names as person_names,
 )
-from .person import (
-    study_person_names as study_person_names,
-)
 from .pixels import load_volume as load_volume
 from .records import (
     CLINICAL_CLASSES as CLINICAL_CLASSES,
@@ -79,3 +76,4 @@ from .render import (
 from .render import (
     renderer_version as renderer_version,
 )
+from .selection import ELLIPSIS as ELLIPSIS

@@ -31,7 +31,7 @@ import datetime as dt
 import hashlib
 import hmac
 import re
-from collections.abc import Iterable, MutableSequence
+from collections.abc import Iterable, Iterator, MutableSequence
 from typing import Any, Literal
 
 import pydantic
@@ -505,23 +505,31 @@ def _name_terms(values: Iterable[Any]) -> set[str]:
 _PATIENT_NAME_KEYWORDS = frozenset({"PatientName", "OtherPatientNames", "PatientBirthName"})
 
 
-def _other_person_names(root: Dataset) -> list[Any]:
-    """Values of every PN attribute at any depth, but the patient's own (iterative walk; the
-    caller has bounded the depth already)."""
-    found: list[Any] = []
-    stack: list[Dataset] = [root]
+def _walk(ds: Dataset) -> Iterator[tuple[Dataset, Any]]:
+    """Every (dataset, element) of `ds`, its file meta and every nested item, iteratively."""
+    stack: list[Dataset] = [ds]
+    meta = getattr(ds, "file_meta", None)
+    if isinstance(meta, Dataset):
+        stack.append(meta)
     while stack:
         current = stack.pop()
         for elem in current:
+            yield current, elem
             if elem.VR == "SQ":
                 stack.extend(i for i in _as_list(elem.value) if isinstance(i, Dataset))
-            elif (
-                elem.VR == "PN"
-                and elem.keyword not in _PATIENT_NAME_KEYWORDS
-                and not BaseTag(elem.tag).is_private
-            ):
-                found.extend(_as_list(elem.value))
-    return found
+
+
+def _other_person_names(root: Dataset) -> list[Any]:
+    """Values of every PN attribute at any depth, but the patient's own (the caller has
+    bounded the depth already)."""
+    return [
+        v
+        for _parent, elem in _walk(root)
+        if elem.VR == "PN"
+        and elem.keyword not in _PATIENT_NAME_KEYWORDS
+        and not BaseTag(elem.tag).is_private
+        for v in _as_list(elem.value)
+    ]
 
 
 class Deidentifier:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import io
 import re
 import shutil
-from collections.abc import Iterator, MutableSequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ from dicom.deid import (
     BurnedInAnnotationError,
     Deidentifier,
     DeidPolicy,
+    _as_list,
+    _walk,
     burned_in_reason,
 )
 from dicom.errors import ImagingError
@@ -111,26 +112,8 @@ def _is_instance_uid(keyword: str, value: str) -> bool:
 
 
 def _values(value: Any) -> list[Any]:
-    """Values of an element as a list (MultiValue and Sequence are MutableSequences)."""
-    if value is None or value == "":
-        return []
-    if isinstance(value, MutableSequence | tuple):
-        return list(value)
-    return [value]
-
-
-def _walk(ds: Dataset) -> Iterator[tuple[Dataset, Any]]:
-    """Every (dataset, element) of `ds`, its file meta and every nested item, iteratively."""
-    stack: list[Dataset] = [ds]
-    meta = getattr(ds, "file_meta", None)
-    if isinstance(meta, Dataset):
-        stack.append(meta)
-    while stack:
-        current = stack.pop()
-        for elem in current:
-            yield current, elem
-            if elem.VR == "SQ":
-                stack.extend(i for i in _values(elem.value) if isinstance(i, Dataset))
+    """Values of an element as a list, an empty string as none."""
+    return [] if value == "" else _as_list(value)
 
 
 class SourceIdentifiers(BaseModel):

@@ -181,7 +181,7 @@ def study_identity_and_persons(
     index: IndexResult,
 ) -> tuple[HeaderIdentity | None, list[NamedPerson]]:
     """The study's identity and every person its headers name, reading the first header of
-    each series once (``study_identity`` and ``study_person_names`` in one pass)."""
+    each series once (the identity, and ``persons_of`` over ``series_headers``, in one pass)."""
     modalities = [s.modality for s in index.series]
     n_series = len({s.series_uid for s in index.series})
     found: list[HeaderIdentity] = []

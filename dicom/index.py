@@ -65,9 +65,7 @@ def index_path(
     series = build_series(frames)
     series.extend(_non_image_series(non_image))
     series.sort(key=_series_sort_key)
-    result = IndexResult(series=series, errors=other_errors, n_files=n_files)
-    result.series_headers = headers
-    return result
+    return IndexResult(series=series, errors=other_errors, n_files=n_files, series_headers=headers)
 
 
 def _series_sort_key(s: SeriesInfo) -> tuple[str, int, str, int]:

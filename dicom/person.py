@@ -137,13 +137,6 @@ def person_names(ds: Dataset) -> list[NamedPerson]:
     return found
 
 
-def study_person_names(index: IndexResult, max_series: int = _MAX_SERIES) -> list[NamedPerson]:
-    """Every person the headers of an indexed study name: the first file of each series is read
-    whole (pixels excepted), since operators, performing and reading physicians differ from one
-    series to the next. A file that cannot be read adds no one."""
-    return persons_of(series_headers(index, max_series))
-
-
 def series_headers(
     index: IndexResult, max_series: int = _MAX_SERIES
 ) -> Iterator[pydicom.Dataset | None]:

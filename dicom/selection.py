@@ -11,9 +11,9 @@ from __future__ import annotations
 from dicom.errors import AmbiguousSeriesError, SeriesNotFoundError
 from dicom.records import IndexResult, SeriesInfo
 
-__all__ = ["find_series", "series_choices"]
+__all__ = ["ELLIPSIS", "find_series", "series_choices"]
 
-ELLIPSIS = "…"
+ELLIPSIS = "…"  # what a short UID stands in for (`inspect` writes it, selectors may use it)
 
 
 def _identity(s: SeriesInfo) -> tuple[str, str]:

@@ -40,6 +40,7 @@ from .datasets.phantoms.suite import (
     generate_suite as generate_suite,
 )
 from .datasets.registry import case_registry as case_registry
+from .datasets.registry import registered_case as registered_case
 from .datasets.rendering import RenderPlan as RenderPlan
 from .datasets.rendering import render_study as render_study
 from .datasets.suite import ManifestCheck as ManifestCheck

@@ -3,7 +3,7 @@
 What it does, plainly:
 1. The study's one index (the pipeline's, headers kept) picks the series of the routed classes.
    The engine's case lives in memory: the registered case of this StudyInstanceUID when the
-   team registered one (``NEUROSANDBOX_CASES``, ``evaluation.case_registry``: its EHR, note,
+   team registered one (``NEUROSANDBOX_CASES``, ``evaluation.registered_case``: its EHR, note,
    ground truth and scripted turns), else the study alone. No suite is written to disk.
 2. ``evaluation.render_study`` renders the received study from that index (a labelled montage
    per series, one slice for classification) into the run folder; no header is read again.
@@ -55,8 +55,8 @@ from evaluation import (
     RunStore,
     SampleResult,
     TaskFamily,
-    case_registry,
     dataset_hash,
+    registered_case,
     render_study,
     run_from_store,
     start_run,
@@ -121,8 +121,8 @@ class DefaultEvaluator:
         """The registered case of this study (``NEUROSANDBOX_CASES``), if any."""
         if self.settings.cases is None:
             return None, []
-        cases, problems = case_registry(self.settings.cases)
-        return cases.get(study_uid), [f"case registry: {p}" for p in problems]
+        case, problems = registered_case(self.settings.cases, study_uid)
+        return case, [f"case registry: {p}" for p in problems]
 
     def evaluate(
         self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult | None = None

@@ -253,23 +253,7 @@ class LocalPacs:
         """Stop the Orthanc of this folder by its PID (and a gateway ``neurosandbox demo`` left
         running with it); True if Orthanc was running."""
         stop_gateway(self.settings.data_dir)
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return False
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
-            if _is_zombie(pid):
-                break
-            time.sleep(0.05)
-        else:
-            if Path(f"/proc/{pid}").exists():
-                os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):  # reap our own child (tests)
-            os.waitpid(pid, os.WNOHANG)
-        self.pid_file.unlink(missing_ok=True)
-        return True
+        return _stop_pid(self.pid(), self.pid_file, timeout_s)
 
     def status(self) -> dict[str, Any]:
         """Endpoints plus whether Orthanc runs and answers."""
@@ -309,17 +293,25 @@ def gateway_pid(data_dir: Path) -> int | None:
 def stop_gateway(data_dir: Path, timeout_s: float = 30.0) -> bool:
     """Stop the demo's gateway of this data folder by its PID (SIGTERM: it finishes or fails
     its running evaluation and stops; SIGKILL after ``timeout_s``); True if one was running."""
-    pid = gateway_pid(data_dir)
+    return _stop_pid(gateway_pid(data_dir), data_dir / "gateway.pid", timeout_s)
+
+
+def _stop_pid(pid: int | None, pid_file: Path, timeout_s: float) -> bool:
+    """SIGTERM to ``pid`` (ours, checked by the caller), SIGKILL when it has not ended after
+    ``timeout_s``; reap it if it is our child; remove its PID file. True if it was running."""
     if pid is not None:
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and gateway_pid(data_dir) == pid:
+        while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+            if _is_zombie(pid):
+                break
             time.sleep(0.05)
-        if gateway_pid(data_dir) == pid:
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):  # reap our own child
+        else:
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):  # reap our own child (tests, the demo)
             os.waitpid(pid, os.WNOHANG)
-    (data_dir / "gateway.pid").unlink(missing_ok=True)
+    pid_file.unlink(missing_ok=True)
     return pid is not None
 
 

@@ -250,11 +250,7 @@ class StudyPipeline:
                 # The study's one index: every header read once, the first of each series
                 # kept for the identity, the PHI gate's names and the SR's evidence.
                 index = index_path(job.folder, workers=1, keep_headers=True)
-                facts = StudyFacts(
-                    calling_aets=job.calling_aets,
-                    modalities=sorted({s.modality for s in index.series if s.modality}),
-                    series_classes=sorted({s.series_class.value for s in index.series}),
-                )
+                facts = StudyFacts.from_index(index, job.calling_aets)
                 digest = sop_digest(p.stem for p in job.files)
                 self._evaluate(job, job.folder, index, facts, digest)
             finally:
@@ -350,9 +346,11 @@ class StudyPipeline:
         self._stage(job, "evaluating", 0.4)
         work = self.runs.run_dir(job.run_id)
         result = self.evaluator.evaluate(folder, route, work, index)
-        self._stage(job, "waiting for the upload to Orthanc", 0.6)
+        self._stage(job, "writing the checklist", 0.6)
+        checklist = write_checklist(result.run, work / "report")
+        self._stage(job, "waiting for the upload to Orthanc", 0.75)
         self._finish_uploads(job)
-        self._stage(job, "writing back the SRs", 0.65)
+        self._stage(job, "writing back SR and PDF", 0.8)
         version = state.version + 1
         headers = evidence(index, result.evaluated_series_uids)
         previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
@@ -367,24 +365,19 @@ class StudyPipeline:
             result.run, route.models, headers, version, result.evaluator, result.modality,
             previous, no_answer,
         )  # fmt: skip
-        warnings = [*result.warnings, *back.warnings]
-        result.warnings = [*result.warnings, *(w for w in back.warnings if w.startswith("SR/PDF"))]
+        warnings = [*result.warnings, *checklist.warnings, *back.warnings]
+        result.warnings = [*result.warnings, *back.left_out]
         sr_paths: list[str] = []
         for sr in back.srs.values():  # local copies: the next version names them predecessors
             path = work / f"sr-{len(sr_paths) + 1}.dcm"
             sr.save_as(path, enforce_file_format=True)
             sr_paths.append(str(path))
-        # The SRs first (the answers, structured); the checklist's print follows.
-        store(self.orthanc, back.srs.values())
-        sr_uids = {m: str(sr.SOPInstanceUID) for m, sr in back.srs.items()}
-        self._stage(job, "writing the checklist and its PDF", 0.8)
-        checklist = write_checklist(result.run, work / "report")
-        warnings += checklist.warnings
         pdf = checklist_pdf(headers, checklist.pdf, version)
-        if pdf is not None:
-            store(self.orthanc, [pdf])
-        else:
+        if pdf is None:
             warnings.append("no checklist PDF written back to PACS: it could not be printed")
+        # SRs and PDF together: one change of the study in Orthanc (one StableStudy after it)
+        store(self.orthanc, [*back.srs.values(), *([pdf] if pdf is not None else [])])
+        sr_uids = {m: str(sr.SOPInstanceUID) for m, sr in back.srs.items()}
         pdf_uid = str(pdf.SOPInstanceUID) if pdf is not None else None
         METRICS.inc("reports_stored_total", len(sr_uids) + (pdf_uid is not None))
         self.runs.write_report(job.run_id, result, html=checklist.html, pdf=checklist.pdf)

@@ -36,7 +36,7 @@ class ReportNotFoundError(KeyError):
 class ReviewService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.root = settings.reports_dir or settings.data_dir / "reports"
+        self.root = settings.reports_root
         self.store = ReviewStore(settings.review_db or settings.data_dir / "reviews.sqlite")
         self.sessions = SessionStore(settings.review_session_hours)
         self._lock = threading.Lock()

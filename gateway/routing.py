@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import fnmatch
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from dicom import CLINICAL_CLASSES, SequenceClass
+from dicom import CLINICAL_CLASSES, IndexResult, SequenceClass
 from evaluation import BUILTIN, REPLAY, ModelConfigError, TaskFamily, load_models_file
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,15 @@ class StudyFacts(BaseModel):
     calling_aets: list[str] = Field(default_factory=list)
     modalities: list[str] = Field(default_factory=list)
     series_classes: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def from_index(cls, index: IndexResult, calling_aets: Iterable[str] = ()) -> StudyFacts:
+        """The facts of an indexed study."""
+        return cls(
+            calling_aets=list(calling_aets),
+            modalities=sorted({s.modality for s in index.series if s.modality}),
+            series_classes=sorted({s.series_class.value for s in index.series}),
+        )
 
 
 class Route(BaseModel):

@@ -293,7 +293,7 @@ class StorageSCP:
                 size = len(body)
                 if self.forwarder is not None:
                     try:
-                        self.forwarder.submit(a.id, study, sop, meta + bytes(body))
+                        self.forwarder.submit(a.id, study, sop, meta + body)  # one copy
                     except Exception:  # forwarding is best effort: the pipeline uploads it
                         log.exception("forwarding a received instance failed")
         except OSError as exc:

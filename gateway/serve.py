@@ -120,7 +120,7 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         runs=ctx.runs,
         audit=ctx.audit,
         cache=InstanceCache(data / "cache"),
-        reports_dir=settings.reports_dir or data / "reports",  # where the review pages look
+        reports_dir=settings.reports_root,  # where the review pages look
         forwarder=forwarder,
     )
     ctx.pipeline = pipeline

@@ -78,6 +78,11 @@ class Settings(BaseSettings):
     cache_dir: Path = Path("out/cache")  # rendered studies, dataset images, Orthanc downloads
     runs_dir: Path = Path("out/runs")  # where `runs list` looks
 
+    @property
+    def reports_root(self) -> Path:
+        """Where report bundles live for the review pages (REPORTS_DIR, else DATA_DIR/reports)."""
+        return self.reports_dir or self.data_dir / "reports"
+
     @model_validator(mode="before")
     @classmethod
     def _under_out(cls, data: Any) -> Any:

@@ -8,7 +8,7 @@ case both come here:
   the spool and the PACS download name their files by): no file is read again;
 - ``build_unverified``: one UNVERIFIED Comprehensive 3D SR per model that answered (its review
   block, ``evaluation.unverified_content``); ``checklist_pdf``: the checklist as Encapsulated
-  PDF (the pipeline stores the SRs first: the PDF waits for Chromium's print);
+  PDF;
 - ``store``: every object built before the first is stored; each stored in Orthanc, in order.
 
 ``gateway.reissue`` builds the VERIFIED objects of a signed-off case and stores them through
@@ -40,21 +40,17 @@ def evidence(index: IndexResult, series_uids: Iterable[str]) -> list[Dataset]:
     """The SR's evidence: per evaluated series, its kept first header, then one reference per
     other instance (SOP class from that header, SOP Instance UID from the file's name)."""
     wanted = set(series_uids)
-    out: list[Dataset] = []
-    done: set[str] = set()
+    paths: dict[str, set[str]] = {}  # series UID -> its files (a series may be several stacks)
     for s in index.series:
-        uid = s.series_uid
-        if uid in done or (wanted and uid not in wanted):
-            continue
+        if not wanted or s.series_uid in wanted:
+            paths.setdefault(s.series_uid, set()).update(f.path for v in s.volumes for f in v)
+    out: list[Dataset] = []
+    for uid, files in paths.items():
         first = index.series_headers.get(uid)
         if first is None or str(first.get("SeriesInstanceUID", "")) != uid:
             continue
-        done.add(uid)
         out.append(first)
-        paths = {
-            f.path for st in index.series if st.series_uid == uid for v in st.volumes for f in v
-        }
-        for p in sorted(paths):
+        for p in sorted(files):
             name = Path(p).name.removesuffix(".dcm")
             if name == str(first.SOPInstanceUID):
                 continue
@@ -78,7 +74,12 @@ class Unverified:
     """What a run writes back first: per model its SR, and what was left out."""
 
     srs: dict[str, Dataset] = field(default_factory=dict)  # model -> SR
-    warnings: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # header values outside the standard
+    no_sr: list[str] = field(default_factory=list)  # models without an answer, and why
+
+    @property
+    def warnings(self) -> list[str]:
+        return [*self.left_out, *self.no_sr]
 
 
 def build_unverified(
@@ -96,11 +97,11 @@ def build_unverified(
     answer has no SR."""
     out = Unverified()
     # header values outside the standard are left out of the SR and PDF, and said so
-    out.warnings += [f"SR/PDF: {w}" for w in header_warnings(headers[0])]
+    out.left_out = [f"SR/PDF: {w}" for w in header_warnings(headers[0])]
     blocks = {b.model: b for b in report_blocks(run.samples)}
     for model in models:
         if model not in blocks:
-            out.warnings.append(f"no SR for {model}: no answer to report ({no_answer(model)})")
+            out.no_sr.append(f"no SR for {model}: no answer to report ({no_answer(model)})")
             continue
         prev = [d for d in previous if model_of(d) == model]
         content = unverified_content(blocks[model])
@@ -118,11 +119,8 @@ def store(
     orthanc: OrthancClient,
     objects: Iterable[Dataset],
     on_stored: Callable[[Dataset], None] = lambda ds: None,
-) -> list[str]:
-    """Store each object in Orthanc, in order; ``on_stored`` hears each once stored. Returns
-    the Orthanc ids."""
-    ids = []
+) -> None:
+    """Store each object in Orthanc, in order; ``on_stored`` hears each once stored."""
     for ds in objects:
-        ids.append(orthanc.upload(encode(ds)))
+        orthanc.upload(encode(ds))
         on_stored(ds)
-    return ids

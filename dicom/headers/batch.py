@@ -24,6 +24,7 @@ from dicom.headers.frame import DEFAULT_MEMORY_CAP, FrameHeader
 from dicom.headers.read import read_frames, read_frames_and_header
 from dicom.parallel import idle_cpus
 from dicom.records import FileError
+from dicom.sources import source_folder
 
 ProgressFn = Callable[[int, int], None]
 # Files per worker process below which forking (and pickling results) costs more than it
@@ -50,10 +51,15 @@ def _read_one(args: tuple[str, int]) -> _ReadResult:
     path, cap = args
     try:
         return path, read_frames(path, cap), None
-    except ImagingError as exc:
-        return path, None, FileError(path=path, kind=_error_kind(exc), message=str(exc))
     except Exception as exc:  # any bug or oddity in one file must not stop the folder
-        return path, None, FileError(path=path, kind="unreadable", message=f"{path}: {exc!r}")
+        return path, None, _file_error(path, exc)
+
+
+def _file_error(path: str, exc: Exception) -> FileError:
+    """One file that could not be used, and why."""
+    if isinstance(exc, ImagingError):
+        return FileError(path=path, kind=_error_kind(exc), message=str(exc))
+    return FileError(path=path, kind="unreadable", message=f"{path}: {exc!r}")
 
 
 def read_headers_keeping(
@@ -70,7 +76,7 @@ def read_headers_keeping(
     n = 0
     for path in sources:
         n += 1
-        folder = path.rsplit("/", 1)[0]
+        folder = source_folder(path)
         try:
             if folder in folders:
                 fr = read_frames(path, memory_cap)
@@ -80,10 +86,8 @@ def read_headers_keeping(
                 if fr:
                     headers.setdefault(fr[0].series_uid, ds)
             frames.extend(fr)
-        except ImagingError as exc:
-            errors.append(FileError(path=path, kind=_error_kind(exc), message=str(exc)))
         except Exception as exc:  # any bug or oddity in one file must not stop the study
-            errors.append(FileError(path=path, kind="unreadable", message=f"{path}: {exc!r}"))
+            errors.append(_file_error(path, exc))
     return frames, errors, n, headers
 
 

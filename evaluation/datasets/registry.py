@@ -12,24 +12,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from evaluation.case import Case
-from evaluation.datasets.suite import load_case_dir, suite_case_dirs
+from evaluation.datasets.suite import _read_json, load_case_dir, suite_case_dirs
 from evaluation.errors import DatasetError
 
 
 def case_registry(path: Path) -> tuple[dict[str, Case], list[str]]:
-    """Cases of a suite folder by the StudyInstanceUIDs they name, and why any was left out
-    (unreadable, no study UID, a study UID two cases name)."""
+    """The registered cases by the StudyInstanceUIDs they name (each ``case.json`` only, its
+    ``root`` set: no record or note read), and why any was left out (unreadable, no study
+    UID, a study UID two cases name)."""
     if not path.is_dir():
         raise DatasetError(f"case registry {path}: not a suite folder")
     by_uid: dict[str, Case] = {}
     problems: list[str] = []
     for folder in suite_case_dirs(path):
         try:
-            case, _ = load_case_dir(folder, path, render=False)
-        except DatasetError as exc:
-            problems.append(f"{folder.name}: {exc}")
+            case = Case.model_validate(_read_json(folder / "case.json"))
+        except (OSError, DatasetError, ValidationError) as exc:
+            problems.append(f"{folder.name}: not a valid case ({exc})"[:500])
             continue
+        case.root = str(folder)
         if not case.provenance.study_uids:
             problems.append(f"{case.case_id}: names no StudyInstanceUID (provenance.study_uids)")
         for uid in case.provenance.study_uids:
@@ -38,3 +42,14 @@ def case_registry(path: Path) -> tuple[dict[str, Case], list[str]]:
                 continue
             by_uid[uid] = case
     return by_uid, problems
+
+
+def registered_case(path: Path, study_uid: str) -> tuple[Case | None, list[str]]:
+    """The registered case of this study, whole (record and note too), if any; and the
+    registry's problems."""
+    cases, problems = case_registry(path)
+    found = cases.get(study_uid)
+    if found is None or found.root is None:
+        return None, problems
+    case, _ = load_case_dir(Path(found.root), path, render=False)
+    return case, problems

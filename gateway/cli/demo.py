@@ -86,14 +86,15 @@ def _suite(out: Path, cases: int, seed: int) -> Path:
 
 
 def _studies(suite: Path) -> list[tuple[str, str, Path]]:
-    """(case id, StudyInstanceUID, DICOM folder) of every case of the suite."""
-    out = []
-    for case_dir in sorted(p for p in suite.iterdir() if (p / "case.json").exists()):
-        case = json.loads((case_dir / "case.json").read_text())
-        uids = case.get("provenance", {}).get("study_uids") or []
-        if uids:
-            out.append((str(case["case_id"]), str(uids[0]), case_dir / "dicom"))
-    return out
+    """(case id, StudyInstanceUID, DICOM folder) of every case of the suite: the registry the
+    gateway is given."""
+    from evaluation import case_registry
+
+    cases, _problems = case_registry(suite)
+    return sorted(
+        (c.case_id, uid, Path(c.root or suite) / (c.study_path or "dicom"))
+        for uid, c in cases.items()
+    )
 
 
 def _routing(out: Path, models: list[str], inputs: dict[str, Any]) -> Path:
@@ -218,7 +219,7 @@ def _current_run(
         rec = StudyRunStore(settings.data_dir).get(run_id)
     except RunNotFoundError:
         return None
-    bundle = (settings.reports_dir or settings.data_dir / "reports") / run_id / "rundata.json"
+    bundle = settings.reports_root / run_id / "rundata.json"
     if rec.status is not RunStatus.DONE or not rec.sr_sop_uids or not bundle.exists():
         return None
     if not all(orthanc.find_instance(uid) for uid in [*rec.sr_sop_uids, rec.pdf_sop_uid or ""]):
@@ -273,7 +274,7 @@ def _merged(settings: Settings, runs: dict[str, str]) -> Any:
     """One run of every case: the gateway runs' report bundles (``rundata.json``) together."""
     from evaluation import RunData, load_run
 
-    reports = settings.reports_dir or settings.data_dir / "reports"
+    reports = settings.reports_root
     parts = [load_run(reports / run_id) for _case, run_id in sorted(runs.items())]
     first = parts[0]
     digest = hashlib.sha256("\n".join(sorted(runs.values())).encode()).hexdigest()[:8]

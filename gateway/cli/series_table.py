@@ -16,9 +16,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from dicom import FileError, SeriesInfo
+from dicom import ELLIPSIS, FileError, SeriesInfo
 
-ELLIPSIS = "…"
 TAIL = 12  # characters of a UID kept at its end: where the UIDs of one study differ
 
 
