@@ -154,7 +154,7 @@ class StudyPerson(BaseModel):
 class StudyIdentity(BaseModel):
     """The hospital's identifiers of the study a case comes from (shown to reviewers apart from
     the de-identified record; never sent to a model). Filled from ``dicom.HeaderIdentity``, and
-    ``persons`` from ``dicom.study_person_names``: the PHI gate scrubs each of them."""
+    ``persons`` from ``dicom.study_identity_and_persons``: the PHI gate scrubs each of them."""
 
     patient_name: str = ""  # display form: "Given Family"
     patient_id: str = ""
