@@ -19,7 +19,7 @@ def report_command(
     out: Annotated[
         Path | None,
         typer.Option(
-            help="output folder; default DATA_DIR/reports/<run id>, where the gateway's review pages find it"
+            help="output folder; default REPORTS_DIR (else DATA_DIR/reports)/<run id>, where the gateway's review pages find it"
         ),
     ] = None,
     pdf: Annotated[
@@ -46,7 +46,7 @@ def report_command(
     except (RunLoadError, OSError, NotImplementedError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    target = out or settings.data_dir / "reports" / case_slug(run.run_id)
+    target = out or settings.reports_root / case_slug(run.run_id)
     log = reviews or settings.data_dir / "reviews.sqlite"
     feedback = ReviewStore(log).reviews(run.run_id) if log.is_file() else []
     index = write_report(run, target, pdf=pdf, reviews=feedback, workers=workers)
