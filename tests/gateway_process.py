@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from guard import stop, wait_healthy
 from orthanc_fixture import OrthancServer
 
 from gateway.orthanc import OrthancClient
@@ -59,28 +59,17 @@ def running_gateway(
         proc = subprocess.Popen([str(BIN), "serve"], env=env, stdout=fh, stderr=subprocess.STDOUT)
     ep = orthanc_server.endpoints
     api = f"http://127.0.0.1:{ep.api_port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{api}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None, log.read_text()
-        time.sleep(0.2)
-    client = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
     try:
+        wait_healthy(api, proc, 60, log)
+        client = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
         yield Gateway(proc, api, ep.gateway_dicom_port, reviewer, admin, client, log)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 30)
 
 
-def send(gw: Gateway, files: list[Path], *extra: str) -> None:
+def send(gw: Gateway | int, files: list[Path], *extra: str) -> None:
+    """storescu ``files`` to the gateway's DICOM node (``gw``: the gateway, or its port)."""
+    port = gw if isinstance(gw, int) else gw.dicom_port
     r = subprocess.run(
         [
             STORESCU,
@@ -90,7 +79,7 @@ def send(gw: Gateway, files: list[Path], *extra: str) -> None:
             "NEUROSANDBOX",
             *extra,
             "127.0.0.1",
-            str(gw.dicom_port),
+            str(port),
             *map(str, files),
         ],
         capture_output=True,

@@ -1,4 +1,5 @@
-"""Run a command as a guarded child: its wall time and peak memory, measured by the kernel.
+"""Run a command as a guarded child: its wall time and peak memory, measured by the kernel;
+and a server child started for a test: waited for until healthy, stopped by PID.
 
 The guards of issue 22 (every hostile input answered within 30 s, peak RSS under the memory
 cap plus 300 MB) are bounds on behaviour, not performance targets."""
@@ -8,12 +9,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-CLI = str(ROOT / ".venv" / "bin" / "neurosandbox")
+CLI = str(Path(sys.executable).with_name("neurosandbox"))
 ANSWER_S = 30.0
 RSS_MARGIN = 300 << 20
 
@@ -27,20 +30,41 @@ class Guarded:
     peak_rss: int  # bytes: the highest VmHWM of the command or any process it started
 
 
+class Proc(NamedTuple):
+    pid: int
+    ppid: int
+    pgid: int
+    cmd: str  # the command line, arguments joined by spaces
+
+
+def procs() -> list[Proc]:
+    """Every live (not zombie) process, from /proc."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # state ppid pgrp ...
+        if fields[0] != "Z":
+            out.append(Proc(int(d.name), int(fields[1]), int(fields[2]), cmd))
+    return out
+
+
 def _group_hwm(pgid: int) -> int:
     """The largest resident high-water mark (VmHWM) among the processes of group ``pgid``.
 
     Read from /proc rather than the kernel's ru_maxrss, which for a child forked from a large
     process (pytest, late in a session) counts the parent's pages it held before exec."""
     peak = 0
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
+    for p in procs():
+        if p.pgid != pgid:
             continue
         try:
-            stat = (d / "stat").read_text()
-            if int(stat[stat.rindex(")") + 2 :].split()[2]) != pgid:
-                continue
-            for line in (d / "status").read_text().splitlines():
+            for line in Path(f"/proc/{p.pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
                     peak = max(peak, int(line.split()[1]) * 1024)
         except (OSError, ValueError, IndexError):
@@ -78,3 +102,33 @@ def run_guarded(
     for suffix in (".out", ".err"):
         Path(f"{out_path}{suffix}").unlink(missing_ok=True)
     return result
+
+
+def wait_healthy(
+    base: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Path | None = None
+) -> None:
+    """Wait for ``base``/health to answer 200; raise if ``proc`` exits first (with the end of
+    its ``log``) or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:  # refused, not yet listening, or an HTTP error status
+            pass
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log else ""
+            raise RuntimeError(f"{proc.args} exited ({proc.returncode}) before healthy\n{tail}")
+        time.sleep(0.1)
+    raise RuntimeError(f"{base} not healthy within {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """SIGTERM ``proc``; SIGKILL it if it has not exited within ``timeout_s``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)

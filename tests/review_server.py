@@ -5,21 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-import httpx
 import uvicorn
+from guard import stop, wait_healthy
 
 from gateway.api import GatewayContext, create_app
-from gateway.audit import AuditLog
-from gateway.auth import TokenStore
-from gateway.orthanc import OrthancClient
-from gateway.runs import StudyRunStore
 from gateway.settings import Settings
 
 
@@ -30,15 +25,10 @@ def build_context(
     **extra: object,
 ) -> GatewayContext:
     """The gateway's shared context on ``data`` (Orthanc only matters for re-issue)."""
-    settings = Settings(data_dir=data, orthanc_url=orthanc_url, **extra)  # type: ignore[arg-type]
-    user, password = auth or (None, None)
-    return GatewayContext(
-        settings=settings,
-        orthanc=OrthancClient(orthanc_url, user, password, timeout_s=30),
-        runs=StudyRunStore(data),
-        audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
-        tokens=TokenStore(data / "secret" / "tokens.json"),
-    )
+    kw: dict[str, Any] = {"data_dir": data, "orthanc_url": orthanc_url, "orthanc_timeout_s": 30}
+    if auth is not None:
+        kw.update(orthanc_username=auth[0], orthanc_password=auth[1])
+    return GatewayContext.from_settings(Settings(**kw, **extra))
 
 
 @contextlib.contextmanager
@@ -56,23 +46,10 @@ def running(data: Path, **env: str) -> Iterator[tuple[str, int]]:
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("the review server did not start within 30 s")
+        wait_healthy(base, proc, 30)
         yield base, port
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        stop(proc, 10)
 
 
 def main() -> None:

@@ -4,8 +4,8 @@ sender, the gateway's DICOM node, pipeline and evaluator in this process)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -13,24 +13,19 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import pydicom
 import pytest
+from conftest import corpus_path
+from gateway_process import send
 from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 
-from gateway.audit import AuditLog
-from gateway.cache import InstanceCache
 from gateway.default_evaluator import DefaultEvaluator
-from gateway.forward import Forwarder
-from gateway.orthanc import OrthancClient
-from gateway.pipeline import StudyPipeline
-from gateway.routing import Router
-from gateway.runs import RunStatus, StudyRunStore
-from gateway.scp import StorageSCP
-from gateway.settings import Settings
+from gateway.runs import RunStatus
+from gateway.serve import Gateway, build_gateway
 from gateway.sr import series_uid_for
 
 pytestmark = pytest.mark.integration
-STORESCU = "/usr/bin/storescu"
 
 # Opens of the spool's files, by inode (a hard link or a copy under another name is the same
 # file), except the decoder's reads of the pixels of the slices it renders.
@@ -65,58 +60,33 @@ def _hook(event: str, args: tuple[object, ...]) -> None:
 sys.addaudithook(_hook)
 
 
-class _Node:
-    def __init__(self, scp: StorageSCP, pipeline: StudyPipeline, orthanc: OrthancClient) -> None:
-        self.scp, self.pipeline, self.orthanc = scp, pipeline, orthanc
-
-
 @pytest.fixture()
-def node(orthanc_server: OrthancServer, tmp_path: Path) -> Iterator[_Node]:
+def gw(orthanc_server: OrthancServer, tmp_path: Path) -> Iterator[Gateway]:
+    """The gateway as `serve` wires it, but its evaluator in this process (the audit hook sees
+    its reads; the service's worker process would hide them)."""
     ep = orthanc_server.endpoints
-    orthanc = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
-    settings = Settings(data_dir=tmp_path / "data", memory_cap=256 << 20)
-    runs = StudyRunStore(settings.data_dir)
-    forwarder = Forwarder(orthanc.store_instance, orthanc.delete_instance)
-    pipeline = StudyPipeline(
-        orthanc=orthanc,
-        evaluator=DefaultEvaluator(settings),  # in this process: the audit hook sees its reads
-        router=Router(),
-        runs=runs,
-        audit=AuditLog(settings.data_dir / "audit.jsonl"),
-        cache=InstanceCache(settings.data_dir / "cache"),
-        forwarder=forwarder,
+    settings = orthanc_server.settings.model_copy(
+        update={
+            "data_dir": tmp_path / "data",
+            "memory_cap": 256 << 20,
+            "study_quiet_s": 4.0,
+            "orthanc_url": ep.orthanc_url,
+            "orthanc_password_file": Path(ep.password_file or ""),
+        }
     )
-    scp = StorageSCP(
-        spool=settings.data_dir / "spool",
-        port=0,
-        quiet_s=4.0,
-        on_complete=pipeline.on_received,
-        forwarder=forwarder,
-    )
-    pipeline.start()
-    scp.start()
+    gateway = build_gateway(settings)
+    gateway.pipeline.evaluator = DefaultEvaluator(settings)
+    gateway.start()
     try:
-        yield _Node(scp, pipeline, orthanc)
+        yield gateway
     finally:
-        scp.stop()
-        pipeline.stop()
-        forwarder.close()
-        orthanc.close()
+        gateway.stop()
 
 
-def _send(node: _Node, files: list[Path]) -> None:
-    r = subprocess.run(
-        [STORESCU, "-aet", "MRI_SCANNER", "-aec", node.scp.ae_title, "127.0.0.1",
-         str(node.scp.port), *map(str, files)],
-        capture_output=True, text=True, timeout=120, env=dict(os.environ, TCP_NODELAY="1"),
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
-
-
-def _wait_done(node: _Node, study_uid: str, timeout_s: float = 120) -> None:
+def _wait_done(gw: Gateway, study_uid: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        runs = node.pipeline.runs.list(study_uid=study_uid)
+        runs = gw.pipeline.runs.list(study_uid=study_uid)
         if runs and runs[0].status not in (RunStatus.QUEUED, RunStatus.RUNNING):
             assert runs[0].status is RunStatus.DONE, runs[0]
             return
@@ -124,42 +94,76 @@ def _wait_done(node: _Node, study_uid: str, timeout_s: float = 120) -> None:
     raise AssertionError("the pipeline did not finish the study")
 
 
-def test_a_c_store_study_has_each_header_read_once_and_is_in_orthanc_as_it_arrives(
-    node: _Node, tmp_path: Path
-) -> None:
-    study = make_study(tmp_path / "src", classes=("FLAIR", "T2", "T1"), n_slices=8,
-                       patient_id="NSBX-ONE-PATH")  # fmt: skip
-    spool = node.scp.studies_dir / study.study_uid
+@contextlib.contextmanager
+def _counting(spool: Path) -> Iterator[None]:
+    """Count the opens of the files under ``spool`` while the block runs."""
     _WATCHED.append(str(spool))
     _OPENS.clear()
     _COUNTING.set()
     try:
-        _send(node, study.files)
+        yield
+    finally:
+        _COUNTING.clear()
+        _WATCHED.clear()
+
+
+def _reads(spool: Path) -> dict[str, int]:
+    """Each spooled file's header reads, by its path in the spool."""
+    return {
+        str(p.relative_to(spool)): _OPENS[(p.stat().st_dev, p.stat().st_ino)]
+        for p in spool.rglob("*.dcm")
+    }
+
+
+def _written_back(gw: Gateway, study_uid: str, *kinds: str) -> bool:
+    sid = gw.ctx.orthanc.find_study(study_uid)
+    assert sid is not None
+    uids = {s.series_uid for s in gw.ctx.orthanc.list_series(sid, classify=False)}
+    return all(series_uid_for(study_uid, kind) in uids for kind in kinds)
+
+
+def test_a_c_store_study_has_each_header_read_once_and_is_in_orthanc_as_it_arrives(
+    gw: Gateway, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "src", classes=("FLAIR", "T2", "T1"), n_slices=8,
+                       patient_id="NSBX-ONE-PATH")  # fmt: skip
+    spool = gw.scp.studies_dir / study.study_uid
+    with _counting(spool):
+        send(gw.scp.port, study.files)
         sent = time.monotonic()
         # Forwarded while arriving: in Orthanc before the study is even complete (quiet 4 s).
         in_orthanc = 0
         while time.monotonic() - sent < 3.0:
-            sid = node.orthanc.find_study(study.study_uid)
+            sid = gw.ctx.orthanc.find_study(study.study_uid)
             if sid is not None:
-                in_orthanc = len(node.orthanc.get_json(f"/studies/{sid}/instances"))
+                in_orthanc = len(gw.ctx.orthanc.get_json(f"/studies/{sid}/instances"))
                 if in_orthanc == len(study.files):
                     break
             time.sleep(0.1)
         assert in_orthanc == len(study.files), "instances not forwarded on arrival"
-        assert not node.pipeline.runs.list(study_uid=study.study_uid), "study already complete?"
-        _wait_done(node, study.study_uid)
-    finally:
-        _COUNTING.clear()
-        _WATCHED.clear()
-    spooled = sorted(spool.rglob("*.dcm"))
-    assert len(spooled) == len(study.files)
-    reads = {p.name: _OPENS[(p.stat().st_dev, p.stat().st_ino)] for p in spooled}
+        assert not gw.pipeline.runs.list(study_uid=study.study_uid), "study already complete?"
+        _wait_done(gw, study.study_uid)
+    reads = _reads(spool)
+    assert len(reads) == len(study.files)
     # Every file read exactly once: the pipeline's one index (no evaluator, renderer, identity
     # or evidence reading headers again).
     assert set(reads.values()) == {1}, Counter(reads.values())
     # ... and the one write-back put an SR and the PDF into the study.
-    sid = node.orthanc.find_study(study.study_uid)
-    assert sid is not None
-    uids = {s.series_uid for s in node.orthanc.list_series(sid, classify=False)}
-    assert series_uid_for(study.study_uid, "sr") in uids
-    assert series_uid_for(study.study_uid, "pdf") in uids
+    assert _written_back(gw, study.study_uid, "sr", "pdf")
+
+
+def test_a_real_scanner_study_has_each_header_read_once(gw: Gateway) -> None:
+    """The same rule on a real study (BRAINIX: 88 MR slices in four series, as a scanner wrote
+    them), not only on synthetic headers."""
+    folder = corpus_path() / "brainix" / "BRAINIX" / "DICOM"
+    files = sorted(folder.rglob("*.dcm"))
+    assert files, f"no .dcm files under {folder}"
+    study_uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
+    spool = gw.scp.studies_dir / study_uid
+    with _counting(spool):
+        send(gw.scp.port, files)
+        _wait_done(gw, study_uid, timeout_s=300)
+    reads = _reads(spool)
+    assert len(reads) == len(files)
+    assert set(reads.values()) == {1}, Counter(reads.values())
+    assert _written_back(gw, study_uid, "sr")

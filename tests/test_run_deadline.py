@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from gateway_process import Gateway, running_gateway, send
 from gateway_synth import make_study
+from guard import procs
 from openai_server import OpenAIServer, Script
 from orthanc_fixture import OrthancServer
 
@@ -48,26 +49,9 @@ ROUTING = """rules:
 """
 
 
-def _procs() -> list[tuple[int, int, int, str]]:
-    """(pid, ppid, pgid, command line) of every process."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            stat = (d / "stat").read_text()
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # state ppid pgrp ...
-        if fields[0] != "Z":
-            out.append((int(d.name), int(fields[1]), int(fields[2]), cmd))
-    return out
-
-
 def _workers(parent: int) -> set[int]:
     """The evaluation worker processes of the gateway (spawned children)."""
-    return {pid for pid, ppid, _, cmd in _procs() if ppid == parent and "spawn_main" in cmd}
+    return {pid for pid, ppid, _, cmd in procs() if ppid == parent and "spawn_main" in cmd}
 
 
 def _runs_of(gw: Gateway, study_uid: str) -> list[dict[str, Any]]:
@@ -129,8 +113,8 @@ def test_a_stuck_evaluation_is_stopped_at_the_deadline_and_the_next_study_goes_o
             while _workers(gw.proc.pid) and time.monotonic() < until:
                 time.sleep(0.2)
             assert not _workers(gw.proc.pid)
-            procs = _procs()
-            assert not [p for p in procs if p[0] in seen or p[2] in seen], procs
+            alive = procs()
+            assert not [p for p in alive if p[0] in seen or p[2] in seen], alive
 
             # The review queue lists A's run as failed, with the reason.
             page = gw.get("/review", gw.reviewer)
@@ -170,7 +154,7 @@ class Broken:
 
 
 def _alive(pid: int) -> bool:
-    return any(p[0] == pid for p in _procs())
+    return any(p[0] == pid for p in procs())
 
 
 def test_the_worker_and_what_it_started_are_stopped_at_the_deadline(tmp_path: Path) -> None:
