@@ -77,3 +77,5 @@ from .render import (
     renderer_version as renderer_version,
 )
 from .selection import ELLIPSIS as ELLIPSIS
+from .sources import NotRegularFileError as NotRegularFileError
+from .sources import check_regular as check_regular

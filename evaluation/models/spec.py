@@ -39,14 +39,19 @@ MAX_MODELS_FILE_BYTES = 4 << 20
 
 
 def check_regular(path: Path, what: str) -> None:
-    """Raise ``ModelConfigError`` unless ``path`` (symlinks followed) is a regular file; a stat,
-    never an open."""
+    """Raise ``ModelConfigError`` unless ``path`` (symlinks followed) is a regular file (the
+    imaging core's rule, ``dicom.check_regular``): a stat, never an open."""
+    from dicom import NotRegularFileError
+    from dicom import check_regular as regular
+
     try:
-        mode = os.stat(path).st_mode
+        regular(path)
+    except NotRegularFileError:
+        raise ModelConfigError(
+            f"{what} {path}: not a regular file: only regular files are read"
+        ) from None
     except OSError as exc:
         raise ModelConfigError(f"{what} {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(mode):
-        raise ModelConfigError(f"{what} {path}: not a regular file: only regular files are read")
 
 
 def read_regular(path: Path, cap: int, what: str) -> str:
