@@ -16,7 +16,6 @@ from review_server import running
 
 from gateway.audit import AuditLog
 
-ROOT = Path(__file__).resolve().parents[1]
 BODY_TIMEOUT_S = 2
 AUDIT_MAX = 8192
 AUDIT_BACKUPS = 3

@@ -75,19 +75,6 @@ def _write_output(ds: Dataset) -> bytes:
     return buf.getvalue()
 
 
-def _all_datasets(ds: Dataset) -> list[Dataset]:
-    """The dataset and every nested item, iteratively."""
-    found: list[Dataset] = []
-    stack = [ds]
-    while stack:
-        current = stack.pop()
-        found.append(current)
-        for elem in current:
-            if elem.VR == "SQ":
-                stack.extend(elem.value)
-    return found
-
-
 def _name_variants(ds: Dataset) -> list[str]:
     """The decoded patient name, each component group and each component."""
     name = ds.PatientName
@@ -312,8 +299,7 @@ def test_uids_valid_and_changed() -> None:
     ds = _siemens()
     original_uids = {
         str(e.value)
-        for item in [ds.file_meta, *_all_datasets(ds)]
-        for e in item
+        for e in [*ds.file_meta, *ds.iterall()]
         if e.VR == "UI" and not str(e.value).startswith("1.2.840.10008.")
         and "ClassUID" not in e.keyword
     }  # fmt: skip
@@ -321,13 +307,12 @@ def test_uids_valid_and_changed() -> None:
     out = _deid().deidentify(ds)
     for kw in INSTANCE_UIDS:
         assert out[kw].value != ds[kw].value
-    for item in [out.file_meta, *_all_datasets(out)]:
-        for elem in item:
-            if elem.VR == "UI" and elem.value:
-                value = str(elem.value)
-                assert UID_RE.fullmatch(value), (elem.keyword, value)
-                assert len(value) <= 64
-                assert value not in original_uids
+    for elem in [*out.file_meta, *out.iterall()]:
+        if elem.VR == "UI" and elem.value:
+            value = str(elem.value)
+            assert UID_RE.fullmatch(value), (elem.keyword, value)
+            assert len(value) <= 64
+            assert value not in original_uids
     raw = _write_output(out)
     for uid in original_uids:
         assert uid.encode("ascii") not in raw
@@ -419,12 +404,11 @@ def test_dates_emptied_when_not_kept() -> None:
 @pytest.mark.corpus
 def test_no_private_tags_anywhere() -> None:
     ds = _siemens()
-    assert any(e.tag.is_private for item in _all_datasets(ds) for e in item)
+    assert any(e.tag.is_private for e in ds.iterall())
     deid = _deid()
     out = deid.deidentify(ds)
     for current in (out, pydicom.dcmread(io.BytesIO(_write_output(out)))):
-        for item in _all_datasets(current):
-            assert not any(e.tag.is_private for e in item)
+        assert not any(e.tag.is_private for e in current.iterall())
     assert deid.audit_record()["private_tags_removed"] > 0
 
 
@@ -436,7 +420,7 @@ def test_private_tags_removed_in_nested_items() -> None:
     item.add_new(0x00291001, "LO", "secret")
     ds.SourceImageSequence = Sequence([item])
     out = _deid().deidentify(ds)
-    assert all(not e.tag.is_private for i in _all_datasets(out) for e in i)
+    assert all(not e.tag.is_private for e in out.iterall())
 
 
 @pytest.mark.corpus
@@ -543,12 +527,12 @@ def test_input_dataset_unchanged(loader: Callable[[], Dataset]) -> None:
     ds = loader()
     before = _to_bytes(ds)
     name, pid, study = str(ds.PatientName), ds.PatientID, ds.StudyInstanceUID
-    n_private = sum(e.tag.is_private for item in _all_datasets(ds) for e in item)
+    n_private = sum(e.tag.is_private for e in ds.iterall())
     out = _deid().deidentify(ds)
     assert out is not ds
     assert _to_bytes(ds) == before
     assert (str(ds.PatientName), ds.PatientID, ds.StudyInstanceUID) == (name, pid, study)
-    assert sum(e.tag.is_private for item in _all_datasets(ds) for e in item) == n_private
+    assert sum(e.tag.is_private for e in ds.iterall()) == n_private
     assert ds.SpecificCharacterSet != "ISO_IR 192"
 
 

@@ -7,13 +7,15 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from gateway_process import BIN
 
-NEUROSANDBOX = str(Path(sys.executable).with_name("neurosandbox"))
+from gateway.runs import StudyRunStore
+
+NEUROSANDBOX = str(BIN)
 
 
 def _status(env: dict[str, str]) -> dict[str, str]:
@@ -66,12 +68,12 @@ def test_demo_runs_through_the_gateway_and_writes_sr_and_pdf_back_into_orthanc(
         # study from the demo's AE, and its pipeline one run per study, from C-STORE.
         log = (tmp_path / "var" / "gateway.log").read_text()
         assert log.count("association released") == 2, log[-2000:]
-        runs = [json.loads(p.read_text()) for p in (tmp_path / "var" / "runs").glob("*/run.json")]
-        assert len(runs) == 2 and {r["trigger"] for r in runs} == {"dicom"}
-        assert {r["status"] for r in runs} == {"done"}
+        runs = StudyRunStore(tmp_path / "var").list()
+        assert len(runs) == 2 and {r.trigger for r in runs} == {"dicom"}
+        assert {r.status for r in runs} == {"done"}
         suite = {json.loads(c.read_text())["provenance"]["study_uids"][0]
                  for c in (out / "suite").glob("*/case.json")}  # fmt: skip
-        assert {r["study_uid"] for r in runs} == suite
+        assert {r.study_uid for r in runs} == suite
 
         # Their SR and PDF are in Orthanc ...
         status = _status(env)
@@ -96,13 +98,13 @@ def test_demo_runs_through_the_gateway_and_writes_sr_and_pdf_back_into_orthanc(
         )
         assert queue.status_code == 200
         for r in runs:
-            assert r["run_id"] in queue.text
+            assert r.run_id in queue.text
         # `runs list` finds the gateway's runs (the runs folder defaults to NEUROSANDBOX_OUT)
         listed = subprocess.run([NEUROSANDBOX, "runs", "list"], env=env, capture_output=True,
                                 text=True, timeout=60, check=False)  # fmt: skip
         assert listed.returncode == 0, listed.stderr
         for r in runs:
-            assert r["run_id"][:12] in listed.stdout + listed.stderr
+            assert r.run_id[:12] in listed.stdout + listed.stderr
 
         # A second run with the same inputs reuses everything and sends nothing; without KEEP
         # it stops the gateway and Orthanc at the end.
@@ -121,7 +123,7 @@ def test_demo_runs_through_the_gateway_and_writes_sr_and_pdf_back_into_orthanc(
         assert "(0 sent and evaluated, 2 reused)" in text
         assert "already written: reusing it" in text
         assert "gateway and Orthanc stopped" in text
-        assert len(list((tmp_path / "var" / "runs").glob("*/run.json"))) == 2
+        assert len(StudyRunStore(tmp_path / "var").list()) == 2
         with pytest.raises(httpx.TransportError):
             httpx.get(f"{url}/instances", auth=auth, timeout=5)
         # Orthanc's storage outlives it: started again, it holds the same instances.

@@ -10,10 +10,10 @@ from __future__ import annotations
 import csv
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -23,9 +23,10 @@ from openai_server import Fault as ServerFault
 from openai_server import OpenAIServer, Script
 from typer.testing import CliRunner
 
-from evaluation import RunStore
+from evaluation import CaseCoverage, RunStore
 from evaluation.datasets import DatasetSpec, load_dataset
 from gateway.cli import app
+from gateway.pacs_local import free_port
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,10 +73,32 @@ def _run(tmp: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int,
     return res.returncode, res.stdout + res.stderr
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _eval(
+    tmp: Path,
+    suite: Path,
+    out: Path,
+    *args: str,
+    models: tuple[str, ...] = ("reference/text-prior",),
+    env: dict[str, str] | None = None,
+) -> tuple[int, str]:
+    """`neurosandbox eval` of ``suite`` with ``models`` into ``out`` (``args``: more options)."""
+    chosen = [a for m in models for a in ("--model", m)]
+    return _run(tmp, "eval", "--suite", str(suite), *chosen, "--out", str(out), *args, env=env)
+
+
+def _coverage(run: Path) -> CaseCoverage:
+    store = RunStore(run)
+    try:
+        return store.coverage()
+    finally:
+        store.close()
+
+
+def _shown(tmp: Path, run: Path) -> tuple[int, str, dict[str, Any]]:
+    """`runs show` of ``run``: its exit code and text, and its JSON (``--json``)."""
+    code, shown = _run(tmp, "runs", "show", str(run))
+    _, raw = _run(tmp, "runs", "show", str(run), "--json")
+    return code, shown, json.loads(raw[: raw.rindex("}") + 1])
 
 
 def _models_file(tmp: Path, entries: list[dict[str, object]]) -> Path:
@@ -91,36 +114,21 @@ def _models_file(tmp: Path, entries: list[dict[str, object]]) -> Path:
 def test_a_skipped_manifest_case_is_listed_recorded_and_reported_n_of_m(tmp_path: Path) -> None:
     manifest = _manifest(tmp_path / "ds", MISSING_STUDY)
     run = tmp_path / "run"
-    code, out = _run(
-        tmp_path,
-        "eval",
-        "--suite",
-        str(manifest),
-        "--model",
-        "reference/text-prior",
-        "--out",
-        str(run),
-        "--no-bertscore",
-    )
+    code, out = _eval(tmp_path, manifest, run, "--no-bertscore")
     assert code == 0, out
     # Listed before the run and again in the final summary, with the reason.
     assert out.count("manifest case 2 (H2)") >= 2, out
     assert "not-there" in out
     assert "1 of 2 cases evaluated" in out
     # Recorded in the run store, as a typed record.
-    store = RunStore(run)
-    try:
-        coverage = store.coverage()
-    finally:
-        store.close()
+    coverage = _coverage(run)
     assert coverage.evaluated == 1 and coverage.listed == 2
     [skipped] = coverage.skipped
     assert (skipped.position, skipped.case_id) == (2, "H2") and "not-there" in skipped.reason
     # `runs show` (text and JSON) says the same.
-    code, shown = _run(tmp_path, "runs", "show", str(run))
+    code, shown, data = _shown(tmp_path, run)
     assert code == 0 and "1 of 2 cases evaluated" in shown and "manifest case 2 (H2)" in shown
-    code, raw = _run(tmp_path, "runs", "show", str(run), "--json")
-    cov = json.loads(raw[: raw.rindex("}") + 1])["coverage"]
+    cov = data["coverage"]
     assert cov["evaluated"] == 1 and cov["listed"] == 2 and cov["skipped"][0]["case_id"] == "H2"
     # The report: its summary JSON and HTML, and the command's own line.
     code, said = _run(tmp_path, "report", str(run), "--no-pdf", "--out", str(tmp_path / "rep"))
@@ -136,28 +144,16 @@ def test_a_skipped_manifest_case_is_listed_recorded_and_reported_n_of_m(tmp_path
 def test_strict_exits_3_when_a_case_was_skipped_and_0_when_none_was(tmp_path: Path) -> None:
     skipping = _manifest(tmp_path / "a", MISSING_STUDY)
     whole = _manifest(tmp_path / "b")
-    args = ("--model", "reference/text-prior", "--no-bertscore", "--strict")
-    code, out = _run(
-        tmp_path, "eval", "--suite", str(skipping), "--out", str(tmp_path / "r1"), *args
-    )
+    code, out = _eval(tmp_path, skipping, tmp_path / "r1", "--no-bertscore", "--strict")
     assert code == 3, out
     assert "manifest case 2 (H2)" in out and "--strict" in out
-    code, out = _run(tmp_path, "eval", "--suite", str(whole), "--out", str(tmp_path / "r2"), *args)
+    code, out = _eval(tmp_path, whole, tmp_path / "r2", "--no-bertscore", "--strict")
     assert code == 0, out
     assert "1 of 1 cases evaluated" in out
 
 
 def test_a_dataset_that_cannot_be_loaded_exits_2(tmp_path: Path) -> None:
-    code, out = _run(
-        tmp_path,
-        "eval",
-        "--suite",
-        str(tmp_path / "no-such-manifest.yaml"),
-        "--model",
-        "reference/text-prior",
-        "--out",
-        str(tmp_path / "run"),
-    )
+    code, out = _eval(tmp_path, tmp_path / "no-such-manifest.yaml", tmp_path / "run")
     assert code == 2, out
     assert "dataset not found" in out
 
@@ -224,17 +220,7 @@ def test_every_dataset_kind_reports_its_skipped_cases_as_typed_records(
 
 def test_a_suite_folder_case_that_fails_to_load_is_listed_and_counted(tmp_path: Path) -> None:
     suite = _suite_folder(tmp_path / "suite")
-    code, out = _run(
-        tmp_path,
-        "eval",
-        "--suite",
-        str(suite),
-        "--model",
-        "reference/text-prior",
-        "--out",
-        str(tmp_path / "run"),
-        "--no-bertscore",
-    )
+    code, out = _eval(tmp_path, suite, tmp_path / "run", "--no-bertscore")
     assert code == 0, out
     assert "case folder 2 (case-b)" in out and "1 of 2 cases evaluated" in out
 
@@ -243,43 +229,17 @@ def test_a_case_with_no_task_to_run_is_skipped_with_the_reason_not_dropped(tmp_p
     lesion_only = {**GOOD, "case_id": "H3", "tasks": ["lesion"]}
     manifest = _manifest(tmp_path / "ds", lesion_only)
     run = tmp_path / "run"
-    code, out = _run(
-        tmp_path,
-        "eval",
-        "--suite",
-        str(manifest),
-        "--model",
-        "reference/text-prior",
-        "--tasks",
-        "differential",
-        "--out",
-        str(run),
-        "--no-bertscore",
-    )
+    code, out = _eval(tmp_path, manifest, run, "--tasks", "differential", "--no-bertscore")
     assert code == 0, out
     assert "1 of 2 cases evaluated" in out and "H3" in out and "lesion" in out
-    store = RunStore(run)
-    try:
-        [s] = store.coverage().skipped
-    finally:
-        store.close()
+    [s] = _coverage(run).skipped
     assert s.case_id == "H3" and "--tasks" in s.reason
 
 
 def test_a_store_from_before_skipped_cases_were_recorded_opens_and_says_so(tmp_path: Path) -> None:
     manifest = _manifest(tmp_path / "ds", MISSING_STUDY)
     run = tmp_path / "run"
-    code, out = _run(
-        tmp_path,
-        "eval",
-        "--suite",
-        str(manifest),
-        "--model",
-        "reference/text-prior",
-        "--out",
-        str(run),
-        "--no-bertscore",
-    )
+    code, out = _eval(tmp_path, manifest, run, "--no-bertscore")
     assert code == 0, out
     # Make it a store of the previous layout: no skipped-case table, no case count.
     db = sqlite3.connect(run / "run.sqlite")
@@ -307,7 +267,7 @@ def test_a_store_from_before_skipped_cases_were_recorded_opens_and_says_so(tmp_p
 def test_a_closed_port_prints_the_reason_per_model_counts_retries_and_exits_1(
     tmp_path: Path,
 ) -> None:
-    port = _closed_port()
+    port = free_port()
     models = _models_file(
         tmp_path,
         [{"name": "x", "model": "openai/x", "api_base": f"http://127.0.0.1:{port}/v1"}],
@@ -317,33 +277,20 @@ def test_a_closed_port_prints_the_reason_per_model_counts_retries_and_exits_1(
         {**GOOD, "case_id": "H4", "patient_id": "P4", "note": "Sudden left hemiparesis."},
     )
     run = tmp_path / "run"
-    code, out = _run(
-        tmp_path,
-        "eval",
-        "--suite",
-        str(manifest),
-        "--models-file",
-        str(models),
-        "--model",
-        "x",
-        "--model",
-        "reference/text-prior",
-        "--out",
-        str(run),
-        "--no-bertscore",
-    )
+    code, out = _eval(
+        tmp_path, manifest, run, "--models-file", str(models), "--no-bertscore",
+        models=("x", "reference/text-prior"),
+    )  # fmt: skip
     assert code == 1, out
     lines = out.splitlines()
     [x_line] = [ln for ln in lines if ln.strip().startswith("x: 2 samples")]
     assert "Connection error" in x_line  # the first message, on the model's own line
     assert not any(ln.strip().startswith("reference/text-prior: ") for ln in lines)
     assert "4 retries" in out  # two calls, each retried twice before giving up
-    code, shown = _run(tmp_path, "runs", "show", str(run))
+    code, shown, data = _shown(tmp_path, run)
     assert code == 0, shown
     [x_line] = [ln for ln in shown.splitlines() if ln.strip().startswith("x: 2 samples")]
     assert "Connection error" in x_line and "4 retries" in shown
-    code, raw = _run(tmp_path, "runs", "show", str(run), "--json")
-    data = json.loads(raw[: raw.rindex("}") + 1])
     [group] = data["call_errors"]
     assert group["model"] == "x" and group["samples"] == 2 and group["retries"] == 4
     assert "Connection error" in group["first_error"]
@@ -356,20 +303,10 @@ def test_a_retried_call_that_then_succeeds_is_counted_and_the_run_exits_0(tmp_pa
         )
         manifest = _manifest(tmp_path / "ds")
         run = tmp_path / "run"
-        code, out = _run(
-            tmp_path,
-            "eval",
-            "--suite",
-            str(manifest),
-            "--models-file",
-            str(models),
-            "--model",
-            "flaky",
-            "--out",
-            str(run),
-            "--no-bertscore",
-            env={"OPENAI_API_KEY": "sk-test"},
-        )
+        code, out = _eval(
+            tmp_path, manifest, run, "--models-file", str(models), "--no-bertscore",
+            models=("flaky",), env={"OPENAI_API_KEY": "sk-test"},
+        )  # fmt: skip
         assert server.stats.calls == 2
     assert code == 0, out
     assert "1 retry" in out and "failed" not in out.lower()
@@ -426,22 +363,10 @@ def test_an_unknown_price_prints_unknown_in_progress_leaderboard_and_report(
         )
         manifest = _manifest(tmp_path / "ds")
         run = tmp_path / "run"
-        code, out = _run(
-            tmp_path,
-            "eval",
-            "--suite",
-            str(manifest),
-            "--models-file",
-            str(models),
-            "--model",
-            "unpriced",
-            "--model",
-            "reference/text-prior",
-            "--out",
-            str(run),
-            "--no-bertscore",
-            env={"OPENAI_API_KEY": "sk-test"},
-        )
+        code, out = _eval(
+            tmp_path, manifest, run, "--models-file", str(models), "--no-bertscore",
+            models=("unpriced", "reference/text-prior"), env={"OPENAI_API_KEY": "sk-test"},
+        )  # fmt: skip
     assert code == 0, out
     progress = [ln for ln in out.splitlines() if "cases 1/1" in ln]
     assert progress and "cost unknown" in progress[-1], out
@@ -478,7 +403,7 @@ def test_models_check_a_missing_price_is_a_warning_and_fail_means_nonzero(tmp_pa
     assert "FAIL" not in res.output and "works" in res.output
     # --strict makes warnings failures: shown as FAIL, and the exit code says so.
     assert strict.exit_code == 1 and "FAIL" in strict.output
-    dead = f"http://127.0.0.1:{_closed_port()}/v1"
+    dead = f"http://127.0.0.1:{free_port()}/v1"
     gone = runner.invoke(
         app, ["models", "check", "openai/gpt-4o", "--api-base", dead, "--timeout", "5"], env=env
     )

@@ -17,7 +17,6 @@ import json
 import re
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,24 +73,13 @@ def _run(*args: str, cache: Path) -> tuple[int, str]:
     return res.exit_code, " ".join(res.output.split())
 
 
-def _datasets(ds: Dataset) -> Iterator[Dataset]:
-    stack = [ds]
-    while stack:
-        current = stack.pop()
-        yield current
-        for elem in current:
-            if elem.VR == "SQ":
-                stack.extend(elem.value)
-
-
 def _uids(ds: Dataset) -> set[str]:
     """Instance UIDs of a dataset (any depth, file meta too), not standard class UIDs."""
     found: set[str] = set()
-    for current in [*_datasets(ds), ds.file_meta]:
-        for elem in current:
-            if elem.VR == "UI" and elem.value and "ClassUID" not in elem.keyword:
-                values = elem.value if isinstance(elem.value, list) else [elem.value]
-                found.update(v for v in map(str, values) if not v.startswith("1.2.840.10008."))
+    for elem in [*ds.iterall(), *ds.file_meta]:
+        if elem.VR == "UI" and elem.value and "ClassUID" not in elem.keyword:
+            values = elem.value if isinstance(elem.value, list) else [elem.value]
+            found.update(v for v in map(str, values) if not v.startswith("1.2.840.10008."))
     return found
 
 
@@ -156,11 +144,10 @@ def _check_bundle_dicom(bundle: Path, source_uids: set[str]) -> dict[str, list[P
         assert ds.PatientName == ds.PatientID
         pseudonyms.add(str(ds.PatientID))
         assert not (_uids(ds) & source_uids), path
-        for current in _datasets(ds):
-            for elem in current:
-                assert not elem.tag.is_private, (path, elem.tag)
-                if elem.VR == "PN" and elem.value:
-                    assert str(elem.value) in (str(ds.PatientID), "ANONYMIZED"), (path, elem)
+        for elem in ds.iterall():
+            assert not elem.tag.is_private, (path, elem.tag)
+            if elem.VR == "PN" and elem.value:
+                assert str(elem.value) in (str(ds.PatientID), "ANONYMIZED"), (path, elem)
     assert len(pseudonyms) == 1 and next(iter(pseudonyms)).startswith("NS-")
     return series
 

@@ -28,12 +28,13 @@ from pydicom.sequence import Sequence
 from pydicom.uid import generate_uid
 
 from dicom.sources import iter_sources
-from tests.gateway_synth import make_study
+from tests import hostile
 from tests.guard import ANSWER_S, CLI, RSS_MARGIN, run_guarded
+from tests.hostile import CAP, MiB, break_zip_directory, gzip_bomb, zeros_member
 
-CAP = 512 << 20
-MiB = 1 << 20
 Maker = Callable[[Path, Path], None]  # (folder to write into, a good slice to start from)
+
+good_study = hostile.good_study  # the shared good study (a module-scoped fixture)
 
 
 def _load(good: Path) -> Dataset:
@@ -72,21 +73,15 @@ def _patch(data: bytes, marker: bytes, new: bytes, after: int = 0) -> bytes:
 
 def _zip_bomb(folder: Path, good: Path) -> None:
     with zipfile.ZipFile(folder / "bomb.zip", "w") as zf:
-        info = zipfile.ZipInfo("bomb.dcm")
-        info.compress_type = zipfile.ZIP_DEFLATED
-        with zf.open(info, "w", force_zip64=True) as w:
-            w.write(bytes(128) + b"DICM")
-            chunk = bytes(MiB)
-            for _ in range(1024):  # 1 GiB of zeros, about 1 MB deflated
-                w.write(chunk)
+        zeros_member(zf, "bomb.dcm", 1 << 30, head=bytes(128) + b"DICM")  # about 1 MB deflated
 
 
 def _gzip_bomb(folder: Path, good: Path) -> None:
     ds = _load(good)
     ds.SeriesInstanceUID = generate_uid()
-    head = gzip.compress(_save(ds, folder / "tmp.dcm"))
+    head = _save(ds, folder / "tmp.dcm")
     (folder / "tmp.dcm").unlink()
-    (folder / "bomb.dcm.gz").write_bytes(head + gzip.compress(bytes(64 * MiB), 9) * 32)
+    (folder / "bomb.dcm.gz").write_bytes(gzip_bomb(head))
 
 
 def _zip_swarm(folder: Path, good: Path) -> None:
@@ -99,10 +94,7 @@ def _zip_broken_directory(folder: Path, good: Path) -> None:
     path = folder / "broken.zip"
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("a.dcm", good.read_bytes())
-    data = bytearray(path.read_bytes())
-    cd = data.rfind(b"PK\x01\x02")
-    data[cd : cd + 4] = b"XXXX"
-    path.write_bytes(bytes(data))
+    break_zip_directory(path)
 
 
 def _zip_odd_members(folder: Path, good: Path) -> None:
@@ -339,11 +331,6 @@ CLASSES: dict[str, tuple[Maker, ...]] = {
     "broken_geometry": (_broken_geometry,),
     "shell_names": (_shell_names,),
 }
-
-
-@pytest.fixture(scope="module")
-def good_study(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    return make_study(tmp_path_factory.mktemp("good"), classes=("FLAIR",), n_slices=4).files
 
 
 def _inputs(folder: Path) -> list[str]:

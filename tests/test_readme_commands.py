@@ -18,22 +18,7 @@ import typer.main
 from gateway.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [
-    ROOT / "README.md",
-    *(
-        ROOT / "docs" / name
-        for name in (
-            "configuration.md",
-            "providers.md",
-            "gateway.md",
-            "imaging.md",
-            "evaluation.md",
-            "review.md",
-            "benchmarks.md",
-            "development.md",
-        )
-    ),
-]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.S | re.M)
 INLINE = re.compile(r"`([^`]+)`")
 PROGRAM = re.compile(r"(?:^|\s)(?:\.venv/bin/)?neurosandbox(\s.*)?$")

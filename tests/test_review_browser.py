@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from browser import CHROMIUM, FLAGS
+from browser import CHROMIUM, launch, sign_in
 from report_fixtures import BAD, XSS_MODEL, XSS_NOTE, XSS_SERIES, build_run
 from review_server import running
 
@@ -47,7 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 @pytest.fixture(scope="module")
 def browser(server: Server) -> Iterator[object]:
     with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        b = launch(p)
         try:
             yield b
         finally:
@@ -60,9 +60,7 @@ def _signed_in(browser: object, server: Server, name: str, dialogs: list[str]): 
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.goto(f"{server.base}/review")
     assert page.url.endswith("/review/login")
-    page.fill("#token", server.tokens[name])
-    page.click("#login")
-    page.wait_for_url(f"{server.base}/review")
+    sign_in(page, server.base, server.tokens[name], goto=False)
     assert f"signed in as {name}" in page.inner_text("header")
     return ctx, page
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pydicom
 import pytest
-from browser import CHROMIUM, FLAGS
+from browser import CHROMIUM, launch, sign_in
 from dciodvfy import assert_dciodvfy_clean
 from gateway_process import Gateway, running_gateway, send
 from openai_server import OpenAIServer, Script
@@ -172,12 +172,9 @@ def _texts(ds: pydicom.Dataset) -> str:
 
 def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> None:
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        browser = launch(p)
         page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.goto(f"{setup.base}/review/login")
-        page.fill("#token", setup.token)
-        page.click("#login")
-        page.wait_for_url(f"{setup.base}/review")
+        sign_in(page, setup.base, setup.token)
         # The queue: the patient as the hospital knows them, from the study's own headers.
         head = pydicom.dcmread(setup.first_file, stop_before_pixels=True)
         row = page.locator(f'tr.queue-row[data-run="{setup.run_id}"]')

@@ -19,23 +19,12 @@ from pydicom.uid import generate_uid
 
 from dicom import index_path
 from dicom.headers.read import read_frames
+from tests import hostile
 from tests.gateway_synth import make_study
 from tests.guard import ANSWER_S, CLI, RSS_MARGIN, run_guarded
+from tests.hostile import CAP, MiB, break_zip_directory, gzip_bomb, zeros_member
 
-CAP = 512 << 20  # the memory cap the guarded commands run with
-MiB = 1 << 20
-
-
-def _zeros_member(zf: zipfile.ZipFile, name: str, size: int, head: bytes = b"") -> None:
-    info = zipfile.ZipInfo(name)
-    info.compress_type = zipfile.ZIP_DEFLATED
-    with zf.open(info, "w", force_zip64=True) as w:
-        w.write(head)
-        chunk = bytes(MiB)
-        left = size - len(head)
-        while left > 0:
-            w.write(chunk[: min(MiB, left)])
-            left -= MiB
+good_study = hostile.good_study  # the shared good study (a module-scoped fixture)
 
 
 def _inspect(path: Path) -> tuple[list[dict], float, int]:
@@ -52,46 +41,39 @@ def _errors(rows: list[dict]) -> dict[str, str]:
     return {r["path"]: " ".join(r["errors"]) for r in rows if r.get("class") == "ERROR"}
 
 
-@pytest.fixture(scope="module")
-def good(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    return make_study(tmp_path_factory.mktemp("good"), classes=("FLAIR",), n_slices=4).files
-
-
 def test_zip_member_that_inflates_past_the_cap_is_a_per_file_error(
-    tmp_path: Path, good: list[Path]
+    tmp_path: Path, good_study: list[Path]
 ) -> None:
     archive = tmp_path / "bomb.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        for f in good:
+        for f in good_study:
             zf.write(f, f"good/{f.name}")
         # A DICM preamble followed by 1 GiB of zeros: about 1 MB on disk.
-        _zeros_member(zf, "bomb.dcm", 1 << 30, head=bytes(128) + b"DICM")
+        zeros_member(zf, "bomb.dcm", 1 << 30, head=bytes(128) + b"DICM")
     assert archive.stat().st_size < 4 * MiB
     rows, _, _ = _inspect(archive)
     errors = _errors(rows)
     assert list(errors) == [f"{archive}::bomb.dcm"], errors
     series = [r for r in rows if r.get("class") != "ERROR"]
-    assert sum(r["n_files"] for r in series) == len(good)
+    assert sum(r["n_files"] for r in series) == len(good_study)
 
 
 def test_gzip_that_inflates_to_gigabytes_is_refused_at_the_cap(
-    tmp_path: Path, good: list[Path]
+    tmp_path: Path, good_study: list[Path]
 ) -> None:
     folder = tmp_path / "study"
     folder.mkdir()
-    for f in good:
+    for f in good_study:
         (folder / f.name).write_bytes(f.read_bytes())
     # A valid header whose file goes on with 2 GiB of zeros: gzip members concatenated.
-    ds = pydicom.dcmread(good[-1])
+    ds = pydicom.dcmread(good_study[-1])
     ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
-    ds.InstanceNumber = len(good) + 1
+    ds.InstanceNumber = len(good_study) + 1
     ds.ImagePositionPatient = [*ds.ImagePositionPatient[:2], ds.ImagePositionPatient[2] + 5.0]
     raw = io.BytesIO()
     ds.save_as(raw, enforce_file_format=True)
-    head = gzip.compress(raw.getvalue())
-    block = gzip.compress(bytes(64 * MiB), compresslevel=9)
     bomb = folder / "bomb.dcm.gz"
-    bomb.write_bytes(head + block * 32)
+    bomb.write_bytes(gzip_bomb(raw.getvalue()))
     assert bomb.stat().st_size < 4 * MiB
     got = run_guarded(
         [CLI, "render", str(folder), "--out", str(tmp_path / "out")],
@@ -106,11 +88,11 @@ def test_gzip_that_inflates_to_gigabytes_is_refused_at_the_cap(
 
 
 def test_an_archive_directory_is_read_once_for_all_members(
-    tmp_path: Path, good: list[Path], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, good_study: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     archive = tmp_path / "many.zip"
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as zf:
-        for f in good:
+        for f in good_study:
             zf.write(f, f"good/{f.name}")
         for k in range(300):
             zf.writestr(f"junk/{k:05d}.txt.dcm", b"not dicom")
@@ -123,8 +105,8 @@ def test_an_archive_directory_is_read_once_for_all_members(
 
     monkeypatch.setattr(zipfile.ZipFile, "__init__", counting_init)
     result = index_path(archive, workers=1)
-    assert result.n_files == len(good) + 300
-    assert sum(len(s.volumes[0]) for s in result.series if s.volumes) == len(good)
+    assert result.n_files == len(good_study) + 300
+    assert sum(len(s.volumes[0]) for s in result.series if s.volumes) == len(good_study)
     assert len(opened) <= 2, f"the archive's directory was read {len(opened)} times"
 
 
@@ -145,20 +127,16 @@ def test_an_archive_with_too_many_members_is_one_error(
 
 
 def test_a_corrupt_archive_in_a_folder_does_not_stop_the_walk(
-    tmp_path: Path, good: list[Path]
+    tmp_path: Path, good_study: list[Path]
 ) -> None:
-    for f in good:
+    for f in good_study:
         (tmp_path / f.name).write_bytes(f.read_bytes())
     archive = tmp_path / "broken.zip"
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("a.dcm", b"x" * 1000)
-    data = bytearray(archive.read_bytes())
-    # Keep the end-of-directory record (is_zipfile stays true); break the directory it points to.
-    cd = data.rfind(b"PK\x01\x02")
-    data[cd : cd + 4] = b"XXXX"
-    archive.write_bytes(bytes(data))
+    break_zip_directory(archive)
     result = index_path(tmp_path, workers=1)
-    assert sum(len(s.volumes[0]) for s in result.series if s.volumes) == len(good)
+    assert sum(len(s.volumes[0]) for s in result.series if s.volumes) == len(good_study)
     assert [e.path for e in result.errors] == [f"{archive}::"]
     assert "zip" in result.errors[0].message
 
@@ -172,13 +150,13 @@ def test_a_dicm_preamble_followed_by_zeros_is_a_bounded_per_file_error(tmp_path:
 
 
 def test_an_archive_is_read_by_the_folder_rules_gzip_members_and_sidecars(
-    tmp_path: Path, good: list[Path]
+    tmp_path: Path, good_study: list[Path]
 ) -> None:
     """A zip of an export as it sits on disk (gzipped slices, NIfTI and JSON sidecars beside
     them, as in the corpus's XA30 study) indexes as the folder does: same slices, no errors."""
     folder = tmp_path / "export"
     folder.mkdir()
-    for f in good:
+    for f in good_study:
         (folder / f"{f.name}.gz").write_bytes(gzip.compress(f.read_bytes()))
     (folder / "series.json").write_text("{}")
     (folder / "series.nii").write_bytes(b"\0" * 352)
@@ -190,7 +168,9 @@ def test_an_archive_is_read_by_the_folder_rules_gzip_members_and_sidecars(
     from_folder, from_zip = index_path(folder, workers=1), index_path(archive, workers=1)
     assert not from_folder.errors and not from_zip.errors, from_zip.errors[:3]
     slices = [sum(len(v) for v in s.volumes) for s in from_zip.series]
-    assert slices == [sum(len(v) for v in s.volumes) for s in from_folder.series] == [len(good)]
+    assert (
+        slices == [sum(len(v) for v in s.volumes) for s in from_folder.series] == [len(good_study)]
+    )
 
 
 def test_a_members_folder_is_its_folder_inside_the_archive() -> None:

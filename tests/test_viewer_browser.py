@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from browser import CHROMIUM, FLAGS
+from browser import CHROMIUM, launch, sign_in
 from gateway_process import Gateway, running_gateway
 from orthanc_fixture import OrthancServer
 from phantom_fixture import PhantomSuite
@@ -72,15 +72,13 @@ def chromium(site: Site) -> Iterator[Callable[..., object]]:
     with playwright.sync_playwright() as p:
         launched: dict[tuple[str, ...], object] = {}
 
-        def launch(*extra: str) -> object:
+        def launched_with(*extra: str) -> object:
             if extra not in launched:
-                launched[extra] = p.chromium.launch(
-                    executable_path=CHROMIUM, args=[*FLAGS, *extra], headless=True
-                )
+                launched[extra] = launch(p, *extra)
             return launched[extra]
 
         try:
-            yield launch
+            yield launched_with
         finally:
             for b in launched.values():
                 b.close()  # type: ignore[attr-defined]
@@ -126,10 +124,7 @@ def test_a_reviewer_opens_the_tiles_slice_and_scrolls_the_series(chromium, site:
     ctx, page = _page(chromium() if webgl else chromium("--disable-3d-apis"), console)
     t0 = time.monotonic()
     try:
-        page.goto(f"{site.gw.api}/review/login")
-        page.fill("#token", site.gw.reviewer)
-        page.click("#login")
-        page.wait_for_url(f"{site.gw.api}/review")
+        sign_in(page, site.gw.api, site.gw.reviewer)
         page.goto(site.link)
         page.wait_for_url(re.compile(r"/review/viewer/viewer\?"))
         page.locator("canvas.cornerstone-canvas").first.wait_for()
