@@ -296,6 +296,34 @@ def test_a_closed_port_prints_the_reason_per_model_counts_retries_and_exits_1(
     assert "Connection error" in group["first_error"]
 
 
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [("400", "BadRequestError"), ("500", "InternalServerError")],
+    ids=["refused-request", "server-error-every-time"],
+)
+def test_a_server_that_answers_every_call_with_an_error_is_reported_and_exits_1(
+    tmp_path: Path, fault: str, reason: str
+) -> None:
+    """Other members of the class than a closed port: a reachable server whose every answer is
+    an HTTP error (a permanent 400, a 500 each time)."""
+    with OpenAIServer(Script(faults=[ServerFault(fault, times=1000)])) as server:
+        models = _models_file(
+            tmp_path, [{"name": "bad", "model": "openai/gpt-4o", "api_base": server.url}]
+        )
+        run = tmp_path / "run"
+        code, out = _eval(
+            tmp_path, _manifest(tmp_path / "ds"), run, "--models-file", str(models),
+            "--no-bertscore", models=("bad",), env={"OPENAI_API_KEY": "sk-test"},
+        )  # fmt: skip
+    assert code == 1, out
+    [line] = [ln for ln in out.splitlines() if ln.strip().startswith("bad: ")]
+    assert "failed" in line and reason in line, line
+    code, shown, data = _shown(tmp_path, run)
+    assert code == 0 and reason in shown
+    [group] = data["call_errors"]
+    assert group["model"] == "bad" and reason in group["first_error"]
+
+
 def test_a_retried_call_that_then_succeeds_is_counted_and_the_run_exits_0(tmp_path: Path) -> None:
     with OpenAIServer(Script(faults=[ServerFault("500", times=1)])) as server:
         models = _models_file(
