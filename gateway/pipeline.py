@@ -83,6 +83,7 @@ class Job:
     calling_aets: list[str] = field(default_factory=list)
     route: Route | None = None  # forced (api)
     force: bool = False
+    recovered: bool = False  # re-offered after a restart: only if never evaluated
     t0: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)  # the study's instances (dicom)
@@ -161,6 +162,7 @@ class StudyPipeline:
             study_uid=study.study_uid,
             folder=Path(study.folder),
             calling_aets=study.calling_aets,
+            recovered=study.recovered,
         )
         return self._submit(job, f"uid:{study.study_uid}")
 
@@ -338,10 +340,13 @@ class StudyPipeline:
         route = job.route or self.router.route(facts)
         if route is None:
             return self._skip(job, "no routing rule selects this study")
-        digest = evaluation_digest(digest, route)
+        instances, digest = digest, evaluation_digest(digest, route)
         state = self.runs.study_state(job.study_uid)
         if not job.force and state.evaluated_digest == digest:
             return self._skip(job, "no new instances since the last evaluation by this rule")
+        if not job.force and job.recovered and state.evaluated_instances == instances:
+            # a restart re-offers the spool: evaluated before, whatever the rule was then
+            return self._skip(job, "evaluated before the gateway restarted")
         self.runs.update(job.run_id, route=route)
         self._stage(job, "evaluating", 0.4)
         work = self.runs.run_dir(job.run_id)
@@ -390,7 +395,7 @@ class StudyPipeline:
         }
         publish(checklist, self.reports_dir, job.run_id, info)
         state.version = version
-        state.evaluated_digest = digest
+        state.evaluated_digest, state.evaluated_instances = digest, instances
         state.sr_paths = sr_paths or state.sr_paths
         state.last_run_id = job.run_id
         self.runs.save_study_state(state)

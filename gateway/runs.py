@@ -64,7 +64,8 @@ class RunRecord(BaseModel):
 class StudyState(BaseModel):
     study_uid: str
     version: int = 0
-    evaluated_digest: str | None = None
+    evaluated_digest: str | None = None  # the instances and the rule last evaluated
+    evaluated_instances: str | None = None  # the instances alone (sop_digest)
     uploaded: list[str] = Field(default_factory=list)  # SOP Instance UIDs stored in Orthanc
     sr_paths: list[str] = Field(default_factory=list)  # local copies of the latest SRs
     last_run_id: str | None = None

@@ -85,6 +85,8 @@ class ReceivedStudy(BaseModel):
     calling_aets: list[str]
     n_instances: int
     n_new: int  # instances committed since the previous completion
+    # offered again after a restart, nothing received since: evaluate only if never evaluated
+    recovered: bool = False
     first_received: float
     last_received: float
 
@@ -112,6 +114,7 @@ class _Study:
     last_activity: float = field(default_factory=time.monotonic)
     last_received: float = field(default_factory=time.time)
     n_new: int = 0
+    recovered: bool = False  # re-offered after a restart, nothing received since
 
 
 class StorageSCP:
@@ -217,14 +220,15 @@ class StorageSCP:
 
     def _recover(self) -> None:
         """After a crash: staged files of unreleased associations go to quarantine; spooled
-        studies are offered again after the quiet time (the pipeline skips what it has seen)."""
+        studies are offered again after the quiet time, marked ``recovered`` (the pipeline
+        evaluates only what it has never evaluated)."""
         for d in self.incoming.iterdir():
             self._quarantine(d, "left over from a previous run")
         for d in self.studies_dir.iterdir():
             if d.is_dir():
                 info = read_received_info(d)
                 st = _Study(uid=d.name, calling_aets=set(info.get("calling_aets", [])))
-                st.n_new = 1
+                st.n_new, st.recovered = 1, True
                 self._studies[d.name] = st
 
     # ----------------------------------------------------------------- association events
@@ -387,6 +391,7 @@ class StorageSCP:
                 st = self._studies.setdefault(study, _Study(uid=study))
                 st.calling_aets.add(a.calling_aet)
                 st.n_new += n
+                st.recovered = False  # new instances: a real arrival
                 st.last_activity = now
                 st.last_received = max(st.last_received, a.last_received)
                 self._write_info(st)
@@ -441,7 +446,7 @@ class StorageSCP:
                         and not self._busy(st.uid)
                     ):
                         ready.append(_Study(**st.__dict__ | {"calling_aets": set(st.calling_aets)}))
-                        st.n_new = 0
+                        st.n_new, st.recovered = 0, False
             for st in ready:
                 self._emit(st)
 
@@ -456,6 +461,7 @@ class StorageSCP:
             calling_aets=sorted(st.calling_aets),
             n_instances=n,
             n_new=st.n_new,
+            recovered=st.recovered,
             first_received=st.first,
             last_received=st.last_received,
         )

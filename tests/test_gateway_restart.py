@@ -1,0 +1,83 @@
+"""A restart re-offers the spool: a study evaluated before is not evaluated again because the
+routing rules changed meanwhile; the same study sent again under the new rule is (a real
+Orthanc, storescu, the gateway as `serve` wires it with its evaluator in this process)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from gateway_process import send
+from gateway_synth import make_study
+from orthanc_fixture import OrthancServer
+
+from gateway.default_evaluator import DefaultEvaluator
+from gateway.runs import RunRecord, RunStatus
+from gateway.serve import Gateway, build_gateway
+
+pytestmark = pytest.mark.integration
+QUIET = 1.5
+
+
+def _rules(path: Path, tasks: list[str]) -> Path:
+    rule = {"name": f"rule-{'-'.join(tasks)}", "evaluate": {"tasks": tasks}}
+    path.write_text(yaml.safe_dump({"rules": [rule]}))
+    return path
+
+
+def _gateway(orthanc_server: OrthancServer, data: Path, routing: Path) -> Gateway:
+    ep = orthanc_server.endpoints
+    settings = orthanc_server.settings.model_copy(
+        update={
+            "data_dir": data,
+            "study_quiet_s": QUIET,
+            "routing_file": routing,
+            "orthanc_url": ep.orthanc_url,
+            "orthanc_password_file": Path(ep.password_file or ""),
+        }
+    )
+    gw = build_gateway(settings)
+    gw.pipeline.evaluator = DefaultEvaluator(settings)
+    gw.start()
+    return gw
+
+
+def _finished(gw: Gateway, study_uid: str, n: int, timeout_s: float = 90) -> list[RunRecord]:
+    """The study's runs once ``n`` of them have finished (newest first)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = gw.ctx.runs.list(study_uid=study_uid)
+        done = [r for r in runs if r.status not in (RunStatus.QUEUED, RunStatus.RUNNING)]
+        if len(done) >= n:
+            return done
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} finished runs: {gw.ctx.runs.list(study_uid=study_uid)}")
+
+
+def test_a_restart_with_other_rules_does_not_evaluate_the_spool_again(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=6, patient_id="NSBX-RESTART")
+    data = tmp_path / "data"
+    gw = _gateway(orthanc_server, data, _rules(tmp_path / "a.yaml", ["differential"]))
+    try:
+        send(gw.scp.port, study.files)
+        [first] = _finished(gw, study.study_uid, 1)
+        assert first.status is RunStatus.DONE
+    finally:
+        gw.stop()
+    # Restarted with another rule: the spooled study is offered again and skipped.
+    gw = _gateway(orthanc_server, data, _rules(tmp_path / "b.yaml", ["differential", "lesion"]))
+    try:
+        recovered, _ = _finished(gw, study.study_uid, 2)
+        assert recovered.status is RunStatus.SKIPPED, recovered
+        assert recovered.error == "evaluated before the gateway restarted"
+        # Sent again under the new rule: evaluated by it.
+        send(gw.scp.port, study.files)
+        again, *_ = _finished(gw, study.study_uid, 3)
+        assert again.status is RunStatus.DONE, again
+        assert again.route is not None and again.route.rule == "rule-differential-lesion"
+    finally:
+        gw.stop()
