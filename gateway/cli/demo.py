@@ -86,14 +86,16 @@ def _suite(out: Path, cases: int, seed: int) -> Path:
 
 
 def _studies(suite: Path) -> list[tuple[str, str, Path]]:
-    """(case id, StudyInstanceUID, DICOM folder) of every case of the suite: the registry the
-    gateway is given."""
+    """(case id, its first StudyInstanceUID, DICOM folder) of every case of the suite, once
+    each (a case may name two studies: both are sent, the first is waited for), from the
+    registry the gateway is given."""
     from evaluation import case_registry
 
     cases, _problems = case_registry(suite)
+    unique = {c.case_id: c for c in cases.values()}
     return sorted(
-        (c.case_id, uid, Path(c.root or suite) / (c.study_path or "dicom"))
-        for uid, c in cases.items()
+        (c.case_id, c.provenance.study_uids[0], Path(c.root or suite) / (c.study_path or "dicom"))
+        for c in unique.values()
     )
 
 
