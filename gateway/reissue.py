@@ -6,6 +6,16 @@ The SR goes into the study's "(VERIFIED)" series, names the model's UNVERIFIED S
 by the gateway or the demo) and any earlier VERIFIED one as predecessors, and carries every
 signing reviewer (and the adjudicating admin) as Verifying Observer. What is verified comes from
 :func:`evaluation.case_verification`; nothing is issued while reviewers disagree unadjudicated.
+
+What the SR and PDF are attached to (the source instances, the patient and study attributes):
+
+- a bundle written by the gateway's pipeline (the demo's included) records it at write-back,
+  ``evidence.json`` (``gateway.writeback.save_evidence``, from the study's one index): the
+  VERIFIED SR names exactly the instances the UNVERIFIED one did, and the PACS is asked only
+  for the NeuroSandbox SRs already stored (the predecessors), never for source headers. A
+  bundle whose evidence file is unreadable is refused, not re-read from the PACS;
+- a bundle without it (``neurosandbox eval`` + ``report``, or an older gateway) reads the
+  headers of the case's source series from the PACS (``_source_headers``).
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 
 from pydicom.dataset import Dataset
 
@@ -28,7 +39,7 @@ from gateway.sr import (
     model_of,
     series_uid_for,
 )
-from gateway.writeback import store
+from gateway.writeback import EVIDENCE_FILE, NoEvidenceError, load_evidence, store
 
 MAX_SOURCE_HEADERS = 500
 
@@ -55,6 +66,21 @@ def _source_headers(orthanc: OrthancClient, case: Case) -> tuple[list[Dataset], 
     if not headers:
         raise ReissueError("the source series has no readable instance header")
     return headers, series[0].modality
+
+
+def _recorded_headers(bundle: Path, case: Case) -> tuple[list[Dataset], str]:
+    """The evidence recorded in the report bundle at write-back, and its modality."""
+    try:
+        headers = load_evidence(bundle)
+    except NoEvidenceError as exc:
+        raise ReissueError(f"case {case.case_id!r} cannot be re-issued: {exc}") from None
+    study_uid = str(headers[0].StudyInstanceUID)
+    if case.provenance.study_uids and case.provenance.study_uids[0] != study_uid:
+        raise ReissueError(
+            f"the evidence recorded for case {case.case_id!r} ({bundle / EVIDENCE_FILE}) is of "
+            f"study {study_uid}, not of its source study {case.provenance.study_uids[0]}"
+        )
+    return headers, "CT" if headers[0].get("Modality") == "CT" else "MR"
 
 
 def _number(ds: Dataset) -> int:
@@ -119,18 +145,24 @@ def reissue_case(
     verification: Verification,
     organization: str,
     on_stored: Callable[[str], None] = lambda uid: None,
+    bundle: Path | None = None,
 ) -> Reissued:
     """Store one VERIFIED SR per model and the VERIFIED checklist PDF of a verified case. Every
     object is built before the first is stored (one that cannot be built stores none);
-    ``on_stored`` hears each SOP Instance UID as it is stored."""
+    ``on_stored`` hears each SOP Instance UID as it is stored. ``bundle``: the report bundle of
+    ``run``; with an ``evidence.json`` in it, the SR's evidence is the one recorded there."""
     if not verification.complete:
         raise ReissueError(f"case {case_id!r} cannot be re-issued: {verification.why_not}")
     if not verification.blocks:
         raise ReissueError(f"case {case_id!r} has no diagnostic answer to report")
     case = run.case(case_id)
     signed = verifiers(verification, organization)
-    headers, modality = _source_headers(orthanc, case)
-    study_uid = case.provenance.study_uids[0]
+    if bundle is not None and (bundle / EVIDENCE_FILE).exists():
+        headers, modality = _recorded_headers(bundle, case)
+        study_uid = str(headers[0].StudyInstanceUID)
+    else:
+        headers, modality = _source_headers(orthanc, case)
+        study_uid = case.provenance.study_uids[0]
     unverified = stored_srs(orthanc, study_uid)
     earlier = stored_srs(orthanc, study_uid, "sr-verified")
     named = gateway_info(run).get("unverified_sr") or {}

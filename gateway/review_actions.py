@@ -335,4 +335,7 @@ def reissue(
     def stored(uid: str) -> None:  # logged as each object reaches PACS, not after all
         svc.store.append(_event(who, cu, Action.REISSUE, text=uid))
 
-    return reissue_case(orthanc, cu.run, cu.case_id, v, organization, on_stored=stored)
+    # the report's bundle: a gateway run's holds the evidence recorded at write-back
+    return reissue_case(
+        orthanc, cu.run, cu.case_id, v, organization, on_stored=stored, bundle=svc.folder(cu.report)
+    )

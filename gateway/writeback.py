@@ -6,30 +6,45 @@ case both come here:
 - ``evidence``: the SR's evidence from the study's one index (the first header of each
   evaluated series, kept by ``dicom.index_path(keep_headers=True)``, and the SOP Instance UIDs
   the spool and the PACS download name their files by): no file is read again;
+- ``save_evidence`` / ``load_evidence``: that evidence, recorded in the run's report bundle
+  (``evidence.json``), so that the re-issue of a verified case attaches its VERIFIED SR to
+  exactly what the UNVERIFIED one named, without asking the PACS for the headers again;
 - ``build_unverified``: one UNVERIFIED Comprehensive 3D SR per model that answered (its review
   block, ``evaluation.unverified_content``); ``checklist_pdf``: the checklist as Encapsulated
   PDF;
 - ``store``: every object built before the first is stored; each stored in Orthanc, in order.
 
-``gateway.reissue`` builds the VERIFIED objects of a signed-off case and stores them through
-``store`` too.
+``gateway.reissue`` builds the VERIFIED objects of a signed-off case from the recorded evidence
+and stores them through ``store`` too.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pydicom.dataelem import DataElement
 from pydicom.dataset import Dataset
+from pydicom.sequence import Sequence as DicomSequence
+from pydicom.valuerep import BYTES_VR, VR
 
 from dicom import IndexResult
 from evaluation import RunData, report_blocks, unverified_content
-from gateway.cache import InvalidUIDError, check_uid
+from gateway.cache import InvalidUIDError, atomic_writer, check_uid
 from gateway.orthanc import OrthancClient
 from gateway.sr import build_pdf, build_sr, encode, header_warnings, model_of
 
 PDF_TITLE = "NeuroSandbox AI checklist"
+EVIDENCE_FILE = "evidence.json"  # in the run's report bundle
+MAX_EVIDENCE_BYTES = 64 * 1024 * 1024
+MAX_EVIDENCE_ITEMS = 100_000  # instances; a reference is ~300 bytes of JSON
+MAX_VALUE_BYTES = 1024  # a recorded value over this (pixels, vendor blobs, long text) is dropped
+_PIXELS = {0x7FE00008, 0x7FE00009, 0x7FE00010}  # Float, Double Float, Pixel Data
+_VRS = frozenset(str(v.value) for v in VR if " or " not in v.value)  # not "OB or OW"
+_EVIDENCE_UIDS = ("SOPClassUID", "SOPInstanceUID", "SeriesInstanceUID", "StudyInstanceUID")
 
 
 class NoEvidenceError(RuntimeError):
@@ -66,6 +81,94 @@ def evidence(index: IndexResult, series_uids: Iterable[str]) -> list[Dataset]:
             out.append(ref)
     if not out:
         raise NoEvidenceError("no readable source instance to attach the report to")
+    return out
+
+
+def _small(ds: Dataset) -> Dataset:
+    """A copy of ``ds`` without pixel data and without any value over ``MAX_VALUE_BYTES``."""
+    out = Dataset()
+    for tag in list(ds.keys()):
+        if tag in _PIXELS:
+            continue
+        try:
+            elem = ds[tag]
+        except Exception:  # a value pydicom cannot decode: not recorded (as suppress_invalid_tags)
+            continue
+        if elem.VR not in _VRS:
+            continue  # an ambiguous VR pydicom could not resolve: no DICOM JSON for it
+        value = elem.value
+        if elem.VR == "SQ":
+            out[tag] = DataElement(tag, "SQ", DicomSequence([_small(item) for item in value]))
+        elif isinstance(value, bytes | bytearray):
+            if len(value) <= MAX_VALUE_BYTES:
+                out[tag] = elem
+        elif elem.VR not in BYTES_VR and len(str(value)) <= MAX_VALUE_BYTES:
+            out[tag] = elem
+    return out
+
+
+def save_evidence(headers: list[Dataset], folder: Path) -> Path:
+    """Record the SR's evidence in ``folder`` (the run's report bundle) as ``evidence.json``: a
+    list of DICOM JSON model objects, without pixel data or values over ``MAX_VALUE_BYTES``."""
+    if not headers:
+        raise NoEvidenceError("no source instance to record as the report's evidence")
+    if len(headers) > MAX_EVIDENCE_ITEMS:
+        raise ValueError(
+            f"{len(headers)} evidence instances: more than the {MAX_EVIDENCE_ITEMS} a report "
+            "bundle records"
+        )
+    items = [_small(ds).to_json_dict(suppress_invalid_tags=True) for ds in headers]
+    path = folder / EVIDENCE_FILE
+    with atomic_writer(path, fsync=False) as fh:
+        fh.write(json.dumps(items, separators=(",", ":")).encode())
+    return path
+
+
+def load_evidence(folder: Path) -> list[Dataset]:
+    """The evidence recorded by ``save_evidence`` in ``folder``. The file is hostile input:
+    anything but a list of at most ``MAX_EVIDENCE_ITEMS`` DICOM JSON objects of one study, each
+    naming its instance, raises ``NoEvidenceError``."""
+    path = folder / EVIDENCE_FILE
+    try:
+        size = path.stat().st_size
+        if size > MAX_EVIDENCE_BYTES:
+            raise NoEvidenceError(
+                f"{path}: {size / 2**20:.0f} MiB, over the {MAX_EVIDENCE_BYTES // 2**20} MiB an "
+                "evidence file may have"
+            )
+        with path.open("rb") as fh:
+            data: Any = json.loads(fh.read(MAX_EVIDENCE_BYTES + 1))
+    except FileNotFoundError:
+        raise NoEvidenceError(f"{path}: no recorded evidence (file missing)") from None
+    except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON
+        raise NoEvidenceError(f"{path}: unreadable evidence ({type(exc).__name__})") from None
+    if not isinstance(data, list) or not data:
+        raise NoEvidenceError(f"{path}: not a non-empty list of DICOM JSON objects")
+    if len(data) > MAX_EVIDENCE_ITEMS:
+        raise NoEvidenceError(f"{path}: {len(data)} items, over {MAX_EVIDENCE_ITEMS}")
+    out: list[Dataset] = []
+    for i, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise NoEvidenceError(f"{path}: item {i} is not a DICOM JSON object")
+        try:
+            ds = Dataset.from_json(item)
+            for elem in ds.iterall():  # pydicom converts values as they are read: read each now
+                if elem.VR not in _VRS:
+                    raise ValueError(f"{elem.tag}: {str(elem.VR)[:16]!r} is not a DICOM VR")
+            missing = [kw for kw in _EVIDENCE_UIDS if kw not in ds]
+            for kw in _EVIDENCE_UIDS:
+                if kw not in missing:
+                    check_uid(str(ds[kw].value))
+        except Exception as exc:  # hostile content: pydicom raises many kinds; refuse it all
+            raise NoEvidenceError(
+                f"{path}: item {i} is not a DICOM JSON instance header ({type(exc).__name__}: "
+                f"{str(exc)[:200]})"
+            ) from None
+        if missing:
+            raise NoEvidenceError(f"{path}: item {i} has no {', '.join(missing)}")
+        if out and str(ds.StudyInstanceUID) != str(out[0].StudyInstanceUID):
+            raise NoEvidenceError(f"{path}: item {i} is of another study than item 0")
+        out.append(ds)
     return out
 
 
