@@ -79,3 +79,4 @@ from .render import (
 from .selection import ELLIPSIS as ELLIPSIS
 from .sources import NotRegularFileError as NotRegularFileError
 from .sources import check_regular as check_regular
+from .warmup import warm_up as warm_up

@@ -123,6 +123,7 @@ from .reports.loader import (
 )
 from .reports.model import CaseChecklist as CaseChecklist
 from .reports.pdf import PdfError as PdfError
+from .reports.pdf import Printer as Printer
 from .reports.pdf import pdf_bytes as pdf_bytes
 from .reports.plots import all_plots as all_plots
 from .reports.reviews import (
@@ -204,3 +205,4 @@ from .store import RunStore as RunStore
 from .store_rows import CallErrors as CallErrors
 from .tasks import Ablation as Ablation
 from .units import RunStats as RunStats
+from .warmup import warm_up as warm_up

@@ -49,10 +49,11 @@ async def start_run(
     score: bool = True,
 ) -> RunStats:
     """Create the run folder and store, record the configuration, and run every unit."""
-    if (run_dir / STORE_FILE).exists():
+    if (run_dir / STORE_FILE).exists() and _holds_run(run_dir):
         raise StoreError(f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`")
     dataset = dataset or open_dataset(config, cache_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    # a store holding only notes (the gateway's record of a queued run) gets its run now
     store = RunStore(run_dir, create=True, durable=config.durable)
     try:
         prompts = default_prompts()
@@ -72,6 +73,14 @@ async def start_run(
             config, dataset, store, prompts=prompts, on_progress=on_progress, score=score
         )
         return await runner.run()
+    finally:
+        store.close()
+
+
+def _holds_run(run_dir: Path) -> bool:
+    store = RunStore(run_dir)
+    try:
+        return store.has_run()
     finally:
         store.close()
 

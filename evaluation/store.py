@@ -8,7 +8,9 @@ retries; resume tries them again), ``samples`` (parse status and parsed answer p
 model x sample), ``scores`` and ``error_labels``, ``audit`` (every outbound payload) and
 ``cases`` (each case as the scorers see it: ground truth and image hashes, no image bytes, so a
 run can be re-scored from its folder alone), ``skipped_cases`` (every case of the dataset the run
-does not evaluate, and why; with ``meta.cases_evaluated`` the "n of m cases evaluated").
+does not evaluate, and why; with ``meta.cases_evaluated`` the "n of m cases evaluated"),
+``notes`` (what the program that started the run keeps about it: the gateway's trigger, stage,
+progress and write-back, so its run has one record; a store may hold notes before its run).
 
 Older stores are brought up to date when opened (columns and tables added since; their rows read
 as "not recorded"); a store opened read-only is read as it is.
@@ -155,6 +157,15 @@ CREATE TABLE IF NOT EXISTS skipped_cases (
     recorded_at TEXT NOT NULL
 )
 """
+# What the program that started the run records about it, by key (the gateway: its trigger,
+# stage, progress and write-back, ``gateway``); a store can hold notes before its run starts.
+_NOTES = """
+CREATE TABLE IF NOT EXISTS notes (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+)
+"""
 _CASES_EVALUATED = "cases_evaluated"  # meta key: set once a run recorded its coverage
 
 
@@ -196,6 +207,7 @@ class RunStore:
         )
         tables = {r[0] for r in self._all("SELECT name FROM sqlite_master WHERE type='table'")}
         self._has_skipped = "skipped_cases" in tables or self._try_write(_SKIPPED_CASES)
+        self._has_notes = "notes" in tables or self._try_write(_NOTES)
 
     def _try_write(self, sql: str) -> bool:
         """Run a migration statement; False when the file is read-only (read it as it is)."""
@@ -287,6 +299,27 @@ class RunStore:
                 json.dumps(packages),
             ),
         )
+
+    def has_run(self) -> bool:
+        """Whether a run was started in this store (a store may hold only notes so far)."""
+        return self._one("SELECT run_id FROM run") is not None
+
+    def set_note(self, key: str, value: str) -> None:
+        """Record (or replace) what the caller keeps about the run under ``key``."""
+        if not self._has_notes:
+            raise StoreError(f"{self.path}: a read-only store of an older version takes no notes")
+        self._exec(
+            "INSERT INTO notes VALUES (?,?,?) ON CONFLICT(key) DO UPDATE SET "
+            "value=excluded.value, updated_at=excluded.updated_at",
+            (key, value, now()),
+        )
+
+    def note(self, key: str) -> str | None:
+        """What was recorded under ``key``; None when nothing was (or the store predates notes)."""
+        if not self._has_notes:
+            return None
+        row = self._one("SELECT value FROM notes WHERE key=?", (key,))
+        return str(row[0]) if row is not None else None
 
     def run_row(self) -> RunRow:
         with self._lock:

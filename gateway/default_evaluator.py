@@ -11,14 +11,17 @@ What it does, plainly:
    registered case with turns): the built-in reference models in process, litellm models (any
    other name, or a models-file entry) through the engine's PHI gate (de-identified unless their
    endpoint is trusted) with every outbound payload audited in the run store.
-4. The run is read back as ``RunData``, the input of the report bundle (whose ``rundata.json``
-   ``neurosandbox report`` reads) and the review pages. A registered case's answers are scored
-   against its truth; a clinical study alone has none, and nothing is scored.
+4. The engine records the run in its run store in the run folder (``run.sqlite``), the one
+   record of the run; the pipeline reads it back as ``RunData``, the input of the report
+   bundle (whose ``rundata.json`` ``neurosandbox report`` reads) and the review pages. A
+   registered case's answers are scored against its truth; a clinical study alone has none,
+   and nothing is scored.
 
 The service runs it through ``ProcessEvaluator``: each evaluation in a spawned worker process
 (its own process group), abandoned at a deadline (``NEUROSANDBOX_RUN_DEADLINE_S``: SIGTERM to
 the group, SIGKILL after a grace period, the worker reaped), so one stuck model call, render or
-replay never stops the queue. The worker's ``EvaluationResult`` comes back pickled, typed.
+replay never stops the queue. The worker's ``EvaluationResult`` (the study's facts beside the
+run) comes back pickled, typed.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import shutil
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -42,27 +46,23 @@ from pydantic import BaseModel
 from dicom import IndexResult, index_path
 from evaluation import (
     STORE_FILE,
-    Answer,
-    ClassificationAnswer,
     Dataset,
     DatasetSpec,
     GenerateConfig,
     ImageRef,
-    ParseStatus,
     Provenance,
     RenderPlan,
     RunConfig,
-    RunStore,
-    SampleResult,
     TaskFamily,
     dataset_hash,
     registered_case,
     render_study,
     run_from_store,
     start_run,
+    warm_up,
 )
 from evaluation import Case as EvalCase
-from gateway.results import CaseResult, EvaluationResult
+from gateway.results import EvaluationResult
 from gateway.routing import Route
 from gateway.settings import Settings
 
@@ -73,49 +73,17 @@ GENERATE = GenerateConfig(temperature=0.0, max_tokens=2048, json_mode=True)
 STOP_GRACE_S = 5.0  # after SIGTERM, how long a worker may take before SIGKILL
 
 
-def as_answer(parsed: Answer | ClassificationAnswer | None) -> Answer | None:
-    """The checklist form of a reply (a classification answer becomes a minimal Answer)."""
-    if parsed is None or isinstance(parsed, Answer):
-        return parsed
-    what = [
-        f"{k} {v}"
-        for k, v in (
-            ("modality", parsed.modality),
-            ("sequence", parsed.specialized_sequence),
-            ("plane", parsed.plane),
-        )
-        if v
-    ]
-    return Answer(
-        final_diagnosis=parsed.diagnosis_detailed or parsed.diagnosis_name,
-        confidence=parsed.diagnosis_confidence,
-        rationale="Structured classification: " + (", ".join(what) or "no labels"),
-    )
-
-
-def case_result(sample: SampleResult, error: str | None) -> CaseResult:
-    """One engine sample as the gateway's run record shows it."""
-    sc = sample.scored
-    answer = as_answer(sample.answer)
-    return CaseResult(
-        case_id=sc.case_id,
-        model=sc.model,
-        task=sc.family,
-        answer=answer,
-        final_diagnosis=answer.final_diagnosis if answer else None,
-        findings=list(answer.findings) if answer else [],
-        scores=list(sc.scores),
-        parse_status=sc.status,
-        error=error,
-    )
-
-
 class DefaultEvaluator:
     name = "neurosandbox-gateway-engine-0.4"
 
     def __init__(self, settings: Settings, plan: RenderPlan | None = None) -> None:
         self.settings = settings
         self.plan = plan or RenderPlan()
+
+    @staticmethod
+    def warm() -> None:
+        """Import what an evaluation loads on first use (a spare worker, while idle)."""
+        warm_up()
 
     def _registered(self, study_uid: str) -> tuple[EvalCase | None, list[str]]:
         """The registered case of this study (``NEUROSANDBOX_CASES``), if any."""
@@ -189,37 +157,22 @@ class DefaultEvaluator:
             generate=GENERATE.model_copy(),
             bertscore=False,
         )
-        engine_dir = work_dir / "engine"
-        asyncio.run(start_run(config, engine_dir, dataset=dataset))
-        run = run_from_store(engine_dir / STORE_FILE, dataset=dataset)
+        # the run's record: the engine's run store in the run folder (the gateway's note in
+        # it already), read back with the case as held here (a registered case's record and
+        # note are not in the store)
+        asyncio.run(start_run(config, work_dir, dataset=dataset))
+        run = run_from_store(work_dir / STORE_FILE, dataset=dataset)
         run.title = f"PACS study, routing rule {route.rule}"
-        errors = _errors(engine_dir)
-        cases = [case_result(x, errors.get((x.scored.model, x.scored.family))) for x in run.samples]
         return EvaluationResult(
             evaluator=self.name,
             study_uid=study_uid,
             route=route,
-            cases=cases,
             images=_publish(case.images, work_dir / "images"),
             evaluated_series_uids=sorted({x.series_uid for x in routed}),
             modality="CT" if any(x.modality == "CT" for x in routed) else "MR",
             warnings=warnings,
             run=run,
         )
-
-
-def _errors(engine_dir: Path) -> dict[tuple[str, TaskFamily], str]:
-    """Why a sample failed (transport, refusal, format), by model and task."""
-    store = RunStore(engine_dir)
-    try:
-        rows = store.samples()
-    finally:
-        store.close()
-    return {
-        (r.model, TaskFamily(r.family)): str(r.parse_error)
-        for r in rows
-        if r.parse_error and r.status != ParseStatus.OK.value
-    }
 
 
 def _publish(refs: list[ImageRef], folder: Path) -> list[ImageRef]:
@@ -266,19 +219,18 @@ class EvaluationWorkerError(RuntimeError):
         self.kind = failure.kind
 
 
-def _evaluate_in_worker(
+def _worker_main(
     evaluator: StudyEvaluator,
-    study_dir: Path,
-    route: Route,
-    work_dir: Path,
-    index: IndexResult,
+    jobs: Connection,
     conn: Connection,
     init: Callable[[], None] | None,
     parent: int,
 ) -> None:
     """The worker process: its own process group (stopped as one, with any process it
-    starts), killed with the gateway (Linux PR_SET_PDEATHSIG), one evaluation, its result or
-    failure sent back."""
+    starts), killed with the gateway (Linux PR_SET_PDEATHSIG). It imports what the evaluation
+    needs (``warm``), waits for one job, evaluates it and sends the result or failure back.
+    A spare worker does the first part while the gateway is idle; no job (the pipe closed)
+    ends it."""
     os.setpgrp()
     try:
         import ctypes
@@ -290,6 +242,19 @@ def _evaluate_in_worker(
         os._exit(1)
     if init is not None:
         init()
+    warm = getattr(evaluator, "warm", None)
+    if callable(warm):
+        try:
+            warm()
+        except Exception:  # the evaluation imports again and says what is wrong
+            log.exception("warming the evaluation worker failed")
+    try:
+        job = jobs.recv()
+    except (EOFError, OSError):  # a spare never used: the gateway stopped or replaced it
+        os._exit(0)
+    finally:
+        jobs.close()
+    study_dir, route, work_dir, index = job
     outcome: EvaluationResult | WorkerFailure
     try:
         outcome = evaluator.evaluate(study_dir, route, work_dir, index)
@@ -302,6 +267,22 @@ def _evaluate_in_worker(
         conn.send(WorkerFailure(kind=type(exc).__name__, message=f"result not sent back: {exc}"))
     finally:
         conn.close()
+
+
+@dataclass
+class _Worker:
+    """A started worker process: the pipe its job goes down, the one its outcome comes up."""
+
+    proc: BaseProcess
+    jobs: Connection
+    results: Connection
+
+    def discard(self) -> None:
+        """Close both ends: an idle worker ends by itself (no job), a busy one is stopped by
+        the caller."""
+        for c in (self.jobs, self.results):
+            with contextlib.suppress(OSError):
+                c.close()
 
 
 def _signal(proc: BaseProcess, sig: signal.Signals) -> None:
@@ -331,46 +312,93 @@ def _exited(proc: BaseProcess, timeout_s: float) -> bool:
 class ProcessEvaluator:
     """Runs ``inner`` in a spawned worker process per evaluation, abandoned at ``deadline_s``.
 
-    ``init`` runs first in the worker (the service's logging, which hashes UIDs). ``cancel``
-    (the gateway stopping) stops the running worker and refuses further evaluations."""
+    ``init`` runs first in the worker (the service's logging, which hashes UIDs). With ``warm``
+    the evaluator keeps one spare worker started ahead (``prepare``, called when the pipeline
+    is idle): spawning Python and importing the engine costs 1-2 s, longer while the PACS is
+    still storing the study, and is then paid before the study arrives, not after. Each worker
+    still evaluates one study and ends. ``cancel`` (the gateway stopping) stops the running
+    worker and the spare, and refuses further evaluations."""
 
     def __init__(
         self,
         inner: StudyEvaluator,
         deadline_s: float,
         init: Callable[[], None] | None = None,
+        warm: bool = False,
     ) -> None:
-        self.inner, self.deadline_s, self.init = inner, deadline_s, init
+        self.inner, self.deadline_s, self.init, self.warm = inner, deadline_s, init, warm
         self.name = inner.name
         self._lock = threading.Lock()
         self._proc: BaseProcess | None = None
+        self._spare: _Worker | None = None
         self._stopping: str | None = None
+
+    def _spawn(self) -> _Worker:
+        ctx = mp.get_context("spawn")  # never fork: the gateway has threads
+        job_reader, job_writer = ctx.Pipe(duplex=False)
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(
+            target=_worker_main,
+            args=(self.inner, job_reader, writer, self.init, os.getpid()),
+            name="evaluation-worker",
+        )
+        proc.start()
+        job_reader.close()  # the worker holds the only read end of the job pipe
+        writer.close()  # and the only write end of the result pipe: its exit is an EOF here
+        return _Worker(proc, job_writer, reader)
+
+    def prepare(self) -> None:
+        """Start the spare worker (``warm`` only; nothing when one is ready or alive)."""
+        if not self.warm:
+            return
+        with self._lock:
+            if self._stopping or (self._spare is not None and self._spare.proc.is_alive()):
+                return
+            old, self._spare = self._spare, None
+        if old is not None:  # a spare that died: reap it
+            old.discard()
+            self._stop(old.proc, 0.0)
+        worker = self._spawn()
+        with self._lock:
+            if self._stopping or self._spare is not None:
+                extra: _Worker | None = worker
+            else:
+                self._spare, extra = worker, None
+        if extra is not None:
+            extra.discard()
+            self._stop(extra.proc, STOP_GRACE_S)
+
+    def _take(self) -> _Worker:
+        """The spare when one is alive, else a new worker (under the lock)."""
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.proc.is_alive():
+            return spare
+        if spare is not None:
+            spare.discard()
+            self._stop(spare.proc, 0.0)
+        return self._spawn()
 
     def evaluate(
         self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
     ) -> EvaluationResult:
-        ctx = mp.get_context("spawn")  # never fork: the gateway has threads
-        reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(
-            target=_evaluate_in_worker,
-            args=(self.inner, study_dir, route, work_dir, index, writer, self.init, os.getpid()),
-            name=f"evaluation-{work_dir.name[:8]}",
-        )
         with self._lock:
             if self._stopping:
                 raise EvaluationAbandonedError(self._stopping)
-            proc.start()
-            self._proc = proc
-        writer.close()  # the worker holds the only write end: its exit is an EOF here
+            worker = self._take()
+            self._proc = worker.proc
         outcome: object = None
         try:
-            outcome = self._outcome(proc, reader)
+            # a worker that already ended: its outcome (an EOF) says how
+            with contextlib.suppress(OSError, ValueError):
+                worker.jobs.send((study_dir, route, work_dir, index))
+            worker.jobs.close()
+            outcome = self._outcome(worker.proc, worker.results)
         finally:
             with self._lock:
                 self._proc = None
-            reader.close()
+            worker.discard()
             # a worker that answered ends by itself; one that did not is stopped now
-            self._stop(proc, STOP_GRACE_S if outcome is not None else 0.0)
+            self._stop(worker.proc, STOP_GRACE_S if outcome is not None else 0.0)
         if isinstance(outcome, WorkerFailure):
             raise EvaluationWorkerError(outcome)
         if not isinstance(outcome, EvaluationResult):
@@ -407,10 +435,13 @@ class ProcessEvaluator:
     def cancel(
         self, reason: str = "the gateway stopped during the evaluation: worker stopped"
     ) -> None:
-        """Stop the running worker (its evaluation fails with ``reason``) and refuse new ones.
-        Signals only: the evaluating thread reaps the worker."""
+        """Stop the running worker (its evaluation fails with ``reason``) and the spare, and
+        refuse new ones. The running one is only signalled: the evaluating thread reaps it."""
         with self._lock:
             self._stopping = reason
-            proc = self._proc
+            proc, spare, self._spare = self._proc, self._spare, None
+        if spare is not None:
+            spare.discard()  # no job: it ends by itself, else it is stopped
+            self._stop(spare.proc, 1.0)
         if proc is not None and not _exited(proc, 0):
             _terminate(proc)

@@ -1,13 +1,16 @@
 """What happens to a complete study: store, route, evaluate, report, write back (SR + PDF).
 
-The evaluation itself sits behind the narrow ``Evaluator`` protocol: a study folder and a
-``Route`` in, an ``EvaluationResult`` (per-model answers, findings, scores, and the run as
-``RunData``) out. ``gateway.default_evaluator.DefaultEvaluator``, the built-in one, runs the
-evaluation engine; the service runs it through ``ProcessEvaluator`` (a worker process per
-evaluation, stopped at the run deadline: the run fails with the reason and the next study
-goes on). The pipeline writes the run's report bundle (``gateway.run_report``): its
-checklist PDF goes back to PACS with one UNVERIFIED SR per model, and the bundle goes to the
-review pages (``<reports dir>/<run id>``).
+The evaluation itself sits behind the narrow ``Evaluator`` protocol: a study folder, its one
+index and a ``Route`` in, an ``EvaluationResult`` (the run as its store records it,
+``RunData``, and the study's facts) out. ``gateway.default_evaluator.DefaultEvaluator``, the
+built-in one, runs the evaluation engine in the run folder, whose run store is the run's one
+record (the gateway's status notes included, ``gateway.runs``); the service runs it through
+``ProcessEvaluator`` (a worker process per evaluation, started ahead while idle, stopped at
+the run deadline: the run fails with the reason and the next study goes on). The pipeline
+writes the run's report bundle (``gateway.run_report``; Chromium prints its checklist while
+the upload settles and the SRs are built): the checklist PDF goes back to PACS with one
+UNVERIFIED SR per model (``gateway.writeback``), and the bundle goes to the review pages
+(``<reports dir>/<run id>``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Protocol, runtime_checkable
 import pydicom
 
 from dicom import IndexResult, index_path
+from evaluation import Printer
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.default_evaluator import EvaluationAbandonedError, EvaluationWorkerError
@@ -38,7 +42,7 @@ from gateway.run_report import publish, write_checklist
 from gateway.runs import RunRecord, RunStatus, StudyRunStore
 from gateway.scp import ReceivedStudy, uid_key
 from gateway.sr import series_uid_for
-from gateway.writeback import build_unverified, checklist_pdf, evidence, store
+from gateway.writeback import build_unverified, checklist_pdf, evidence, save_evidence, store
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +109,11 @@ class StudyPipeline:
         upload_threads: int = 4,
         reports_dir: Path | None = None,
         forwarder: Forwarder | None = None,
+        printer: Printer | None = None,
     ) -> None:
         self.orthanc, self.evaluator, self.router = orthanc, evaluator, router
         self.forwarder = forwarder  # stores received instances in Orthanc as they arrive
+        self.printer = printer  # a Chromium kept running for the checklists (closed on stop)
         self.runs, self.audit, self.cache = runs, audit, cache
         self.upload_threads = upload_threads
         # Where the review pages read report bundles (Settings.reports_dir, DATA_DIR/reports).
@@ -135,6 +141,8 @@ class StudyPipeline:
             cancel()
         if self._thread is not None:
             self._thread.join(timeout=timeout_s)
+        if self.printer is not None:
+            self.printer.close()
 
     def _submit(self, job: Job, key: str) -> str:
         with self._lock:
@@ -191,8 +199,25 @@ class StudyPipeline:
 
     # ----------------------------------------------------------------- worker
 
+    def _prepare(self) -> None:
+        """While idle, start ahead what the next study needs: the evaluator's spare worker
+        process, the checklists' Chromium. A failure here only costs that study its start."""
+        if self._stopping:
+            return
+        if self.printer is not None:
+            self.printer.warm()
+        prepare = getattr(self.evaluator, "prepare", None)
+        if not callable(prepare):
+            return
+        try:
+            prepare()
+        except Exception:
+            log.exception("could not start a spare evaluation worker")
+
     def _work(self) -> None:
         while True:
+            if self._queue.empty():
+                self._prepare()
             job = self._queue.get()
             try:
                 if job is None:
@@ -350,33 +375,43 @@ class StudyPipeline:
         self.runs.update(job.run_id, route=route)
         self._stage(job, "evaluating", 0.4)
         work = self.runs.run_dir(job.run_id)
+        if self.printer is not None:  # Chromium starts while the study is evaluated
+            self.printer.warm()
         result = self.evaluator.evaluate(folder, route, work, index)
-        self._stage(job, "writing the checklist", 0.6)
-        checklist = write_checklist(result.run, work / "report")
-        self._stage(job, "waiting for the upload to Orthanc", 0.75)
-        self._finish_uploads(job)
-        self._stage(job, "writing back SR and PDF", 0.8)
-        version = state.version + 1
-        headers = evidence(index, result.evaluated_series_uids)
-        previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
+        run = result.run  # the run as its store records it: the report bundle's RunData
+        errors = self.runs.sample_errors(job.run_id)
 
         def no_answer(model: str) -> str:
             why = {
-                f"{c.task}: {c.error or c.parse_status}" for c in result.cases if c.model == model
+                f"{x.scored.family}: {errors.get((model, x.scored.family)) or x.scored.status}"
+                for x in run.samples
+                if x.scored.model == model
             }
             return "; ".join(sorted(why)) or "no answer"
 
-        back = build_unverified(
-            result.run, route.models, headers, version, result.evaluator, result.modality,
-            previous, no_answer,
-        )  # fmt: skip
+        version = state.version + 1
+        self._stage(job, "writing the checklist", 0.6)
+        # Chromium prints the checklist while the upload settles and the SRs are built.
+        with ThreadPoolExecutor(1, thread_name_prefix="checklist") as printing:
+            printed = printing.submit(write_checklist, run, work / "report", self.printer)
+            self._stage(job, "waiting for the upload to Orthanc", 0.7)
+            self._finish_uploads(job)
+            headers = evidence(index, result.evaluated_series_uids)
+            previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
+            back = build_unverified(
+                run, route.models, headers, version, result.evaluator, result.modality,
+                previous, no_answer,
+            )  # fmt: skip
+            sr_paths: list[str] = []
+            for sr in back.srs.values():  # local copies: the next version names them predecessors
+                path = work / f"sr-{len(sr_paths) + 1}.dcm"
+                sr.save_as(path, enforce_file_format=True)
+                sr_paths.append(str(path))
+            checklist = printed.result()
+        # in the bundle, before anything is stored: what a re-issue attaches its VERIFIED SR to
+        save_evidence(headers, checklist.folder)
+        self._stage(job, "writing back SR and PDF", 0.8)
         warnings = [*result.warnings, *checklist.warnings, *back.warnings]
-        result.warnings = [*result.warnings, *back.left_out]
-        sr_paths: list[str] = []
-        for sr in back.srs.values():  # local copies: the next version names them predecessors
-            path = work / f"sr-{len(sr_paths) + 1}.dcm"
-            sr.save_as(path, enforce_file_format=True)
-            sr_paths.append(str(path))
         pdf = checklist_pdf(headers, checklist.pdf, version)
         if pdf is None:
             warnings.append("no checklist PDF written back to PACS: it could not be printed")
@@ -385,7 +420,6 @@ class StudyPipeline:
         sr_uids = {m: str(sr.SOPInstanceUID) for m, sr in back.srs.items()}
         pdf_uid = str(pdf.SOPInstanceUID) if pdf is not None else None
         METRICS.inc("reports_stored_total", len(sr_uids) + (pdf_uid is not None))
-        self.runs.write_report(job.run_id, result, html=checklist.html, pdf=checklist.pdf)
         info = {
             "run_id": job.run_id,
             "trigger": job.trigger,

@@ -1,35 +1,28 @@
-"""What the gateway's evaluation of one study gives: per-model answers and the engine's run."""
+"""What the evaluation of one received study tells the pipeline besides the run itself.
+
+The run (every answer, score and error label) is recorded in the engine's run store, the one
+record of the run; the worker reads it back from there as ``RunData``, the one result type the
+reports, the write-back and the API read (the bundle's ``rundata.json``). Beside it, only what
+the store does not hold: the study's facts the write-back needs (which series were evaluated,
+the modality), the images the API serves, and warnings.
+"""
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from evaluation import Answer, Finding, ImageRef, ParseStatus, RunData, Score, TaskFamily
+from evaluation import ImageRef, RunData
 from gateway.routing import Route
-
-
-class CaseResult(BaseModel):
-    """One model's answer to one task on the study."""
-
-    case_id: str
-    model: str
-    task: TaskFamily
-    answer: Answer | None = None
-    final_diagnosis: str | None = None
-    findings: list[Finding] = Field(default_factory=list)
-    scores: list[Score] = Field(default_factory=list)
-    parse_status: ParseStatus = ParseStatus.OK
-    error: str | None = None
 
 
 class EvaluationResult(BaseModel):
     evaluator: str
     study_uid: str
     route: Route
-    cases: list[CaseResult] = Field(default_factory=list)
     images: list[ImageRef] = Field(default_factory=list)  # paths relative to the work folder
     evaluated_series_uids: list[str] = Field(default_factory=list)
     modality: str = "MR"
     warnings: list[str] = Field(default_factory=list)
-    # The engine's run as the report bundle reads it; the pipeline writes its checklist.
+    # the run as the engine's store records it (read back by the worker): the report bundle's
+    # RunData, the one result type of reports; not part of the JSON
     run: RunData = Field(exclude=True, repr=False)

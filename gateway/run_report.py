@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation import RUNDATA_FILE, RunData, case_slug, save_run, write_report
+from evaluation import RUNDATA_FILE, Printer, RunData, case_slug, save_run, write_report
 
 GATEWAY_KEY = "gateway"  # RunData.config entry written by the gateway
 
@@ -32,12 +32,13 @@ class Checklist:
     warnings: list[str] = field(default_factory=list)
 
 
-def write_checklist(run: RunData, folder: Path) -> Checklist:
-    """Write the bundle of a one-case run (the study) into ``folder``."""
+def write_checklist(run: RunData, folder: Path, printer: Printer | None = None) -> Checklist:
+    """Write the bundle of a one-case run (the study) into ``folder``; ``printer``: the
+    gateway's running Chromium (else one is started for the print)."""
     if len(run.cases) != 1:
         raise ValueError(f"a gateway run holds one case (the study), not {len(run.cases)}")
     shutil.rmtree(folder, ignore_errors=True)
-    index = write_report(run, folder, pdf=True, workers=1, summary=False)
+    index = write_report(run, folder, pdf=True, workers=1, summary=False, printer=printer)
     slug = case_slug(run.cases[0].case_id)
     pdf = folder / "cases" / f"{slug}.pdf"
     return Checklist(

@@ -1,28 +1,35 @@
-"""Gateway runs on disk: one folder per run (record, report JSON/HTML/PDF, images, SR copies)
-and one state file per study (what was uploaded and evaluated, the report version).
+"""Gateway runs on disk: one folder per run, ``DATA_DIR/runs/<run id>/``, whose record is the
+evaluation engine's run store (``run.sqlite``): the engine records there the run's
+configuration, every model call, answer and score, and the gateway its own part under the
+note ``gateway`` (``RunRecord``: trigger, status, stage, progress, route, what was written back)
+from the moment the study is queued. Beside it: the rendered images the API serves, the SR
+copies the next version names as predecessors, and (for a study fetched from Orthanc) the
+study. The report of a run is its report bundle in the reports folder (``<reports>/<run id>``,
+``rundata.json``: the one result type the review pages, ``neurosandbox report`` and the API's
+``/runs/{id}/report.json`` read). One state file per study says what was uploaded and
+evaluated and the report version.
 
-Interim store until the evaluation engine's SQLite run store exists; records are pydantic and
-every write is atomic (temp file, rename).
+Run ids are time-ordered (32 hex digits: nanoseconds, then random), so the newest runs are
+listed without opening every store. Folders of earlier versions (``run.json``) are still read.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 import threading
-import uuid
+import time
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from evaluation import RUNDATA_FILE, STORE_FILE, EvaluationError, RunStore
 from gateway.cache import atomic_writer
 from gateway.routing import Route
-
-if TYPE_CHECKING:
-    from gateway.results import EvaluationResult
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -75,23 +82,34 @@ class RunNotFoundError(KeyError):
     """No run with this id."""
 
 
+GATEWAY_NOTE = "gateway"  # the run store's note holding the gateway's RunRecord
+_LEGACY_RECORD = "run.json"  # where versions before the run store kept the RunRecord
+
+
 class StudyRunStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, reports_dir: Path | None = None) -> None:
         self.root = root
         self.runs_dir = root / "runs"
         self.state_dir = root / "state" / "studies"
+        # where the run's report bundle is published (Settings.reports_root)
+        self.reports_dir = reports_dir or root / "reports"
         self._lock = threading.Lock()
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
     @staticmethod
     def new_id() -> str:
-        return uuid.uuid4().hex
+        """A new run id: the time in nanoseconds, then random (newest sorts last)."""
+        return f"{time.time_ns():016x}{secrets.token_hex(8)}"
 
     def run_dir(self, run_id: str) -> Path:
         if not _RUN_ID.match(run_id):
             raise RunNotFoundError(run_id)
         return self.runs_dir / run_id
+
+    def store_path(self, run_id: str) -> Path:
+        """The run's record: the engine's run store."""
+        return self.run_dir(run_id) / STORE_FILE
 
     def _write(self, path: Path, text: str) -> None:
         with atomic_writer(path, fsync=False) as fh:
@@ -99,18 +117,32 @@ class StudyRunStore:
 
     # ----------------------------------------------------------------- runs
 
+    def _save(self, record: RunRecord, create: bool = False) -> None:
+        store = RunStore(self.run_dir(record.run_id), create=create)
+        try:
+            store.set_note(GATEWAY_NOTE, record.model_dump_json())
+        finally:
+            store.close()
+
     def create(self, record: RunRecord) -> RunRecord:
-        d = self.run_dir(record.run_id)
-        d.mkdir(parents=True, exist_ok=True)
+        self.run_dir(record.run_id).mkdir(parents=True, exist_ok=True)
         with self._lock:
-            self._write(d / "run.json", record.model_dump_json(indent=2))
+            self._save(record, create=True)
         return record
 
     def get(self, run_id: str) -> RunRecord:
+        folder = self.run_dir(run_id)
         try:
-            path = self.run_dir(run_id) / "run.json"
-            return RunRecord.model_validate_json(path.read_text())
-        except (OSError, RunNotFoundError):
+            if (folder / STORE_FILE).is_file():
+                store = RunStore(folder)
+                try:
+                    text = store.note(GATEWAY_NOTE)
+                finally:
+                    store.close()
+                if text is not None:
+                    return RunRecord.model_validate_json(text)
+            return RunRecord.model_validate_json((folder / _LEGACY_RECORD).read_text())
+        except (OSError, EvaluationError, ValueError):
             raise RunNotFoundError(run_id) from None
 
     def update(self, run_id: str, **changes: Any) -> RunRecord:
@@ -120,7 +152,10 @@ class StudyRunStore:
                 changes["started_at"] = now_iso()
             rec = rec.model_copy(update=changes)
             RunRecord.model_validate(rec.model_dump())
-            self._write(self.run_dir(run_id) / "run.json", rec.model_dump_json(indent=2))
+            if (self.run_dir(run_id) / STORE_FILE).is_file():
+                self._save(rec)
+            else:  # a run of an earlier version
+                self._write(self.run_dir(run_id) / _LEGACY_RECORD, rec.model_dump_json(indent=2))
         return rec
 
     def finish(self, run_id: str, status: RunStatus, **changes: Any) -> RunRecord:
@@ -135,14 +170,21 @@ class StudyRunStore:
         )
 
     def list(self, limit: int = 100, study_uid: str | None = None) -> list[RunRecord]:
-        paths = sorted(
-            self.runs_dir.glob("*/run.json"), key=lambda p: p.stat().st_mtime, reverse=True
-        )
+        """The newest runs first (of ``study_uid`` only, when given)."""
+        current, legacy = [], []
+        for d in self.runs_dir.iterdir() if self.runs_dir.is_dir() else ():
+            if _RUN_ID.match(d.name):
+                if (d / STORE_FILE).is_file():
+                    current.append(d)
+                elif (d / _LEGACY_RECORD).is_file():
+                    legacy.append(d)
+        current.sort(key=lambda d: d.name, reverse=True)
+        legacy.sort(key=lambda d: (d / _LEGACY_RECORD).stat().st_mtime, reverse=True)
         out = []
-        for p in paths:
+        for d in (*current, *legacy):
             try:
-                rec = RunRecord.model_validate_json(p.read_text())
-            except (OSError, ValueError):
+                rec = self.get(d.name)
+            except RunNotFoundError:
                 continue
             if study_uid is None or rec.study_uid == study_uid:
                 out.append(rec)
@@ -150,21 +192,38 @@ class StudyRunStore:
                 break
         return out
 
-    def write_report(
-        self, run_id: str, result: EvaluationResult, html: str = "", pdf: bytes | None = None
-    ) -> None:
-        """The run's result, and its checklist page and print (when there are)."""
-        d = self.run_dir(run_id)
-        self._write(d / "report.json", result.model_dump_json(indent=2))
-        if html:
-            self._write(d / "report.html", html)
-        if pdf:
-            with atomic_writer(d / "report.pdf", fsync=False) as fh:
-                fh.write(pdf)
+    def sample_errors(self, run_id: str) -> dict[tuple[str, str], str]:
+        """Why a model gave no usable answer (transport, refusal, format), by model and task
+        family, from the run store."""
+        store = RunStore(self.run_dir(run_id))
+        try:
+            rows = store.samples()
+        finally:
+            store.close()
+        return {
+            (r.model, r.family): str(r.parse_error)
+            for r in rows
+            if r.parse_error and r.status != "ok"
+        }
+
+    def report_folder(self, run_id: str) -> Path:
+        """The run's published report bundle."""
+        return self.reports_dir / self.run_dir(run_id).name
 
     def report_path(self, run_id: str, kind: str) -> Path:
-        path = self.run_dir(run_id) / f"report.{kind}"
-        if kind not in ("json", "html", "pdf") or not path.exists():
+        """The run's report: ``json`` its RunData (``rundata.json``), ``html``/``pdf`` the
+        study's checklist page and its print, all from the published bundle."""
+        folder = self.report_folder(run_id)
+        if kind == "json":
+            path = folder / RUNDATA_FILE
+        elif kind in ("html", "pdf"):
+            pages = sorted(
+                p for p in (folder / "cases").glob(f"*.{kind}") if not p.name.startswith(".")
+            )
+            path = pages[0] if len(pages) == 1 else folder / "none"
+        else:
+            path = folder / "none"
+        if not path.is_file():
             raise RunNotFoundError(f"{run_id}/report.{kind}")
         return path
 

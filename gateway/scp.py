@@ -434,19 +434,25 @@ class StorageSCP:
         return any(study in a.studies and not a.done for a in self._assocs.values())
 
     def _tick(self) -> None:
-        while not self._stop.wait(0.25):
+        """Emit each study once its quiet time has passed; wake when the next one is due
+        (at most 0.25 s apart, at least 10 ms)."""
+        wait = 0.25
+        while not self._stop.wait(wait):
             self._reap()
             ready: list[_Study] = []
+            wait = 0.25
             with self._lock:
                 now = time.monotonic()
                 for st in list(self._studies.values()):
-                    if (
-                        st.n_new > 0
-                        and now - st.last_activity >= self.quiet_s
-                        and not self._busy(st.uid)
-                    ):
+                    if st.n_new <= 0:
+                        continue
+                    due = st.last_activity + self.quiet_s - now
+                    if due <= 0 and not self._busy(st.uid):
                         ready.append(_Study(**st.__dict__ | {"calling_aets": set(st.calling_aets)}))
                         st.n_new, st.recovered = 0, False
+                    elif due > 0:
+                        wait = min(wait, due)
+            wait = max(0.01, wait)
             for st in ready:
                 self._emit(st)
 

@@ -20,6 +20,7 @@ import uvicorn
 from pynetdicom import _config as pynetdicom_config
 from starlette.applications import Starlette
 
+from evaluation import Printer
 from gateway.api import GatewayContext, create_app
 from gateway.cache import InstanceCache
 from gateway.default_evaluator import DefaultEvaluator, ProcessEvaluator
@@ -109,7 +110,10 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     ctx = GatewayContext.from_settings(settings)
     data = settings.data_dir
     worker = ProcessEvaluator(
-        evaluator or DefaultEvaluator(settings), settings.run_deadline_s, init=configure_logging
+        evaluator or DefaultEvaluator(settings),
+        settings.run_deadline_s,
+        init=configure_logging,
+        warm=settings.warm_worker,
     )
     # received instances go to Orthanc as they arrive (an aborted association's are deleted)
     forwarder = Forwarder(ctx.orthanc.store_instance, ctx.orthanc.delete_instance)
@@ -122,6 +126,7 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         cache=InstanceCache(data / "cache"),
         reports_dir=settings.reports_root,  # where the review pages look
         forwarder=forwarder,
+        printer=Printer(idle_s=600),  # the checklists' Chromium: started ahead, closed when idle
     )
     ctx.pipeline = pipeline
     scp = StorageSCP(

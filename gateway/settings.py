@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
     # an evaluation's worker process is stopped after this long; the run fails, the queue goes on
     run_deadline_s: Annotated[float, Field(gt=0)] = 3600.0
+    # one spare evaluation worker started ahead while idle (its 1-2 s start not paid per study)
+    warm_worker: bool = True
     api_host: str = "127.0.0.1"
     api_port: int | None = None
     api_max_body_bytes: int = 1_048_576

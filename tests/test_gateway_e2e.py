@@ -112,8 +112,9 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
     mine = [r for r in runs if r["study_uid"] == study.study_uid and r["trigger"] == "dicom"]
     run = gateway.wait_run(mine[0]["run_id"])
     assert run["status"] == "done", run
+    # the report is the run's RunData (the bundle's rundata.json), read from its run store
     report = gateway.get(f"/runs/{run['run_id']}/report.json", gateway.reviewer).json()
-    diagnosis = report["cases"][0]["final_diagnosis"]
+    diagnosis = report["samples"][0]["answer"]["final_diagnosis"]
     assert diagnosis and any(m == diagnosis[:64] for _, m in codes)  # the diagnosis, coded
     document = pdf.EncapsulatedDocument[: pdf.EncapsulatedDocumentLength]
     assert document.startswith(b"%PDF") and pdf.StudyInstanceUID == study.study_uid
@@ -296,7 +297,7 @@ def test_api_evaluation_run_serves_reports_images_metrics_and_audit(
     run = gateway.wait_run(run_id)
     assert run["status"] == "done" and run["progress"] == 1.0 and run["trigger"] == "api", run
     report = gateway.get(f"/runs/{run_id}/report.json", gateway.reviewer).json()
-    assert [c["task"] for c in report["cases"]] == ["lesion"]
+    assert [s["scored"]["family"] for s in report["samples"]] == ["lesion"]
     html = gateway.get(f"/runs/{run_id}/report.html", gateway.reviewer)
     assert (
         "default-src 'none'" in html.headers["content-security-policy"]
@@ -304,7 +305,7 @@ def test_api_evaluation_run_serves_reports_images_metrics_and_audit(
     )
     pdf = gateway.get(f"/runs/{run_id}/report.pdf", gateway.reviewer)
     assert pdf.headers["content-type"] == "application/pdf" and pdf.content.startswith(b"%PDF")
-    diagnosis = report["cases"][0]["final_diagnosis"]
+    diagnosis = report["samples"][0]["answer"]["final_diagnosis"]
     assert f"Final diagnosis {diagnosis}" in pdf_text(pdf.content, tmp_path)
     assert diagnosis in html.text and report["cases"][0]["case_id"] in html.text
     review = gateway.get(f"/review/runs/{run_id}/summary.json", gateway.reviewer).json()

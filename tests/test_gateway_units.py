@@ -19,7 +19,7 @@ from openai_server import OpenAIServer
 from pydicom.uid import generate_uid
 
 from evaluation import ReportContent, report_blocks
-from evaluation.answers import DifferentialItem, Finding
+from evaluation.answers import Answer, ClassificationAnswer, DifferentialItem, Finding
 from evaluation.case import TaskFamily
 from evaluation.reports import load_run
 from evaluation.scores import ParseStatus
@@ -159,25 +159,26 @@ def test_default_evaluator_runs_the_engine_reference_model_on_a_study(
     )
     work = tmp_path / "runs" / ("0" * 32)
     result = DefaultEvaluator(Settings(data_dir=tmp_path)).evaluate(tmp_path / "study", route, work)
-    by = {(c.model, c.task): c for c in result.cases}
+    by = {(x.scored.model, x.scored.family): x for x in result.run.samples}
     assert set(by) == {
         ("reference/image-rules", TaskFamily.LESION),
         ("reference/image-rules", TaskFamily.CLASSIFICATION),
     }
     lesion = by[("reference/image-rules", TaskFamily.LESION)]
-    assert lesion.parse_status is ParseStatus.OK and lesion.answer is not None
+    assert lesion.scored.status is ParseStatus.OK and isinstance(lesion.answer, Answer)
     if side is None:
-        assert lesion.findings == []
+        assert lesion.answer.findings == []
     else:
-        assert {f.hemisphere for f in lesion.findings} == {side}
-    assert by[("reference/image-rules", TaskFamily.CLASSIFICATION)].final_diagnosis
+        assert {f.hemisphere for f in lesion.answer.findings} == {side}
+    classified = by[("reference/image-rules", TaskFamily.CLASSIFICATION)].answer
+    assert isinstance(classified, ClassificationAnswer) and classified.diagnosis_name
     assert any("multi-turn not run" in w for w in result.warnings)
     # Only the routed series was evaluated, and the run is an ordinary engine run.
     assert {i.series_class for i in result.images} == {"FLAIR"}
     assert all((work / i.path).exists() for i in result.images)
     assert result.run.run_id == work.name and len(result.run.cases) == 1
     assert result.run.cases[0].provenance.study_uids == [result.study_uid]
-    again = load_run(work / "engine")  # what `neurosandbox report RUNDIR/engine` reads
+    again = load_run(work)  # the run store in the run folder: `neurosandbox report RUNDIR`
     assert [s.answer for s in again.samples] == [s.answer for s in result.run.samples]
     assert "reference/image-rules" in {b.model for b in report_blocks(result.run.samples)}
 
@@ -207,13 +208,15 @@ def test_routed_litellm_models_run_through_the_engine_and_its_phi_gate(tmp_path:
         bodies = json.dumps(server.stats.bodies)
         calls = server.stats.calls
     assert calls == 2  # one per task: the routed litellm model was called
-    remote = {c.task: c for c in result.cases if c.model == "ward-vlm"}
+    remote = {x.scored.family: x.answer for x in result.run.samples if x.scored.model == "ward-vlm"}
     assert set(remote) == {TaskFamily.DIFFERENTIAL, TaskFamily.LESION}
-    assert remote[TaskFamily.DIFFERENTIAL].final_diagnosis == "multiple sclerosis"
-    assert [f.hemisphere for f in remote[TaskFamily.LESION].findings] == ["left"]
+    differential, lesion = remote[TaskFamily.DIFFERENTIAL], remote[TaskFamily.LESION]
+    assert isinstance(differential, Answer) and isinstance(lesion, Answer)
+    assert differential.final_diagnosis == "multiple sclerosis"
+    assert [f.hemisphere for f in lesion.findings] == ["left"]
     assert {s.scored.model for s in result.run.samples} == {"reference/image-rules", "ward-vlm"}
     assert "Secret" not in bodies and study.patient_id not in bodies
-    store = RunStore(work / "engine")
+    store = RunStore(work)
     try:
         audit = [a for a in store.audit() if a.model == "ward-vlm"]
     finally:

@@ -20,10 +20,12 @@ from gateway_process import send
 from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 
+from evaluation import RUNDATA_FILE, STORE_FILE, RunStore, load_run
 from gateway.default_evaluator import DefaultEvaluator
-from gateway.runs import RunStatus
+from gateway.runs import GATEWAY_NOTE, RunRecord, RunStatus
 from gateway.serve import Gateway, build_gateway
 from gateway.sr import series_uid_for
+from gateway.writeback import load_evidence
 
 pytestmark = pytest.mark.integration
 
@@ -150,6 +152,39 @@ def test_a_c_store_study_has_each_header_read_once_and_is_in_orthanc_as_it_arriv
     assert set(reads.values()) == {1}, Counter(reads.values())
     # ... and the one write-back put an SR and the PDF into the study.
     assert _written_back(gw, study.study_uid, "sr", "pdf")
+    _one_record(gw, study.study_uid)
+
+
+def _one_record(gw: Gateway, study_uid: str) -> None:
+    """The run's one record is the engine's run store in the run folder: the engine's run and
+    the gateway's part (status, what was written back) in one file, nothing beside it; its one
+    result type is the RunData of the report bundle."""
+    (rec,) = gw.pipeline.runs.list(study_uid=study_uid)
+    folder = gw.pipeline.runs.run_dir(rec.run_id)
+    records = {p.name for p in folder.iterdir() if p.suffix in (".json", ".sqlite") or p.is_dir()}
+    assert records == {STORE_FILE, "config.json", "images", "render"}, records
+    store = RunStore(folder)
+    try:
+        assert store.has_run() and store.run_row().run_id == rec.run_id
+        noted = RunRecord.model_validate_json(store.note(GATEWAY_NOTE) or "")
+        answered = {r.model for r in store.samples() if r.status == "ok"}
+    finally:
+        store.close()
+    assert noted.status is RunStatus.DONE and noted.sr_sop_uids and noted.pdf_sop_uid
+    sid = gw.ctx.orthanc.find_study(study_uid)
+    in_pacs = {sop for s in gw.ctx.orthanc.list_series(sid or "", classify=False)
+               for _, sop in gw.ctx.orthanc.series_instances(s.orthanc_id)}  # fmt: skip
+    assert {*noted.sr_sop_uids, noted.pdf_sop_uid} <= in_pacs
+    # the report (API report.json, the review pages, `neurosandbox report`): the bundle's RunData,
+    # the same run as the store's
+    report = gw.pipeline.runs.report_path(rec.run_id, "json")
+    assert report == gw.pipeline.reports_dir / rec.run_id / RUNDATA_FILE
+    bundle, stored = load_run(report), load_run(folder)
+    assert [s.answer for s in bundle.samples] == [s.answer for s in stored.samples]
+    assert {s.scored.model for s in bundle.samples} == answered
+    # the SR's evidence from the one index, recorded for a re-issue (no PACS header read then)
+    evidence = load_evidence(report.parent)
+    assert {str(d.SOPInstanceUID) for d in evidence} <= in_pacs and evidence[0].PatientID
 
 
 def test_a_real_scanner_study_has_each_header_read_once(gw: Gateway) -> None:

@@ -108,11 +108,13 @@ def test_a_stuck_evaluation_is_stopped_at_the_deadline_and_the_next_study_goes_o
             assert run_b["route"]["models"] == ["reference/image-rules"]
             assert run_b["started_at"] >= run_a["finished_at"]
 
-            # No worker left: A's was stopped with its process group, B's ended.
+            # No worker left but the idle gateway's one spare (NEUROSANDBOX_WARM_WORKER): A's
+            # was stopped with its process group, B's ended.
             until = time.monotonic() + 15
-            while _workers(gw.proc.pid) and time.monotonic() < until:
+            while len(_workers(gw.proc.pid)) > 1 and time.monotonic() < until:
                 time.sleep(0.2)
-            assert not _workers(gw.proc.pid)
+            left = _workers(gw.proc.pid)
+            assert len(left) <= 1 and not left & seen, (left, seen)
             alive = procs()
             assert not [p for p in alive if p[0] in seen or p[2] in seen], alive
 
@@ -198,3 +200,91 @@ def test_cancel_stops_the_running_worker_and_refuses_new_ones(tmp_path: Path) ->
     assert not _workers(os.getpid())
     with pytest.raises(EvaluationAbandonedError):
         worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
+
+
+# --------------------------------------------------------------------------- the spare worker
+
+
+class Warmed:
+    """Records in which process and when it was warmed and when it evaluated."""
+
+    name = "warmed"
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def warm(self) -> None:
+        with self.log.open("a") as fh:
+            fh.write(f"warm {os.getpid()} {time.time()}\n")
+
+    def evaluate(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
+    ) -> EvaluationResult:
+        with self.log.open("a") as fh:
+            fh.write(f"evaluate {os.getpid()} {time.time()}\n")
+        raise ValueError(f"evaluated in {os.getpid()}")
+
+
+def _log(path: Path) -> list[tuple[str, int, float]]:
+    if not path.exists():
+        return []
+    return [
+        (w, int(p), float(t)) for w, p, t in (x.split() for x in path.read_text().split("\n") if x)
+    ]
+
+
+def test_a_spare_worker_is_started_ahead_and_evaluates_one_study(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    worker = ProcessEvaluator(Warmed(log), deadline_s=60, warm=True)
+    try:
+        worker.prepare()
+        until = time.monotonic() + 60
+        while not _log(log) and time.monotonic() < until:
+            time.sleep(0.05)
+        ((what, spare, warmed_at),) = _log(log)
+        assert what == "warm" and spare in _workers(os.getpid())
+        worker.prepare()  # one spare at most
+        assert _workers(os.getpid()) == {spare}
+        asked = time.time()
+        with pytest.raises(EvaluationWorkerError, match=f"evaluated in {spare}"):
+            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
+        # the study went to the spare, warmed before the study was asked for
+        assert _log(log)[1][:2] == ("evaluate", spare) and warmed_at < asked
+        assert not _workers(os.getpid()), "a worker evaluates one study and ends"
+        # without a spare, a worker is started for the study (and warmed first)
+        with pytest.raises(EvaluationWorkerError):
+            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
+        events = _log(log)[2:]
+        assert [e[0] for e in events] == ["warm", "evaluate"] and events[0][1] != spare
+        # a spare that died is replaced, not handed the study
+        worker.prepare()
+        until = time.monotonic() + 60
+        while len(_log(log)) < 5 and time.monotonic() < until:
+            time.sleep(0.05)
+        dead = _log(log)[4][1]
+        os.kill(dead, 9)
+        time.sleep(0.5)
+        with pytest.raises(EvaluationWorkerError):
+            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
+        assert _log(log)[-1][0] == "evaluate" and _log(log)[-1][1] != dead
+        worker.prepare()
+        until = time.monotonic() + 60
+        while not _workers(os.getpid()) and time.monotonic() < until:
+            time.sleep(0.05)
+        assert _workers(os.getpid())
+    finally:
+        worker.cancel()  # the gateway stopping: the spare goes too
+    assert not _workers(os.getpid())
+    with pytest.raises(EvaluationAbandonedError):
+        worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
+
+
+def test_a_spare_worker_is_stopped_at_the_deadline_like_any(tmp_path: Path) -> None:
+    worker = ProcessEvaluator(Stuck(), deadline_s=6, warm=True)
+    worker.prepare()
+    (spare,) = _workers(os.getpid())
+    with pytest.raises(EvaluationAbandonedError, match="6 s deadline"):
+        worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
+    child = int((tmp_path / "child.pid").read_text())
+    assert not _alive(child) and not _alive(spare)
+    assert not _workers(os.getpid())

@@ -23,7 +23,7 @@ from evaluation.reports.checklist import build_checklist, image_path
 from evaluation.reports.html import ImageLoader, render_checklist, render_summary
 from evaluation.reports.loader import RUNDATA_FILE, save_run
 from evaluation.reports.model import CaseChecklist, checklist_schema
-from evaluation.reports.pdf import PdfError, html_file_to_pdf, print_pdfs
+from evaluation.reports.pdf import PdfError, Printer, html_file_to_pdf, print_pdfs
 from evaluation.reports.plots import all_plots
 from evaluation.reports.reviews import CaseReview
 from evaluation.reports.rundata import RunData
@@ -106,11 +106,13 @@ def write_report(
     reviews: list[CaseReview] | None = None,
     workers: int = 2,
     summary: bool = True,
+    printer: Printer | None = None,
 ) -> ReportIndex:
     """Write the checklists and the summary of ``run`` into ``out``.
 
     ``summary=False`` writes the checklists alone, their pages without a summary link (the
-    gateway: its review pages build the live summary on request)."""
+    gateway: its review pages build the live summary on request). ``printer``: a running
+    Chromium to print with (``Printer``); else one is started for the batch."""
     out = Path(out)
     (out / "cases").mkdir(parents=True, exist_ok=True)
     save_run(run, out / RUNDATA_FILE)
@@ -155,7 +157,7 @@ def write_report(
             printable.write_text(render_summary(report, plots, print_mode=True))
             jobs.append((printable, out / "summary.pdf"))
         try:
-            printed = print_pdfs(jobs)
+            printed = print_pdfs(jobs, printer=printer)
         finally:
             for src, _ in jobs:
                 src.unlink(missing_ok=True)

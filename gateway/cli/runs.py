@@ -32,6 +32,17 @@ runs_app = typer.Typer(
 console = Console(stderr=True)
 
 
+def gateway_record(store: Any) -> str:
+    """A gateway run the engine never started: its status and why, from its record."""
+    from gateway.runs import GATEWAY_NOTE, RunRecord
+
+    text = store.note(GATEWAY_NOTE)
+    if text is None:
+        return "no record"
+    rec = RunRecord.model_validate_json(text)
+    return f"{rec.status.value}: {rec.error}" if rec.error else rec.status.value
+
+
 @runs_app.command("list")
 def runs_list(
     folder: Annotated[
@@ -47,22 +58,29 @@ def runs_list(
     root = folder or settings.runs_dir
     stores = sorted(root.glob(f"*/{STORE_FILE}")) if root.exists() else []
     title = f"runs in {root}"
-    if folder is None:  # the gateway's runs (the demo's among them): one engine run each
-        gateway = settings.data_dir / "runs"
-        stores += sorted(gateway.glob(f"*/engine/{STORE_FILE}"), key=lambda p: p.stat().st_mtime)
+    gateway = settings.data_dir / "runs"
+    if folder is None:  # the gateway's runs (the demo's among them): their run stores
+        stores += sorted(gateway.glob(f"*/{STORE_FILE}"))  # run ids are time-ordered
         title += f" and {gateway}"
     table = Table(title=title)
     for col in ("folder", "run", "status", "created", "dataset", "models", "samples"):
         table.add_column(col, overflow="fold")
     for path in stores:
         label = path.parent.name
-        if label == "engine":  # a gateway run: DATA_DIR/runs/<run id>/engine
-            label = f"gateway {path.parent.parent.name}"
+        ours = path.parent.parent == gateway
+        if ours:  # a gateway run: DATA_DIR/runs/<run id>, its record the run store
+            label = f"gateway {label}"
         try:
             store = RunStore(path.parent)
-            row = store.run_row()
-            n = store.counts().samples
-            store.close()
+            try:
+                if ours and not store.has_run():  # queued, skipped or failed before the engine
+                    rec = gateway_record(store)
+                    table.add_row(escape(label), "-", escape(rec), "", "PACS study", "", "0")
+                    continue
+                row = store.run_row()
+                n = store.counts().samples
+            finally:
+                store.close()
         except EvaluationError as exc:
             table.add_row(escape(label), "-", f"unreadable: {escape(str(exc))}", "", "", "", "")
             continue

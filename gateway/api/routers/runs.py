@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import re
+from pathlib import PurePath
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import FileResponse, Response
 
-from evaluation import ImageRef, csp
+from evaluation import ImageRef, RunLoadError, csp, load_run
 from gateway.api.deps import Ctx, Token, errors
 from gateway.runs import RunNotFoundError, RunRecord
 
@@ -40,9 +40,12 @@ def get_run(ctx: Ctx, _t: Token, run_id: RunId) -> RunRecord:
 
 @router.get(
     "/{run_id}/report.{fmt}",
-    summary="The run's report: JSON (answers per model and task), the checklist as HTML or PDF",
-    description="The checklist is the case page of the run's report bundle; reviewers sign it "
-    "off at `/review/runs/{run_id}`.",
+    summary="The run's report: JSON (the run's RunData), the checklist as HTML or PDF",
+    description="All three come from the run's report bundle: `report.json` is its "
+    "`rundata.json` (the cases, and per model and task the answer, raw reply and scores: the "
+    "one result type `neurosandbox report` reads too), `report.html` and `report.pdf` the "
+    "study's checklist page and its print (the PDF written back to PACS). Reviewers sign it off "
+    "at `/review/runs/{run_id}`.",
     responses={200: {"content": {m: {} for m in MEDIA.values()}}},
     response_class=Response,
 )
@@ -62,11 +65,19 @@ def get_report(ctx: Ctx, _t: Token, run_id: RunId, fmt: Literal["json", "html", 
 @router.get("/{run_id}/images", response_model=list[ImageRef], summary="Images shown to the models")
 def list_images(ctx: Ctx, _t: Token, run_id: RunId) -> list[ImageRef]:
     try:
-        report = json.loads(ctx.runs.report_path(run_id, "json").read_text())
-    except RunNotFoundError:
+        run = load_run(ctx.runs.report_path(run_id, "json"))
+        folder = ctx.runs.run_dir(run_id) / "images"
+    except (RunNotFoundError, RunLoadError):
         raise _missing("report") from None
-    # Paths are relative to the run: images/<name>, served by the route below.
-    return [ImageRef.model_validate(i) for i in report.get("images", [])]
+    # The images the models were shown, as the run records them; served from the run folder
+    # as images/<name> by the route below.
+    out = []
+    for case in run.cases:
+        for ref in case.images:
+            name = PurePath(ref.path).name
+            if _PNG.match(name) and (folder / name).is_file():
+                out.append(ref.model_copy(update={"path": f"images/{name}"}))
+    return out
 
 
 @router.get(
