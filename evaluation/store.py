@@ -194,7 +194,10 @@ class RunStore:
         self._migrate()
         version = self._one("SELECT value FROM meta WHERE key='store_version'")
         if version is None:
-            self._exec("INSERT INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
+            # OR IGNORE: another process may be creating the same store right now
+            self._exec(
+                "INSERT OR IGNORE INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),)
+            )
         elif int(version[0]) != STORE_VERSION:
             raise StoreError(f"{path}: store version {version[0]}, this code reads {STORE_VERSION}")
 

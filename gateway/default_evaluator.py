@@ -269,6 +269,15 @@ def _worker_main(
         conn.close()
 
 
+def _send_job(worker: _Worker, job: tuple[Path, Route, Path, IndexResult]) -> None:
+    """Hand the job to the worker, then close the pipe (a worker that already ended, or was
+    stopped meanwhile: its outcome says how)."""
+    with contextlib.suppress(OSError, ValueError):
+        worker.jobs.send(job)
+    with contextlib.suppress(OSError):
+        worker.jobs.close()
+
+
 @dataclass
 class _Worker:
     """A started worker process: the pipe its job goes down, the one its outcome comes up."""
@@ -387,18 +396,21 @@ class ProcessEvaluator:
             worker = self._take()
             self._proc = worker.proc
         outcome: object = None
+        # The job (the index with its kept headers: more than a pipe holds) is sent from a
+        # thread: a worker stuck before it reads its job (its start, its warm-up) blocks the
+        # send, and the deadline below counts from now all the same.
+        sender = threading.Thread(target=_send_job, args=(worker, (study_dir, route, work_dir, index)),
+                                  name="evaluation-job", daemon=True)  # fmt: skip
+        sender.start()
         try:
-            # a worker that already ended: its outcome (an EOF) says how
-            with contextlib.suppress(OSError, ValueError):
-                worker.jobs.send((study_dir, route, work_dir, index))
-            worker.jobs.close()
             outcome = self._outcome(worker.proc, worker.results)
         finally:
             with self._lock:
                 self._proc = None
-            worker.discard()
             # a worker that answered ends by itself; one that did not is stopped now
             self._stop(worker.proc, STOP_GRACE_S if outcome is not None else 0.0)
+            sender.join(STOP_GRACE_S)  # the worker's end of the pipe is gone: the send ended
+            worker.discard()
         if isinstance(outcome, WorkerFailure):
             raise EvaluationWorkerError(outcome)
         if not isinstance(outcome, EvaluationResult):

@@ -20,6 +20,7 @@ What the SR and PDF are attached to (the source instances, the patient and study
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -75,10 +76,13 @@ def _recorded_headers(bundle: Path, case: Case) -> tuple[list[Dataset], str]:
     except NoEvidenceError as exc:
         raise ReissueError(f"case {case.case_id!r} cannot be re-issued: {exc}") from None
     study_uid = str(headers[0].StudyInstanceUID)
-    if case.provenance.study_uids and case.provenance.study_uids[0] != study_uid:
+    # a registered case may name several studies (baseline, follow-up): the gateway evaluated
+    # and wrote back to the one it received, whichever it was
+    if case.provenance.study_uids and study_uid not in case.provenance.study_uids:
+        names = ", ".join(case.provenance.study_uids)
         raise ReissueError(
             f"the evidence recorded for case {case.case_id!r} ({bundle / EVIDENCE_FILE}) is of "
-            f"study {study_uid}, not of its source study {case.provenance.study_uids[0]}"
+            f"study {study_uid}, not of a study the case names ({names})"
         )
     return headers, "CT" if headers[0].get("Modality") == "CT" else "MR"
 
@@ -157,7 +161,7 @@ def reissue_case(
         raise ReissueError(f"case {case_id!r} has no diagnostic answer to report")
     case = run.case(case_id)
     signed = verifiers(verification, organization)
-    if bundle is not None and (bundle / EVIDENCE_FILE).exists():
+    if bundle is not None and os.path.lexists(bundle / EVIDENCE_FILE):
         headers, modality = _recorded_headers(bundle, case)
         study_uid = str(headers[0].StudyInstanceUID)
     else:

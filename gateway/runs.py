@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import sqlite3
 import threading
 import time
 from datetime import UTC, datetime
@@ -142,7 +143,8 @@ class StudyRunStore:
                 if text is not None:
                     return RunRecord.model_validate_json(text)
             return RunRecord.model_validate_json((folder / _LEGACY_RECORD).read_text())
-        except (OSError, EvaluationError, ValueError):
+        except (OSError, EvaluationError, ValueError, sqlite3.Error):
+            # missing, unreadable, or still being created by the pipeline: not (yet) a run
             raise RunNotFoundError(run_id) from None
 
     def update(self, run_id: str, **changes: Any) -> RunRecord:

@@ -104,6 +104,7 @@ class _Assoc:
     batch: SyncBatch = field(default_factory=SyncBatch)  # background fsyncs of its files
     writes: count[int] = field(default_factory=count)  # names temporary files uniquely
     last_received: float = 0.0  # wall clock of its last instance
+    last_instance: float = 0.0  # monotonic clock of its last instance (the quiet time's start)
 
 
 @dataclass
@@ -307,7 +308,7 @@ class StorageSCP:
             )
             METRICS.inc("dicom_store_failures_total")
             return STATUS_OUT_OF_RESOURCES
-        a.last_received = time.time()
+        a.last_received, a.last_instance = time.time(), time.monotonic()
         with self._lock:
             a.files.append((dest, study, series, sop))
             a.studies[study] = a.studies.get(study, 0) + 1
@@ -371,7 +372,6 @@ class StorageSCP:
         if a.batch.error is not None:
             self._discard(a, f"files not on disk ({a.batch.error.strerror})")
             return
-        now = time.monotonic()
         made: set[Path] = set()
         for src, study, series, sop in a.files:
             folder = self.studies_dir / study / series
@@ -392,7 +392,9 @@ class StorageSCP:
                 st.calling_aets.add(a.calling_aet)
                 st.n_new += n
                 st.recovered = False  # new instances: a real arrival
-                st.last_activity = now
+                # the quiet time runs from the last instance, not from this commit (which may
+                # have waited seconds for the association's fsyncs)
+                st.last_activity = max(st.last_activity, a.last_instance)
                 st.last_received = max(st.last_received, a.last_received)
                 self._write_info(st)
         if a.files:

@@ -31,7 +31,7 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.valuerep import BYTES_VR, VR
 
-from dicom import IndexResult
+from dicom import IndexResult, NotRegularFileError, check_regular
 from evaluation import RunData, report_blocks, unverified_content
 from gateway.cache import InvalidUIDError, atomic_writer, check_uid
 from gateway.orthanc import OrthancClient
@@ -130,6 +130,7 @@ def load_evidence(folder: Path) -> list[Dataset]:
     naming its instance, raises ``NoEvidenceError``."""
     path = folder / EVIDENCE_FILE
     try:
+        check_regular(path)  # a named pipe would block the opener forever
         size = path.stat().st_size
         if size > MAX_EVIDENCE_BYTES:
             raise NoEvidenceError(
@@ -140,6 +141,8 @@ def load_evidence(folder: Path) -> list[Dataset]:
             data: Any = json.loads(fh.read(MAX_EVIDENCE_BYTES + 1))
     except FileNotFoundError:
         raise NoEvidenceError(f"{path}: no recorded evidence (file missing)") from None
+    except NotRegularFileError as exc:
+        raise NoEvidenceError(f"{path}: unreadable evidence ({exc})") from None
     except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON
         raise NoEvidenceError(f"{path}: unreadable evidence ({type(exc).__name__})") from None
     if not isinstance(data, list) or not data:

@@ -312,3 +312,42 @@ def test_a_c_store_from_a_c_move_takes_pynetdicoms_own_path_and_is_kept(
         a = pydicom.dcmread(f)
         b = pydicom.dcmread(Path(done[0].folder) / a.SeriesInstanceUID / f"{a.SOPInstanceUID}.dcm")
         assert b.PixelData == a.PixelData and b.PatientName == a.PatientName
+
+
+def test_the_quiet_time_runs_from_the_last_instance_not_from_the_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study is complete once no association sends to it and the quiet time has passed since
+    its last instance: a slow commit (fsync of a large association) is not followed by a whole
+    quiet time more."""
+    from gateway.spool import SyncBatch
+
+    slow = 2.5 * QUIET
+    real = SyncBatch.wait
+
+    def slow_fsync(self: SyncBatch) -> None:  # the association's files on disk, slowly
+        time.sleep(slow)
+        real(self)
+
+    monkeypatch.setattr(SyncBatch, "wait", slow_fsync)
+    completed: list[float] = []
+    n = Node(tmp_path / "spool")
+    on = n._on
+
+    def timed(study: ReceivedStudy) -> None:
+        completed.append(time.time())
+        on(study)
+
+    n.scp.on_complete = timed
+    n.scp.start()
+    try:
+        study = make_study(tmp_path / "src")
+        r = storescu(n.scp.port, study.files)
+        assert r.returncode == 0, r.stderr
+        (got,) = n.wait(1, timeout=30)
+    finally:
+        n.scp.stop()
+    after_last = completed[0] - got.last_received
+    # the commit alone takes `slow` (> the quiet time): complete right after it, not a quiet
+    # time later
+    assert slow <= after_last < slow + 0.6 * QUIET, after_last

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -349,3 +350,34 @@ def test_a_missing_or_unreadable_evidence_file_names_the_file(tmp_path: Path) ->
     with pytest.raises(NoEvidenceError, match=EVIDENCE_FILE.replace(".", r"\.")):
         load_evidence(tmp_path)
     shutil.rmtree(tmp_path / EVIDENCE_FILE)
+
+
+def test_a_case_naming_two_studies_takes_the_evidence_of_the_one_written_back(
+    tmp_path: Path,
+) -> None:
+    """A registered case may name a baseline and a follow-up study; the gateway evaluates and
+    writes back to the one it received (the follow-up here): its evidence is the case's."""
+    from evaluation import Case, Provenance
+    from gateway.reissue import ReissueError, _recorded_headers
+
+    headers = _headers(tmp_path)
+    received = str(headers[0].StudyInstanceUID)
+    save_evidence(headers, tmp_path / "bundle")
+    case = Case(
+        case_id="stroke-1",
+        provenance=Provenance(source="gateway", study_uids=["1.2.3.9", received]),
+    )
+    got, modality = _recorded_headers(tmp_path / "bundle", case)
+    assert str(got[0].StudyInstanceUID) == received and modality == "MR"
+    stranger = Case(
+        case_id="other", provenance=Provenance(source="gateway", study_uids=["1.2.3.9"])
+    )
+    with pytest.raises(ReissueError, match="not of a study the case names"):
+        _recorded_headers(tmp_path / "bundle", stranger)
+
+
+def test_an_evidence_file_that_is_a_named_pipe_is_refused_unopened(tmp_path: Path) -> None:
+    (tmp_path / "bundle").mkdir()
+    os.mkfifo(tmp_path / "bundle" / EVIDENCE_FILE)  # opening it would block forever
+    with pytest.raises(NoEvidenceError, match="named pipe"):
+        load_evidence(tmp_path / "bundle")

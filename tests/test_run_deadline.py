@@ -288,3 +288,29 @@ def test_a_spare_worker_is_stopped_at_the_deadline_like_any(tmp_path: Path) -> N
     child = int((tmp_path / "child.pid").read_text())
     assert not _alive(child) and not _alive(spare)
     assert not _workers(os.getpid())
+
+
+class SlowStart:
+    """A worker that takes long to start (its warm-up hangs) before it reads its job."""
+
+    name = "slow-start"
+
+    def warm(self) -> None:
+        time.sleep(40)
+
+    def evaluate(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
+    ) -> EvaluationResult:
+        raise AssertionError("not reached within the deadline")
+
+
+def test_the_deadline_counts_while_the_job_is_handed_to_a_stuck_worker(tmp_path: Path) -> None:
+    """A job larger than a pipe holds (a real study's index with its kept headers) is sent
+    while the worker is stuck before reading it: the deadline still stops it."""
+    big = tmp_path / ("x" * 300_000)  # pickles to more than the 64 KiB a pipe buffers
+    t0 = time.monotonic()
+    with pytest.raises(EvaluationAbandonedError, match="5 s deadline"):
+        ProcessEvaluator(SlowStart(), deadline_s=5).evaluate(big, ROUTE, tmp_path, IndexResult())
+    took = time.monotonic() - t0
+    assert took < 5 + 10, took
+    assert not _workers(os.getpid())

@@ -130,8 +130,8 @@ class Printer:
     def print(self, jobs: list[tuple[Path, Path]]) -> dict[Path, Path | PdfError]:
         """Print the batch with the running Chromium (started when none is)."""
         with self._lock:
-            if self._closed:
-                raise PdfError("the printer is closed")
+            if self._closed:  # the gateway stopping: no page, and said why
+                return dict.fromkeys((pdf for _, pdf in jobs), PdfError("the printer is closed"))
             self._cancel_timer()
             future = self._thread.submit(self._print, jobs)
         try:

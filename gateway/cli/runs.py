@@ -39,7 +39,10 @@ def gateway_record(store: Any) -> str:
     text = store.note(GATEWAY_NOTE)
     if text is None:
         return "no record"
-    rec = RunRecord.model_validate_json(text)
+    try:
+        rec = RunRecord.model_validate_json(text)
+    except ValueError:
+        return "unreadable gateway record"
     return f"{rec.status.value}: {rec.error}" if rec.error else rec.status.value
 
 
@@ -60,8 +63,14 @@ def runs_list(
     title = f"runs in {root}"
     gateway = settings.data_dir / "runs"
     if folder is None:  # the gateway's runs (the demo's among them): their run stores
-        stores += sorted(gateway.glob(f"*/{STORE_FILE}"))  # run ids are time-ordered
+        # (run ids are time-ordered; runs of earlier versions kept theirs in <run id>/engine)
+        stores += sorted(gateway.glob(f"*/engine/{STORE_FILE}"), key=lambda p: p.stat().st_mtime)
+        stores += sorted(gateway.glob(f"*/{STORE_FILE}"))
         title += f" and {gateway}"
+        unique: dict[Path, Path] = {}  # the runs folder may be DATA_DIR/runs itself
+        for p in stores:
+            unique.setdefault(p.resolve(), p)
+        stores = list(unique.values())
     table = Table(title=title)
     for col in ("folder", "run", "status", "created", "dataset", "models", "samples"):
         table.add_column(col, overflow="fold")
@@ -70,6 +79,8 @@ def runs_list(
         ours = path.parent.parent == gateway
         if ours:  # a gateway run: DATA_DIR/runs/<run id>, its record the run store
             label = f"gateway {label}"
+        elif label == "engine" and path.parent.parent.parent == gateway:  # an earlier version's
+            label = f"gateway {path.parent.parent.name}"
         try:
             store = RunStore(path.parent)
             try:
