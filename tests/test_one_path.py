@@ -202,3 +202,4 @@ def test_a_real_scanner_study_has_each_header_read_once(gw: Gateway) -> None:
     assert len(reads) == len(files)
     assert set(reads.values()) == {1}, Counter(reads.values())
     assert _written_back(gw, study_uid, "sr")
+    _one_record(gw, study_uid)
