@@ -77,6 +77,8 @@ from .render import (
     renderer_version as renderer_version,
 )
 from .selection import ELLIPSIS as ELLIPSIS
+from .sources import FileTooLargeError as FileTooLargeError
 from .sources import NotRegularFileError as NotRegularFileError
 from .sources import check_regular as check_regular
+from .sources import read_regular as read_regular
 from .warmup import warm_up as warm_up

@@ -36,6 +36,14 @@ class NotRegularFileError(OSError):
     """A path that is not a regular file (a named pipe, a device, a socket): never read."""
 
 
+class FileTooLargeError(OSError):
+    """A file over the size its reader accepts (``size``: its size when known)."""
+
+    def __init__(self, message: str, size: int | None = None) -> None:
+        super().__init__(message)
+        self.size = size
+
+
 class SourceError(OSError):
     """A source that is not read: an archive or compressed file over a cap, or broken."""
 
@@ -49,6 +57,24 @@ def check_regular(path: str | Path) -> None:
     """Raise ``NotRegularFileError`` unless ``path`` (symlinks followed) is a regular file:
     opening a named pipe blocks forever, reading /dev/zero never ends."""
     _check_mode(path, os.stat(path).st_mode)
+
+
+def read_regular(path: str | Path, cap: int) -> bytes:
+    """The bytes of ``path`` when it is a regular file of at most ``cap`` bytes. Anything else
+    is refused unopened (``NotRegularFileError``: a stat first), opened without blocking and
+    checked again once open (a named pipe swapped in after the stat is refused too), and never
+    read past the cap (``FileTooLargeError``)."""
+    check_regular(path)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        _check_mode(path, info.st_mode)
+        if info.st_size > cap:
+            raise FileTooLargeError(f"{path}: over the {cap}-byte cap", info.st_size)
+        data = fh.read(cap + 1)
+    if len(data) > cap:  # grew since the stat
+        raise FileTooLargeError(f"{path}: over the {cap}-byte cap")
+    return data
 
 
 def _check_mode(path: str | Path, mode: int) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 
 def warm_up() -> None:
-    """Import the rendering path: pixels, orientation (nibabel), montage and PNG (Pillow and
-    its plugins)."""
-    from nibabel.orientations import apply_orientation  # noqa: F401
+    """The rendering path (``render.RENDER_MODULES``, and the renderer digest the first render
+    computes), the study identity, and Pillow's plugins."""
     from PIL import Image
 
-    from dicom import display, identity, montage, png, render, selection  # noqa: F401
+    from dicom import identity, render  # noqa: F401
 
+    render.renderer_version()
     Image.init()

@@ -78,11 +78,8 @@ async def start_run(
 
 
 def _holds_run(run_dir: Path) -> bool:
-    store = RunStore(run_dir)
-    try:
+    with RunStore(run_dir) as store:
         return store.has_run()
-    finally:
-        store.close()
 
 
 def load_config(run_dir: Path) -> tuple[RunConfig, RunRow]:

@@ -262,6 +262,12 @@ class RunStore:
             self._committer = GroupCommitter(self)
         return self._committer
 
+    def __enter__(self) -> RunStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         if self._committer is not None:
             self._committer.close()

@@ -166,7 +166,6 @@ class DefaultEvaluator:
         return EvaluationResult(
             evaluator=self.name,
             study_uid=study_uid,
-            route=route,
             images=_publish(case.images, work_dir / "images"),
             evaluated_series_uids=sorted({x.series_uid for x in routed}),
             modality="CT" if any(x.modality == "CT" for x in routed) else "MR",
@@ -361,12 +360,12 @@ class ProcessEvaluator:
         if not self.warm:
             return
         with self._lock:
-            if self._stopping or (self._spare is not None and self._spare.proc.is_alive()):
+            if self._stopping:
                 return
-            old, self._spare = self._spare, None
-        if old is not None:  # a spare that died: reap it
-            old.discard()
-            self._stop(old.proc, 0.0)
+            spare = self._live_spare()
+            if spare is not None:
+                self._spare = spare
+                return
         worker = self._spawn()
         with self._lock:
             if self._stopping or self._spare is not None:
@@ -374,18 +373,24 @@ class ProcessEvaluator:
             else:
                 self._spare, extra = worker, None
         if extra is not None:
-            extra.discard()
-            self._stop(extra.proc, STOP_GRACE_S)
+            self._end(extra, STOP_GRACE_S)
+
+    def _live_spare(self) -> _Worker | None:
+        """The spare, taken, when it is alive; a dead one is reaped (under the lock)."""
+        spare, self._spare = self._spare, None
+        if spare is not None and not spare.proc.is_alive():
+            self._end(spare, 0.0)
+            return None
+        return spare
 
     def _take(self) -> _Worker:
         """The spare when one is alive, else a new worker (under the lock)."""
-        spare, self._spare = self._spare, None
-        if spare is not None and spare.proc.is_alive():
-            return spare
-        if spare is not None:
-            spare.discard()
-            self._stop(spare.proc, 0.0)
-        return self._spawn()
+        return self._live_spare() or self._spawn()
+
+    def _end(self, worker: _Worker, wait_s: float) -> None:
+        """Close the worker's pipes (an idle one then ends by itself), then stop and reap it."""
+        worker.discard()
+        self._stop(worker.proc, wait_s)
 
     def evaluate(
         self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
@@ -453,7 +458,6 @@ class ProcessEvaluator:
             self._stopping = reason
             proc, spare, self._spare = self._proc, self._spare, None
         if spare is not None:
-            spare.discard()  # no job: it ends by itself, else it is stopped
-            self._stop(spare.proc, 1.0)
+            self._end(spare, 1.0)  # no job: it ends by itself, else it is stopped
         if proc is not None and not _exited(proc, 0):
             _terminate(proc)

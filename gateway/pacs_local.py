@@ -250,9 +250,7 @@ class LocalPacs:
         )
 
     def down(self, timeout_s: float = 20.0) -> bool:
-        """Stop the Orthanc of this folder by its PID (and a gateway ``neurosandbox demo`` left
-        running with it); True if Orthanc was running."""
-        stop_gateway(self.settings.data_dir)
+        """Stop the Orthanc of this folder by its PID; True if it was running."""
         return _stop_pid(self.pid(), self.pid_file, timeout_s)
 
     def status(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ UNVERIFIED SR per model (``gateway.writeback``), and the bundle goes to the revi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import queue
@@ -93,6 +94,7 @@ class Job:
     files: list[Path] = field(default_factory=list)  # the study's instances (dicom)
     uploads: list[tuple[Path, Future[str]]] = field(default_factory=list)  # before write-back
     stored: set[str] = field(default_factory=set)  # SOP UIDs this run knows are in Orthanc
+    settled: bool = False  # every instance of the study known to be in Orthanc
 
 
 class StudyPipeline:
@@ -107,7 +109,6 @@ class StudyPipeline:
         audit: AuditLog,
         cache: InstanceCache,
         upload_threads: int = 4,
-        reports_dir: Path | None = None,
         forwarder: Forwarder | None = None,
         printer: Printer | None = None,
     ) -> None:
@@ -116,13 +117,16 @@ class StudyPipeline:
         self.printer = printer  # a Chromium kept running for the checklists (closed on stop)
         self.runs, self.audit, self.cache = runs, audit, cache
         self.upload_threads = upload_threads
-        # Where the review pages read report bundles (Settings.reports_dir, DATA_DIR/reports).
-        self.reports_dir = reports_dir or runs.root / "reports"
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._pending: dict[str, str] = {}  # study key -> queued run id
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
+
+    @property
+    def reports_dir(self) -> Path:
+        """Where the run's report bundle is published (the review pages read it there)."""
+        return self.runs.reports_dir
 
     # ----------------------------------------------------------------- submission
 
@@ -290,7 +294,10 @@ class StudyPipeline:
 
     def _finish_uploads(self, job: Job) -> None:
         """Wait for the study's upload to Orthanc (forwarded on arrival, or from the spool);
-        upload from the spool what the forwarder could not store; raise the first failure."""
+        upload from the spool what the forwarder could not store; raise the first failure.
+        Once settled, again is nothing (the write-back settles it, the run's end makes sure)."""
+        if job.settled:
+            return
         pairs, job.uploads = job.uploads, []
         for p, f in pairs:
             if f.exception() is None:
@@ -306,6 +313,7 @@ class StudyPipeline:
                     self.orthanc.upload(p)
                     job.stored.add(p.stem)
             self.runs.update(job.run_id, orthanc_study_id=self.orthanc.find_study(job.study_uid))
+        job.settled = True
 
     def _run_orthanc(self, job: Job) -> None:
         assert job.orthanc_id is not None
@@ -379,11 +387,11 @@ class StudyPipeline:
             self.printer.warm()
         result = self.evaluator.evaluate(folder, route, work, index)
         run = result.run  # the run as its store records it: the report bundle's RunData
-        errors = self.runs.sample_errors(job.run_id)
+        errors = functools.cache(lambda: self.runs.sample_errors(job.run_id))  # if a model failed
 
         def no_answer(model: str) -> str:
             why = {
-                f"{x.scored.family}: {errors.get((model, x.scored.family)) or x.scored.status}"
+                f"{x.scored.family}: {errors().get((model, x.scored.family)) or x.scored.status}"
                 for x in run.samples
                 if x.scored.model == model
             }

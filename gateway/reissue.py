@@ -193,15 +193,17 @@ def reissue_case(
     except (PdfError, ReportBuildError) as exc:
         out.warnings.append(f"the VERIFIED checklist PDF was not written: {exc}")
 
-    def stored(ds: Dataset) -> None:
-        uid = str(ds.SOPInstanceUID)
-        if pdf is not None and ds is pdf:
-            out.pdf_uid = uid
-        else:
-            out.sr_uids.append(uid)
-        on_stored(uid)
+    def sr_stored(ds: Dataset) -> None:
+        out.sr_uids.append(str(ds.SOPInstanceUID))
+        on_stored(str(ds.SOPInstanceUID))
 
-    store(orthanc, [*srs, *([pdf] if pdf is not None else [])], stored)
+    def pdf_stored(ds: Dataset) -> None:
+        out.pdf_uid = str(ds.SOPInstanceUID)
+        on_stored(out.pdf_uid)
+
+    store(orthanc, srs, sr_stored)  # the SRs, then the PDF
+    if pdf is not None:
+        store(orthanc, [pdf], pdf_stored)
     return out
 
 

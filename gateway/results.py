@@ -12,17 +12,15 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from evaluation import ImageRef, RunData
-from gateway.routing import Route
 
 
 class EvaluationResult(BaseModel):
     evaluator: str
     study_uid: str
-    route: Route
     images: list[ImageRef] = Field(default_factory=list)  # paths relative to the work folder
     evaluated_series_uids: list[str] = Field(default_factory=list)
     modality: str = "MR"
     warnings: list[str] = Field(default_factory=list)
     # the run as the engine's store records it (read back by the worker): the report bundle's
-    # RunData, the one result type of reports; not part of the JSON
-    run: RunData = Field(exclude=True, repr=False)
+    # RunData, the one result type of reports
+    run: RunData = Field(repr=False)

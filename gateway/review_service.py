@@ -37,7 +37,7 @@ class ReviewService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.root = settings.reports_root
-        self.store = ReviewStore(settings.review_db or settings.data_dir / "reviews.sqlite")
+        self.store = ReviewStore(settings.review_log)
         self.sessions = SessionStore(settings.review_session_hours)
         self._lock = threading.Lock()
         self._runs: dict[str, tuple[float, RunData]] = {}

@@ -87,6 +87,21 @@ GATEWAY_NOTE = "gateway"  # the run store's note holding the gateway's RunRecord
 _LEGACY_RECORD = "run.json"  # where versions before the run store kept the RunRecord
 
 
+def record_of(store: RunStore) -> RunRecord | None:
+    """The gateway's record of a run, from its run store (None: none recorded). Raises
+    ``ValueError`` for a record that does not validate."""
+    text = store.note(GATEWAY_NOTE)
+    return RunRecord.model_validate_json(text) if text is not None else None
+
+
+def _changed(rec: RunRecord, changes: dict[str, Any]) -> RunRecord:
+    if changes.get("status") is RunStatus.RUNNING and rec.started_at is None:
+        changes = {**changes, "started_at": now_iso()}
+    out = rec.model_copy(update=changes)
+    RunRecord.model_validate(out.model_dump())
+    return out
+
+
 class StudyRunStore:
     def __init__(self, root: Path, reports_dir: Path | None = None) -> None:
         self.root = root
@@ -118,74 +133,75 @@ class StudyRunStore:
 
     # ----------------------------------------------------------------- runs
 
-    def _save(self, record: RunRecord, create: bool = False) -> None:
-        store = RunStore(self.run_dir(record.run_id), create=create)
-        try:
-            store.set_note(GATEWAY_NOTE, record.model_dump_json())
-        finally:
-            store.close()
-
     def create(self, record: RunRecord) -> RunRecord:
         self.run_dir(record.run_id).mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            self._save(record, create=True)
+        with self._lock, RunStore(self.run_dir(record.run_id), create=True) as store:
+            store.set_note(GATEWAY_NOTE, record.model_dump_json())
         return record
 
     def get(self, run_id: str) -> RunRecord:
         folder = self.run_dir(run_id)
         try:
             if (folder / STORE_FILE).is_file():
-                store = RunStore(folder)
-                try:
-                    text = store.note(GATEWAY_NOTE)
-                finally:
-                    store.close()
-                if text is not None:
-                    return RunRecord.model_validate_json(text)
+                with RunStore(folder) as store:
+                    rec = record_of(store)
+                if rec is not None:
+                    return rec
             return RunRecord.model_validate_json((folder / _LEGACY_RECORD).read_text())
         except (OSError, EvaluationError, ValueError, sqlite3.Error):
             # missing, unreadable, or still being created by the pipeline: not (yet) a run
             raise RunNotFoundError(run_id) from None
 
     def update(self, run_id: str, **changes: Any) -> RunRecord:
+        folder = self.run_dir(run_id)
         with self._lock:
-            rec = self.get(run_id)
-            if changes.get("status") is RunStatus.RUNNING and rec.started_at is None:
-                changes["started_at"] = now_iso()
-            rec = rec.model_copy(update=changes)
-            RunRecord.model_validate(rec.model_dump())
-            if (self.run_dir(run_id) / STORE_FILE).is_file():
-                self._save(rec)
-            else:  # a run of an earlier version
-                self._write(self.run_dir(run_id) / _LEGACY_RECORD, rec.model_dump_json(indent=2))
+            if not (folder / STORE_FILE).is_file():  # a run of an earlier version
+                rec = _changed(self.get(run_id), changes)
+                self._write(folder / _LEGACY_RECORD, rec.model_dump_json(indent=2))
+                return rec
+            try:
+                with RunStore(folder) as store:
+                    old = record_of(store)
+                    if old is None:
+                        raise RunNotFoundError(run_id)
+                    rec = _changed(old, changes)
+                    store.set_note(GATEWAY_NOTE, rec.model_dump_json())
+            except (OSError, EvaluationError, sqlite3.Error):
+                raise RunNotFoundError(run_id) from None
         return rec
 
     def finish(self, run_id: str, status: RunStatus, **changes: Any) -> RunRecord:
-        progress = 1.0 if status is RunStatus.DONE else self.get(run_id).progress
+        if status is RunStatus.DONE:  # else the progress it reached stays
+            changes["progress"] = 1.0
         return self.update(
-            run_id,
-            status=status,
-            stage=status.value,
-            progress=progress,
-            finished_at=now_iso(),
-            **changes,
+            run_id, status=status, stage=status.value, finished_at=now_iso(), **changes
         )
+
+    def ids(self, after: str | None = None) -> list[str]:
+        """The ids of the runs with a run store, newest first (those made after the run id
+        ``after`` only, when given): run ids are time-ordered, no record is read."""
+        found = [
+            d.name
+            for d in (self.runs_dir.iterdir() if self.runs_dir.is_dir() else ())
+            if _RUN_ID.match(d.name) and (after is None or d.name > after)
+            and (d / STORE_FILE).is_file()
+        ]  # fmt: skip
+        return sorted(found, reverse=True)
 
     def list(self, limit: int = 100, study_uid: str | None = None) -> list[RunRecord]:
         """The newest runs first (of ``study_uid`` only, when given)."""
-        current, legacy = [], []
-        for d in self.runs_dir.iterdir() if self.runs_dir.is_dir() else ():
-            if _RUN_ID.match(d.name):
-                if (d / STORE_FILE).is_file():
-                    current.append(d)
-                elif (d / _LEGACY_RECORD).is_file():
-                    legacy.append(d)
-        current.sort(key=lambda d: d.name, reverse=True)
+        legacy = [
+            d
+            for d in (self.runs_dir.iterdir() if self.runs_dir.is_dir() else ())
+            if _RUN_ID.match(d.name)
+            and not (d / STORE_FILE).is_file()
+            and (d / _LEGACY_RECORD).is_file()
+        ]
         legacy.sort(key=lambda d: (d / _LEGACY_RECORD).stat().st_mtime, reverse=True)
         out = []
-        for d in (*current, *legacy):
+        for run_id in (*self.ids(), *(d.name for d in legacy)):
             try:
-                rec = self.get(d.name)
+                rec = self.get(run_id)
             except RunNotFoundError:
                 continue
             if study_uid is None or rec.study_uid == study_uid:
@@ -197,11 +213,8 @@ class StudyRunStore:
     def sample_errors(self, run_id: str) -> dict[tuple[str, str], str]:
         """Why a model gave no usable answer (transport, refusal, format), by model and task
         family, from the run store."""
-        store = RunStore(self.run_dir(run_id))
-        try:
+        with RunStore(self.run_dir(run_id)) as store:
             rows = store.samples()
-        finally:
-            store.close()
         return {
             (r.model, r.family): str(r.parse_error)
             for r in rows

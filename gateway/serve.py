@@ -124,7 +124,6 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         runs=ctx.runs,
         audit=ctx.audit,
         cache=InstanceCache(data / "cache"),
-        reports_dir=settings.reports_root,  # where the review pages look
         forwarder=forwarder,
         printer=Printer(idle_s=600),  # the checklists' Chromium: started ahead, closed when idle
     )

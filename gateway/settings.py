@@ -85,6 +85,11 @@ class Settings(BaseSettings):
         """Where report bundles live for the review pages (REPORTS_DIR, else DATA_DIR/reports)."""
         return self.reports_dir or self.data_dir / "reports"
 
+    @property
+    def review_log(self) -> Path:
+        """The clinicians' review log (REVIEW_DB, else DATA_DIR/reviews.sqlite)."""
+        return self.review_db or self.data_dir / "reviews.sqlite"
+
     @model_validator(mode="before")
     @classmethod
     def _under_out(cls, data: Any) -> Any:

@@ -31,7 +31,7 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.valuerep import BYTES_VR, VR
 
-from dicom import IndexResult, NotRegularFileError, check_regular
+from dicom import FileTooLargeError, IndexResult, NotRegularFileError, read_regular
 from evaluation import RunData, report_blocks, unverified_content
 from gateway.cache import InvalidUIDError, atomic_writer, check_uid
 from gateway.orthanc import OrthancClient
@@ -130,15 +130,12 @@ def load_evidence(folder: Path) -> list[Dataset]:
     naming its instance, raises ``NoEvidenceError``."""
     path = folder / EVIDENCE_FILE
     try:
-        check_regular(path)  # a named pipe would block the opener forever
-        size = path.stat().st_size
-        if size > MAX_EVIDENCE_BYTES:
-            raise NoEvidenceError(
-                f"{path}: {size / 2**20:.0f} MiB, over the {MAX_EVIDENCE_BYTES // 2**20} MiB an "
-                "evidence file may have"
-            )
-        with path.open("rb") as fh:
-            data: Any = json.loads(fh.read(MAX_EVIDENCE_BYTES + 1))
+        data: Any = json.loads(read_regular(path, MAX_EVIDENCE_BYTES))  # a pipe: never opened
+    except FileTooLargeError as exc:
+        size = f"{exc.size / 2**20:.0f} MiB, over" if exc.size else "over"
+        raise NoEvidenceError(
+            f"{path}: {size} the {MAX_EVIDENCE_BYTES // 2**20} MiB an evidence file may have"
+        ) from None
     except FileNotFoundError:
         raise NoEvidenceError(f"{path}: no recorded evidence (file missing)") from None
     except NotRegularFileError as exc:

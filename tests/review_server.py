@@ -4,6 +4,7 @@ or a local Orthanc: ``python tests/review_server.py DATA_DIR PORT [ORTHANC_URL]`
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -11,11 +12,31 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pydicom
 import uvicorn
 from guard import stop, wait_healthy
 
 from gateway.api import GatewayContext, create_app
+from gateway.auth import Role
 from gateway.settings import Settings
+
+
+def bearer(ctx: GatewayContext, name: str, person: str = "", role: Role = Role.REVIEWER) -> dict[str, str]:  # fmt: skip
+    """A bearer header of a new token (a reviewer's unless ``role``)."""
+    _, token = ctx.tokens.create(role, name, person)
+    return {"Authorization": f"Bearer {token}"}
+
+
+def instances(ctx: GatewayContext, study_uid: str, uids: list[str]) -> list[pydicom.Dataset]:
+    """The stored instances of a study in Orthanc whose SOP Instance UIDs are ``uids``."""
+    study_id = ctx.orthanc.find_study(study_uid)
+    assert study_id is not None
+    out = []
+    for i in ctx.orthanc.study_instances(study_id):
+        if i.get("MainDicomTags", {}).get("SOPInstanceUID", "") in uids:
+            raw = ctx.orthanc.api.get(f"{ctx.orthanc.url}/instances/{i['ID']}/file").content
+            out.append(pydicom.dcmread(io.BytesIO(raw)))
+    return out
 
 
 def build_context(

@@ -87,11 +87,8 @@ def _eval(
 
 
 def _coverage(run: Path) -> CaseCoverage:
-    store = RunStore(run)
-    try:
+    with RunStore(run) as store:
         return store.coverage()
-    finally:
-        store.close()
 
 
 def _shown(tmp: Path, run: Path) -> tuple[int, str, dict[str, Any]]:

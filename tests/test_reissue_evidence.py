@@ -24,7 +24,7 @@ from orthanc_fixture import OrthancServer
 from pydicom.dataset import Dataset
 from pydicom.uid import generate_uid
 from report_fixtures import GOOD, build_run
-from review_server import build_context
+from review_server import bearer, build_context, instances
 
 from dicom import index_path
 from evaluation import RunData, report_blocks, unverified_content
@@ -32,7 +32,6 @@ from evaluation.answers import DifferentialItem
 from evaluation.reports import write_report
 from evaluation.reports.block import ReportContent
 from gateway.api import GatewayContext, create_app
-from gateway.auth import Role
 from gateway.sr import build_sr, series_uid_for
 from gateway.writeback import (
     EVIDENCE_FILE,
@@ -133,13 +132,8 @@ def _publish(w: World, case_id: str, report: str, *, source_in_pacs: bool) -> Pu
     return out
 
 
-def _auth(ctx: GatewayContext, name: str, person: str) -> dict[str, str]:
-    _, token = ctx.tokens.create(Role.REVIEWER, name, person)
-    return {"Authorization": f"Bearer {token}"}
-
-
 def _sign_off_and_reissue(w: World, report: str, slug: str) -> tuple[int, dict]:  # type: ignore[type-arg]
-    auth = _auth(w.ctx, f"Dr {report}", "Verify^Dana")
+    auth = bearer(w.ctx, f"Dr {report}", "Verify^Dana")
     url = f"{API}/{report}/cases/{slug}"
     for b in w.client.get(url, headers=auth).json()["blocks"]:
         r = w.client.post(f"{url}/accept-remaining", headers=auth, json={"model": b["model"]})
@@ -148,17 +142,6 @@ def _sign_off_and_reissue(w: World, report: str, slug: str) -> tuple[int, dict]:
     assert w.client.post(f"{url}/signoff", headers=auth, json={"digest": digest}).status_code == 200
     r = w.client.post(f"{url}/reissue", headers=auth)
     return r.status_code, r.json()
-
-
-def _instances(ctx: GatewayContext, study_uid: str, uids: list[str]) -> list[Dataset]:
-    study_id = ctx.orthanc.find_study(study_uid)
-    assert study_id is not None
-    out = []
-    for i in ctx.orthanc.study_instances(study_id):
-        if i.get("MainDicomTags", {}).get("SOPInstanceUID", "") in uids:
-            raw = ctx.orthanc.api.get(f"{ctx.orthanc.url}/instances/{i['ID']}/file").content
-            out.append(pydicom.dcmread(io.BytesIO(raw)))
-    return out
 
 
 def _referenced(sr: Dataset) -> set[tuple[str, str]]:
@@ -202,9 +185,9 @@ def test_the_verified_sr_carries_the_evidence_recorded_at_write_back(
     status, body = _sign_off_and_reissue(world, case.report, "ms-1")
     assert status == 200, body
     assert asked == [], "re-issue read source headers from Orthanc"
-    srs = _instances(world.ctx, case.study_uid, body["sr_sop_instance_uids"])
+    srs = instances(world.ctx, case.study_uid, body["sr_sop_instance_uids"])
     assert len(srs) == 2
-    unverified = _instances(world.ctx, case.study_uid, list(case.unverified.values()))
+    unverified = instances(world.ctx, case.study_uid, list(case.unverified.values()))
     expected = {(str(h.SeriesInstanceUID), str(h.SOPInstanceUID)) for h in recorded}
     assert len(expected) == 12  # two series of six slices
     for sr in srs:
@@ -221,7 +204,7 @@ def test_the_verified_sr_carries_the_evidence_recorded_at_write_back(
             for r in s.ReferencedSOPSequence
         }
         assert named & set(case.unverified.values())
-    (pdf,) = _instances(world.ctx, case.study_uid, [body["pdf_sop_instance_uid"]])
+    (pdf,) = instances(world.ctx, case.study_uid, [body["pdf_sop_instance_uid"]])
     for kw in PATIENT_STUDY:
         assert str(pdf.get(kw, "")) == str(recorded[0].get(kw, "")), kw
 
@@ -237,7 +220,7 @@ def test_a_case_whose_source_series_left_the_pacs_is_still_reissued(
     status, body = _sign_off_and_reissue(world, case.report, "normal-1")
     assert status == 200, body
     assert asked == []
-    srs = _instances(world.ctx, case.study_uid, body["sr_sop_instance_uids"])
+    srs = instances(world.ctx, case.study_uid, body["sr_sop_instance_uids"])
     expected = {(str(h.SeriesInstanceUID), str(h.SOPInstanceUID)) for h in case.headers}
     assert srs and all(_referenced(sr) == expected for sr in srs)
     assert all(str(sr.PatientID) == str(case.headers[0].PatientID) for sr in srs)

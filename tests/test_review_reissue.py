@@ -18,7 +18,7 @@ from dciodvfy import assert_dciodvfy_clean
 from fastapi.testclient import TestClient
 from orthanc_fixture import OrthancServer
 from report_fixtures import BAD, GOOD, XSS_MODEL, build_run
-from review_server import build_context
+from review_server import bearer, build_context, instances
 
 from evaluation import report_blocks, unverified_content
 from evaluation.reports import write_report
@@ -80,22 +80,6 @@ def setup(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactor
         yield Setup(ctx, client, study_uids, unverified)
 
 
-def _auth(ctx: GatewayContext, name: str, person: str = "", role: Role = Role.REVIEWER) -> dict[str, str]:  # fmt: skip
-    _, token = ctx.tokens.create(role, name, person)
-    return {"Authorization": f"Bearer {token}"}
-
-
-def _instances(ctx: GatewayContext, study_uid: str, uids: list[str]) -> list[pydicom.Dataset]:
-    study_id = ctx.orthanc.find_study(study_uid)
-    assert study_id is not None
-    out = []
-    for i in ctx.orthanc.study_instances(study_id):
-        if i.get("MainDicomTags", {}).get("SOPInstanceUID", "") in uids:
-            raw = ctx.orthanc.api.get(f"{ctx.orthanc.url}/instances/{i['ID']}/file").content
-            out.append(pydicom.dcmread(io.BytesIO(raw)))
-    return out
-
-
 def _texts(ds: pydicom.Dataset) -> list[str]:
     """Code meanings and text values anywhere in an SR content tree."""
     out = []
@@ -123,7 +107,7 @@ def _item(state: dict, model: str, text: str) -> str:  # type: ignore[type-arg]
 
 def test_a_signed_off_case_is_reissued_with_exactly_what_was_verified(setup: Setup, tmp_path: Path) -> None:  # fmt: skip
     c, ctx = setup.client, setup.ctx
-    auth = _auth(ctx, "Dr Verify", "Verify^Dana")
+    auth = bearer(ctx, "Dr Verify", "Verify^Dana")
     url = f"{API}/ms-1"
     state = c.get(url, headers=auth).json()
     rejected = _item(state, BAD, "mass")  # the bad model's hallucinated right occipital mass
@@ -162,7 +146,7 @@ def test_a_signed_off_case_is_reissued_with_exactly_what_was_verified(setup: Set
     assert out.status_code == 200, out.text
     body = out.json()
     assert len(body["sr_sop_instance_uids"]) == 2 and body["pdf_sop_instance_uid"]
-    docs = _instances(ctx, setup.study_uids["ms-1"], [*body["sr_sop_instance_uids"], body["pdf_sop_instance_uid"]])  # fmt: skip
+    docs = instances(ctx, setup.study_uids["ms-1"], [*body["sr_sop_instance_uids"], body["pdf_sop_instance_uid"]])  # fmt: skip
     srs = [d for d in docs if d.Modality == "SR"]
     (pdf,) = [d for d in docs if d.Modality == "DOC"]
     for sr in srs:
@@ -193,8 +177,8 @@ def test_a_signed_off_case_is_reissued_with_exactly_what_was_verified(setup: Set
 def test_two_reviewers_who_disagree_block_reissue_until_an_admin_adjudicates(setup: Setup) -> None:
     c, ctx = setup.client, setup.ctx
     url = f"{API}/normal-1"
-    ada = _auth(ctx, "Dr Ada", "Lovelace^Ada")
-    bo = _auth(ctx, "Dr Bo", "Bo^Bea")
+    ada = bearer(ctx, "Dr Ada", "Lovelace^Ada")
+    bo = bearer(ctx, "Dr Bo", "Bo^Bea")
     state = c.get(url, headers=ada).json()
     finding = _item(state, BAD, "right temporal mass")
     for who, verdict in ((ada, "accept"), (bo, "reject")):
@@ -209,11 +193,11 @@ def test_two_reviewers_who_disagree_block_reissue_until_an_admin_adjudicates(set
     assert [(d["model"], d["item_id"]) for d in disputes] == [(BAD, finding)]
     ruling = {"rulings": [{"model": BAD, "item_id": finding, "verdict": "reject"}]}
     assert c.post(f"{url}/adjudication", headers=bo, json=ruling).status_code == 403  # a reviewer
-    admin = _auth(ctx, "Dr Admin", "Chief^Carl", Role.ADMIN)
+    admin = bearer(ctx, "Dr Admin", "Chief^Carl", Role.ADMIN)
     assert c.post(f"{url}/adjudication", headers=admin, json=ruling).status_code == 200
     out = c.post(f"{url}/reissue", headers=ada)
     assert out.status_code == 200, out.text
-    srs = [d for d in _instances(ctx, setup.study_uids["normal-1"], out.json()["sr_sop_instance_uids"])]  # fmt: skip
+    srs = [d for d in instances(ctx, setup.study_uids["normal-1"], out.json()["sr_sop_instance_uids"])]  # fmt: skip
     bad_sr = next(s for s in srs if "Glioblastoma" in _texts(s))
     assert "right temporal mass" not in " ".join(_texts(bad_sr))
     names = [str(o.VerifyingObserverName) for o in bad_sr.VerifyingObserverSequence]
@@ -224,7 +208,7 @@ def test_two_reviewers_who_disagree_block_reissue_until_an_admin_adjudicates(set
 
 def test_a_token_without_a_person_name_cannot_sign_off(setup: Setup) -> None:
     c, ctx = setup.client, setup.ctx
-    bot = _auth(ctx, "import-bot")
+    bot = bearer(ctx, "import-bot")
     url = f"{API}/stroke-1"
     for model in (GOOD,):
         c.post(f"{url}/accept-remaining", headers=bot, json={"model": model})
@@ -239,7 +223,7 @@ def test_rejected_and_corrected_diagnoses_and_categories_reach_the_verified_sr(s
     none of the model's code), an overridden error category replaces the model's."""
     c, ctx = setup.client, setup.ctx
     url = f"{API}/stroke-1"
-    who = _auth(ctx, "Dr Dx", "Dx^Dora")
+    who = bearer(ctx, "Dr Dx", "Dx^Dora")
     block = next(b for b in c.get(url, headers=who).json()["blocks"] if b["model"] == GOOD)
     kinds = {i["item_id"]: i for i in block["items"]}
     verdicts = [
@@ -259,7 +243,7 @@ def test_rejected_and_corrected_diagnoses_and_categories_reach_the_verified_sr(s
     assert c.post(f"{url}/signoff", headers=who, json={"digest": digest}).status_code == 200
     out = c.post(f"{url}/reissue", headers=who)
     assert out.status_code == 200, out.text
-    (sr,) = _instances(ctx, setup.study_uids["stroke-1"], out.json()["sr_sop_instance_uids"])
+    (sr,) = instances(ctx, setup.study_uids["stroke-1"], out.json()["sr_sop_instance_uids"])
     assert_dciodvfy_clean(sr)
     texts = _texts(sr)
     assert "Cardioembolic stroke" in texts

@@ -21,7 +21,6 @@ named pipe would block the open forever, ``/dev/zero`` would never end) and up t
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -56,24 +55,25 @@ def check_regular(path: Path, what: str) -> None:
 
 def read_regular(path: Path, cap: int, what: str) -> str:
     """The text of ``path`` when it is a regular file of at most ``cap`` bytes; else
-    ``ModelConfigError``. Opened without blocking (a named pipe swapped in after a check is
-    still refused: the open file is checked) and never read past the cap."""
+    ``ModelConfigError`` (``dicom.read_regular``: a named pipe or device is never opened, or
+    read from if swapped in after the check, and nothing is read past the cap)."""
+    from dicom import FileTooLargeError, NotRegularFileError
+    from dicom import read_regular as read
+
     check_regular(path, what)  # a device is not even opened (opening one may do something)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read(path, cap)
+    except NotRegularFileError:
+        raise ModelConfigError(
+            f"{what} {path}: not a regular file: only regular files are read"
+        ) from None
+    except FileTooLargeError as exc:
+        over = (
+            f"{exc.size} bytes, over the {cap}-byte cap" if exc.size else f"over the {cap}-byte cap"
+        )
+        raise ModelConfigError(f"{what} {path}: {over}") from None
     except OSError as exc:
         raise ModelConfigError(f"{what} {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as fh:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ModelConfigError(
-                f"{what} {path}: not a regular file: only regular files are read"
-            )
-        if info.st_size > cap:
-            raise ModelConfigError(f"{what} {path}: {info.st_size} bytes, over the {cap}-byte cap")
-        data = fh.read(cap + 1)
-    if len(data) > cap:  # grew since the stat
-        raise ModelConfigError(f"{what} {path}: over the {cap}-byte cap")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -2,7 +2,8 @@
 clinician sees. One Chromium (Debian's binary, driven by Playwright; never a downloaded browser)
 prints a whole batch of pages: a browser start costs seconds, a page a fraction of one. It runs
 with a fresh profile and no network features, in a thread of its own (Playwright's sync API
-refuses to run inside an event loop), and is closed, or killed, when the batch ends or overruns.
+refuses to run inside an event loop), and is closed, or killed, when the batch ends or overruns
+(``print_pdfs``), or kept running between batches for a service (``Printer``).
 """
 
 from __future__ import annotations
@@ -62,41 +63,11 @@ def print_pdfs(
         return {}
     if printer is not None:
         return printer.print(jobs)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdf") as worker:
-        return worker.submit(_print_batch, jobs, timeout_s).result()
-
-
-def _print_batch(jobs: list[tuple[Path, Path]], timeout_s: float) -> dict[Path, Path | PdfError]:
-    from playwright.sync_api import Error as PlaywrightError
-    from playwright.sync_api import sync_playwright
-
-    results: dict[Path, Path | PdfError] = {}
-    ms = max(1.0, timeout_s * 1000)
-    with tempfile.TemporaryDirectory(prefix="nsbx-chromium-") as profile:
-        try:
-            binary = chromium_path()
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(
-                    executable_path=binary,
-                    args=[*FLAGS, f"--crash-dumps-dir={profile}"],
-                    headless=True,
-                    timeout=ms,
-                    env={**os.environ, "HOME": profile},
-                )
-                try:
-                    for html, pdf in jobs:
-                        results[pdf] = _print_page(browser, html, pdf, ms, PlaywrightError)
-                finally:
-                    browser.close()
-        except PdfError as exc:
-            failure = exc
-        except PlaywrightError as exc:
-            failure = _as_pdf_error(exc, "Chromium", timeout_s)
-        else:
-            return results
-    for _, pdf in jobs:
-        results.setdefault(pdf, failure)
-    return results
+    once = Printer(timeout_s=timeout_s)  # one Chromium for this batch, closed after it
+    try:
+        return once.print(jobs)
+    finally:
+        once.close()
 
 
 class Printer:

@@ -231,7 +231,7 @@ def show_run(run_dir: Path) -> RunOutcome:
             console.print(f"[yellow]{escape(str(exc))}[/yellow]")
             summ = None
         if summ is not None:
-            _leaderboard(summ)
+            print_leaderboard(summ)
         coverage = store.coverage()
         retries = store.retries()
         groups = store.call_errors(retries)
@@ -277,7 +277,7 @@ def pass_at_cell(row: Any, k: int) -> str:
     return cell + (f" ({left} unit{'s' if left != 1 else ''} left out: unscored)" if left else "")
 
 
-def _leaderboard(summ: Any) -> None:
+def print_leaderboard(summ: Any) -> None:
     from evaluation import cost_text
 
     table = Table(title="leaderboard (bootstrap 95% CI over patients)")

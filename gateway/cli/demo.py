@@ -39,7 +39,6 @@ from gateway.cli import demo_state as state
 from gateway.settings import Settings, get_settings
 
 REFERENCE_MODELS = ["reference/image-rules", "reference/text-prior"]
-ALL_TASKS = ["differential", "lesion", "rationale", "classification", "multiturn"]
 STORESCU = "/usr/bin/storescu"
 DEMO_AET = "DEMO_SCANNER"  # the calling AE title the demo's studies come from
 QUIET_S = 1.0  # the demo's quiet time: storescu sends each study in one association
@@ -102,13 +101,15 @@ def _studies(suite: Path) -> list[tuple[str, str, Path]]:
 def _routing(out: Path, models: list[str], inputs: dict[str, Any]) -> Path:
     """The demo's routing rule: every study from the demo's AE, every task family. Its name
     carries the demo's inputs (suite, models, code): changed inputs evaluate again."""
+    from evaluation import TaskFamily
+
     tag = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
     rules = {
         "rules": [
             {
                 "name": f"demo-{tag}",
                 "match": {"calling_aet": [DEMO_AET]},
-                "evaluate": {"models": models, "tasks": ALL_TASKS},
+                "evaluate": {"models": models, "tasks": [t.value for t in TaskFamily]},
             }
         ]
     }
@@ -207,37 +208,36 @@ def _send(folder: Path, endpoints: Any) -> None:
         )
 
 
-def _current_run(
-    settings: Settings, mark: dict[str, Any], case_id: str, orthanc: Any
-) -> str | None:
+def _current_run(runs: Any, mark: dict[str, Any], case_id: str, orthanc: Any) -> str | None:
     """The gateway run of this case that is still current: recorded for these inputs, done,
-    its report bundle on disk and its SRs still in Orthanc."""
-    from gateway.runs import RunNotFoundError, RunStatus, StudyRunStore
+    its report bundle on disk and its SRs and PDF still in Orthanc."""
+    from gateway.runs import RunNotFoundError, RunStatus
 
     run_id = (mark.get("cases") or {}).get(case_id)
     if not isinstance(run_id, str):
         return None
     try:
-        rec = StudyRunStore(settings.data_dir).get(run_id)
+        rec = runs.get(run_id)
+        runs.report_path(run_id, "json")
     except RunNotFoundError:
         return None
-    bundle = settings.reports_root / run_id / "rundata.json"
-    if rec.status is not RunStatus.DONE or not rec.sr_sop_uids or not bundle.exists():
+    if rec.status is not RunStatus.DONE or not rec.sr_sop_uids or not rec.pdf_sop_uid:
         return None
-    if not all(orthanc.find_instance(uid) for uid in [*rec.sr_sop_uids, rec.pdf_sop_uid or ""]):
+    if not all(orthanc.find_instance(uid) for uid in [*rec.sr_sop_uids, rec.pdf_sop_uid]):
         return None
     return run_id
 
 
 def _wait_runs(
-    settings: Settings, pending: dict[str, str], since: str, gw: GatewayProcess, timeout_s: float
+    runs: Any, pending: dict[str, str], after: str, gw: GatewayProcess, timeout_s: float
 ) -> dict[str, str]:
     """Wait until the pipeline has a finished run for every pending study (StudyInstanceUID ->
-    case id); returns case id -> run id. Prints each as it finishes."""
-    from gateway.runs import RunStatus, StudyRunStore
+    case id), among the runs made after the run id ``after``; returns case id -> run id.
+    Prints each as it finishes. Each poll reads only the records of runs not yet finished."""
+    from gateway.runs import RunNotFoundError, RunStatus
 
-    runs = StudyRunStore(settings.data_dir)
     found: dict[str, str] = {}
+    ended: set[str] = set()  # run ids finished (or of other studies): not read again
     deadline = time.monotonic() + timeout_s
     t0 = time.perf_counter()
     while len(found) < len(pending):
@@ -246,11 +246,18 @@ def _wait_runs(
         if time.monotonic() > deadline:
             left = sorted(set(pending.values()) - set(found))
             raise DemoError(f"no finished gateway run after {timeout_s:g} s for {left[:5]}")
-        for rec in runs.list(limit=1000):
-            case = pending.get(rec.study_uid or "")
-            if case is None or case in found or rec.created_at < since:
+        for run_id in runs.ids(after=after):
+            if run_id in ended:
                 continue
+            try:
+                rec = runs.get(run_id)
+            except RunNotFoundError:  # being created
+                continue
+            case = pending.get(rec.study_uid or "")
             if rec.status in (RunStatus.QUEUED, RunStatus.RUNNING):
+                continue
+            ended.add(run_id)
+            if case is None or case in found:
                 continue
             if rec.status is not RunStatus.DONE:
                 raise DemoError(
@@ -272,12 +279,11 @@ def _wait_runs(
 # --------------------------------------------------------------------------- the report
 
 
-def _merged(settings: Settings, runs: dict[str, str]) -> Any:
+def _merged(store: Any, runs: dict[str, str]) -> Any:
     """One run of every case: the gateway runs' report bundles (``rundata.json``) together."""
     from evaluation import RunData, load_run
 
-    reports = settings.reports_root
-    parts = [load_run(reports / run_id) for _case, run_id in sorted(runs.items())]
+    parts = [load_run(store.report_path(run_id, "json")) for _case, run_id in sorted(runs.items())]
     first = parts[0]
     digest = hashlib.sha256("\n".join(sorted(runs.values())).encode()).hexdigest()[:8]
     return RunData(
@@ -292,13 +298,14 @@ def _merged(settings: Settings, runs: dict[str, str]) -> Any:
     )
 
 
-def _print_leaderboard(run: Any) -> None:
-    from evaluation import build_summary
-    from gateway.cli.console import _leaderboard
+def _print_leaderboard(report_dir: Path) -> None:
+    """The leaderboard of the report just written (or reused): its summary.json."""
+    from evaluation import SummaryReport
+    from gateway.cli.console import print_leaderboard
 
-    summ = build_summary(run).summary
-    if summ is not None and summ.leaderboard:
-        _leaderboard(summ)
+    report = SummaryReport.model_validate_json((report_dir / "summary.json").read_text())
+    if report.summary is not None and report.summary.leaderboard:
+        print_leaderboard(report.summary)
 
 
 def _reviewer_token(settings: Settings) -> str:
@@ -338,7 +345,7 @@ def run_demo(
     from evaluation import ReportIndex, write_report
     from gateway.orthanc import OrthancClient
     from gateway.pacs_local import orthanc_password
-    from gateway.runs import now_iso
+    from gateway.runs import StudyRunStore
 
     if samples != 1:
         raise DemoError("the demo evaluates through the gateway, one sample per task (--samples 1)")
@@ -364,11 +371,12 @@ def run_demo(
         mark_file = out / state.GATEWAY_MARK
         mark = state.read_mark(mark_file, inputs)
         orthanc = OrthancClient.from_settings(settings)
+        store = StudyRunStore(settings.data_dir, settings.reports_root)
         try:
             studies = _studies(suite)
             runs: dict[str, str] = {}
             for case_id, _uid, _folder in studies:
-                current = _current_run(settings, mark, case_id, orthanc)
+                current = _current_run(store, mark, case_id, orthanc)
                 if current is not None:
                     runs[case_id] = current
             todo = [(c, u, f) for c, u, f in studies if c not in runs]
@@ -377,22 +385,19 @@ def run_demo(
                     f"   {len(runs)} studies already evaluated with these inputs, their SR and "
                     f"PDF in Orthanc: not sent again (delete {escape(str(mark_file))} to redo)"
                 )
-            since = now_iso()
+            after = f"{time.time_ns():016x}"  # run ids are time-ordered (StudyRunStore.new_id)
             for _case, _uid, folder in todo:
                 _send(folder, endpoints)
             if todo:
                 console.print(f"   sent {len(todo)} studies; waiting for the pipeline")
-            runs |= _wait_runs(
-                settings, {u: c for c, u, _ in todo}, since, gw, 600 + 60 * len(todo)
-            )
+            runs |= _wait_runs(store, {u: c for c, u, _ in todo}, after, gw, 600 + 60 * len(todo))
         finally:
             orthanc.close()
         state.write_mark(mark_file, inputs, runs)
         _done(t, f"({len(todo)} sent and evaluated, {len(studies) - len(todo)} reused)")
 
         t = _step(5, "leaderboard and run summary (HTML, PDF, JSON) over the gateway's runs")
-        run = _merged(settings, runs)
-        _print_leaderboard(run)
+        run = _merged(store, runs)
         report_dir = out / "report"
         if state.report_is_current(report_dir, run.run_id):
             console.print("   the report of these runs is already written: reusing it")
@@ -405,6 +410,7 @@ def run_demo(
             index = write_report(run, report_dir)
             (report_dir / INDEX_FILE).write_text(index.model_dump_json(indent=2))
             state.mark_report(report_dir, run.run_id)
+        _print_leaderboard(report_dir)
         _done(t)
         t = _step(6, "review queue: a reviewer token")
         token = _reviewer_token(settings)
@@ -422,7 +428,7 @@ def run_demo(
     if index.summary_pdf:
         console.print(f"  summary PDF: {escape(str(Path(index.summary_pdf).resolve()))}")
     console.print(f"  checklists:  {escape(str((report_dir / 'cases').resolve()))}")
-    console.print(f"  gateway runs: {escape(str((settings.data_dir / 'runs').resolve()))} "
+    console.print(f"  gateway runs: {escape(str(store.runs_dir.resolve()))} "
                   "(`neurosandbox runs list`)")  # fmt: skip
     review = f"{endpoints.api_url}/review"
     console.print(

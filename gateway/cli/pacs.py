@@ -43,9 +43,11 @@ def pacs_up(
 def pacs_down() -> None:
     """Stop the local Orthanc started from this data folder, and a gateway `neurosandbox demo`
     left running with it (by their PIDs)."""
-    from gateway.pacs_local import LocalPacs
+    from gateway.pacs_local import LocalPacs, stop_gateway
 
-    stopped = LocalPacs(get_settings()).down()
+    settings = get_settings()
+    stop_gateway(settings.data_dir)
+    stopped = LocalPacs(settings).down()
     console.print("Orthanc stopped" if stopped else "Orthanc was not running")
 
 

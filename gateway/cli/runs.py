@@ -34,15 +34,14 @@ console = Console(stderr=True)
 
 def gateway_record(store: Any) -> str:
     """A gateway run the engine never started: its status and why, from its record."""
-    from gateway.runs import GATEWAY_NOTE, RunRecord
+    from gateway.runs import record_of
 
-    text = store.note(GATEWAY_NOTE)
-    if text is None:
-        return "no record"
     try:
-        rec = RunRecord.model_validate_json(text)
+        rec = record_of(store)
     except ValueError:
         return "unreadable gateway record"
+    if rec is None:
+        return "no record"
     return f"{rec.status.value}: {rec.error}" if rec.error else rec.status.value
 
 
@@ -179,7 +178,7 @@ def _review_log(reviews: Path | None) -> Path | None:
             raise EvaluationError(f"no review log at {reviews}")
         return reviews
     settings = get_settings()
-    path = settings.review_db or settings.data_dir / "reviews.sqlite"
+    path = settings.review_log
     return path if path.is_file() else None
 
 

@@ -26,7 +26,7 @@ from evaluation import (
     missing_items,
 )
 from gateway.api.deps import Ctx, ErrorBody, errors
-from gateway.api.routers.review import Report, Slug, service
+from gateway.api.routers.review import Report, Slug, service, signed_in
 from gateway.orthanc import OrthancError
 from gateway.reissue import ReissueError
 from gateway.review_actions import (
@@ -44,7 +44,7 @@ from gateway.review_actions import (
     reissue,
     sign_off,
 )
-from gateway.review_auth import Reviewer, csrf_ok, identify
+from gateway.review_auth import Reviewer, csrf_ok
 from gateway.review_service import ReportNotFoundError, ReviewService
 
 router = APIRouter(prefix="/review/api", tags=["review (JSON)"])
@@ -131,7 +131,7 @@ class ReissueOut(BaseModel):
 
 
 def _who(ctx: Ctx, request: Request, write: bool) -> Reviewer:
-    who = identify(request, ctx.tokens, service(ctx, request).sessions)
+    who = signed_in(ctx, request)
     if who is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, detail="send a bearer token")
     if write and not csrf_ok(request, who, ""):
