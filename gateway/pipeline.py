@@ -377,7 +377,9 @@ class StudyPipeline:
         state = self.runs.study_state(job.study_uid)
         if not job.force and state.evaluated_digest == digest:
             return self._skip(job, "no new instances since the last evaluation by this rule")
-        if not job.force and job.recovered and state.evaluated_instances == instances:
+        # (a state from before the rule entered the digest holds the instances' digest alone)
+        known = (state.evaluated_instances, state.evaluated_digest)
+        if not job.force and job.recovered and instances in known:
             # a restart re-offers the spool: evaluated before, whatever the rule was then
             return self._skip(job, "evaluated before the gateway restarted")
         self.runs.update(job.run_id, route=route)

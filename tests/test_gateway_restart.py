@@ -81,3 +81,29 @@ def test_a_restart_with_other_rules_does_not_evaluate_the_spool_again(
         assert again.route is not None and again.route.rule == "rule-differential-lesion"
     finally:
         gw.stop()
+
+
+def test_the_first_restart_after_an_upgrade_does_not_evaluate_the_spool_again(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """A study state written before the route entered the digest (its evaluated_digest was the
+    instances' digest alone, no evaluated_instances): still known as evaluated on a restart."""
+    study = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=6, patient_id="NSBX-UPGRADE")
+    data = tmp_path / "data"
+    gw = _gateway(orthanc_server, data, _rules(tmp_path / "a.yaml", ["differential"]))
+    try:
+        send(gw.scp.port, study.files)
+        [first] = _finished(gw, study.study_uid, 1)
+        assert first.status is RunStatus.DONE
+        state = gw.ctx.runs.study_state(study.study_uid)
+        # as the version before wrote it
+        state.evaluated_digest, state.evaluated_instances = state.evaluated_instances, None
+        gw.ctx.runs.save_study_state(state)
+    finally:
+        gw.stop()
+    gw = _gateway(orthanc_server, data, _rules(tmp_path / "a.yaml", ["differential"]))
+    try:
+        recovered, _ = _finished(gw, study.study_uid, 2)
+        assert recovered.status is RunStatus.SKIPPED, recovered
+    finally:
+        gw.stop()
