@@ -54,6 +54,15 @@ def _workers(parent: int) -> set[int]:
     return {pid for pid, ppid, _, cmd in procs() if ppid == parent and "spawn_main" in cmd}
 
 
+def _await_workers(parent: int, count: int, timeout_s: float = 60) -> set[int]:
+    """The workers once ``count`` are seen. A spawned child shows the parent's command line
+    between fork and exec, so a worker just started may not be recognisable yet."""
+    until = time.monotonic() + timeout_s
+    while len(seen := _workers(parent)) < count and time.monotonic() < until:
+        time.sleep(0.05)
+    return seen
+
+
 def _runs_of(gw: Gateway, study_uid: str) -> list[dict[str, Any]]:
     return [r for r in gw.get("/runs", gw.reviewer).json() if r["study_uid"] == study_uid]
 
@@ -268,10 +277,7 @@ def test_a_spare_worker_is_started_ahead_and_evaluates_one_study(tmp_path: Path)
             worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
         assert _log(log)[-1][0] == "evaluate" and _log(log)[-1][1] != dead
         worker.prepare()
-        until = time.monotonic() + 60
-        while not _workers(os.getpid()) and time.monotonic() < until:
-            time.sleep(0.05)
-        assert _workers(os.getpid())
+        assert _await_workers(os.getpid(), 1)
     finally:
         worker.cancel()  # the gateway stopping: the spare goes too
     assert not _workers(os.getpid())
@@ -281,10 +287,13 @@ def test_a_spare_worker_is_started_ahead_and_evaluates_one_study(tmp_path: Path)
 
 def test_a_spare_worker_is_stopped_at_the_deadline_like_any(tmp_path: Path) -> None:
     worker = ProcessEvaluator(Stuck(), deadline_s=6, warm=True)
-    worker.prepare()
-    (spare,) = _workers(os.getpid())
-    with pytest.raises(EvaluationAbandonedError, match="6 s deadline"):
-        worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
+    try:
+        worker.prepare()
+        (spare,) = _await_workers(os.getpid(), 1)
+        with pytest.raises(EvaluationAbandonedError, match="6 s deadline"):
+            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
+    finally:
+        worker.cancel()  # a failed check leaves no worker behind for the next test
     child = int((tmp_path / "child.pid").read_text())
     assert not _alive(child) and not _alive(spare)
     assert not _workers(os.getpid())
