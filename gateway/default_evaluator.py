@@ -168,7 +168,6 @@ class DefaultEvaluator:
             study_uid=study_uid,
             images=_publish(case.images, work_dir / "images"),
             evaluated_series_uids=sorted({x.series_uid for x in routed}),
-            modality="CT" if any(x.modality == "CT" for x in routed) else "MR",
             warnings=warnings,
             run=run,
         )

@@ -409,9 +409,8 @@ class StudyPipeline:
             headers = evidence(index, result.evaluated_series_uids)
             previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
             back = build_unverified(
-                run, route.models, headers, version, result.evaluator, result.modality,
-                previous, no_answer,
-            )  # fmt: skip
+                run, route.models, headers, version, result.evaluator, previous, no_answer
+            )
             sr_paths: list[str] = []
             for sr in back.srs.values():  # local copies: the next version names them predecessors
                 path = work / f"sr-{len(sr_paths) + 1}.dcm"

@@ -49,7 +49,7 @@ class ReissueError(RuntimeError):
     """The case cannot be re-issued (no source study in PACS, nothing signed off)."""
 
 
-def _source_headers(orthanc: OrthancClient, case: Case) -> tuple[list[Dataset], str]:
+def _source_headers(orthanc: OrthancClient, case: Case) -> list[Dataset]:
     if not case.provenance.study_uids:
         raise ReissueError(f"case {case.case_id!r} names no source study (StudyInstanceUID)")
     study_uid = case.provenance.study_uids[0]
@@ -66,11 +66,11 @@ def _source_headers(orthanc: OrthancClient, case: Case) -> tuple[list[Dataset], 
     headers = orthanc.series_metadata(study_uid, series[0].series_uid)[:MAX_SOURCE_HEADERS]
     if not headers:
         raise ReissueError("the source series has no readable instance header")
-    return headers, series[0].modality
+    return headers
 
 
-def _recorded_headers(bundle: Path, case: Case) -> tuple[list[Dataset], str]:
-    """The evidence recorded in the report bundle at write-back, and its modality."""
+def _recorded_headers(bundle: Path, case: Case) -> list[Dataset]:
+    """The evidence recorded in the report bundle at write-back."""
     try:
         headers = load_evidence(bundle)
     except NoEvidenceError as exc:
@@ -84,7 +84,7 @@ def _recorded_headers(bundle: Path, case: Case) -> tuple[list[Dataset], str]:
             f"the evidence recorded for case {case.case_id!r} ({bundle / EVIDENCE_FILE}) is of "
             f"study {study_uid}, not of a study the case names ({names})"
         )
-    return headers, "CT" if headers[0].get("Modality") == "CT" else "MR"
+    return headers
 
 
 def _number(ds: Dataset) -> int:
@@ -162,10 +162,10 @@ def reissue_case(
     case = run.case(case_id)
     signed = verifiers(verification, organization)
     if bundle is not None and os.path.lexists(bundle / EVIDENCE_FILE):
-        headers, modality = _recorded_headers(bundle, case)
+        headers = _recorded_headers(bundle, case)
         study_uid = str(headers[0].StudyInstanceUID)
     else:
-        headers, modality = _source_headers(orthanc, case)
+        headers = _source_headers(orthanc, case)
         study_uid = case.provenance.study_uids[0]
     unverified = stored_srs(orthanc, study_uid)
     earlier = stored_srs(orthanc, study_uid, "sr-verified")
@@ -180,7 +180,7 @@ def reissue_case(
             srs.append(
                 build_sr(
                     headers, block.content, block.model, "clinician-verified", number, replaces,
-                    modality, verifiers=signed,
+                    verifiers=signed,
                 )
             )  # fmt: skip
         except ReportBuildError as exc:

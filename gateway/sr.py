@@ -273,6 +273,16 @@ def _evidence(source: Sequence[Dataset]) -> list[Dataset]:
     return out
 
 
+def _procedure(source: Sequence[Dataset]) -> Code:
+    """The procedure an SR reports, from its evidence (the first header of every evaluated
+    series): a head CT when any evaluated series is CT, whatever the order, else an imaging
+    procedure. The one rule, so an UNVERIFIED SR and the VERIFIED one re-issued from the same
+    recorded evidence report the same procedure."""
+    if any(str(ds.get("Modality", "")).strip() == "CT" for ds in source):
+        return codes.SCT.ComputedTomographyOfHead
+    return codes.SCT.ImagingProcedure
+
+
 def build_sr(
     source: Sequence[Dataset],
     content: ReportContent,
@@ -280,14 +290,14 @@ def build_sr(
     model_version: str,
     instance_number: int,
     previous: Sequence[Dataset] = (),
-    modality: str = "MR",
     verifiers: Sequence[Verifier] = (),
 ) -> Dataset:
     """A Comprehensive 3D SR (TID 1500) of one model's report content.
 
     Without ``verifiers``: UNVERIFIED, PRELIMINARY, in the study's "(UNVERIFIED)" series. With
     them: VERIFIED, FINAL, in the "(VERIFIED)" series, every verifier a Verifying Observer;
-    ``previous`` (the documents it replaces) are named as predecessors either way.
+    ``previous`` (the documents it replaces) are named as predecessors either way. The
+    procedure it reports follows its ``source`` (see ``_procedure``).
     """
     if not source:
         raise ReportBuildError("no source instance headers: cannot build an SR for the study")
@@ -319,9 +329,7 @@ def build_sr(
             model_name=model_name[:64],
         ),
     )
-    procedure = (
-        codes.SCT.ComputedTomographyOfHead if modality == "CT" else codes.SCT.ImagingProcedure
-    )
+    procedure = _procedure(source)
     verified = bool(verifiers)
     try:
         for v in verifiers:

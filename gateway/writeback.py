@@ -191,7 +191,6 @@ def build_unverified(
     headers: list[Dataset],
     version: int,
     evaluator: str,
-    modality: str,
     previous: Sequence[Dataset] = (),
     no_answer: Callable[[str], str] = lambda model: "no answer",
 ) -> Unverified:
@@ -208,7 +207,7 @@ def build_unverified(
             continue
         prev = [d for d in previous if model_of(d) == model]
         content = unverified_content(blocks[model])
-        out.srs[model] = build_sr(headers, content, model, evaluator, version, prev, modality)
+        out.srs[model] = build_sr(headers, content, model, evaluator, version, prev)
     return out
 
 

@@ -243,6 +243,39 @@ def _content() -> ReportContent:
     )
 
 
+def _procedure(sr: pydicom.Dataset) -> str:
+    """The code value of the SR's "Procedure reported" (121058, DCM) content item."""
+    (code,) = [
+        item.ConceptCodeSequence[0].CodeValue
+        for item in sr.ContentSequence
+        if item.ConceptNameCodeSequence[0].CodeValue == "121058"
+    ]
+    return str(code)
+
+
+def test_the_procedure_an_sr_reports_follows_every_evaluated_series_in_any_order(
+    tmp_path: Path,
+) -> None:
+    """One rule, from the SR's own evidence: CT when any evaluated series is CT, whichever series
+    comes first, so the pipeline's UNVERIFIED SR and re-issue's VERIFIED one (built from the
+    evidence recorded at write-back) report the same procedure."""
+    from highdicom.sr import CodedConcept
+    from pydicom.sr.codedict import codes
+    from pydicom.uid import CTImageStorage
+
+    study = make_study(tmp_path / "s", n_slices=2)  # FLAIR then T2, two slices each
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in study.files]
+    for h in headers[2:]:  # the second series is a head CT
+        h.Modality, h.SOPClassUID = "CT", CTImageStorage
+    ct = CodedConcept.from_code(codes.SCT.ComputedTomographyOfHead).value
+    mr_only = _procedure(build_sr(headers[:2], _content(), "m", "v", 1))
+    assert mr_only != ct
+    who = [Verifier("Doe^Jane", "Neuro Hospital", datetime(2026, 11, 24, 9, 30))]
+    for source in (headers, headers[::-1]):
+        assert _procedure(build_sr(source, _content(), "m", "v", 1)) == ct
+        assert _procedure(build_sr(source, _content(), "m", "v", 1, verifiers=who)) == ct
+
+
 def test_sr_is_tid1500_unverified_with_coded_findings_and_reads_back(tmp_path: Path) -> None:
     study = make_study(tmp_path / "s", n_slices=2, patient_name="Müller^Jörg")
     headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in study.files]
