@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -94,11 +93,11 @@ class Settings(BaseSettings):
     @classmethod
     def _under_out(cls, data: Any) -> Any:
         """The cache and runs folders follow NEUROSANDBOX_OUT (OUT/cache, OUT/runs) unless
-        set themselves."""
+        set themselves. ``data`` is every source merged (arguments, environment, ``.env``)."""
         if isinstance(data, dict):
-            out = data.get("out") or os.environ.get("NEUROSANDBOX_OUT") or "out"
+            out = data.get("out") or "out"
             for key in ("cache_dir", "runs_dir"):
-                if data.get(key) is None and not os.environ.get(f"NEUROSANDBOX_{key.upper()}"):
+                if data.get(key) is None:
                     data[key] = Path(out) / key.removesuffix("_dir")
         return data
 

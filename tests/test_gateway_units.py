@@ -425,3 +425,29 @@ def test_a_non_image_object_in_the_study_never_hides_its_study_uid(tmp_path: Pat
     assert result.study_uid == study.study_uid
     assert result.run.cases[0].case_id == f"study-{study.study_uid[-16:]}"
     assert result.run.cases[0].provenance.study_uids == [study.study_uid]
+
+
+def test_cache_and_runs_follow_the_out_folder_from_every_settings_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OUT/cache and OUT/runs unless set themselves, whether OUT comes from an argument, the
+    environment or a ``.env`` file."""
+    for key in ("OUT", "CACHE_DIR", "RUNS_DIR"):
+        monkeypatch.delenv(f"NEUROSANDBOX_{key}", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def folders() -> tuple[Path, Path]:
+        s = Settings()
+        return s.cache_dir, s.runs_dir
+
+    assert folders() == (Path("out/cache"), Path("out/runs"))
+    s = Settings(out=Path("/k"), runs_dir=Path("/r"))
+    assert (s.cache_dir, s.runs_dir) == (Path("/k/cache"), Path("/r"))
+    monkeypatch.setenv("NEUROSANDBOX_OUT", "/e")
+    assert folders() == (Path("/e/cache"), Path("/e/runs"))
+    monkeypatch.setenv("NEUROSANDBOX_RUNS_DIR", "/er")
+    assert folders() == (Path("/e/cache"), Path("/er"))
+    monkeypatch.delenv("NEUROSANDBOX_OUT")
+    monkeypatch.delenv("NEUROSANDBOX_RUNS_DIR")
+    (tmp_path / ".env").write_text("NEUROSANDBOX_OUT=/dotenv\nNEUROSANDBOX_CACHE_DIR=/dc\n")
+    assert folders() == (Path("/dc"), Path("/dotenv/runs"))
