@@ -16,6 +16,7 @@ from pydicom.dataset import Dataset
 from pydicom.uid import UID
 
 from dicom.errors import InvalidImageError, NonImageError, TooLargeError
+from dicom.headers.elements import NEEDED_PRIVATE
 
 if TYPE_CHECKING:
     from dicom.headers.scanned import ScannedDataset
@@ -300,17 +301,7 @@ VOLUME_KEYWORDS = (
     "DiffusionBValue",
     "DiffusionGradientOrientation",
 )
-VOLUME_PRIVATE_TAGS = (
-    (0x0019, 0x100C),
-    (0x0019, 0x100E),
-    (0x0019, 0x10BB),
-    (0x0019, 0x10BC),
-    (0x0019, 0x10BD),
-    (0x0043, 0x1039),
-    (0x2001, 0x1003),
-    (0x0065, 0x1009),
-    (0x0065, 0x1037),
-)
+VOLUME_PRIVATE_TAGS = NEEDED_PRIVATE  # every vendor diffusion tag read changes per volume
 VOLUME_FIELDS = (
     "acquisition_number",
     "temporal_index",
