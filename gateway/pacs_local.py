@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,16 +130,8 @@ class LocalPacs:
 
     def pid(self) -> int | None:
         """PID of the running Orthanc started from this folder, or None."""
-        try:
-            pid = int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
-            return None
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return None
-        # A recycled PID belongs to another program: only ours carries our config path.
-        return pid if str(self.config_file).encode() in cmdline else None
+        config = str(self.config_file).encode()
+        return _our_pid(self.pid_file, lambda cmdline: config in cmdline)  # our config path
 
     def password(self) -> str:
         return read_secret(self.password_file)
@@ -278,14 +271,21 @@ class LocalPacs:
 
 def gateway_pid(data_dir: Path) -> int | None:
     """PID of the gateway (``neurosandbox serve``) the demo started for this data folder."""
+    return _our_pid(
+        data_dir / "gateway.pid",
+        lambda cmdline: any(a.endswith(b"neurosandbox") for a in cmdline) and b"serve" in cmdline,
+    )
+
+
+def _our_pid(pid_file: Path, ours: Callable[[list[bytes]], bool]) -> int | None:
+    """The live process ``pid_file`` names when its command line (arguments) is ``ours``: a
+    PID recycled by another program, a zombie or an unreadable file give None."""
     try:
-        pid = int((data_dir / "gateway.pid").read_text().strip())
+        pid = int(pid_file.read_text().strip())
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return None
-    # a recycled PID belongs to another program: ours runs `neurosandbox serve`
-    ours = any(a.endswith(b"neurosandbox") for a in cmdline) and b"serve" in cmdline
-    return pid if ours and not _is_zombie(pid) else None
+    return pid if ours(cmdline) and not _is_zombie(pid) else None
 
 
 def stop_gateway(data_dir: Path, timeout_s: float = 30.0) -> bool:

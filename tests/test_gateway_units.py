@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -451,3 +452,42 @@ def test_cache_and_runs_follow_the_out_folder_from_every_settings_source(
     monkeypatch.delenv("NEUROSANDBOX_RUNS_DIR")
     (tmp_path / ".env").write_text("NEUROSANDBOX_OUT=/dotenv\nNEUROSANDBOX_CACHE_DIR=/dc\n")
     assert folders() == (Path("/dc"), Path("/dotenv/runs"))
+
+
+def test_a_pid_file_names_our_service_only_while_it_runs_as_ours(tmp_path: Path) -> None:
+    """Orthanc's and the demo gateway's PID files: a PID whose command line is another
+    program's (a recycled PID), a zombie, or a broken file is not ours."""
+    import signal
+    import sys
+
+    from gateway.pacs_local import LocalPacs, gateway_pid
+
+    data = tmp_path / "data"
+    pacs = LocalPacs(Settings(data_dir=data))
+    pacs.pid_file.parent.mkdir(parents=True)
+    sleep = "import time; time.sleep(60)"
+    exe = tmp_path / "bin" / "neurosandbox"  # the gateway's console script, by its name
+    exe.parent.mkdir()
+    exe.symlink_to(sys.executable)
+    orthanc = subprocess.Popen([sys.executable, "-c", sleep, str(pacs.config_file)])
+    serve = subprocess.Popen([str(exe), "-c", sleep, "serve"])
+    other = subprocess.Popen([sys.executable, "-c", sleep, "serve"])
+    try:
+        pacs.pid_file.write_text(f"{orthanc.pid}\n")
+        (data / "gateway.pid").write_text(str(serve.pid))
+        assert pacs.pid() == orthanc.pid and gateway_pid(data) == serve.pid
+        pacs.pid_file.write_text(str(other.pid))  # a PID now another program's
+        (data / "gateway.pid").write_text(str(other.pid))
+        assert pacs.pid() is None and gateway_pid(data) is None
+        (data / "gateway.pid").write_text("not a pid")
+        assert gateway_pid(data) is None
+        serve.send_signal(signal.SIGKILL)  # dead, not reaped yet: a zombie
+        (data / "gateway.pid").write_text(str(serve.pid))
+        until = time.monotonic() + 10
+        while gateway_pid(data) is not None and time.monotonic() < until:
+            time.sleep(0.05)
+        assert gateway_pid(data) is None
+    finally:
+        for p in (orthanc, serve, other):
+            p.kill()
+            p.wait()
