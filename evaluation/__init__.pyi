@@ -30,6 +30,7 @@ from .datasets import Dataset as Dataset
 from .datasets import DatasetSpec as DatasetSpec
 from .datasets import dataset_hash as dataset_hash
 from .datasets.manifest import ManifestProblem as ManifestProblem
+from .datasets.manifest import field_path as field_path
 from .datasets.manifest import manifest_schema as manifest_schema
 from .datasets.phantoms.anatomy import AnatomyError as AnatomyError
 from .datasets.phantoms.series import GENERATOR_VERSION as GENERATOR_VERSION

@@ -29,7 +29,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dicom import CLINICAL_CLASSES, IndexResult, SequenceClass
-from evaluation import BUILTIN, REPLAY, ModelConfigError, TaskFamily, load_models_file
+from evaluation import (
+    BUILTIN,
+    REPLAY,
+    ModelConfigError,
+    TaskFamily,
+    field_path,
+    load_models_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +174,7 @@ class Router:
             return cls(RoutingTable.model_validate(data))
         except ValidationError as exc:
             first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
+            where = field_path(first["loc"])
             raise RoutingError(f"{path}: {where}: {first['msg']}") from exc
 
     @property

@@ -193,7 +193,7 @@ def _neurovlm(root: Path) -> Path:
 @pytest.mark.parametrize(
     ("kind", "build", "expected"),
     [
-        ("suite", _suite_folder, [(2, "case-b", "tasks.0: Input should be")]),
+        ("suite", _suite_folder, [(2, "case-b", "tasks[0]: Input should be")]),
         ("manifest", lambda p: _manifest(p, MISSING_STUDY), [(2, "H2", "not-there")]),
         ("neural-medbench", _nmb, [(1, "nmb-0", "image 1")]),
         ("neurovlm", _neurovlm, [(3, None, "gone.png"), (4, None, "outside")]),

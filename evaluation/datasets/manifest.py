@@ -307,7 +307,9 @@ def _schema() -> dict[str, Any]:
 
 
 def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
-    """``('cases', 1, 'tasks', 0)`` -> ``cases[1].tasks[0]``."""
+    """A validation error's location as a person reads it, the one notation of every input
+    file's errors (manifests, case folders, routing rules): ``('cases', 1, 'tasks', 0)`` ->
+    ``cases[1].tasks[0]``; the tags of tagged unions are left out."""
     out = ""
     for part in loc:
         if isinstance(part, int):

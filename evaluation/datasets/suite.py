@@ -27,6 +27,7 @@ from evaluation.datasets.manifest import (
     ParsedManifest,
     StudyFolder,
     case_label,
+    field_path,
     files_of,
     parse_case,
     parse_manifest,
@@ -97,7 +98,7 @@ def suite_name(suite: Path) -> str:
 def _first_error(exc: ValidationError) -> str:
     """A validation error as a person fixes it: the field's path, what is wrong, the value."""
     err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"]) or "the case"
+    where = field_path(err["loc"]) or "the case"
     got = f" (got {err['input']!r:.80})" if err["type"] != "missing" else ""
     more = f"; and {len(exc.errors()) - 1} more" if len(exc.errors()) > 1 else ""
     return f"{where}: {err['msg']}{got}{more}"
