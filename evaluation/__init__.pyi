@@ -30,7 +30,6 @@ from .datasets import Dataset as Dataset
 from .datasets import DatasetSpec as DatasetSpec
 from .datasets import dataset_hash as dataset_hash
 from .datasets.manifest import ManifestProblem as ManifestProblem
-from .datasets.manifest import field_path as field_path
 from .datasets.manifest import manifest_schema as manifest_schema
 from .datasets.phantoms.anatomy import AnatomyError as AnatomyError
 from .datasets.phantoms.series import GENERATOR_VERSION as GENERATOR_VERSION
@@ -52,6 +51,7 @@ from .engine import start_run as start_run
 from .errors import DatasetError as DatasetError
 from .errors import EvaluationError as EvaluationError
 from .errors import ModelConfigError as ModelConfigError
+from .errors import field_path as field_path
 from .export import export_run as export_run
 from .judging import judge_run as judge_run
 from .modelio import GenerateConfig as GenerateConfig

@@ -1,4 +1,5 @@
-"""Specific error types of the evaluation engine, with messages a user can act on."""
+"""Specific error types of the evaluation engine, with messages a user can act on, and the one
+way an input file's error names the field at fault."""
 
 
 class EvaluationError(Exception):
@@ -23,3 +24,22 @@ class PHIError(EvaluationError):
 
 class StoreError(EvaluationError):
     """The run store is missing, locked, of another version, or inconsistent with the request."""
+
+
+def is_union_tag(part: int | str) -> bool:
+    """A tag of one of our tagged unions (they start with "~"; pydantic puts the member's tag
+    into an error's location)."""
+    return isinstance(part, str) and part.startswith("~")
+
+
+def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """A validation error's location as a person reads it, the one notation of every input
+    file's errors (manifests, case folders, models files, routing rules):
+    ``('cases', 1, 'tasks', 0)`` -> ``cases[1].tasks[0]``; union tags are left out."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not is_union_tag(part):
+            out += f".{part}" if out else str(part)
+    return out

@@ -234,3 +234,20 @@ def test_a_replay_file_over_the_size_cap_is_refused(
     assert replay.load_answers(small) == {("c", "differential", 0, None): "ok"}
     with pytest.raises(ModelConfigError, match="over the 1000-byte cap"):
         replay.load_answers(big)
+
+
+def test_a_models_file_error_names_the_entry_and_the_field_as_people_write_them(
+    tmp_path: Path,
+) -> None:
+    from evaluation import load_models_file
+
+    path = tmp_path / "models.yaml"
+    path.write_text(
+        "models:\n  - name: ok\n  - name: bad\n    max_retries: lots\n"
+        "    max_images_per_request: -1\n"
+    )
+    with pytest.raises(ModelConfigError) as err:
+        load_models_file(path)
+    said = str(err.value)
+    assert f"models file {path}, entry 2: max_retries: Input should be a valid integer" in said
+    assert "('" not in said  # not a Python tuple

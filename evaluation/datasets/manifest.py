@@ -31,13 +31,13 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import ErrorDetails, PydanticCustomError, core_schema
 
 from evaluation.case import GroundTruth, Question, TaskFamily, Turn
+from evaluation.errors import field_path, is_union_tag
 
 SCHEMA_ID = "https://neurosandbox.invalid/schemas/manifest.schema.json"
 
-# Tags of the manifest's unions. Pydantic puts a union member's tag into an error's location;
-# they start with "~" so that error paths can leave them out (cases[0].study.path, not
+# Tags of the manifest's unions start with "~": pydantic puts a union member's tag into an
+# error's location, and field_path leaves them out (cases[0].study.path, not
 # cases[0].study.~folder.path).
-_TAGS = frozenset({"~path", "~folder", "~orthanc", "~url", "~server", "~file", "~bundle"})
 
 
 def _number_as_text(value: Any) -> Any:
@@ -306,19 +306,6 @@ def _schema() -> dict[str, Any]:
 # --------------------------------------------------------------------------- errors
 
 
-def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
-    """A validation error's location as a person reads it, the one notation of every input
-    file's errors (manifests, case folders, routing rules): ``('cases', 1, 'tasks', 0)`` ->
-    ``cases[1].tasks[0]``; the tags of tagged unions are left out."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif part not in _TAGS:
-            out += f".{part}" if out else str(part)
-    return out
-
-
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -336,7 +323,7 @@ def _known_fields(schema: dict[str, Any], loc: tuple[int | str, ...]) -> list[st
 
     nodes = [schema]
     for part in loc:
-        if part in _TAGS:
+        if is_union_tag(part):
             continue
         nxt: list[dict[str, Any]] = []
         for node in (n for x in nodes for n in deref(x)):

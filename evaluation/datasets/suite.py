@@ -27,14 +27,13 @@ from evaluation.datasets.manifest import (
     ParsedManifest,
     StudyFolder,
     case_label,
-    field_path,
     files_of,
     parse_case,
     parse_manifest,
     problems_of,
 )
 from evaluation.datasets.rendering import RenderPlan, render_study
-from evaluation.errors import DatasetError
+from evaluation.errors import DatasetError, field_path
 
 MAX_JSON_BYTES = 20 * 1024 * 1024
 MAX_NOTE_BYTES = 1024 * 1024
