@@ -51,7 +51,7 @@ from .engine import start_run as start_run
 from .errors import DatasetError as DatasetError
 from .errors import EvaluationError as EvaluationError
 from .errors import ModelConfigError as ModelConfigError
-from .errors import field_path as field_path
+from .errors import first_error as first_error
 from .export import export_run as export_run
 from .judging import judge_run as judge_run
 from .modelio import GenerateConfig as GenerateConfig

@@ -1,6 +1,13 @@
 """Specific error types of the evaluation engine, with messages a user can act on, and the one
 way an input file's error names the field at fault."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class EvaluationError(Exception):
     """Base class for evaluation-engine errors."""
@@ -43,3 +50,14 @@ def field_path(loc: tuple[int | str, ...] | list[int | str]) -> str:
         elif not is_union_tag(part):
             out += f".{part}" if out else str(part)
     return out
+
+
+def first_error(exc: ValidationError, whole: str = "the input") -> str:
+    """A validation error as a person fixes it: the field's path (``whole`` when the input
+    itself is wrong), what is wrong, the value (bounded), and how many more there are."""
+    errors = exc.errors()
+    err = errors[0]
+    where = field_path(err["loc"]) or whole
+    got = f" (got {err['input']!r:.80})" if err["type"] != "missing" else ""
+    more = f"; and {len(errors) - 1} more" if len(errors) > 1 else ""
+    return f"{where}: {err['msg']}{got}{more}"

@@ -34,7 +34,7 @@ from evaluation import (
     REPLAY,
     ModelConfigError,
     TaskFamily,
-    field_path,
+    first_error,
     load_models_file,
 )
 
@@ -173,9 +173,7 @@ class Router:
         try:
             return cls(RoutingTable.model_validate(data))
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = field_path(first["loc"])
-            raise RoutingError(f"{path}: {where}: {first['msg']}") from exc
+            raise RoutingError(f"{path}: {first_error(exc, 'the rules')}") from exc
 
     @property
     def reviewers_may_evaluate(self) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from gateway_process import send
-from gateway_synth import make_study
+from gateway_synth import SynthStudy, make_study
 from orthanc_fixture import OrthancServer
 
 from gateway.default_evaluator import DefaultEvaluator
@@ -44,6 +44,24 @@ def _gateway(orthanc_server: OrthancServer, data: Path, routing: Path) -> Gatewa
     return gw
 
 
+def _evaluated_once(
+    orthanc_server: OrthancServer, tmp_path: Path, patient_id: str
+) -> tuple[SynthStudy, Path, Gateway]:
+    """A one-series study sent to a gateway under a differential-only rule and evaluated
+    (the gateway is returned running: the caller stops it)."""
+    study = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=6, patient_id=patient_id)
+    data = tmp_path / "data"
+    gw = _gateway(orthanc_server, data, _rules(tmp_path / "a.yaml", ["differential"]))
+    try:
+        send(gw.scp.port, study.files)
+        [first] = _finished(gw, study.study_uid, 1)
+        assert first.status is RunStatus.DONE
+    except BaseException:
+        gw.stop()
+        raise
+    return study, data, gw
+
+
 def _finished(gw: Gateway, study_uid: str, n: int, timeout_s: float = 90) -> list[RunRecord]:
     """The study's runs once ``n`` of them have finished (newest first)."""
     deadline = time.monotonic() + timeout_s
@@ -59,15 +77,8 @@ def _finished(gw: Gateway, study_uid: str, n: int, timeout_s: float = 90) -> lis
 def test_a_restart_with_other_rules_does_not_evaluate_the_spool_again(
     orthanc_server: OrthancServer, tmp_path: Path
 ) -> None:
-    study = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=6, patient_id="NSBX-RESTART")
-    data = tmp_path / "data"
-    gw = _gateway(orthanc_server, data, _rules(tmp_path / "a.yaml", ["differential"]))
-    try:
-        send(gw.scp.port, study.files)
-        [first] = _finished(gw, study.study_uid, 1)
-        assert first.status is RunStatus.DONE
-    finally:
-        gw.stop()
+    study, data, gw = _evaluated_once(orthanc_server, tmp_path, "NSBX-RESTART")
+    gw.stop()
     # Restarted with another rule: the spooled study is offered again and skipped.
     gw = _gateway(orthanc_server, data, _rules(tmp_path / "b.yaml", ["differential", "lesion"]))
     try:
@@ -88,13 +99,8 @@ def test_the_first_restart_after_an_upgrade_does_not_evaluate_the_spool_again(
 ) -> None:
     """A study state written before the route entered the digest (its evaluated_digest was the
     instances' digest alone, no evaluated_instances): still known as evaluated on a restart."""
-    study = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=6, patient_id="NSBX-UPGRADE")
-    data = tmp_path / "data"
-    gw = _gateway(orthanc_server, data, _rules(tmp_path / "a.yaml", ["differential"]))
+    study, data, gw = _evaluated_once(orthanc_server, tmp_path, "NSBX-UPGRADE")
     try:
-        send(gw.scp.port, study.files)
-        [first] = _finished(gw, study.study_uid, 1)
-        assert first.status is RunStatus.DONE
         state = gw.ctx.runs.study_state(study.study_uid)
         # as the version before wrote it
         state.evaluated_digest, state.evaluated_instances = state.evaluated_instances, None

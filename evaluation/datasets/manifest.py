@@ -35,9 +35,8 @@ from evaluation.errors import field_path, is_union_tag
 
 SCHEMA_ID = "https://neurosandbox.invalid/schemas/manifest.schema.json"
 
-# Tags of the manifest's unions start with "~": pydantic puts a union member's tag into an
-# error's location, and field_path leaves them out (cases[0].study.path, not
-# cases[0].study.~folder.path).
+# The tags of the manifest's unions below start with "~" (evaluation.errors.is_union_tag): an
+# error's path leaves them out (cases[0].study.path, not cases[0].study.~folder.path).
 
 
 def _number_as_text(value: Any) -> Any:

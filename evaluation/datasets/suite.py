@@ -33,7 +33,7 @@ from evaluation.datasets.manifest import (
     problems_of,
 )
 from evaluation.datasets.rendering import RenderPlan, render_study
-from evaluation.errors import DatasetError, field_path
+from evaluation.errors import DatasetError, first_error
 
 MAX_JSON_BYTES = 20 * 1024 * 1024
 MAX_NOTE_BYTES = 1024 * 1024
@@ -94,15 +94,6 @@ def suite_name(suite: Path) -> str:
     return suite.name
 
 
-def _first_error(exc: ValidationError) -> str:
-    """A validation error as a person fixes it: the field's path, what is wrong, the value."""
-    err = exc.errors()[0]
-    where = field_path(err["loc"]) or "the case"
-    got = f" (got {err['input']!r:.80})" if err["type"] != "missing" else ""
-    more = f"; and {len(exc.errors()) - 1} more" if len(exc.errors()) > 1 else ""
-    return f"{where}: {err['msg']}{got}{more}"
-
-
 def load_case_dir(
     folder: Path, cache_dir: Path, plan: RenderPlan | None = None, render: bool = True
 ) -> tuple[Case, list[str]]:
@@ -113,7 +104,7 @@ def load_case_dir(
     try:
         case = Case.model_validate(_read_json(path))
     except ValidationError as exc:
-        raise DatasetError(f"{path}: not a valid case: {_first_error(exc)}") from exc
+        raise DatasetError(f"{path}: not a valid case: {first_error(exc, 'the case')}") from exc
     case.root = str(folder)
     if case.ehr is None and (folder / "ehr.json").exists():
         case.ehr = _read_json(folder / "ehr.json")

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from evaluation.errors import ModelConfigError, field_path
+from evaluation.errors import ModelConfigError, first_error
 
 REFERENCE_TEXT = "reference/text-prior"
 REFERENCE_IMAGE = "reference/image-rules"
@@ -157,11 +157,8 @@ def load_models_file(path: Path) -> dict[str, ModelSpec]:
         try:
             spec = ModelSpec.model_validate(entry)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
             raise ModelConfigError(
-                f"models file {path}, entry {n + 1}: {field_path(first['loc'])}: "
-                f"{first['msg']}{more}"
+                f"models file {path}, entry {n + 1}: {first_error(exc, 'the entry')}"
             ) from exc
         if spec.name in out:
             raise ModelConfigError(f"models file {path}: model {spec.name!r} listed twice")
