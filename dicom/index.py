@@ -401,6 +401,8 @@ def _describe_stack(
                 rescale_intercept=f.rescale_intercept,
                 pixel_offset=f.pixel_offset,
                 mosaic_slices=f.mosaic_slices,
+                sop_instance_uid=f.sop_instance_uid,
+                sop_class_uid=f.sop_class_uid,
             )
             for f in vol
         ]

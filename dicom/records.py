@@ -82,6 +82,10 @@ class FrameRef(BaseModel):
     # can be read later without parsing the header again.
     pixel_offset: int | None = None
     mosaic_slices: int | None = None
+    # the instance the image is of, as its header names it (empty for NIfTI): what a report
+    # on the image references
+    sop_instance_uid: str = ""
+    sop_class_uid: str = ""
 
 
 class SeriesInfo(BaseModel):

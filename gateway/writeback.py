@@ -53,29 +53,30 @@ class NoEvidenceError(RuntimeError):
 
 def evidence(index: IndexResult, series_uids: Iterable[str]) -> list[Dataset]:
     """The SR's evidence: per evaluated series, its kept first header, then one reference per
-    other instance (SOP class from that header, SOP Instance UID from the file's name)."""
+    other instance, by the SOP Instance and SOP Class UIDs the index read from its header
+    (never from a file's name); an instance whose UIDs are not valid UIDs is left out."""
     wanted = set(series_uids)
-    paths: dict[str, set[str]] = {}  # series UID -> its files (a series may be several stacks)
-    for s in index.series:
+    sops: dict[str, dict[str, str]] = {}  # series UID -> SOP Instance UID -> its SOP Class UID
+    for s in index.series:  # a series may be several stacks, an instance several frames
         if not wanted or s.series_uid in wanted:
-            paths.setdefault(s.series_uid, set()).update(f.path for v in s.volumes for f in v)
+            of = sops.setdefault(s.series_uid, {})
+            for f in (f for v in s.volumes for f in v):
+                of.setdefault(f.sop_instance_uid, f.sop_class_uid)
     out: list[Dataset] = []
-    for uid, files in paths.items():
+    for uid, instances in sops.items():
         first = index.series_headers.get(uid)
         if first is None or str(first.get("SeriesInstanceUID", "")) != uid:
             continue
         out.append(first)
-        for p in sorted(files):
-            name = Path(p).name.removesuffix(".dcm")
-            if name == str(first.SOPInstanceUID):
+        for sop, sop_class in sorted(instances.items()):
+            if sop == str(first.SOPInstanceUID):
                 continue
             try:
-                sop = check_uid(name)
+                ref = Dataset()
+                ref.SOPClassUID = check_uid(sop_class)
+                ref.SOPInstanceUID = check_uid(sop)
             except InvalidUIDError:
                 continue
-            ref = Dataset()
-            ref.SOPClassUID = first.SOPClassUID
-            ref.SOPInstanceUID = sop
             ref.SeriesInstanceUID = uid
             ref.StudyInstanceUID = first.StudyInstanceUID
             out.append(ref)

@@ -248,6 +248,26 @@ def _headers(tmp: Path) -> list[Dataset]:
     return evidence(index_path(tmp / "study", workers=1, keep_headers=True), [])
 
 
+@pytest.mark.parametrize("study", ["uih_umr770", "brainix"])
+def test_evidence_names_each_instance_by_its_own_uids_whatever_its_file_is_called(
+    corpus: Path, study: str
+) -> None:
+    """Real studies whose files are not named by SOP Instance UID (United Imaging's 00000001.dcm
+    reads as a UID; BRAINIX's names do not): the SR's evidence names every indexed instance by
+    the UIDs its header carries, nothing else."""
+    folder = corpus / study
+    index = index_path(folder, workers=1, keep_headers=True)
+    truth = {}  # SOP Instance UID -> (series, SOP class), from each file's own header
+    for s in index.series:
+        for f in {f.path for v in s.volumes for f in v}:
+            ds = pydicom.dcmread(f, stop_before_pixels=True)
+            truth[str(ds.SOPInstanceUID)] = (str(ds.SeriesInstanceUID), str(ds.SOPClassUID))
+    headers = evidence(index, [])
+    named = {str(h.SOPInstanceUID): (str(h.SeriesInstanceUID), str(h.SOPClassUID)) for h in headers}
+    assert len(truth) > 1 and named == truth
+    assert len(headers) == len(truth)  # each instance once
+
+
 def test_evidence_round_trip_keeps_what_the_sr_needs_and_drops_bulk_data(tmp_path: Path) -> None:
     headers = _headers(tmp_path)
     first = headers[0]
