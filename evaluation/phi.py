@@ -46,6 +46,13 @@ from evaluation.ehr import (
 )
 from evaluation.errors import PHIError
 from evaluation.modelio import ImagePart, Message, TextPart
+from evaluation.phi_text import (
+    address_terms,
+    is_first_name,
+    normalise,
+    scrub_addresses,
+    scrub_dates,
+)
 
 LOOPBACK = "loopback"
 REDACTED = "[REDACTED]"
@@ -156,8 +163,17 @@ def is_trusted(api_base: str | None, policy: PHIPolicy, *, local: bool = False) 
 _UPPER = "".join(re.escape(chr(c)) for c in range(0x41, 0x2C00) if chr(c).isupper())
 _LETTER = r"[^\W\d_]"
 _TOKEN = rf"(?:\[REDACTED\]|[{_UPPER}]{_LETTER}*(?:['’-]{_LETTER}+)*\.?)"
-_TITLES = ("Dr", "Prof", "Professor", "Mr", "Mrs", "Ms", "Mx", "Miss", "Rev")
-_TITLE = r"(?:" + "|".join(_TITLES) + r")\.?"
+# Titles in the languages notes are written in; a title may be followed by more titles and by
+# the academic qualifiers that go with them ("Prof. Dr. med. habil.", "Dr. rer. nat.").
+_TITLES = (
+    "Professor", "Prof", "Dr.ssa", "Dr.in", "Dra", "Dr", "Mrs", "Mr", "Ms", "Mx", "Miss", "Rev",
+    "Herr", "Hr", "Frau", "Mme", "Mlle", "Mevr", "Dhr", "Sra", "Srta", "Sr", "Dña", "Dott.ssa",
+    "Dott", "Sig.ra", "Sig.na", "Sig", "Pan", "Pani", "Doz", "Dipl.-Med", "Dipl.-Psych",
+    "Univ.-Prof",
+)  # fmt: skip
+_QUALIFIERS = r"(?:med|dent|vet|rer|nat|phil|habil|univ|sc|h\.c|nat\.|pol|oec|jur|ès|en)\.?"
+_TITLE1 = r"(?:" + "|".join(re.escape(t) for t in _TITLES) + r")\.?"
+_TITLE = rf"{_TITLE1}(?:[ \t]+(?:{_TITLE1}|{_QUALIFIERS}))*"
 _SPAN = rf"(?:{_TITLE}[ \t]+)?{_TOKEN}(?:(?:,[ \t]*|[ \t]+){_TOKEN}){{0,4}}"
 _TOKEN_RE = re.compile(_TOKEN)
 _SPAN_RE = re.compile(_SPAN)
@@ -178,11 +194,22 @@ _EPONYMS = word_set(
     friedreich devic lewy binswanger wernicke korsakoff tourette duchenne menière meniere
     horner sjögren sjogren behçet behcet lyme tolosa susac chiari moyamoya cadasil hashimoto
     krabbe canavan fabry gaucher niemann batten rett kearns sayre erb klumpke babinski
-    romberg kernig brudzinski dandy sturge hippel lindau bell todd pick"""
+    romberg kernig brudzinski dandy sturge hippel lindau bell todd pick broca sylvius sylvian
+    willis virchow lhermitte uhthoff monro magendie luschka rolando heschl meynert purkinje
+    betz schwann ranvier nissl tinel phalen lasègue lasegue gerstmann balint capgras foville
+    millard gubler benedikt parinaud wallenberg dejerine roussy séquard sequard adamkiewicz
+    hounsfield rankin barthel folstein addenbrooke gunn bonnet ramsay adie argyll marchiafava
+    bignami leigh alexander dravet lennox gastaut rasmussen west landau kleffner"""
 )
 _DISEASE_AFTER = re.compile(
     r"[ \t]*(?:disease|syndrome|palsy|ataxia|chorea|dementia|dystrophy|sign|phenomenon|"
-    r"malformation|encephalopathy|encephalitis|aneurysm|paralysis|neuropathy|tumou?r)\b",
+    r"malformation|encephalopathy|encephalitis|aneurysm|paralysis|neuropathy|tumou?r|pupil|"
+    r"tremor|paresis|area|aphasia|fissure|spaces?|circle|scale|score|test|reflex|criteria|"
+    r"classification|grade|bod(?:y|ies)|nucleus|cyst|canal|foramen|gyrus|law|effect|"
+    r"manoeuvre|maneuver|procedure|operation|line|angle|triangle|disorder|cells?|arteritis|"
+    r"anomaly|lesion|units?|index|questionnaire|exam(?:ination)?|variant|complex|stage|"
+    r"hypothesis|ratio|rule|method|technique|protocol|and[ \t]+[A-Z]\w+[ \t]+(?:scale|grade|"
+    r"score|classification|syndrome|disease))\b",
     re.I,
 )
 # Words that say the words before them were a person's name (a signature's department or role).
@@ -214,14 +241,27 @@ _WEAK_CUE = re.compile(
     r"performed|read|scanned|interpreted|written|prepared|admitted|clerked|checked|verified|"
     r"approved|signed|dictated|transcribed|typed|authored|supervised|triaged|accompanied|"
     r"escorted|witnessed|covered|accepted|booked|scheduled|vetted|protocolled|operated|"
-    r"acquired|done|note)[ \t]+(?:[a-z]+[ \t]+)?by|(?:discussed|d/w|spoke|spoken|liaised|"
+    r"acquired|done|note|assault|assaulted|attacked|hit|punched|kicked|pushed|stabbed|struck|"
+    r"bitten|threatened|abused|injured|hurt|found|brought|driven|collected|visited|called|"
+    r"phoned|rang|described|observed|given|administered|reminded|helped|supported|looked|cared|"
+    r"raised|adopted|fostered)[ \t]+(?:[a-z]+[ \t]+)?by|(?:discussed|d/w|spoke|spoken|liaised|"
     r"handed[ \t]+over)[ \t]+(?:with|to)|under[ \t]+(?:the[ \t]+)?care[ \t]+of|"
     r"(?:referring|requesting|reporting|attending|treating|admitting|responsible|supervising)"
     r"(?:[ \t]+(?:physician|doctor|clinician|consultant|neurologist|radiologist|surgeon))?|"
     r"consultant|registrar|radiologists?|radiographers?|operators?|technologists?|"
     r"next[ \t]+of[ \t]+kin|nok|wife|husband|partner|spouse|son|daughter|mother|father|"
     r"brother|sister|carer|guardian|friend|relative|niece|nephew|aunt|uncle|grandson|"
-    r"granddaughter|emergency[ \t]+contact)\b[ \t]*[:–—-]?|"
+    r"granddaughter|emergency[ \t]+contact|girl-?friend|boy-?friend|fianc[ée]e?|flat-?mate|"
+    r"house-?mate|room-?mate|neighbou?r|colleague|co-?worker|workmate|employer|boss|manager|"
+    r"landlord|landlady|lodger|tenant|cousin|step-?(?:mother|father|son|daughter)|"
+    r"grand(?:mother|father|child|ma|pa)|mum|mom|dad|in-law|god(?:mother|father|son|daughter)|"
+    r"caregiver|care[ \t]+worker|key[ \t]+worker|support[ \t]+worker|social[ \t]+worker|"
+    r"paramedic|physiotherapist|physio|therapist|pharmacist|nurse|midwife|teacher|coach|pastor|"
+    r"priest|vicar|imam|rabbi|solicitor|lawyer|interpreter|witness|ex-?(?:wife|husband|partner)|"
+    r"Nachbarin|Nachbar|Freundin|Freund|Ehemann|Ehefrau|Lebensgefährtin|Lebensgefährte|"
+    r"Tochter|Sohn|Bruder|Schwester|Kollegin|Kollege|voisine|voisin|amie|ami|mari|femme|fille|"
+    r"fils|copine|copain|vecina|vecino|amiga|amigo|esposa|esposo|novia|novio|hija|hijo|vicina|"
+    r"vicino|amica|amico|marito|moglie|figlia|figlio|collega)\b[ \t]*[:–—-]?[ \t]*,?|"
     r"\b(?:cc|attn|author|reporter|from|to|gp|signed)[ \t]*:)[ \t]*(" + _SPAN + ")"
 )
 _TITLED = re.compile(rf"(?<!\w)({_TITLE})[ \t]+({_TOKEN}(?:(?:,[ \t]*|[ \t]+){_TOKEN}){{0,4}})")
@@ -238,7 +278,9 @@ _INITIALS_BEFORE = re.compile(rf"(?<![\w.])(?:[{_UPPER}]\.[ \t]?|[{_UPPER}][ \t]
 _INITIALS_AFTER = re.compile(rf"(?<=\[REDACTED\])(?:,?[ \t]+[{_UPPER}]\.)+")
 
 
-_TITLE_WORDS = frozenset(t.lower() for t in _TITLES)
+_TITLE_WORDS = frozenset(t.lower() for t in _TITLES) | word_set(
+    "med dent vet rer nat phil habil univ sc h.c pol oec jur"
+)
 _NOT_TRAILING = NOT_NAMES | _ROLE_WORDS  # words that end a name span, not part of it
 _NOT_IN_NAME = NOT_NAMES | _CLINICAL  # words that make a span not a name
 
@@ -303,6 +345,89 @@ def _sub_spans(
     return text, n
 
 
+# A name after a preposition or conjunction, in the languages notes are written in: redacted
+# only when it is a name by its own evidence (a given name, see ``scrub_given_names``).
+_AGENT_CUE = re.compile(
+    r"(?i:\b(?:by|with|from|per|and|to|for|von|mit|durch|bei|und|par|avec|et|por|con|y|da|dal|"
+    r"door|met|en)\b)[ \t]+(" + _SPAN + ")"
+)
+_NAME_PARTICLES = word_set("van von der den de del della di du da dos das le la bin ibn al el")
+_CAPITALISED = re.compile(rf"[{_UPPER}]{_LETTER}*(?:['’-]{_LETTER}+)*")
+
+
+def _title_case(word: str) -> bool:
+    return word[:1].isupper() and any(c.islower() for c in word[1:])
+
+
+def _given_name(word: str) -> bool:
+    """A word that is a given name by itself: title case, in the name list, not a word that
+    stands next to names or in clinical text."""
+    bare = _bare(word)
+    return (
+        _title_case(word)
+        and is_first_name(word)
+        and bare not in _NOT_IN_NAME
+        and bare not in _ROLE_WORDS
+        and bare not in _TITLE_WORDS
+        and bare not in _EPONYMS
+    )
+
+
+def _names_a_disease(text: str, end: int) -> bool:
+    """Whether the words ending at ``end`` name a disease, sign or structure after a person
+    ("Marcus Gunn pupil", "Addison's disease", "Charles Bonnet syndrome")."""
+    after = re.sub(r"^['’]s\b", "", text[end : end + 60])
+    return bool(_DISEASE_AFTER.match(after))
+
+
+def scrub_given_names(text: str) -> tuple[str, int]:
+    """Redact every person named in free text by a given name, wherever it stands: the given
+    name (of the bundled name list, many countries, common words left out) and the capitalised
+    words that follow it (the family name, with its particles), unless they name a disease, sign
+    or structure; and a name after a preposition or conjunction ("with Rashid", "from Agnieszka
+    Kowalczyk", "durch ..."), which is one when it starts with a given name."""
+    n = 0
+    spans: list[tuple[int, int]] = []
+    for m in _CAPITALISED.finditer(text):
+        if not _given_name(m.group()):
+            continue
+        end, pos, taken = m.end(), m.end(), 0
+        while taken < 3:
+            nxt = re.match(r"[ \t]+(\S+)", text[pos:])
+            if nxt is None:
+                break
+            word = nxt.group(1).rstrip(".,;:)")
+            if word.lower() in _NAME_PARTICLES:
+                pos += nxt.end()
+                continue
+            if not (_CAPITALISED.fullmatch(word) and _title_case(word)):
+                break
+            if _bare(word) in _NOT_IN_NAME or _bare(word) in _ROLE_WORDS:
+                break
+            pos += nxt.start(1) + len(word)
+            end = pos
+            taken += 1
+        if _names_a_disease(text, end) or any(
+            _bare(w) in _EPONYMS for w in re.split(r"[\s-]+", text[m.start() : end])
+        ):
+            continue
+        spans.append((m.start(), end))
+    for a, b in reversed(_merged(spans)):
+        text = text[:a] + REDACTED + text[b:]
+        n += 1
+    return text, n
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(b, out[-1][1]))
+        else:
+            out.append((a, b))
+    return out
+
+
 def scrub_signatures(text: str) -> tuple[str, int]:
     """Redact the names on signature lines and next to a title, role or relation word, whoever
     they are: the rest of a line that starts with a signature cue ("Signed:", "Electronically
@@ -357,17 +482,22 @@ def _terms_pattern(terms: tuple[str, ...]) -> re.Pattern[str] | None:
 def scrub_text(text: str, terms: list[str]) -> tuple[str, dict[str, int]]:
     """Replace the identifiers of the record's persons, the names on signature lines and
     identifier-shaped strings; count what was replaced."""
-    counts: dict[str, int] = {}
+    text, counts = normalise(text)
     known = _terms_pattern(tuple(terms))
     if known is not None:
         text, n = known.subn(REDACTED, text)
         if n:
             counts["identifier"] = n
     text, n = scrub_signatures(text)
-    if n:
-        counts["person_name"] = n
+    text, k = scrub_given_names(text)
+    if n + k:
+        counts["person_name"] = n + k
     # "M. [REDACTED]" and "[REDACTED], M." say no more than "[REDACTED]"
     text = _INITIALS_AFTER.sub("", _INITIALS_BEFORE.sub("", text))
+    for kind, scrub in (("address", scrub_addresses), ("date", scrub_dates)):
+        text, n = scrub(text)
+        if n:
+            counts[kind] = counts.get(kind, 0) + n
     for name, pattern in _PATTERNS:
         text, n = pattern.subn(_keep_label(name), text)
         if n:
@@ -443,7 +573,7 @@ class PHIGate:
         every person the study's headers name, in each of their written forms, and the study's
         identifiers (patient ID, accession number, institution)."""
         if case.case_id not in self._terms:
-            terms = identifying_terms(case.ehr) if case.ehr else []
+            terms = identifying_terms(case.ehr) + address_terms(case.ehr) if case.ehr else []
             if case.patient_id:
                 terms.append(case.patient_id)
             ident = case.provenance.identity

@@ -1,0 +1,316 @@
+"""Free-text PHI shapes for the PHI gate (:mod:`evaluation.phi`): text normalised before matching,
+dates in any written form, addresses, the parts of the record's own address, first names.
+
+* :func:`normalise` reads text as a person reads it: compatibility forms folded (NFKC: full-width
+  and mathematical letters become plain ones), invisible characters removed (zero-width spaces and
+  joiners, soft hyphens, bidirectional controls, fillers) and Cyrillic or Greek letters that look
+  Latin read as Latin inside a Latin word ("Vаndersloot" with a Cyrillic а). The gate matches and
+  sends the normalised text: what leaves is what was checked.
+* :func:`scrub_dates` redacts every date that names a day (numeric, ISO, written with a month
+  name in English, German, French, Spanish, Italian, Portuguese or Dutch, ordinal or not, "the
+  7th of November 1958", "05MAR2023") and every month with its year; a year alone, a duration
+  ("3 days ago") and an age stay.
+* :func:`scrub_addresses` redacts what has the shape of an address (house number and street of
+  any common street word, continental "Hauptstraße 12" and "via Roma 12", flat numbers, the town
+  and postcode written after a street, a US state with its ZIP code) and a place after "lives in".
+* :func:`address_terms` lists every part of the record's own addresses (street with and without
+  its number, town and the words of a compound town name, district, state, postcode with and
+  without its space) for the gate's known-terms pass; the country stays.
+* :func:`is_first_name` says whether a word is a given name (the name list of ``gender-guesser``,
+  about 48,000 names of many countries, without the names that are also common English words).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from functools import lru_cache
+from typing import Any
+
+from evaluation.ehr import word_set
+
+REDACTED = "[REDACTED]"
+
+# --------------------------------------------------------------------------- normalisation
+
+# Letters that are invisible or blank though not of category Cf (Hangul fillers, braille blank).
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+# Cyrillic and Greek letters drawn like Latin ones (Unicode confusables, the common subset).
+_LOOK_ALIKE = str.maketrans(
+    "аеорсухіјԁԛѕԝһӏАВЕКМНОРСТХІЈЅԌԚԜοαιϳνκτρχυΑΒΕΖΗΙΚΜΝΟΡΤΥΧ",
+    "aeopcyxijdqswhlABEKMHOPCTXIJSGQWoaijvktpxuABEZHIKMNOPTYX",
+)
+_LOOK_ALIKE_CHARS = frozenset(chr(c) for c in _LOOK_ALIKE)
+_WORD = re.compile(r"[^\W\d_]+")
+
+
+def _latin(c: str) -> bool:
+    return "LATIN" in unicodedata.name(c, "")
+
+
+def normalise(text: str) -> tuple[str, dict[str, int]]:
+    """The text as read (see the module's docstring), and how many invisible and look-alike
+    characters were removed or read as Latin."""
+    counts: dict[str, int] = {}
+    out = []
+    for c in text:
+        folded = unicodedata.normalize("NFKC", c) if not c.isascii() else c
+        # only letters and digits drawn in another form (full-width, mathematical, ligatures):
+        # "…", "²" and "½" stay as written
+        letter = unicodedata.category(c)[0] == "L" or unicodedata.category(c) == "Nd"
+        if letter and folded != c and folded.isascii() and folded.isalnum():
+            counts["look_alike_characters"] = counts.get("look_alike_characters", 0) + 1
+            c = folded
+        out.append(c)
+    text = "".join(out)
+    kept = "".join(c for c in text if unicodedata.category(c) != "Cf" and c not in _BLANK_LETTERS)
+    if len(kept) != len(text):
+        counts["invisible_characters"] = len(text) - len(kept)
+    text = unicodedata.normalize("NFC", kept)
+    if any(c in _LOOK_ALIKE_CHARS for c in text):
+        n = 0
+
+        def latin_word(m: re.Match[str]) -> str:
+            nonlocal n
+            word = m.group()
+            spoof = [c for c in word if c in _LOOK_ALIKE_CHARS]
+            if spoof and any(_latin(c) for c in word):
+                n += len(spoof)
+                return word.translate(_LOOK_ALIKE)
+            return word
+
+        text = _WORD.sub(latin_word, text)
+        if n:
+            counts["look_alike_characters"] = counts.get("look_alike_characters", 0) + n
+    return text, counts
+
+
+# --------------------------------------------------------------------------- dates
+
+_MONTH_NAMES = """january february march april may june july august september october november
+    december jan feb mar apr jun jul aug sep sept oct nov dec januar jänner februar märz maerz
+    mrz mai juni juli oktober okt dezember dez janvier janv février fevrier févr fevr mars avril
+    avr juin juillet juil août aout septembre octobre novembre décembre decembre déc enero
+    febrero marzo abril mayo junio julio agosto septiembre setiembre octubre noviembre diciembre
+    ene abr ago dic gennaio febbraio aprile maggio giugno luglio settembre ottobre dicembre gen
+    giu lug set ott janeiro fevereiro março marco maio junho julho setembro outubro novembro
+    dezembro januari februari maart mei augustus"""
+_MONTH = (
+    r"(?:"
+    + "|".join(sorted({re.escape(m) for m in _MONTH_NAMES.split()}, key=len, reverse=True))
+    + r")"
+)
+_ORD = r"(?:st|nd|rd|th|er|e|º|°|ª)?"
+_DAY = r"(?:0?[1-9]|[12]\d|3[01])"
+_YEAR = r"(?:1[89]\d{2}|2[01]\d{2}|'\d{2}|\d{2}(?!\d))"
+_SEP = r"(?:[ \t]*[.,/-][ \t]*|[ \t]+)"
+_NOT_A_COUNT = (
+    r"(?![ \t]*(?:mg|mcg|µg|g|mm|cm|ml|l|x|times|weeks?|days?|hours?|h|min|months?|years?|%))"
+)
+_DATES = [
+    # 7 November 1958, 7. November 1958, the 7th of November 1958, 20 de marzo de 2023,
+    # 07-Nov-2022, 7 Nov '58, 14 February (a day without its year is still a person's date)
+    re.compile(
+        rf"(?i)\b(?:the[ \t]+)?{_DAY}{_ORD}\.?(?:[ \t]+(?:of|de|di|del))?{_SEP}{_MONTH}\b\.?"
+        rf"(?:(?:{_SEP}(?:(?:de|of|del)[ \t]+)?){_YEAR}\b)?"
+    ),
+    # 05MAR2023, 7nov58
+    re.compile(rf"(?i)\b{_DAY}{_MONTH}{_YEAR}\b"),
+    # November 7, 1958; Mar 20th, 2023; March 20th (the month capitalised when no year follows)
+    re.compile(rf"(?i)\b{_MONTH}\.?[ \t]+{_DAY}{_ORD}\b(?:,?[ \t]+{_YEAR}\b)"),
+    re.compile(rf"\b(?=[A-ZÀ-Þ])(?i:{_MONTH})\.?[ \t]+{_DAY}{_ORD}\b{_NOT_A_COUNT}"),
+    # March 2023, Nov. 1958 (a month with its year)
+    re.compile(rf"(?i)\b{_MONTH}\.?,?[ \t]+(?:1[89]\d{{2}}|2[01]\d{{2}})\b"),
+    # numeric: 1958-11-07, 2021/06/14, 20.03.2023, 11/07/1958, 7.11.58
+    re.compile(r"\b(?:1[89]|20)\d{2}[-/.](?:0?[1-9]|1[0-2])[-/.](?:0?[1-9]|[12]\d|3[01])\b"),
+    re.compile(r"\b\d{1,2}[/.-]\d{1,2}[/.-](?:\d{4}|\d{2})\b"),
+]
+
+
+def scrub_dates(text: str) -> tuple[str, int]:
+    """Redact every date that names a day, and every month with its year."""
+    n = 0
+    for pattern in _DATES:
+        text, k = pattern.subn(REDACTED, text)
+        n += k
+    return text, n
+
+
+# --------------------------------------------------------------------------- addresses
+
+_STREET_WORDS = """Street St Road Rd Lane Ln Avenue Ave Av Drive Dr Close Crescent Cres Court Ct
+    Way Place Pl Square Sq Terrace Tce Gardens Gdns Grove Hill Park Row Walk Mews Boulevard Blvd
+    Highway Hwy Parkway Pkwy Circle Cir View Rise Green Parade Wynd Gate Yard Passage Alley Quay
+    Wharf Croft Fold Chase Vale Meadow Meadows Heights Estate Cottages Villas"""
+_STREET = r"(?:" + "|".join(_STREET_WORDS.split()) + r")"
+_CAP = r"[A-ZÀ-ÖØ-Þ][\w'’.-]*"
+_CONTINENTAL = r"(?:straße|strasse|str\.|weg|gasse|allee|platz|ring|damm|ufer|pfad|chaussee|markt|straat|laan|gracht|plein|kade|vej|gade|gatan|vägen|veien)"
+_ROMANCE = r"(?:rue|avenue|boulevard|bd|chemin|allée|impasse|quai|route|via|viale|piazza|piazzale|corso|vicolo|calle|avenida|plaza|paseo|carrer|camino|rua|praça|travessa|ul\.|ulica|aleja)"
+# what may follow a street: ", Yarm", ", 53111 Bonn", ", Springfield, IL 62704", ", TS17 6BX"
+_PLACE_TAIL = (
+    r"(?:,?[ \t]*(?:[A-Z]{1,2}\d[A-Z\d]?[ \t]*\d[A-Z]{2}\b|[A-Z]{2}[ \t]+\d{5}(?:-\d{4})?\b|"
+    r"(?:[A-Z]{1,2}-)?\d{4,5}(?:[ \t]+" + _CAP + r")?|" + _CAP + r"(?:[ \t-]+" + _CAP + r"){0,2}"
+    r"(?:[ \t]+[A-Z]{2}[ \t]+\d{5}(?:-\d{4})?)?)){0,3}"
+)
+_ADDRESSES = [
+    # 14 Quarry Bank Road, 27 Larkspur Crescent, Yarm; 1042 Elm Street, Springfield, IL 62704
+    re.compile(
+        rf"\b\d{{1,5}}[A-Za-z]?,?[ \t]+(?:{_CAP}[ \t]+){{0,3}}{_STREET}\b\.?(?:{_PLACE_TAIL})"
+    ),
+    # Hauptstraße 12, 53111 Bonn; Kerkstraat 4
+    re.compile(rf"\b[A-ZÄÖÜ][\w-]*{_CONTINENTAL}[ \t]+\d{{1,4}}[a-zA-Z]?\b(?:{_PLACE_TAIL})", re.I),
+    # 12 rue de la Paix; via Roma 12; Calle Mayor 5, 28013 Madrid
+    re.compile(
+        rf"(?i)\b(?:\d{{1,4}}(?:[ \t]*(?:bis|ter))?,?[ \t]+{_ROMANCE}\b[^\n,;.()]{{1,40}}|"
+        rf"{_ROMANCE}[ \t]+[^\n,;.()\d]{{1,40}}?[ \t]+\d{{1,4}}[a-zA-Z]?\b)(?-i:{_PLACE_TAIL})"
+    ),
+    re.compile(
+        r"\b(?:Flat|Apt|Apartment|Suite|Wohnung|Appartement|Piso)\.?[ \t]*\d{1,4}[A-Za-z]?\b"
+    ),
+    # a postcode and its town after a comma, whatever was before it: ", 80331 München"
+    re.compile(rf"(?<=,[ \t])(?:[A-Z]{{1,2}}-)?\d{{4,5}}[ \t]+{_CAP}"),
+    # a US state and ZIP code wherever they stand
+    re.compile(
+        r"\b(?:A[KLRZ]|C[AOT]|D[CE]|FL|GA|HI|I[ADLN]|K[SY]|LA|M[ADEINOST]|N[CDEHJMVY]|O[HKR]|PA|"
+        r"RI|S[CD]|T[NX]|UT|V[AT]|W[AIVY])[ \t]+\d{5}(?:-\d{4})?\b"
+    ),
+    # lives in Yarm, living near Great Ayton, wohnhaft in Bonn, domiciliée à Lyon
+    re.compile(
+        r"(?i:\b(?:lives|living|lived|resides|residing|resident|moved|relocated|wohnhaft|wohnt|"
+        r"domicilié|domiciliée|habite|vive|reside|abita)[ \t]+(?:alone[ \t]+|locally[ \t]+)?"
+        r"(?:in|at|near|to|of|à|en|a|am|bei)[ \t]+)(?:the[ \t]+)?("
+        + _CAP
+        + r"(?:[ \t-]+(?:on|upon|le|la|sur|am|an|der|de|en|[A-ZÀ-Þ][\w'’.-]*)){0,3})"
+    ),
+]
+
+
+def scrub_addresses(text: str) -> tuple[str, int]:
+    """Redact what has the shape of an address, or of a place someone lives in."""
+    n = 0
+    for pattern in _ADDRESSES:
+        if pattern.groups:
+            spans = [m.span(1) for m in pattern.finditer(text)]
+            for a, b in reversed(spans):
+                text = text[:a] + REDACTED + text[b:]
+            n += len(spans)
+        else:
+            text, k = pattern.subn(REDACTED, text)
+            n += k
+    return text, n
+
+
+_PLACE_PARTICLES = word_set("""on upon the le la les sur sous am an im der die das de del della di du en in by under
+    saint st ste sankt san santa new north south east west upper lower great little old port
+    fort mount lake city town bad village""")
+
+
+def _text(value: Any) -> str:
+    return " ".join(value.split())[:200] if isinstance(value, str) else ""
+
+
+def address_terms(bundle: Any) -> list[str]:
+    """Every part of every address in a FHIR record (the Patient's, a contact's, a related
+    person's...): each line with and without its house number, town, the words of a compound
+    town name, district, state, postcode with and without its space. Not the country."""
+    terms: list[str] = []
+    budget = [20_000]
+
+    def walk(node: Any, depth: int) -> None:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > 24:
+            return
+        if isinstance(node, list):
+            for item in node[:500]:
+                walk(item, depth + 1)
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key == "address":
+                    for addr in value[:50] if isinstance(value, list) else [value]:
+                        if isinstance(addr, dict):
+                            terms.extend(_address_parts(addr))
+                walk(value, depth + 1)
+
+    walk(bundle, 0)
+    return [t for t in dict.fromkeys(terms) if len(t) >= 3]
+
+
+def _address_parts(addr: dict[str, Any]) -> list[str]:
+    out: list[str] = [_text(addr.get("text"))]
+    given = addr.get("line")
+    lines: list[Any] = given if isinstance(given, list) else []
+    for line in (_text(x) for x in lines[:10]):
+        out.append(line)
+        bare = re.sub(r"^\s*\d+[A-Za-z]?[,\s]+|[,\s]+\d+[A-Za-z]?\s*$", "", line)
+        if bare != line and re.search(r"[^\W\d_]{3}", bare):
+            out.append(bare)  # "Quarry Bank Road" of "14 Quarry Bank Road"
+    for key in ("city", "district", "state"):
+        place = _text(addr.get(key))
+        out.append(place)
+        words = [w for w in re.split(r"[\s\-‐–]+", place) if w]
+        if len(words) > 1:
+            out += [w for w in words if w.lower() not in _PLACE_PARTICLES and len(w) >= 4]
+    post = _text(addr.get("postalCode"))
+    out += [post, post.replace(" ", "")]
+    return [t for t in out if t]
+
+
+# --------------------------------------------------------------------------- first names
+
+# Names of the list that are also common English words or clinical terms: never a name alone.
+_WORD_NAMES = word_set("""will mark marks may june april august summer autumn winter dawn eve grace hope faith
+    joy joyce charity patience prudence constance verity trinity destiny harmony melody
+    serenity precious happy lucky sunny sunshine iris rose rosemary lily daisy poppy holly ivy
+    heather hazel olive ginger honey candy amber pearl ruby crystal diamond ivory coral violet
+    sage jasmine cherry berry brook river rain storm stone cliff glen dale wood field forest
+    hunter mason carter cook baker young long rich frank earnest noble bright justice liberty
+    golden silver white black brown green gray grey red major general judge king prince queen
+    duke earl bishop lady baby angel star sky moon sun sunday monday friday art bill pat max
+    guy drew chase miles page lane ray gene jack rod dean don sue sam tim jim bob joe ben dot
+    else even done free save floor edit made fine tell carry grant trees price brain ideal
+    soon chance haven five lies alter spring revert bell said thin okay brand valve blossom
+    till mine ward unity sake honor honour arise harm lone beat fair merit mate love novel rail
+    hung march nine german chip vice hang nest lion lean octave terra luna line take skip just
+    core deep merge trace side here than tiny flip file constant alpha meta aria aura cord
+    corona germ lobar pica vessel vital night wing emer young price mercy clement clay reed
+    ash bay north south west east ocean sterling victor christian noel early rush wells hall
+    marsh gale lake bliss neat penny sandy rusty dusty misty stormy doll tiger bear wolf fox
+    jewel gem lucky rocky rock crane swan robin wren finch jay lark dove raven hawk""")
+# ... and those that are common words in lowercase English prose (names that a large corpus of
+# documentation writes mostly in lowercase: "you", "will", "grace", "brain"...)
+_PROSE_NAMES = word_set("""aad aalt abd addi ade age ago alen alfa alibi alo alp alpha alter amber amet anat ang annot
+    ans ansi anti anu are aren ares aria arise arn art ary asset astra ats aud autumn bac ban
+    barb bas beat bee beer bei bell ber bert besti bet bill bin bing blas blossom bon boo brain
+    brand buzz cadence cal cam can candela carr carry cat chal chance che cherry chi chip cho
+    coco coll con cong conn constant coord cor coral core coro cos crystal cui dac dag dat dawn
+    dax deep del dell della des desire diamond dico din dino dip doc dok dolly don donate done
+    door dory dot due ear ece edit ele elif els else ende era essence eta even fair faith fan
+    fee file fine fini five flip floor forest free funs gan gees gelu gen geo ger giga goo grace
+    grad grant gray greet grit gui gun gust hack hal halide hang har harm harmony haven here
+    herm hero his hoc honor hope hue hung iana ica ice ico ide ideal ids ing ini ino ints ion
+    iris iso ita ite ito jac jet jit job joke joy judge just kama kern key kick kit kron lam
+    lane lang lap lean len lex lie lies lieu lil lim line lion lite loc lon lone long lora lot
+    loup love luna lyric made mai maj major mako mal man mark marks maroon mat mate mats max may
+    mel mels merge merit meta mile miles min mine miny mitre moo moon mort nadir nan nat nest
+    neval night nil nim nine ninja nis non nonce novel odd ode okay olive one ott pace pan pat
+    patience peer peg pen per pere phi pie pii pil pile pin ping pip pol prem price prune puk
+    radian rail ram ran rand red redo reg rela rem res rex robin ruby run sad saga sage said
+    sake salmon sas save sha shim sid side sig sim sin sine sinh skip sky slim sol solo sols
+    soon sop spring stone sub sue summer sunny sup suse tab take tan tea tell terra tex than the
+    thin tie ties tilde till timm tiny ton tone trace tre trees tri ufo unity uri val valve van
+    vessel vice violet walker ward way will win won you""")
+
+
+@lru_cache(maxsize=1)
+def _first_names() -> frozenset[str]:
+    import gender_guesser.detector as detector  # a name list with no model: loads in ~0.1 s
+
+    names = detector.Detector(case_sensitive=False).names
+    return frozenset(
+        n for n in names if len(n) >= 3 and n not in _WORD_NAMES and n not in _PROSE_NAMES
+    )
+
+
+def is_first_name(word: str) -> bool:
+    """Whether ``word`` (any case, accents kept) is a given name that is not also a word."""
+    return word.lower() in _first_names()
