@@ -13,6 +13,7 @@ from .deid_study import deidentify_study as deidentify_study
 from .deid_study import verify_deidentified_study as verify_deidentified_study
 from .errors import AmbiguousSeriesError as AmbiguousSeriesError
 from .errors import ImagingError as ImagingError
+from .errors import MeaninglessPixelsError as MeaninglessPixelsError
 from .errors import SeriesNotFoundError as SeriesNotFoundError
 from .errors import SeriesSelectionError as SeriesSelectionError
 from .geometry import slice_centre as slice_centre

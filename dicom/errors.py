@@ -33,6 +33,12 @@ class InvalidImageError(ImagingError):
     """Image attributes are missing or inconsistent (no Rows, zero Columns, ...)."""
 
 
+class MeaninglessPixelsError(InvalidImageError):
+    """Header values make the stored pixels meaningless (a rescale that is not a finite number
+    or leaves float32, BitsStored or HighBit that do not fit BitsAllocated, pixel data of
+    another size than the header describes, ...): the file is refused, the series goes on."""
+
+
 class DecodeError(ImagingError):
     """Pixel data could not be decoded."""
 

@@ -191,6 +191,8 @@ def window_for(series: SeriesInfo, stats: HeadStats, name: str) -> tuple[float, 
         return c, w, f"CT {name} {c:g}/{w:g} HU"
     if re.fullmatch(r"-?\d+(\.\d+)?/\d+(\.\d+)?", name):
         c, w = (float(v) for v in name.split("/"))
+        if not w > 0:  # a width of 0 divides by zero: every pixel black or white
+            raise RenderError(f"window {name!r}: the width (after the /) must be more than 0")
         return c, w, f"custom {c:g}/{w:g}"
     if name == "percentile":
         lo, hi = (float(v) for v in stats.percentiles(MR_PERCENTILES))

@@ -93,12 +93,14 @@ NEEDED_KEYWORDS = (
     "PixelSpacing",
     "BitsAllocated",
     "BitsStored",
+    "HighBit",
     "PixelRepresentation",
     "BurnedInAnnotation",
     "WindowCenter",
     "WindowWidth",
     "RescaleIntercept",
     "RescaleSlope",
+    "RescaleType",
 )
 # Vendor diffusion tags dicom.headers reads as (group, element).
 NEEDED_PRIVATE = (

@@ -22,12 +22,13 @@ from dicom.headers.frame import (
     VOLUME_PRIVATE_TAGS,
     WINDOW_KEYWORDS,
     FrameHeader,
-    pixel_data_offset,
+    pixel_data,
     series_fields,
     set_unique_fields,
     set_volume_fields,
     window_of,
 )
+from dicom.headers.pixel_rules import check_pixel_length
 from dicom.headers.scan import scan_file
 from dicom.headers.scanned import ScannedDataset
 from dicom.sources import HEADER_PREFIX, is_plain_file, open_source
@@ -80,10 +81,10 @@ def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
             fp.seek(0)
             scan = scan_file(fp, size)
         ds = ScannedDataset(scan)
-        pixel_offset = None
+        pixel_offset = pixel_length = None
         if "Rows" in ds or "Columns" in ds:
             ts = str(ds.file_meta.TransferSyntaxUID or "")[:256]  # as headers._s
-            pixel_offset = pixel_data_offset(
+            pixel_offset, pixel_length = pixel_data(
                 path, scan.stop, scan.after, ts, scan.size if plain else None
             )
         key = (memory_cap, *scan.values_key(_SERIES_TAGS))
@@ -96,6 +97,7 @@ def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
                 _SERIES_MEMO.clear()
             _SERIES_MEMO[key] = entry = (base, {})
         template, volumes = entry
+        check_pixel_length(template, pixel_length)
         fh = FrameHeader(*_FIELDS_OF(template))
         fh.extras = dict(template.extras)
         vkey = scan.raw_values(_VOLUME_TAGS)

@@ -17,6 +17,7 @@ from pydicom.uid import UID
 
 from dicom.errors import InvalidImageError, NonImageError, TooLargeError
 from dicom.headers.elements import NEEDED_PRIVATE
+from dicom.headers.pixel_rules import check_layout, integer, rescale, usable_window
 
 if TYPE_CHECKING:
     from dicom.headers.scanned import ScannedDataset
@@ -101,13 +102,17 @@ class FrameHeader:
 _PIXEL_TAGS = (b"\xe0\x7f\x10\x00", b"\xe0\x7f\x08\x00", b"\xe0\x7f\x09\x00")
 
 
-def pixel_data_offset(path: str, pos: int, head: bytes, ts: str, size: int | None) -> int | None:
-    """Check the Pixel Data element follows the header; return its offset when native.
+def pixel_data(
+    path: str, pos: int, head: bytes, ts: str, size: int | None
+) -> tuple[int | None, int | None]:
+    """Check the Pixel Data element follows the header; return its offset and its length in
+    bytes, each when known.
 
     ``head`` is the (up to) 12 bytes where the header pass stopped, at byte ``pos``. An image
     object whose file ends before its pixel data is truncated, not empty. The offset
     (uncompressed little-endian data in a plain file, whose ``size`` is given) lets the pixels
-    be read later without parsing the header again.
+    be read later without parsing the header again; the length (uncompressed little-endian
+    data) is checked against what the header describes (pixel_rules.check_pixel_length).
     """
     tag = head[:4]
     if ts == "1.2.840.10008.1.2.2" and len(tag) == 4:  # big endian
@@ -117,21 +122,23 @@ def pixel_data_offset(path: str, pos: int, head: bytes, ts: str, size: int | Non
             f"{path}: image object has no Pixel Data (7FE0,0010) after its header (byte {pos}): "
             "the file is truncated, or its pixels sit in a private element"
         )
-    if size is None or ts not in NATIVE_LITTLE_ENDIAN or tag != _PIXEL_TAGS[0]:
-        return None
+    if ts not in NATIVE_LITTLE_ENDIAN or tag != _PIXEL_TAGS[0]:
+        return None, None
     if ts == "1.2.840.10008.1.2":
         length, start = int.from_bytes(head[4:8], "little"), pos + 8
     elif head[4:6] in (b"OB", b"OW"):
         length, start = int.from_bytes(head[8:12], "little"), pos + 12
     else:
-        return None
+        return None, None
     if length == 0xFFFFFFFF:
-        return None
+        return None, None
+    if size is None:
+        return None, length
     if size < start + length:
         raise InvalidImageError(
             f"{path}: pixel data truncated: {size - start} of {length} bytes present"
         )
-    return start
+    return start, length
 
 
 def _f(value: Any) -> float | None:
@@ -296,6 +303,7 @@ VOLUME_KEYWORDS = (
     "TemporalPositionIdentifier",
     "RescaleSlope",
     "RescaleIntercept",
+    "RescaleType",
     "SequenceName",
     "PulseSequenceName",
     "DiffusionBValue",
@@ -336,16 +344,17 @@ def set_volume_fields(fh: FrameHeader, ds: Dataset | ScannedDataset) -> None:
     """The VOLUME_FIELDS, from VOLUME_* elements (and series elements)."""
     fh.acquisition_number = _i(ds.get("AcquisitionNumber"))
     fh.temporal_index = _i(ds.get("TemporalPositionIdentifier"))
-    fh.rescale_slope = _f(ds.get("RescaleSlope")) or 1.0
-    fh.rescale_intercept = _f(ds.get("RescaleIntercept")) or 0.0
+    fh.rescale_slope, fh.rescale_intercept = rescale(
+        fh, ds.get("RescaleSlope"), ds.get("RescaleIntercept"), ds.get("RescaleType")
+    )
     fh.sequence_name = _s(ds.get("SequenceName") or ds.get("PulseSequenceName"), 64)
     fh.b_value, fh.direction = _vendor_diffusion(ds)
 
 
 def window_of(ds: Dataset | ScannedDataset) -> tuple[float, float] | None:
-    """The file's first VOI window (center, width), from the WINDOW_KEYWORDS elements."""
-    wc, ww = _f(ds.get("WindowCenter")), _f(ds.get("WindowWidth"))
-    return (wc, ww) if wc is not None and ww else None
+    """The file's first VOI window (center, width), from the WINDOW_KEYWORDS elements; None
+    when there is none or it cannot be one (a display hint: the renderer derives its own)."""
+    return usable_window(_f(ds.get("WindowCenter")), _f(ds.get("WindowWidth")))
 
 
 def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> FrameHeader:
@@ -369,13 +378,28 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
             f"{path}: invalid image size (Rows={ds.get('Rows')!r}, Columns={ds.get('Columns')!r})"
         )
     spp = _i(ds.get("SamplesPerPixel")) or 1
-    bits = _i(ds.get("BitsAllocated")) or 16
+    bits = integer(path, "BitsAllocated", ds.get("BitsAllocated"))
+    bits = 16 if bits is None else bits
     n_frames = _i(ds.get("NumberOfFrames")) or 1
-    if spp not in (1, 3) or bits not in (1, 8, 16, 32, 64) or n_frames < 1:
+    if spp not in (1, 3) or n_frames < 1:
         raise InvalidImageError(
             f"{path}: unsupported pixel layout (SamplesPerPixel={spp}, BitsAllocated={bits}, "
             f"NumberOfFrames={n_frames})"
         )
+    bits_stored = integer(path, "BitsStored", ds.get("BitsStored"))
+    bits_stored = bits if bits_stored is None else bits_stored
+    pixel_representation = integer(path, "PixelRepresentation", ds.get("PixelRepresentation"))
+    pixel_representation = pixel_representation or 0
+    photometric = _s(ds.get("PhotometricInterpretation"), 32).strip().upper()
+    check_layout(
+        path,
+        samples=spp,
+        photometric=photometric,
+        bits_allocated=bits,
+        bits_stored=bits_stored,
+        high_bit=integer(path, "HighBit", ds.get("HighBit")),
+        pixel_representation=pixel_representation,
+    )
     # A float32 working copy of every frame is what decoding will need at most.
     needed = rows * cols * n_frames * spp * max(4, bits // 8)
     if needed > memory_cap:
@@ -404,10 +428,10 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
         rows=rows,
         cols=cols,
         samples_per_pixel=spp,
-        photometric=_s(ds.get("PhotometricInterpretation"), 32).upper(),
+        photometric=photometric,
         bits_allocated=bits,
-        bits_stored=_i(ds.get("BitsStored")) or bits,
-        pixel_representation=_i(ds.get("PixelRepresentation")) or 0,
+        bits_stored=bits_stored,
+        pixel_representation=pixel_representation,
         number_of_frames=n_frames,
         pixel_spacing=_floats(ds.get("PixelSpacing"), 2),
         orientation=_floats(ds.get("ImageOrientationPatient"), 6),

@@ -16,6 +16,7 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 
 from dicom.headers.frame import FrameHeader, _cs, _f, _first_item, _floats, _group_value, _i, _s
+from dicom.headers.pixel_rules import rescale, usable_window
 
 
 def mosaic_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
@@ -105,10 +106,14 @@ def enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
         fr.slice_thickness = _f(gv("PixelMeasuresSequence", "SliceThickness"))
         sbs = _f(gv("PixelMeasuresSequence", "SpacingBetweenSlices"))
         fr.spacing_between_slices = sbs if sbs is not None else base.spacing_between_slices
-        slope = _f(gv("PixelValueTransformationSequence", "RescaleSlope"))
-        inter = _f(gv("PixelValueTransformationSequence", "RescaleIntercept"))
-        fr.rescale_slope = slope if slope is not None else base.rescale_slope
-        fr.rescale_intercept = inter if inter is not None else base.rescale_intercept
+        fr.rescale_slope, fr.rescale_intercept = rescale(
+            fr,
+            gv("PixelValueTransformationSequence", "RescaleSlope"),
+            gv("PixelValueTransformationSequence", "RescaleIntercept"),
+            gv("PixelValueTransformationSequence", "RescaleType"),
+            default=(base.rescale_slope, base.rescale_intercept),
+            where=f"frame {i + 1}: ",
+        )
         te = _f(gv("MREchoSequence", "EffectiveEchoTime"))
         fr.echo_time = te if te is not None else base.echo_time
         tr = _f(gv("MRTimingAndRelatedParametersSequence", "RepetitionTime"))
@@ -137,10 +142,12 @@ def enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
         stack_id = gv("FrameContentSequence", "StackID")
         if stack_id is not None:
             fr.extras["stack_id"] = _s(stack_id, 16)
-        wc = _f(gv("FrameVOILUTSequence", "WindowCenter"))
-        ww = _f(gv("FrameVOILUTSequence", "WindowWidth"))
-        if wc is not None and ww:
-            fr.window = (wc, ww)
+        window = usable_window(
+            _f(gv("FrameVOILUTSequence", "WindowCenter")),
+            _f(gv("FrameVOILUTSequence", "WindowWidth")),
+        )
+        if window is not None:
+            fr.window = window
         frames.append(fr)
     return frames
 

@@ -28,11 +28,12 @@ from dicom.headers.frame import (
     DEFER_SIZE,
     FrameHeader,
     _s,
-    pixel_data_offset,
+    pixel_data,
     series_fields,
     set_file_fields,
 )
 from dicom.headers.multiframe import enhanced_frames, mosaic_frames, uih_grid_frames
+from dicom.headers.pixel_rules import check_pixel_length
 from dicom.sources import HEADER_PREFIX, is_plain_file, open_source
 
 
@@ -83,11 +84,11 @@ def _read_pydicom(
                 defer_size=defer_size,
                 force=not has_preamble,
             )
-            pixel_offset = None
+            pixel_offset = pixel_length = None
             if "Rows" in ds or "Columns" in ds:
                 pos = fp.tell()
                 plain = is_plain_file(path)
-                pixel_offset = pixel_data_offset(
+                pixel_offset, pixel_length = pixel_data(
                     path,
                     pos,
                     fp.read(12),
@@ -95,7 +96,7 @@ def _read_pydicom(
                     os.fstat(fp.fileno()).st_size if plain else None,
                 )
             # Touch the elements the index needs now, so that a malformed value fails here.
-            frames = _frames_from_dataset(path, ds, pixel_offset, memory_cap)
+            frames = _frames_from_dataset(path, ds, pixel_offset, pixel_length, memory_cap)
         except WorkBoundError as exc:
             raise UnreadableHeaderError(str(exc)) from exc
         except RecursionError as exc:
@@ -151,9 +152,10 @@ def _looks_like_raw_dataset(head: bytes) -> bool:
 
 
 def _frames_from_dataset(
-    path: str, ds: Dataset, pixel_offset: int | None, memory_cap: int
+    path: str, ds: Dataset, pixel_offset: int | None, pixel_length: int | None, memory_cap: int
 ) -> list[FrameHeader]:
     base = series_fields(path, ds, memory_cap)
+    check_pixel_length(base, pixel_length)
     set_file_fields(base, path, ds, pixel_offset)
     if "PerFrameFunctionalGroupsSequence" in ds or "SharedFunctionalGroupsSequence" in ds:
         return enhanced_frames(base, ds)
