@@ -19,13 +19,16 @@ from typing import Any
 import uvicorn
 from pynetdicom import _config as pynetdicom_config
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 from evaluation import Printer
 from gateway.api import GatewayContext, create_app
+from gateway.api.middleware import ConcurrencyLimit
 from gateway.cache import InstanceCache
 from gateway.default_evaluator import DefaultEvaluator, ProcessEvaluator
 from gateway.follower import ChangesFollower
 from gateway.forward import Forwarder
+from gateway.http_guard import ConnectionLimits, guarded_protocol
 from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
 from gateway.routing import Router
@@ -148,6 +151,28 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     return Gateway(ctx=ctx, scp=scp, pipeline=pipeline, follower=follower)
 
 
+def api_server_config(app: ASGIApp, settings: Settings, port: int) -> uvicorn.Config:
+    """uvicorn for the API: request headers within API_HEADER_TIMEOUT_S, a share of the
+    connections per client address (``gateway.http_guard``), at most API_MAX_REQUESTS requests
+    in progress (counted as requests, not connections, so idle sockets cannot make /health
+    answer 503)."""
+    limits = ConnectionLimits(
+        header_timeout_s=settings.api_header_timeout_s,
+        per_client=settings.api_max_connections_per_client,
+        total=settings.api_max_connections,
+    )
+    return uvicorn.Config(
+        ConcurrencyLimit(app, settings.api_max_requests),
+        host=settings.api_host,
+        port=port,
+        http=guarded_protocol(limits),
+        access_log=False,
+        log_config=None,
+        server_header=False,
+        timeout_keep_alive=5,
+    )
+
+
 def serve(settings: Settings) -> None:
     """Run until SIGINT/SIGTERM."""
     configure_logging()
@@ -165,17 +190,7 @@ def serve(settings: Settings) -> None:
         await asyncio.to_thread(gw.stop)
 
     app.router.lifespan_context = lifespan
-    config = uvicorn.Config(
-        app,
-        host=settings.api_host,
-        port=ep.api_port,
-        access_log=False,
-        log_config=None,
-        server_header=False,
-        limit_concurrency=64,
-        timeout_keep_alive=5,
-    )
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(api_server_config(app, settings, ep.api_port))
     gw.start()
     log.info(
         "gateway up: API http://%s:%d, DICOM %s@%s:%d, Orthanc %s",

@@ -54,6 +54,14 @@ class Settings(BaseSettings):
     api_port: int | None = None
     api_max_body_bytes: int = 1_048_576
     api_body_timeout_s: float = 30.0  # a request body must be complete this long after it starts
+    # Slow and idle clients (gateway/http_guard.py): request headers must be complete this long
+    # after the connection (or the previous response); one client address holds at most
+    # API_MAX_CONNECTIONS_PER_CLIENT connections (behind a reverse proxy: raise it), all
+    # together API_MAX_CONNECTIONS; API_MAX_REQUESTS requests run at once (more: 503)
+    api_header_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    api_max_connections_per_client: Annotated[int, Field(ge=1)] = 16
+    api_max_connections: Annotated[int, Field(ge=1)] = 256
+    api_max_requests: Annotated[int, Field(ge=1)] = 64
     audit_max_bytes: int = 16 << 20  # the audit log rotates past this size...
     audit_backups: int = 5  # ...keeping this many older files (audit.jsonl.1 ... .N)
 

@@ -1,4 +1,5 @@
-"""ASGI middleware: request body size limit, access log without PHI, metrics, audit."""
+"""ASGI middleware: requests in progress, request body size limit, access log without PHI,
+metrics, audit."""
 
 from __future__ import annotations
 
@@ -94,6 +95,34 @@ class StrictJson:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class ConcurrencyLimit:
+    """At most ``max_requests`` HTTP requests in progress; more are answered 503 at once.
+
+    It counts requests, never connections (uvicorn's ``limit_concurrency`` counts both, so
+    idle sockets made /health answer 503); how many connections may wait for their headers,
+    and for how long, is ``gateway.http_guard``'s business."""
+
+    def __init__(self, app: ASGIApp, max_requests: int) -> None:
+        if max_requests < 1:
+            raise ValueError(f"max_requests must be at least 1, not {max_requests}")
+        self.app, self.max_requests, self.in_progress = app, max_requests, 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.in_progress >= self.max_requests:
+            await _send_json(
+                send, 503, f"{self.in_progress} requests in progress, the most allowed: retry"
+            )
+            return
+        self.in_progress += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_progress -= 1
 
 
 class BodyLimit:
