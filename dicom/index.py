@@ -129,6 +129,8 @@ def _stack_key(f: FrameHeader) -> tuple[object, ...]:
         ftype,
         f.mosaic_slices or 0,
         f.extras.get("stack_id", ""),
+        # how the stored values are read: a file laid out otherwise is decoded as its stack is
+        (f.bits_allocated, f.bits_stored, f.pixel_representation, f.photometric),
     )
 
 
@@ -190,6 +192,7 @@ _KEY_NAMES = (
     "type",
     "mosaic",
     "stack",
+    "pixel layout",
 )
 
 
@@ -217,6 +220,9 @@ def _stack_labels(keys: list[tuple[object, ...]]) -> list[str]:
                 from pydicom.uid import UID
 
                 parts.append(UID(str(value)).name)
+            elif name == "pixel layout":
+                ba, bs, pr, pi = value  # type: ignore[misc]
+                parts.append(f"{bs} of {ba} bits {'signed' if pr else 'unsigned'} {pi}".strip())
             elif name in ("rows", "columns"):
                 parts.append(f"{key[2]}x{key[1]}")
             else:

@@ -260,3 +260,29 @@ def test_a_window_of_width_zero_is_refused_with_the_reason(corpus: Path, tmp_pat
     assert "must be more than 0" in manifest.errors[0].message
     got = _cli("render", src, "--out", tmp_path / "cli", "--window", "40/0.0")
     assert got.returncode == 1 and "must be more than 0" in got.stdout + got.stderr
+
+
+def test_a_file_laid_out_otherwise_than_its_series_is_a_stack_of_its_own(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """Each stack is decoded with one layout (its first file's): an 8-bit file among 16-bit
+    ones read the others' bytes as 8-bit values (noise) when it came first, or was read as
+    16-bit past its own data when it did not."""
+    src = corpus / "brainix" / "BRAINIX" / "DICOM" / "FLAIR"
+    folder = tmp_path / "FLAIR"
+    shutil.copytree(src, folder)
+    first = sorted(folder.iterdir())[0]
+    first.chmod(0o644)
+    ds = pydicom.dcmread(first)
+    pixels = ds.pixel_array
+    ds.PixelData = (pixels >> 4).astype(np.uint8).tobytes()
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = 8, 8, 7
+    ds["PixelData"].VR = "OB"
+    _write(ds, first)
+    index = index_path(folder)
+    assert not index.errors
+    by_files = sorted(((s.n_files, s.bits_allocated) for s in index.series), reverse=True)
+    assert by_files == [(21, 16), (1, 8)]
+    manifest = render_path(folder, tmp_path / "out", RenderOptions(n_slices=4))
+    main = next(i for i in manifest.images if i.kind == "montage" and "8 of 8" not in i.label)
+    assert _png(tmp_path / "out" / main.file).std() > 20
