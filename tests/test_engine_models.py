@@ -21,6 +21,7 @@ from evaluation.models.context import RequestContext, current_request
 from evaluation.models.limiter import AdaptiveLimiter
 from evaluation.models.litellm_adapter import LiteLLMAdapter
 from evaluation.parsing import parse_answer
+from evaluation.prompts import data_block
 from evaluation.scores import ParseStatus
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -198,8 +199,12 @@ def test_text_prior_reads_the_record_not_the_template() -> None:
             role="user",
             content=[
                 TextPart(
-                    text='Clinical note:\n"""\nSudden left arm weakness, NIHSS 9, atrial fibrillation.\n"""\n\n'
-                    "Task: structured classification of the image.\n- diagnosis_detailed: carcinoma, glioma"
+                    text="Clinical note:\n"
+                    + data_block(
+                        "Sudden left arm weakness, NIHSS 9, atrial fibrillation.", "clinical-note"
+                    )
+                    + "\n\nTask: structured classification of the image.\n"
+                    "- diagnosis_detailed: carcinoma, glioma"
                 )
             ],
         )

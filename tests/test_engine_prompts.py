@@ -14,7 +14,7 @@ from evaluation.ehr import ehr_text, identifying_terms
 from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.parsing import json_candidates, parse_answer
 from evaluation.phi import PHIGate, PHIPolicy, is_trusted, png_text_chunks, scrub_text
-from evaluation.prompts import PromptSet, default_prompts, to_parts
+from evaluation.prompts import PromptSet, data_blocks, default_prompts, to_parts
 from evaluation.scores import ParseStatus
 from evaluation.tasks import Ablation, TaskItem, build_turns, images_for, plan_tasks
 
@@ -190,8 +190,12 @@ def test_prompt_interleaves_images_in_order_with_their_labels() -> None:
     assert [p.sha256 for p in image_parts] == [r.sha256 for r in shown]
     for n, p in enumerate(parts):
         if isinstance(p, ImagePart):
+            # the text right before an image ends with its label, fenced as data from the study
             before = parts[n - 1]
-            assert isinstance(before, TextPart) and before.text.rstrip().endswith(p.label)
+            assert isinstance(before, TextPart)
+            last = data_blocks(before.text)[-1]
+            assert last.kind == "image-label" and last.text == p.label
+            assert last.end == len(before.text.rstrip())
     text = "\n".join(p.text for p in parts if isinstance(p, TextPart))
     assert "Atrial fibrillation" in text and "Question: What is the most likely diagnosis" in text
     assert '"differential"' in text  # the answer schema
@@ -243,14 +247,16 @@ def test_multiturn_reveals_series_turn_by_turn() -> None:
     labels = [[p.label for p in t.content if isinstance(p, ImagePart)] for t in turns.turns]
     assert labels == [["FLAIR label 0"], ["DWI label 1", "ADC label 2"], []]
     first = "\n".join(p.text for p in turns.turns[0].content if isinstance(p, TextPart))
-    assert "Clinical information: A 70-year-old man." in first and "over 3 turns" in first
+    revealed = [b.text for b in data_blocks(first) if b.kind == "clinical-information"]
+    assert revealed == ["A 70-year-old man."] and "over 3 turns" in first
     last = "\n".join(p.text for p in turns.turns[2].content if isinstance(p, TextPart))
     assert "INR 3.1" in last and "Atrial fibrillation" not in last  # L3: the turns carry the record
 
 
 def test_template_versions_are_recorded_and_changes_change_the_version(tmp_path: Path) -> None:
     base = default_prompts()
-    assert base.versions["differential.j2"] == "differential-1"
+    assert base.versions["differential.j2"] == "differential-2"
+    assert base.versions["case.j2"] == "case-2" and base.versions["system.j2"] == "system-2"
     copy = tmp_path / "t"
     copy.mkdir()
     for f in base.template_dir.glob("*.j2"):

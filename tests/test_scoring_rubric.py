@@ -12,6 +12,7 @@ from scoring_cases import gbm_case
 
 from evaluation.case import TaskFamily
 from evaluation.modelio import GenerateConfig, Message, ModelOutput
+from evaluation.prompts import inert
 from evaluation.scoring.rubric import (
     DIMENSIONS,
     grade,
@@ -96,7 +97,9 @@ def test_injected_answer_stays_inside_its_escaped_block() -> None:
     block = user[user.index(f"<{tag}>") + len(tag) + 2 : user.index(f"</{tag}>")]
     # the answer's own closing delimiters are escaped, so the block has one tag pair only
     assert user.count(f"</{tag}>") == 1 and "</answer" not in block and "<" not in block
-    assert json.loads(block.strip()) == INJECTION  # the exact text, as one JSON string
+    # the exact text made inert (its role label defused), as one JSON string
+    assert json.loads(block.strip()) == inert(INJECTION)
+    assert inert(INJECTION) == INJECTION.replace("SYSTEM:", "[role label removed]")
     assert "ignore previous instructions" not in user.replace(block, "")
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import math
 import re
@@ -26,6 +27,7 @@ from PIL import Image, ImageDraw
 
 from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.models.providers import ProviderProfile
+from evaluation.prompts import inert
 
 log = logging.getLogger(__name__)
 Adjustment = dict[str, Any]
@@ -115,7 +117,11 @@ def _montage_message(m: Message, slots: int, reason: str, adjustments: list[Adju
         if isinstance(p, ImagePart) and id(p) in first and len(first[id(p)]) > 1:
             group = first[id(p)]
             tile, info = _cached(("montage", *(q.sha256 for q in group)), _montage, group)
-            legend = "; ".join(f"{n} = {q.label or 'image'}" for n, q in enumerate(group, 1))
+            # labels come from DICOM headers: each one JSON string, made inert, never pasted
+            legend = "; ".join(
+                f"{n} = {json.dumps(inert(q.label or 'image'), ensure_ascii=False)}"
+                for n, q in enumerate(group, 1)
+            )
             content.append(
                 TextPart(
                     text=f"[The next image is a montage of {len(group)} images, tiles numbered "

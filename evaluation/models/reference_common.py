@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from evaluation.answers import Answer, ClassificationAnswer, DifferentialItem
 from evaluation.case import TaskFamily
 from evaluation.modelio import ImagePart, Message, TextPart
+from evaluation.prompts import data_blocks, outside_data
 
 _TASKS = {
     "differential diagnosis": TaskFamily.DIFFERENTIAL,
@@ -57,21 +58,21 @@ def user_text(messages: list[Message]) -> str:
     )
 
 
-_RECORD = re.compile(r"^Clinical record \(structured\):\n(.*?)(?:\n\n|\Z)", re.S | re.M)
-_NOTE = re.compile(r'^Clinical note:\n"""\n(.*?)\n"""', re.S | re.M)
-_LINES = re.compile(r"^(?:Clinical information|Question): (.*?)(?:\n\n|\Z)", re.S | re.M)
+_CLINICAL = ("clinical-record", "clinical-note", "clinical-information")
+_QUESTION = re.compile(r"^Question: (.*?)(?:\n\n|\Z)", re.S | re.M)
 
 
 def clinical_text(messages: list[Message]) -> str:
-    """Only the clinical content of the prompts (record, note, revealed facts, questions)."""
+    """Only the clinical content of the prompts (record, note, revealed facts: the data
+    containers; and the questions, outside them)."""
     chunks: list[str] = []
     for m in messages:
         if m.role != "user":
             continue
         for p in m.content:
             if isinstance(p, TextPart):
-                for rx in (_RECORD, _NOTE, _LINES):
-                    chunks.extend(hit.group(1) for hit in rx.finditer(p.text))
+                chunks.extend(b.text for b in data_blocks(p.text) if b.kind in _CLINICAL)
+                chunks.extend(hit.group(1) for hit in _QUESTION.finditer(outside_data(p.text)))
     return "\n".join(chunks)
 
 
@@ -80,13 +81,14 @@ def last_user(messages: list[Message]) -> Message | None:
 
 
 def task_of(messages: list[Message]) -> TaskFamily:
-    """The family the conversation asks (the first "Task:" line of the user messages)."""
+    """The family the conversation asks (the first "Task:" line of the user messages, outside
+    the data containers: a note cannot set it)."""
     for m in messages:
         if m.role != "user":
             continue
         for p in m.content:
             if isinstance(p, TextPart):
-                hit = re.search(r"^Task:\s*([^.\n]+)", p.text, re.M)
+                hit = re.search(r"^Task:\s*([^.\n]+)", outside_data(p.text), re.M)
                 if hit:
                     words = hit.group(1).lower()
                     for key, fam in _TASKS.items():

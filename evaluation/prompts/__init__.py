@@ -4,9 +4,14 @@ Each template starts with ``{# version: NAME-N #}``; the versions of every templ
 and a hash of their exact bytes, are recorded with every run (``PromptSet.version``), and every
 request stores the hash of its own rendered text. A template places an image with the marker
 ``[[image:N]]`` on a line of its own; :func:`to_parts` splits the rendered text at the markers
-and interleaves the image parts in that order. Untrusted text (record, note, questions, labels)
-goes through the ``neutral`` filter, which defuses markers and control characters, so a note
-cannot smuggle an image reference or a fake instruction block in.
+and interleaves the image parts in that order.
+
+Untrusted text (the note, the record's block, image labels from DICOM headers, a multi-turn
+reveal) reaches a template only through the ``data`` filter (``{{ note | data("clinical-note")
+}}``): made inert and fenced in a container it cannot close (:mod:`evaluation.prompts.untrusted`),
+which the system prompt declares data, never instructions. Text the benchmark supplies but did
+not write in the template (a dataset's question) goes through ``inert``: no markers, no role
+labels, no control tokens. A rendered prompt whose containers do not balance is refused.
 """
 
 from __future__ import annotations
@@ -22,18 +27,34 @@ import jinja2
 
 from evaluation.errors import PromptError
 from evaluation.modelio import ImagePart, TextPart
+from evaluation.prompts.untrusted import (
+    CONTROL_PLACEHOLDER,
+    ROLE_PLACEHOLDER,
+    DataBlock,
+    check_blocks,
+    data_block,
+    data_blocks,
+    inert,
+    outside_data,
+)
+
+__all__ = [
+    "CONTROL_PLACEHOLDER",
+    "ROLE_PLACEHOLDER",
+    "DataBlock",
+    "PromptSet",
+    "data_block",
+    "data_blocks",
+    "default_prompts",
+    "inert",
+    "outside_data",
+    "to_parts",
+]
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 _VERSION = re.compile(r"\{#\s*version:\s*([\w.-]+)\s*#\}")
 _MARKER = re.compile(r"^\[\[image:(\d+)\]\]$", re.M)
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-
-
-def neutral(value: Any) -> str:
-    """Untrusted text made inert for a template: no image markers, no control characters."""
-    text = _CONTROL.sub(" ", str(value)) if value is not None else ""
-    return text.replace("[[", "[ [").replace("]]", "] ]")
 
 
 class PromptSet:
@@ -47,12 +68,13 @@ class PromptSet:
         self.env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(self.template_dir)),
             undefined=jinja2.StrictUndefined,
-            autoescape=False,  # plain text prompts, not HTML; untrusted text goes via `neutral`
+            autoescape=False,  # plain text prompts; untrusted text goes via `data` or `inert`
             trim_blocks=True,
             lstrip_blocks=True,
             keep_trailing_newline=False,
         )
-        self.env.filters["neutral"] = neutral
+        self.env.filters["data"] = data_block
+        self.env.filters["inert"] = inert
         self._schemas: dict[str, str] = {}
 
     def render(self, name: str, **context: Any) -> str:
@@ -62,8 +84,19 @@ class PromptSet:
             raise PromptError(f"prompt template {name!r} not found in {self.template_dir}") from exc
         except jinja2.UndefinedError as exc:
             raise PromptError(f"prompt template {name!r}: {exc}") from exc
-        # Collapse runs of blank lines left by conditional blocks.
-        return re.sub(r"\n{3,}", "\n\n", text).strip()
+        # Collapse runs of blank lines left by conditional blocks (outside the containers: a
+        # note's blank lines are its own).
+        blocks = data_blocks(text)
+        pieces, pos = [], 0
+        for b in blocks:
+            pieces += [re.sub(r"\n{3,}", "\n\n", text[pos : b.start]), text[b.start : b.end]]
+            pos = b.end
+        text = "".join([*pieces, re.sub(r"\n{3,}", "\n\n", text[pos:])]).strip()
+        try:
+            check_blocks(text)
+        except ValueError as exc:
+            raise PromptError(f"prompt template {name!r}: {exc}") from exc
+        return text
 
     def schema(self, name: str) -> dict[str, Any]:
         """The answer schema (a copy: callers may change it)."""

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from evaluation.answers import Answer
 from evaluation.case import Case
 from evaluation.modelio import GenerateConfig, Message, ModelAdapter, TextPart
+from evaluation.prompts import inert
 from evaluation.scoring.judge_cache import JudgeCache, JudgeVerdict
 from evaluation.scoring.lexicon import Lexicon, match_diagnosis
 from evaluation.scoring.untrusted import carrying_nonce, fence, verdict_nonce
@@ -27,7 +28,7 @@ _SYSTEM = (
     '{"equivalent": true|false, "reason": "<one sentence>", "verdict_nonce": "<nonce>"}, '
     "where the nonce is the value given in the request; a reply without it is discarded."
 )
-PROMPT_VERSION = "judge-v2"
+PROMPT_VERSION = "judge-v3"  # v3: the candidate string is made inert before it is fenced
 
 
 def judge_nonce(answer: str, truth: str) -> str:
@@ -68,7 +69,7 @@ class EquivalenceJudge:
 
     @staticmethod
     def messages(answer: str, truth: str) -> list[Message]:
-        a_block, _ = fence(answer, "candidate")
+        a_block, _ = fence(inert(answer), "candidate")
         t_block, _ = fence(truth, "reference")
         user = (
             f"Reference diagnosis:\n{t_block}\n\nCandidate diagnosis:\n{a_block}\n\n"

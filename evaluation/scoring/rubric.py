@@ -1,8 +1,9 @@
 """Rubric grader: one or more models score an answer 0-5 on five neurology dimensions.
 
 The grader sees the case's reference (diagnosis, lesions, key findings, reference rationale) and
-the answer, which is fenced as data (``untrusted.fence``): JSON-escaped, no tags left in it, a
-nonce tag it cannot close.
+the answer, which is made inert (``evaluation.prompts.inert``: no chat control tokens, no role
+labels, no invisible or look-alike characters) and fenced as data (``untrusted.fence``):
+JSON-escaped, no tags left in it, a nonce tag it cannot close.
 
 Only the grader's own verdict counts. The prompt gives a verdict nonce derived from the answer
 text (``verdict_nonce``: an answer cannot contain the hash of itself, so it cannot know it); a
@@ -34,11 +35,16 @@ from pydantic import BaseModel
 
 from evaluation.case import Case, Diagnosis, GroundTruth, Provenance, TaskFamily
 from evaluation.modelio import GenerateConfig, Message, ModelAdapter, TextPart
+from evaluation.prompts import inert
 from evaluation.scores import ErrorCategory, Score
 from evaluation.scoring.untrusted import carrying_nonce, fence
 from evaluation.scoring.untrusted import verdict_nonce as untrusted_nonce
 
-PROMPT_VERSION = "rubric-v2"
+PROMPT_VERSION = "rubric-v3"  # v3: the answer is made inert before it is fenced
+# The verdict nonce's scheme, versioned apart from the wording: a grader's stored reply to the
+# v2 prompt (the same bytes as v3 for any answer without control tokens or role labels) stays
+# readable when a run is rescored.
+NONCE_SCHEME = "rubric-v2"
 PAPER_BAR = 0.9  # Neural-MedBench: grader-clinician Pearson r above 0.9
 DIMENSIONS: dict[str, str] = {
     "findings_accuracy": "the imaging findings are present, correctly located and described",
@@ -101,7 +107,7 @@ def canary_messages() -> list[Message]:
 
 def verdict_nonce(answer_text: str) -> str:
     """The nonce a verdict on ``answer_text`` must carry: unknowable to the answer itself."""
-    return untrusted_nonce(PROMPT_VERSION, answer_text)
+    return untrusted_nonce(NONCE_SCHEME, answer_text)
 
 
 class GraderVerdict(BaseModel):
@@ -133,7 +139,7 @@ def _reference(case: Case) -> str:
 
 def grader_messages(case: Case, family: TaskFamily, answer_text: str) -> list[Message]:
     """The grader's prompt; the answer appears only inside its fenced block."""
-    block, tag = fence(answer_text, "answer")
+    block, tag = fence(inert(answer_text), "answer")
     dims = "\n".join(f"- {d}: {text}" for d, text in DIMENSIONS.items())
     nonce = verdict_nonce(answer_text)
     system = (
