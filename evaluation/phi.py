@@ -15,7 +15,10 @@ only de-identified content:
   identifier shapes (dates, phone numbers, e-mail addresses, long digit runs, "MRN: ..." fields,
   ages over 89);
 * images must be PNGs without text chunks (re-encoded otherwise) and must not come from a series
-  flagged as carrying burned-in annotation (dropped, and the drop is recorded);
+  flagged as carrying burned-in annotation (dropped, and the drop is recorded); text burned into
+  their pixels, whatever the flag says, is read with tesseract (``evaluation.phi_pixels``): an
+  image whose text identifies someone is sent with that text blacked out, or withheld, and an
+  image that could not be read is withheld (each recorded in ``image_actions``);
 * rendered labels and the EHR block carry no identifiers by construction, and are scrubbed too.
 
 Every payload, trusted or not, is summarised in an :class:`AuditRecord` (model, endpoint, case,
@@ -30,7 +33,7 @@ import io
 import ipaddress
 import re
 import struct
-from functools import lru_cache
+from functools import lru_cache, partial
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, Field
@@ -46,6 +49,7 @@ from evaluation.ehr import (
 )
 from evaluation.errors import PHIError
 from evaluation.modelio import ImagePart, Message, TextPart
+from evaluation.phi_pixels import ImageAction, PixelReason, PixelScreen, TextMatcher, pixel_terms
 from evaluation.phi_text import (
     address_terms,
     is_first_name,
@@ -103,6 +107,8 @@ class GateResult(BaseModel):
     redactions: dict[str, int] = Field(default_factory=dict)
     dropped_images: list[str] = Field(default_factory=list)  # sha256 of images not sent
     reencoded_images: int = 0
+    # each image withheld or blacked out, and why (text burned into its pixels, its series' flag)
+    image_actions: list[ImageAction] = Field(default_factory=list)
 
 
 class AuditRecord(BaseModel):
@@ -120,6 +126,7 @@ class AuditRecord(BaseModel):
     text_chars: int
     redactions: dict[str, int] = Field(default_factory=dict)
     dropped_images: list[str] = Field(default_factory=list)
+    image_actions: list[ImageAction] = Field(default_factory=list)
 
 
 def endpoint_host(api_base: str | None) -> str | None:
@@ -567,6 +574,17 @@ class PHIGate:
     def __init__(self, policy: PHIPolicy | None = None) -> None:
         self.policy = policy or PHIPolicy()
         self._terms: dict[str, list[str]] = {}
+        self.pixels = PixelScreen()  # text in images, read once per image for the gate's life
+        self._pixel_matchers: dict[str, TextMatcher] = {}
+
+    def pixel_matcher(self, case: Case) -> TextMatcher:
+        """What identifies someone in text read from this case's pixels: ``terms_for`` and the
+        text rules of ``scrub_text``."""
+        if case.case_id not in self._pixel_matchers:
+            terms = pixel_terms(case, self.terms_for(case))
+            rules = partial(scrub_text, terms=[])
+            self._pixel_matchers[case.case_id] = TextMatcher(terms, rules)
+        return self._pixel_matchers[case.case_id]
 
     def terms_for(self, case: Case) -> list[str]:
         """What identifies a person in this case: the record's persons (``identifying_terms``),
@@ -613,17 +631,30 @@ class PHIGate:
                     continue
                 if part.sha256 in burned_hashes:
                     result.dropped_images.append(part.sha256)
+                    result.image_actions.append(
+                        ImageAction(
+                            sha256=part.sha256, action="withheld", reason=PixelReason.BURNED_IN_FLAG
+                        )
+                    )
                     parts.append(
                         TextPart(text="[image withheld: its series may carry burned-in text]")
                     )
                     continue
-                png = part.png
+                png, action = self.pixels.screen(part.png, self.pixel_matcher(case))
+                if action is not None:
+                    result.image_actions.append(action)
+                if png is None:
+                    result.dropped_images.append(part.sha256)
+                    parts.append(TextPart(text="[image withheld: text in its pixels]"))
+                    continue
                 if png_text_chunks(png):
                     png = strip_png(png)
                     result.reencoded_images += 1
                 label, counts = scrub_text(part.label, terms)
                 for k, v in counts.items():
                     result.redactions[k] = result.redactions.get(k, 0) + v
+                if action is not None:
+                    label += " (text in the image blacked out)"
                 parts.append(
                     ImagePart(png=png, sha256=hashlib.sha256(png).hexdigest(), label=label)
                 )
@@ -655,4 +686,5 @@ def audit_record(
         text_chars=chars,
         redactions=gate.redactions,
         dropped_images=gate.dropped_images,
+        image_actions=gate.image_actions,
     )

@@ -1,0 +1,511 @@
+"""Text burned into the pixels of an image that leaves for an untrusted endpoint.
+
+A scanner, a PACS export or a secondary capture may write the patient's name, ID and dates into
+the pixel data itself, whatever its BurnedInAnnotation attribute says (often NO, or absent).
+Before an image goes to a remote endpoint, :class:`PixelScreen` reads the text in it with
+Debian's tesseract-ocr and decides:
+
+* no identifying text: the image is sent as it is (the renderer's own marks, R/L or A/P,
+  sequence names and slice positions, match no identifying term and no identifier shape);
+* identifying text: each text line that matches is blacked out (the word boxes tesseract
+  returns, padded), the result is read again and sent when nothing identifying is left in it;
+  withheld when something is, or when the boxes would cover more than a third of the image;
+* the image could not be read within its time budget, tesseract is missing or failed, the PNG
+  does not decode: withheld, with the reason (fail closed: never sent unread).
+
+Redacted rather than withheld: burned-in text sits in corners and strips, the anatomy stays
+readable and the model still sees the series; a withheld image takes a whole sequence away.
+
+What identifies, in a line read from the pixels: a term of the case (the gate's terms: names in
+their written forms, patient ID, accession number, institution, the record's identifiers),
+compared without case, accents and separators ("ALVAREZ^MARTA", "ID:4471902"), one misread
+character allowed in a word of five letters or more (two from nine); a match of the gate's text
+rules (dates, long digit runs, labelled fields, titled names...); and, since burned-in text is
+terse, any run of six digits and any year 1900-2099 (letters that OCR mistakes for digits read as
+digits: O->0, l->1, S->5...).
+
+Tesseract is run as a program (one process per pass, the PNG on stdin, TSV on stdout) with
+``OMP_THREAD_LIMIT=1`` in its own environment: its OpenMP threads make it about five times slower
+on a montage on a small shared machine (1.3 s against 0.23 s on 2 cores). pytesseract can only
+pass the whole process environment, and setting the variable there for the call would race with
+other threads. Readings are cached by the image's sha256 (the same image goes to every model).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from evaluation.case import Case
+from evaluation.ehr import ascii_fold
+
+if TYPE_CHECKING:
+    from PIL.Image import Image
+
+DEFAULT_BUDGET_S = 20.0  # per image, every pass and the check of a redaction included
+MAX_PIXELS = 40_000_000  # larger images are withheld unread (no rendered image comes near)
+MAX_COVERED = 1 / 3  # a redaction that would black out more than this withholds the image
+_CACHE_SIZE = 2048
+_OCR_PIXELS = 8_000_000  # upscaled no further than this
+_HAT = 7  # px: wider than a stroke of burned-in text, narrower than most anatomy
+_HAT_LEVEL = 12  # grey levels a stroke must stand above its surroundings
+_DARK = 48  # the background faint text is looked for on (grey level, 0-255)
+_MAX_GLYPH = 48  # px: a connected shape taller than this is not a character of burned-in text
+_TESSERACT_ARGS = ("--psm", "11", "--oem", "1", "-l", "eng")
+
+
+class PixelReason(StrEnum):
+    """Why an image was changed or withheld."""
+
+    BURNED_IN_FLAG = "burned_in_annotation"  # its series says BurnedInAnnotation YES
+    IDENTIFYING_TEXT = "identifying_text"  # blacked out where it was read
+    REDACTION_INCOMPLETE = "redaction_incomplete"  # still read after blacking out
+    TOO_MUCH_TEXT = "too_much_identifying_text"  # the boxes would cover too much of it
+    OCR_UNAVAILABLE = "ocr_unavailable"  # tesseract is not installed or not on PATH
+    OCR_TIMEOUT = "ocr_timeout"
+    OCR_FAILED = "ocr_failed"
+    UNREADABLE = "unreadable_image"  # not a decodable PNG, or too large to read
+
+
+class ImageAction(BaseModel):
+    """What the gate did to one image and why (for the audit: never the text it read)."""
+
+    sha256: str  # the image as the case has it
+    sha256_sent: str | None = None  # what was sent instead; None: withheld
+    action: Literal["redacted", "withheld"]
+    reason: PixelReason
+    kinds: list[str] = Field(default_factory=list)  # the kinds of term matched, e.g. patient_id
+    boxes: int = 0  # text boxes blacked out
+    detail: str = ""  # for people (no PHI): "tesseract not found on PATH"
+
+
+@dataclass(frozen=True)
+class _Word:
+    text: str
+    box: tuple[int, int, int, int]  # left, top, right, bottom in the image's pixels
+    line: tuple[int, int, int, int]  # pass, block, paragraph, line
+
+
+@dataclass(frozen=True)
+class _Reading:
+    words: tuple[_Word, ...] = ()
+    failure: PixelReason | None = None
+    detail: str = ""
+    seconds: float = 0.0
+
+
+class _Failed(Exception):
+    def __init__(self, reason: PixelReason, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+# --------------------------------------------------------------------------- matching
+
+_LOOKALIKE = str.maketrans("OoQDIl|i!SsBZz$", "000011111558225")
+_DIGITISH = re.compile(r"\S+")
+_DIGITS = re.compile(r"\d{6,}")
+_YEAR = re.compile(r"(?<![\d.])(?:19|20)\d{2}(?!\d|[.,]\d)")
+# a month's name against a number ("03-Mar-1961", "Mar 3", "O3Mar"), as viewers burn dates in
+_MONTH = re.compile(
+    r"(?i)(?:\d[\W_]?(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\b)|"
+    r"(?:\b(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*[\W_]{0,2}\d)"
+)
+_WORD = re.compile(r"\w+")
+# The gate's rules that guess a name from the shape of a line (capitalised words after a dash,
+# an initial...) or flag odd characters: OCR's debris on anatomy has those shapes ("IaF TIE FT
+# GaFe I"), so in pixels a name counts when it is one of the case's terms.
+_SHAPE_GUESSES = frozenset({"person_name", "look_alike_characters", "invisible_characters"})
+
+
+def _fold(text: str) -> str:
+    """Lower case, accents and look-alike letters folded: how a term and a reading compare."""
+    text = unicodedata.normalize("NFKD", ascii_fold(text)).casefold()
+    return "".join(c for c in text if not unicodedata.combining(c))
+
+
+def _key(text: str) -> str:
+    return "".join(_WORD.findall(_fold(text))).replace("_", "")
+
+
+def _digitised(line: str) -> str:
+    """Tokens that are mostly digits, with the letters OCR reads for digits read as digits."""
+
+    def one(m: re.Match[str]) -> str:
+        tok = m.group()
+        digits = sum(c.isdigit() for c in tok)
+        alnum = sum(c.isalnum() for c in tok)
+        return tok.translate(_LOOKALIKE) if digits >= 2 and digits * 2 >= alnum else tok
+
+    return _DIGITISH.sub(one, line)
+
+
+def _within(a: str, b: str, limit: int) -> bool:
+    """Whether the edit distance of ``a`` and ``b`` is at most ``limit`` (banded, early exit)."""
+    if abs(len(a) - len(b)) > limit:
+        return False
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb))
+        if min(cur) > limit:
+            return False
+        prev = cur
+    return prev[-1] <= limit
+
+
+class TextMatcher:
+    """The kinds of identifying content in one line of text read from pixels.
+
+    ``terms``: each identifying term with its kind (``name``, ``patient_id``...); ``rules``: the
+    gate's text rules (a line -> the line scrubbed, the kinds scrubbed), which count only when
+    they took a word of three characters or more, and never for a name guessed from its shape."""
+
+    def __init__(
+        self, terms: Mapping[str, str], rules: Callable[[str], tuple[str, Iterable[str]]]
+    ) -> None:
+        self._rules = rules
+        self._short: dict[str, str] = {}  # key -> kind: a whole word (or 2-3 adjacent words)
+        self._long: dict[str, str] = {}  # key -> kind: anywhere, separators ignored
+        self._fuzzy: list[tuple[str, str, int]] = []  # word key, kind, edits allowed
+        for term, kind in terms.items():
+            key = _key(term)
+            if len(key) < 3:
+                continue
+            (self._long if len(key) >= 6 else self._short).setdefault(key, kind)
+            for word in _WORD.findall(_fold(term)):
+                if len(word) >= 5:
+                    self._fuzzy.append((word, kind, 1 if len(word) < 9 else 2))
+
+    def kinds(self, line: str) -> set[str]:
+        found: set[str] = set()
+        digits = _digitised(line)
+        words = [w for w in _WORD.findall(_fold(digits)) if w]
+        joined = "".join(words)
+        runs = {"".join(words[i : i + n]) for n in (1, 2, 3) for i in range(len(words))}
+        found |= {kind for key, kind in self._short.items() if key in runs}
+        found |= {kind for key, kind in self._long.items() if key in joined}
+        for word in (w for w in words if len(w) >= 5):
+            for key, kind, limit in self._fuzzy:
+                if kind not in found and _within(word, key, limit):
+                    found.add(kind)
+        if _DIGITS.search(digits):
+            found.add("digits")
+        if _YEAR.search(digits) or _MONTH.search(line):
+            found.add("date")
+        for text in {line, digits}:
+            scrubbed, kinds = self._rules(text)
+            kept = set(_WORD.findall(scrubbed))
+            if any(w not in kept for w in _WORD.findall(text) if len(w) >= 3):
+                found |= set(kinds) - _SHAPE_GUESSES
+        return found
+
+
+def _date_forms(iso: str) -> list[str]:
+    """The ways a date is burned into images (``YYYY-MM-DD`` in)."""
+    try:
+        d = dt.date.fromisoformat(iso)
+    except ValueError:
+        return []
+    forms = ["%Y-%m-%d", "%Y%m%d", "%d/%m/%Y", "%m/%d/%Y", "%d.%m.%Y", "%Y/%m/%d", "%d-%b-%Y"]
+    forms += ["%d %b %Y", "%b %d %Y", "%B %d, %Y", "%d %B %Y"]
+    return [d.strftime(f) for f in forms]
+
+
+def pixel_terms(case: Case, terms: Iterable[str]) -> dict[str, str]:
+    """The gate's identifying ``terms`` for ``case``, and the study's dates, each with its kind
+    (what the audit names): ``patient_id``, ``accession_number``, ``institution``, ``date``,
+    ``identifier`` (other terms with digits: record numbers, telephone) or ``name`` (of a
+    person, or a place of the record's address)."""
+    kinds: dict[str, str] = {}
+    ident = case.provenance.identity
+    known = [(case.patient_id, "patient_id")]
+    if ident is not None:
+        known += [(ident.patient_id, "patient_id"), (ident.accession_number, "accession_number")]
+        known += [(ident.institution, "institution")]
+        known += [
+            (d, "date") for iso in (ident.birth_date, ident.study_date) for d in _date_forms(iso)
+        ]
+    for term, kind in known:
+        if term:
+            kinds.setdefault(term, kind)
+    for term in terms:
+        kinds.setdefault(term, "identifier" if any(c.isdigit() for c in term) else "name")
+    return kinds
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _spread(a: np.ndarray, k: int, pick: Callable[..., np.ndarray]) -> np.ndarray:
+    """A k x k minimum or maximum filter (separable; edges repeat)."""
+    r = k // 2
+    for axis in (0, 1):
+        pad = [(r, r) if ax == axis else (0, 0) for ax in (0, 1)]
+        p = np.pad(a, pad, mode="edge")
+        n = a.shape[axis]
+        out = p.take(range(0, n), axis=axis)
+        for i in range(1, k):
+            out = pick(out, p.take(range(i, i + n), axis=axis))
+        a = out
+    return a
+
+
+def _strokes(grey: np.ndarray) -> np.ndarray:
+    """Thin strokes a few grey levels brighter than a dark background (a white top-hat,
+    thresholded), as black on white, without the connected shapes too large or too small to be
+    characters: text only faintly brighter than the black around the head, which tesseract's own
+    threshold (set by the bright anatomy) misses."""
+    from scipy import ndimage
+
+    opened = _spread(_spread(grey, _HAT, np.minimum), _HAT, np.maximum)
+    # over tissue the image as it is reads better, and the tissue's speckle would read as text
+    mask = ((grey.astype(np.int16) - opened) > _HAT_LEVEL) & (opened <= _DARK)
+    labels, _ = ndimage.label(mask)
+    for n, where in enumerate(ndimage.find_objects(labels), 1):
+        if where is not None:
+            h, w = where[0].stop - where[0].start, where[1].stop - where[1].start
+            if h > _MAX_GLYPH or w > _MAX_GLYPH * 2 or h * w <= 2:
+                mask[where][labels[where] == n] = False
+    return np.where(mask, 0, 255).astype(np.uint8)
+
+
+def _passes(grey: Image) -> list[tuple[Image, float]]:
+    """The images tesseract reads, each with its scale: the image as it is, and the strokes of
+    faint text (``_strokes``); both enlarged (small text is read far better)."""
+    from PIL import Image as PILImage
+    from PIL import ImageOps
+
+    w, h = grey.size
+    scale = 3.0 if w * h <= 400_000 else 2.0
+    scale = max(1.0, min(scale, (_OCR_PIXELS / (w * h)) ** 0.5))
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    plain = ImageOps.invert(grey).resize(size, PILImage.Resampling.BILINEAR)
+    strokes = PILImage.fromarray(_strokes(np.asarray(grey)))
+    return [(plain, scale), (strokes.resize(size, PILImage.Resampling.BILINEAR), scale)]
+
+
+def _tesseract(image: Image, timeout: float) -> str:
+    """TSV of one tesseract run on ``image`` (PNG on stdin), one thread, at most ``timeout`` s."""
+    exe = shutil.which("tesseract")
+    if exe is None:
+        raise _Failed(PixelReason.OCR_UNAVAILABLE, "tesseract not found on PATH")
+    if timeout <= 0:
+        raise _Failed(PixelReason.OCR_TIMEOUT, "the time to read the image ran out")
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", compress_level=1)
+    env = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+    try:
+        done = subprocess.run(
+            [exe, "stdin", "stdout", *_TESSERACT_ARGS, "tsv"],
+            input=buf.getvalue(),
+            capture_output=True,
+            timeout=timeout,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise _Failed(
+            PixelReason.OCR_TIMEOUT, f"tesseract took longer than {timeout:.1f} s"
+        ) from exc
+    except OSError as exc:
+        raise _Failed(PixelReason.OCR_UNAVAILABLE, f"tesseract could not start: {exc}") from exc
+    if done.returncode != 0:
+        err = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no message"]
+        raise _Failed(PixelReason.OCR_FAILED, f"tesseract exit {done.returncode}: {err[0][:200]}")
+    return done.stdout.decode("utf-8", "replace")
+
+
+def _words(tsv: str, n: int, scale: float, size: tuple[int, int]) -> list[_Word]:
+    out = []
+    for row in tsv.splitlines()[1:]:
+        cols = row.split("\t")
+        if len(cols) != 12 or cols[0] != "5" or not cols[11].strip():
+            continue
+        try:
+            block, par, line, left, top, width, height = (int(c) for c in cols[2:5] + cols[6:10])
+        except ValueError:
+            continue
+        x0, y0 = int(left / scale), int(top / scale)
+        x1 = min(size[0], int((left + width) / scale + 1))
+        y1 = min(size[1], int((top + height) / scale + 1))
+        out.append(_Word(cols[11].strip()[:100], (x0, y0, x1, y1), (n, block, par, line)))
+    return out
+
+
+def _read(png: bytes, budget_s: float) -> _Reading:
+    from PIL import Image
+
+    start = time.monotonic()
+    try:
+        with Image.open(io.BytesIO(png)) as im:
+            if im.width * im.height > MAX_PIXELS:
+                raise _Failed(
+                    PixelReason.UNREADABLE,
+                    f"{im.width}x{im.height} pixels: more than {MAX_PIXELS} to read",
+                )
+            im.load()
+            grey = im.convert("L")
+    except _Failed as exc:
+        return _Reading(failure=exc.reason, detail=exc.detail)
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        detail = f"the image does not decode: {type(exc).__name__}"
+        return _Reading(failure=PixelReason.UNREADABLE, detail=detail)
+    words: list[_Word] = []
+    try:
+        for n, (image, scale) in enumerate(_passes(grey)):
+            tsv = _tesseract(image, budget_s - (time.monotonic() - start))
+            words += _words(tsv, n, scale, grey.size)
+    except _Failed as exc:
+        return _Reading(failure=exc.reason, detail=exc.detail)
+    return _Reading(words=tuple(words), seconds=time.monotonic() - start)
+
+
+def _lines(words: Iterable[_Word]) -> dict[tuple[int, int, int, int], list[_Word]]:
+    lines: dict[tuple[int, int, int, int], list[_Word]] = {}
+    for w in words:
+        lines.setdefault(w.line, []).append(w)
+    return lines
+
+
+def _glyph_sized(w: _Word) -> bool:
+    height, width = w.box[3] - w.box[1], w.box[2] - w.box[0]
+    return 0 < height <= _MAX_GLYPH and width <= 40 * height
+
+
+def _near(a: _Word, b: _Word) -> bool:
+    """Whether ``b`` is text of the same block as ``a``: of a like height, at most a line above
+    or below it (closer than a title bar's text is to the text under it) and a little to its
+    side."""
+    ha, hb = a.box[3] - a.box[1], b.box[3] - b.box[1]
+    if not (ha <= 2 * hb and hb <= 2 * ha):
+        return False
+    h = max(ha, hb)
+    dy = max(a.box[1], b.box[1]) - min(a.box[3], b.box[3])
+    dx = max(a.box[0], b.box[0]) - min(a.box[2], b.box[2])
+    return dy <= 0.6 * h and dx <= 1.5 * h
+
+
+def _identifying(
+    reading: _Reading, matcher: TextMatcher
+) -> tuple[list[tuple[int, int, int, int]], set[str]]:
+    """The boxes to black out, and the kinds of identifying content found: every line read that
+    identifies someone, with the text around it (the block it belongs to: a date OCR misreads
+    beside a name it reads is blacked out with it); shapes too large to be text are left."""
+    words = [w for w in reading.words if _glyph_sized(w)]
+    chosen: set[_Word] = set()
+    kinds: set[str] = set()
+    for line in _lines(words).values():
+        found = matcher.kinds(" ".join(w.text for w in line))
+        if found:
+            kinds |= found
+            chosen.update(line)
+    todo = list(chosen)
+    while todo:
+        a = todo.pop()
+        for b in words:
+            if b not in chosen and _near(a, b):
+                chosen.add(b)
+                todo.append(b)
+    return sorted(w.box for w in chosen), kinds
+
+
+def _black_out(png: bytes, boxes: list[tuple[int, int, int, int]]) -> tuple[bytes, float]:
+    """The PNG with the boxes (padded) filled black, and the fraction of it they cover."""
+    import numpy as np
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as im:
+        im.load()
+        img = im.convert("RGBA" if "A" in im.getbands() else "RGB")
+    covered = np.zeros((img.height, img.width), dtype=bool)
+    for x0, y0, x1, y1 in boxes:
+        pad = max(2, (y1 - y0) // 3)
+        covered[max(0, y0 - pad) : y1 + pad, max(0, x0 - pad) : x1 + pad] = True
+    pixels = np.array(img)
+    pixels[covered, :3] = 0
+    buf = io.BytesIO()
+    Image.fromarray(pixels, mode=img.mode).save(buf, format="PNG", compress_level=1)
+    return buf.getvalue(), float(covered.mean())
+
+
+class PixelScreen:
+    """Reads the text in images and withholds or redacts the ones that identify someone.
+
+    One per run (readings are cached by sha256 for its life, at most 2048 of them); safe to
+    call from several threads (one image is read at a time)."""
+
+    def __init__(self, budget_s: float = DEFAULT_BUDGET_S) -> None:
+        self.budget_s = budget_s
+        self._cache: OrderedDict[str, _Reading] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def reading(self, png: bytes) -> _Reading:
+        """What tesseract reads in ``png`` (cached by its sha256)."""
+        sha = hashlib.sha256(png).hexdigest()
+        with self._lock:
+            hit = self._cache.get(sha)
+            if hit is None:
+                hit = _read(png, self.budget_s)
+                self._cache[sha] = hit
+                while len(self._cache) > _CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(sha)
+            return hit
+
+    def seconds(self, png: bytes) -> float:
+        """How long reading ``png`` took (0 when it was not read yet or failed)."""
+        return self.reading(png).seconds
+
+    def screen(self, png: bytes, matcher: TextMatcher) -> tuple[bytes | None, ImageAction | None]:
+        """``png`` as it may leave (None: withheld), and what was done to it (None: nothing)."""
+        sha = hashlib.sha256(png).hexdigest()
+
+        def withheld(reason: PixelReason, detail: str, kinds: Iterable[str] = ()) -> ImageAction:
+            return ImageAction(
+                sha256=sha, action="withheld", reason=reason, kinds=sorted(kinds), detail=detail
+            )
+
+        first = self.reading(png)
+        if first.failure is not None:
+            return None, withheld(first.failure, first.detail)
+        boxes, kinds = _identifying(first, matcher)
+        if not boxes:
+            return png, None
+        redacted, covered = _black_out(png, boxes)
+        if covered > MAX_COVERED:
+            detail = f"identifying text covers {covered:.0%} of the image"
+            return None, withheld(PixelReason.TOO_MUCH_TEXT, detail, kinds)
+        again = self.reading(redacted)
+        if again.failure is not None:
+            return None, withheld(again.failure, f"reading the redacted image: {again.detail}")
+        left, still = _identifying(again, matcher)
+        if left:
+            detail = f"{len(left)} text boxes still identify someone after blacking out"
+            return None, withheld(PixelReason.REDACTION_INCOMPLETE, detail, kinds | still)
+        return redacted, ImageAction(
+            sha256=sha,
+            sha256_sent=hashlib.sha256(redacted).hexdigest(),
+            action="redacted",
+            reason=PixelReason.IDENTIFYING_TEXT,
+            kinds=sorted(kinds),
+            boxes=len(boxes),
+        )
