@@ -27,7 +27,14 @@ from openai_server import OpenAIServer
 from evaluation.case import Case, Diagnosis, GroundTruth, ImageRef, Provenance, TaskFamily, Turn
 from evaluation.modelio import GenerateConfig, ImagePart, Message, TextPart
 from evaluation.phi import PHIGate, PHIPolicy
-from evaluation.prompts import data_block, data_blocks, default_prompts, inert, outside_data
+from evaluation.prompts import (
+    data_block,
+    data_blocks,
+    default_prompts,
+    inert,
+    map_data,
+    outside_data,
+)
 from evaluation.tasks import TaskItem, build_turns
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -326,3 +333,52 @@ def test_a_montage_legend_quotes_the_labels() -> None:
     quoted = re.findall(r'\d = ("(?:[^"\\]|\\.)*")', legend)
     assert [json.loads(q) for q in quoted] == [inert(label)] * 3  # each label one JSON string
     assert legend.endswith('".]')
+
+
+LABEL_ENDS = ["Name:", "Address:", "Patient:", "Pt:"]
+
+
+def _gated(end: str, scrub_each: bool) -> tuple[list[str], list[str]]:
+    from evaluation.phi import scrub_text
+
+    case, pngs = _case("Headache.\n" + end)
+    turns = build_turns(
+        case,
+        TaskItem(case_id="c1", family=TaskFamily.DIFFERENTIAL),
+        default_prompts(),
+        lambda r: pngs[r.sha256],
+    )
+    msgs = [turns.system, *turns.turns]
+    if scrub_each:  # what the gate gives when it scrubs each piece apart (map_data)
+        terms = PHIGate(PHIPolicy()).terms_for(case)
+        sent = [
+            map_data(p.text, lambda t: scrub_text(t, terms)[0])
+            for m in msgs[1:]
+            for p in m.content
+            if isinstance(p, TextPart)
+        ]
+    else:
+        out, _ = PHIGate(PHIPolicy()).prepare(msgs, case, "https://api.example.com/v1")
+        sent = [p.text for m in out[1:] for p in m.content if isinstance(p, TextPart)]
+    return [outside_data(t) for t in sent], [
+        outside_data(t) for t in _texts(*_case("plain"), TaskFamily.DIFFERENTIAL)
+    ]
+
+
+@pytest.mark.parametrize("end", LABEL_ENDS)
+def test_scrubbing_each_piece_apart_keeps_every_boundary(end: str) -> None:
+    sent, benign = _gated(end, scrub_each=True)
+    assert sent == benign
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="evaluation/phi.py scrubs the whole rendered text: its 'Name:'/'Address:' patterns "
+    "run over the line break and take the container's closing tag (the note's text stays "
+    "inside, but the container no longer closes). Fixed when PHIGate.prepare scrubs through "
+    "evaluation.prompts.map_data; then drop this marker.",
+)
+@pytest.mark.parametrize("end", LABEL_ENDS)
+def test_the_phi_gate_keeps_every_boundary_when_a_note_ends_on_a_label(end: str) -> None:
+    sent, benign = _gated(end, scrub_each=False)
+    assert sent == benign

@@ -35,6 +35,7 @@ from evaluation.prompts.untrusted import (
     data_block,
     data_blocks,
     inert,
+    map_data,
     outside_data,
 )
 
@@ -47,6 +48,7 @@ __all__ = [
     "data_blocks",
     "default_prompts",
     "inert",
+    "map_data",
     "outside_data",
     "to_parts",
 ]

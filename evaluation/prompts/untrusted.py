@@ -18,7 +18,9 @@ a grader) goes through here, and the system prompt says that what is inside is d
   does gets the next one. Letters only and lines of their own, so the PHI gate's scrubbing,
   which runs on the rendered prompt, leaves the boundaries alone.
 * :func:`data_blocks` reads the containers back, :func:`outside_data` is the prompt with each
-  container replaced by ``<KIND/>`` (what the benchmark itself wrote).
+  container replaced by ``<KIND/>`` (what the benchmark itself wrote), :func:`map_data` rewrites
+  a rendered prompt piece by piece (outside, and each container's text apart), so that a
+  rewrite (the PHI gate's) cannot read across a boundary.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
 
 ROLE_PLACEHOLDER = "[role label removed]"
@@ -177,6 +180,23 @@ def data_blocks(text: str) -> list[DataBlock]:
 def outside_data(text: str) -> str:
     """The prompt with each container replaced by ``<kind/>``: what the benchmark wrote."""
     return _BLOCK.sub(lambda m: f"<{m['kind']}/>", text)
+
+
+def map_data(text: str, fn: Callable[[str], str]) -> str:
+    """``fn`` applied to the text outside the containers and to each container's text apart,
+    the containers kept: for a rewrite of a rendered prompt (the PHI gate's scrubbing) that must
+    not read across a boundary, where a pattern running to the end of the next line would
+    take a closing tag with it."""
+    out: list[str] = []
+    pos = 0
+    for m in _BLOCK.finditer(text):
+        out.append(fn(text[pos : m.start()]) if m.start() > pos else "")
+        body = _escape(fn(_unescape(m["body"])))
+        token = m["token"] if m["token"] not in body.lower() else _token(m["kind"], body)
+        out.append(f"<{m['kind']}-{token}>\n{body}\n</{m['kind']}-{token}>")
+        pos = m.end()
+    out.append(fn(text[pos:]) if pos < len(text) else "")
+    return "".join(out)
 
 
 def check_blocks(text: str) -> None:
