@@ -274,7 +274,10 @@ class Runner:
     ) -> tuple[str, ModelOutput]:
         """One model call through the PHI gate, keyed, audited and stored (or reused)."""
         spec, case = call.spec, call.case
-        outbound, gate = self.gate.prepare(messages, case, spec.api_base, local=spec.is_local)
+        # in a thread: reading the text in images (remote endpoints) takes about a second each
+        outbound, gate = await asyncio.to_thread(
+            self.gate.prepare, messages, case, spec.api_base, local=spec.is_local
+        )
         key = cache_key(spec, cfg, call.sample, call.turn, outbound)
         cached = self._cached.get(key)
         if cached is not None:
