@@ -78,6 +78,11 @@ from .render import (
     renderer_version as renderer_version,
 )
 from .selection import ELLIPSIS as ELLIPSIS
+from .selection import NotShownReason as NotShownReason
+from .selection import SeriesNotShown as SeriesNotShown
+from .selection import UnshownSeries as UnshownSeries
+from .selection import series_candidates as series_candidates
+from .selection import unshown as unshown
 from .sources import FileTooLargeError as FileTooLargeError
 from .sources import NotRegularFileError as NotRegularFileError
 from .sources import check_regular as check_regular

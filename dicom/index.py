@@ -6,9 +6,10 @@ from __future__ import annotations
 import functools
 import os
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,8 +46,9 @@ def index_path(
     ``cache_dir`` (default: $NEUROSANDBOX_HEADER_CACHE, else none) keeps header reads between
     runs, keyed by path, size and modification time (dicom.headers.cache).
     ``keep_headers`` (one study, read in this process, no cache): the result also holds the
-    first header of each series (``IndexResult.series_headers``), so that nothing downstream
-    reads a file's header a second time.
+    first header of each series (``IndexResult.series_headers``, a ``KeptHeaders``), so that
+    nothing downstream reads a file's header a second time; beyond ``MAX_KEPT_HEADERS``
+    series, a series' header is read again when asked for, not held.
     """
     p = Path(path)
     if p.is_file() and (p.name.endswith(".nii") or p.name.endswith(".nii.gz")):
@@ -55,7 +57,15 @@ def index_path(
         return index_nifti(p)
     headers: dict[str, object] = {}
     if keep_headers:
-        frames, errors, n_files, headers = read_headers_keeping(iter_sources(p), memory_cap)
+        # the first MAX_KEPT_HEADERS series folders keep their header; the files of any
+        # further ones are read as without keep_headers (a study of thousands of one-file
+        # series would otherwise hold thousands of parsed headers)
+        rest: list[str] = []
+        firsts = _first_folders(iter_sources(p), MAX_KEPT_HEADERS, rest)
+        frames, errors, n_files, headers = read_headers_keeping(firsts, memory_cap)
+        if rest:
+            more, more_errors, n_more = read_headers(rest, memory_cap, 1)
+            frames, errors, n_files = frames + more, errors + more_errors, n_files + n_more
     else:
         frames, errors, n_files = read_headers(
             iter_sources(p), memory_cap, workers, progress, cache_dir
@@ -65,7 +75,70 @@ def index_path(
     series = build_series(frames)
     series.extend(_non_image_series(non_image))
     series.sort(key=_series_sort_key)
-    return IndexResult(series=series, errors=other_errors, n_files=n_files, series_headers=headers)
+    result = IndexResult(series=series, errors=other_errors, n_files=n_files)
+    if keep_headers:
+        result.series_headers = KeptHeaders(headers, series)
+    return result
+
+
+# Series whose first header index_path(keep_headers=True) holds parsed; the others' is read
+# when asked for (KeptHeaders).
+MAX_KEPT_HEADERS = 256
+
+
+def _first_folders(sources: Iterable[str], limit: int, rest: list[str]) -> Iterator[str]:
+    """The sources in the first ``limit`` folders (a spool's series); the others into ``rest``."""
+    folders: set[str] = set()
+    for path in sources:
+        folder = source_folder(path)
+        if folder in folders or len(folders) < limit:
+            folders.add(folder)
+            yield path
+        else:
+            rest.append(path)
+
+
+class KeptHeaders(dict[str, Any]):
+    """SeriesInstanceUID -> the header (pixels excepted) of the series' first file: held for
+    the series whose header the index kept, read when asked for (and not held) for the others.
+    Pickles with the index (the paths of the others go with it)."""
+
+    def __init__(self, kept: dict[str, Any], series: list[SeriesInfo]) -> None:
+        super().__init__(kept)
+        self.paths = {
+            s.series_uid: s.volumes[0][0].path
+            for s in series
+            if s.volumes and s.volumes[0] and s.series_uid not in kept
+        }
+
+    def __contains__(self, uid: object) -> bool:
+        return super().__contains__(uid) or uid in self.paths
+
+    def __missing__(self, uid: str) -> Any:
+        ds = self._read(uid)
+        if ds is None:
+            raise KeyError(uid)
+        return ds
+
+    def get(self, uid: str, default: Any = None) -> Any:  # type: ignore[override]
+        if super().__contains__(uid):
+            return super().__getitem__(uid)
+        ds = self._read(uid)
+        return default if ds is None else ds
+
+    def _read(self, uid: str) -> Any:
+        import pydicom
+
+        from dicom.sources import HEADER_PREFIX, open_source
+
+        path = self.paths.get(uid)
+        if path is None:
+            return None
+        try:
+            with open_source(path, prefix=HEADER_PREFIX) as fh:
+                return pydicom.dcmread(fh, stop_before_pixels=True)
+        except (OSError, ValueError, TypeError, EOFError, pydicom.errors.InvalidDicomError):
+            return None
 
 
 def _series_sort_key(s: SeriesInfo) -> tuple[str, int, str, int]:

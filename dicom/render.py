@@ -50,7 +50,7 @@ from dicom.records import (
     SequenceClass,
     SeriesInfo,
 )
-from dicom.selection import find_series
+from dicom.selection import find_series, one_per_dwi_series
 from dicom.window import (
     CT_WINDOWS,
     MR_PERCENTILES,
@@ -357,19 +357,6 @@ def _lesion_in_display(
     return canon > 0
 
 
-def _one_per_dwi_series(stacks: list[SeriesInfo]) -> list[SeriesInfo]:
-    """A DWI series renders once (its b-value stacks are combined by the diffusion choice)."""
-    out: list[SeriesInfo] = []
-    seen_dwi: set[str] = set()
-    for s in stacks:
-        if s.series_class is SequenceClass.DWI:
-            if s.series_uid in seen_dwi:
-                continue
-            seen_dwi.add(s.series_uid)
-        out.append(s)
-    return out
-
-
 def default_targets(
     index: IndexResult, classes: Collection[SequenceClass] | None = None
 ) -> list[SeriesInfo]:
@@ -395,7 +382,7 @@ def render_path(
     options = options or RenderOptions()
     out = Path(out_dir)
     index = index or index_path(path, memory_cap=options.memory_cap)
-    targets = _one_per_dwi_series(
+    targets = one_per_dwi_series(
         find_series(index, series_uid) if series_uid else default_targets(index, classes)
     )
     mask = find_series(index, mask_uid)[0] if mask_uid else None

@@ -2,7 +2,8 @@
 
 The contract between the dataset sources (the phantom generator included), the loaders, the
 task families, the scorers and the run store. Versioned (``schema_version``) and validated at
-the boundary; inside, code trusts the types. Imports nothing of the project.
+the boundary; inside, code trusts the types. Imports nothing of the project but the imaging
+core's record of the series a case leaves out (``dicom.SeriesNotShown``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dicom import SeriesNotShown
 
 SCHEMA_VERSION = 1
 
@@ -312,6 +315,8 @@ class Provenance(BaseModel):
     phantom: PhantomProvenance | None = None  # how the phantom generator made the case
     # the hospital's identifiers of the study (reviewers see them; never sent to a model)
     identity: StudyIdentity | None = None
+    # the study's series its images leave out, and why (dicom.SeriesNotShown; None: not recorded)
+    series_not_shown: SeriesNotShown | None = None
 
     @model_validator(mode="before")
     @classmethod

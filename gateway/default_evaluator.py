@@ -7,6 +7,9 @@ What it does, plainly:
    ground truth and scripted turns), else the study alone. No suite is written to disk.
 2. ``evaluation.render_study`` renders the received study from that index (a labelled montage
    per series, one slice for classification) into the run folder; no header is read again.
+   Every series it leaves out (not routed, localizer, unreadable, over the plan's limit...)
+   is recorded with why on the case (``Provenance.series_not_shown``), so the run's record
+   and the checklist say so; the SR cites the series shown.
 3. ``evaluation.start_run`` asks every routed model every routed task (multi-turn only for a
    registered case with turns): the built-in reference models in process, litellm models (any
    other name, or a models-file entry) through the engine's PHI gate (de-identified unless their
@@ -131,6 +134,10 @@ class DefaultEvaluator:
         case.images = rendered.images
         if rendered.burned_in_series:  # the PHI gate drops these images for remote models
             case.provenance.burned_in_series = rendered.burned_in_series
+        # every series the images leave out, and why: in the run's record and the checklist
+        case.provenance.series_not_shown = rendered.series_not_shown
+        if rendered.series_not_shown is not None and rendered.series_not_shown.total:
+            warnings.append(f"series: {rendered.series_not_shown.counts_text()}")
         if rendered.identity is not None:  # the study as received, not only the routed series
             case.provenance.identity = rendered.identity.model_copy(
                 update={
@@ -167,7 +174,8 @@ class DefaultEvaluator:
             evaluator=self.name,
             study_uid=study_uid,
             images=_publish(case.images, work_dir / "images"),
-            evaluated_series_uids=sorted({x.series_uid for x in routed}),
+            # what the model was shown, not every routed series (the SR cites these)
+            evaluated_series_uids=sorted({i.series_uid for i in case.images if i.series_uid}),
             warnings=warnings,
             run=run,
         )

@@ -94,11 +94,14 @@ def test_images_are_checked_against_their_recorded_hash(run: RunData, tmp_path: 
     assert cl2.images[0].verified is False and cl2.images[1].verified is True
 
 
-def test_note_is_scrubbed_of_the_patients_identifiers(run: RunData) -> None:
+def test_the_case_record_is_not_shown_as_what_the_model_saw(run: RunData) -> None:
+    # what the model saw comes from the recorded requests (tests/test_model_saw.py), never
+    # from the case's note or record: without a recorded request, the page says so
     case = run.case("ms-1").model_copy(update={"note": "Jane Doe, MRN: 12345678, seen today."})
     cl = build_checklist(case, [], run_id="r")
-    assert "Jane" not in cl.note and "12345678" not in cl.note and "[REDACTED]" in cl.note
-    assert "Doe" not in cl.ehr_summary and "33 years" in cl.ehr_summary
+    assert not cl.model_saw and not cl.model_saw_recorded
+    page = render_checklist(cl, lambda i: None)
+    assert "12345678" not in page and 'id="not-recorded"' in page
 
 
 def test_schema_file_is_current_and_checklists_validate(run: RunData) -> None:

@@ -15,20 +15,32 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from dicom import IndexResult, RenderedImage
+from dicom import (
+    IndexResult,
+    NotShownReason,
+    RenderedImage,
+    SeriesInfo,
+    SeriesNotShown,
+    series_candidates,
+    unshown,
+)
 from evaluation.case import Case, ImageRef, StudyIdentity, StudyPerson
 from evaluation.errors import DatasetError
+
+if TYPE_CHECKING:
+    from dicom import RenderOptions, SequenceClass
 
 MONTAGE_CLASSES = ("FLAIR", "DWI", "ADC", "T1C", "T2", "T1", "SWI", "T2STAR", "CT", "PD", "TRACE")
 CLASSIFICATION_PREFERENCE = ("FLAIR", "T1C", "T2", "T1", "CT")
 _MAX_STUDY_BYTES = 4 * 1024**3
 # What a cached rendered.json records beyond the images; part of the cache key, so an entry
 # written before a change is rendered again (2: the persons the study's headers name, which the
-# PHI gate scrubs; an older entry would hand the gate none).
-RENDERED_RECORD_VERSION = 2
+# PHI gate scrubs; an older entry would hand the gate none; 3: the series not shown).
+RENDERED_RECORD_VERSION = 3
 
 
 class RenderPlan(BaseModel):
@@ -51,6 +63,8 @@ class RenderedStudy(BaseModel):
     burned_in_series: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     identity: StudyIdentity | None = None  # the hospital's identifiers (for reviewers)
+    # the study's series the images leave out, and why (None: a record from before it)
+    series_not_shown: SeriesNotShown | None = None
 
 
 def study_digest(path: Path) -> str:
@@ -208,7 +222,6 @@ def _render(
     )
     clinical = default_targets(index, wanted)
     burned = sorted({s.series_uid for s in clinical if s.burned_in_annotation})
-    by_class = {s.series_uid: s.series_class.value for s in clinical}
     modality = {s.series_uid: ("CT" if s.modality == "CT" else "MR") for s in clinical}
     options = RenderOptions(
         n_slices=plan.montage_slices,
@@ -218,19 +231,39 @@ def _render(
         singles=False,
         memory_cap=cap,
     )
-    manifest = render_path(study, out, options, index=index, classes=wanted)
-    warnings = list(manifest.warnings) + [e.message for e in manifest.errors]
-    ranked = sorted(
-        manifest.images,
-        key=lambda i: (
-            MONTAGE_CLASSES.index(i.series_class) if i.series_class in MONTAGE_CLASSES else 99
-        ),
-    )
-    keep = {id(i) for i in ranked[: plan.max_series]}
-    images = [_ref(out, i, modality) for i in manifest.images if id(i) in keep]
-    if plan.classification_slice and clinical:
+    # The series are chosen before anything is rendered (the best classes first, up to the
+    # plan's limit; one that fails to render is replaced by the next), and every other one
+    # is recorded with why: a study of thousands of series renders a handful.
+    not_shown = SeriesNotShown(limit=plan.max_series)
+    pending = series_candidates(index, wanted, MONTAGE_CLASSES, not_shown)
+    broken = [e for s in index.series for e in s.errors if e.kind == "geometry"]
+    warnings = [e.message for e in [*index.errors, *broken]]
+    rendered: list[RenderedImage] = []
+    shown: list[SeriesInfo] = []
+    rounds = 0
+    while pending and len(shown) < plan.max_series:
+        take = pending[: plan.max_series - len(shown)]
+        pending = pending[len(take) :]
+        made, failed, more = _render_round(study, out, rounds, options, index, take, wanted)
+        rounds += 1
+        rendered += made
+        warnings += more
+        for s in take:
+            if s.key in failed:
+                not_shown.add(unshown(s, NotShownReason.UNREADABLE, failed[s.key]))
+            else:
+                shown.append(s)
+    for s in pending:
+        not_shown.add(unshown(s, NotShownReason.OVER_LIMIT, f"{len(shown)} series shown"))
+    not_shown.n_shown = len(shown)
+    # the prompt shows the images in the study's order, as indexed
+    position = {(s.series_uid, s.stack): k for k, s in enumerate(index.series)}
+    rendered.sort(key=lambda i: position.get((i.series_uid, i.stack), len(position)))
+    images = [_ref(out, i, modality) for i in rendered]
+    by_class = {s.series_uid: s.series_class.value for s in shown}
+    if plan.classification_slice and shown:
         chosen = _classification_series(case, sorted(set(by_class.values())))
-        target = next((s for s in clinical if s.series_class.value == chosen), None)
+        target = next((s for s in shown if s.series_class.value == chosen), None)
         if target is not None:
             single_opts = RenderOptions(
                 n_slices=plan.candidate_slices,
@@ -265,7 +298,49 @@ def _render(
         burned_in_series=burned,
         warnings=warnings,
         identity=_identity(index),
+        series_not_shown=not_shown,
     )
+
+
+def _render_round(
+    study: Path,
+    out: Path,
+    rounds: int,
+    options: RenderOptions,
+    index: IndexResult,
+    take: list[SeriesInfo],
+    wanted: frozenset[SequenceClass],
+) -> tuple[list[RenderedImage], dict[str, str], list[str]]:
+    """Render the stacks ``take`` (a DWI series with its other stacks, which the diffusion
+    choice reads) into ``out``: their images, the stacks that rendered nothing (key -> why)
+    and the render's warnings. A later round renders apart, then moves its files into
+    ``out`` under names no earlier round used."""
+    from dicom import render_path
+
+    ids = {id(s) for s in take}
+    dwi = {s.series_uid for s in take if s.series_class.value == "DWI"}
+    subset = IndexResult(
+        series=[s for s in index.series if id(s) in ids or s.series_uid in dwi],
+        n_files=index.n_files,
+    )
+    folder = out if rounds == 0 else out / f".round{rounds}"
+    manifest = render_path(study, folder, options, index=subset, classes=wanted)
+    why = {e.path: e.message for e in manifest.errors}
+    done = {(i.series_uid, i.stack) for i in manifest.images}
+    done_dwi = {i.series_uid for i in manifest.images}
+    failed = {
+        s.key: why.get(s.path, "nothing rendered")
+        for s in take
+        if (s.series_uid, s.stack) not in done
+        and not (s.series_uid in dwi and s.series_uid in done_dwi)
+    }
+    if folder is not out:
+        for img in manifest.images:
+            name = img.file if not (out / img.file).exists() else f"r{rounds}_{img.file}"
+            os.replace(folder / img.file, out / name)
+            img.file = name
+        shutil.rmtree(folder, ignore_errors=True)
+    return manifest.images, failed, list(manifest.warnings)
 
 
 def _identity(index: IndexResult) -> StudyIdentity | None:

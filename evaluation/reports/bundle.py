@@ -119,7 +119,11 @@ def write_report(
     (out / "checklist.schema.json").write_text(json.dumps(checklist_schema(), indent=2))
     checklists = [
         build_checklist(
-            c, run.samples_of(c.case_id), run_id=run.run_id, case_root=run.case_roots.get(c.case_id)
+            c,
+            run.samples_of(c.case_id),
+            run_id=run.run_id,
+            case_root=run.case_roots.get(c.case_id),
+            requests=run.requests,
         )
         for c in run.cases
     ]

@@ -8,10 +8,9 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dicom import NotShownReason, SeriesNotShown, UnshownSeries
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
-from evaluation.ehr import ehr_text, identifying_terms, note_from_bundle
-from evaluation.phi import scrub_text
 from evaluation.reports.block import answer_key, report_blocks, review_order
 from evaluation.reports.flags import answer_flags
 from evaluation.reports.model import (
@@ -28,12 +27,13 @@ from evaluation.reports.model import (
     Mark,
     SamplesOutcome,
     ScoreRow,
+    SentItem,
     SequenceItem,
     TextItem,
     TruthSummary,
     UsageRow,
 )
-from evaluation.reports.rundata import FULL_INPUT, SampleResult
+from evaluation.reports.rundata import FULL_INPUT, SampleResult, SentRequest
 from evaluation.scores import Score
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lesions import LesionMatchResult
@@ -104,6 +104,32 @@ def _images(case: Case, root: str | Path | None, sent: set[str] | None) -> list[
                 slice_positions_mm=ref.slice_positions_mm,
             )
         )
+    return out
+
+
+def _not_shown(case: Case, sent: set[str] | None) -> SeriesNotShown | None:
+    """The case's record of the series left out, with the series whose images were rendered
+    but sent in no reviewed answer's request (the prompt's image limit) added."""
+    recorded = case.provenance.series_not_shown
+    out = recorded.model_copy(deep=True) if recorded is not None else None
+    if sent is None:
+        return out
+    shown = {i.series_uid for i in case.images if i.sha256 in sent and i.series_uid}
+    left = {i.series_uid: i for i in case.images if i.series_uid and i.series_uid not in shown}
+    if left and out is None:
+        out = SeriesNotShown(n_series=len({i.series_uid for i in case.images}))
+    for uid, ref in left.items():
+        assert out is not None
+        out.add(
+            UnshownSeries(
+                series_uid=uid,
+                description=ref.label[:64],
+                series_class=ref.series_class or "",
+                reason=NotShownReason.NOT_SENT,
+                detail="its image was in no request of the answers reviewed here",
+            )
+        )
+        out.n_shown = max(0, out.n_shown - 1)
     return out
 
 
@@ -371,6 +397,23 @@ def _answer(case: Case, s: SampleResult, others: list[SampleResult], low: float)
     return a
 
 
+def _model_saw(
+    chosen: list[tuple[SampleResult, list[SampleResult]]], requests: dict[str, SentRequest]
+) -> list[SentItem]:
+    """Each distinct request of the reviewed answers, with the answers it was sent for."""
+    items: dict[str, SentItem] = {}
+    for s, _ in chosen:
+        sent = requests.get(s.request) if s.request else None
+        if sent is None:
+            continue
+        item = items.setdefault(s.request or "", SentItem(messages=sent.messages))
+        label = f"{s.scored.model} ({s.scored.family.value}"
+        label += ")" if s.ablation == FULL_INPUT else f", {s.ablation} only)"
+        if label not in item.answers:
+            item.answers.append(label)
+    return list(items.values())
+
+
 def reviewed_samples(samples: list[SampleResult]) -> list[tuple[SampleResult, list[SampleResult]]]:
     """Per (model, family, ablation): the answer a clinician reviews (the first sample, last
     turn) and all samples of that group, in a stable order."""
@@ -392,14 +435,15 @@ def build_checklist(
     case_root: str | Path | None = None,
     low_confidence: float = LOW_CONFIDENCE,
     now: datetime | None = None,
+    requests: dict[str, SentRequest] | None = None,
 ) -> CaseChecklist:
-    """The checklist of one case: images, record, truth and one section per reviewed answer."""
+    """The checklist of one case: images, what was sent (``requests``: the run's recorded
+    requests, ``RunData.requests``), truth and one section per reviewed answer."""
     chosen = reviewed_samples(samples)
     sent_lists = [s.images_sent for s, _ in chosen if s.images_sent is not None]
     sent = {h for lst in sent_lists for h in lst} if sent_lists else None
-    note = case.note or note_from_bundle(case.ehr)
-    note, redactions = scrub_text(note, identifying_terms(case.ehr)) if note else ("", {})
     answers = [_answer(case, s, group, low_confidence) for s, group in chosen]
+    saw = _model_saw(chosen, requests or {})
     seen: dict[FlagKind, list[str]] = {}
     for a in answers:
         for f in a.flags:
@@ -415,9 +459,9 @@ def build_checklist(
         study_uids=case.provenance.study_uids,
         modality=case_modality(case),
         images=_images(case, case_root, sent),
-        ehr_summary=ehr_text(case.ehr),
-        note=note,
-        note_redactions=redactions,
+        series_not_shown=_not_shown(case, sent),
+        model_saw=saw,
+        model_saw_recorded=bool(saw),
         truth=_truth(case),
         answers=answers,
         blocks=report_blocks(samples),

@@ -36,6 +36,8 @@ from evaluation.scoring.anatomy import sequence_class
 
 TEMPLATES = Path(__file__).with_name("templates")
 THUMB_PX = 320
+# series not shown listed per reason on a checklist page (all are in the run's record)
+MAX_NOT_SHOWN_ROWS = 1000
 MAX_PIXELS = 40_000_000
 ImageLoader = Callable[[int], bytes | None]  # checklist image index (1-based) -> PNG bytes
 
@@ -212,6 +214,7 @@ def render_checklist(
             summary_href=summary_href,
             block_keys={k for b in checklist.blocks for k in b.answer_keys},
             kinds=ItemKind,
+            max_not_shown_rows=MAX_NOT_SHOWN_ROWS,
             **_base(review, print_mode, message, message_error),
         )
     )

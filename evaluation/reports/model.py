@@ -17,13 +17,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from dicom import SeriesNotShown
 from evaluation.case import StudyIdentity
 from evaluation.reports.block import ReportBlock
+from evaluation.reports.rundata import SentMessage
 from evaluation.scores import ErrorCategory, ParseStatus
 
-CHECKLIST_VERSION = (
-    3  # 2: review blocks (what goes into each model's SR); 3: hospital identity, image series
-)
+# 2: review blocks (what goes into each model's SR); 3: hospital identity, image series;
+# 4: the series not shown, and what was sent (the recorded requests) instead of the case's record
+CHECKLIST_VERSION = 4
 SCHEMA_FILE = Path(__file__).with_name("checklist.schema.json")
 
 
@@ -233,6 +235,14 @@ class TruthSummary(BaseModel):
     normal_control: bool = False
 
 
+class SentItem(BaseModel):
+    """One distinct request of the reviewed answers, exactly as the run store recorded it
+    (after the PHI gate): the text of every message, every image by label and hash."""
+
+    answers: list[str] = Field(default_factory=list)  # "model (family)" of each answer sent it
+    messages: list[SentMessage] = Field(default_factory=list)
+
+
 class CaseChecklist(BaseModel):
     """Everything a clinician needs to review one case of one run."""
 
@@ -250,9 +260,13 @@ class CaseChecklist(BaseModel):
     study_uids: list[str] = Field(default_factory=list)
     modality: str | None = None
     images: list[ImageItem] = Field(default_factory=list)
-    ehr_summary: str = ""  # de-identified by construction (evaluation.ehr.ehr_text)
-    note: str = ""  # scrubbed of the record's identifiers and identifier shapes
-    note_redactions: dict[str, int] = Field(default_factory=dict)
+    # the study's series the model was not shown, and why (None: not recorded)
+    series_not_shown: SeriesNotShown | None = None
+    # What the model saw: the recorded requests of the reviewed answers, never the case's own
+    # record or note (a note the prompt dropped was never seen). Empty with
+    # ``model_saw_recorded`` false: the run recorded no request for them.
+    model_saw: list[SentItem] = Field(default_factory=list)
+    model_saw_recorded: bool = False
     truth: TruthSummary | None = None
     answers: list[AnswerChecklist] = Field(default_factory=list)
     # one per model: exactly what goes into its SR, each item reviewed once (reports.block)

@@ -7,7 +7,8 @@ bundle keeps (``rundata.json``), so the review pages never need the store itself
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -20,6 +21,64 @@ RUNDATA_VERSION = 1
 FULL_INPUT = "both"  # evaluation.tasks.Ablation.BOTH: images and text, the unablated condition
 
 
+MAX_SENT_TEXT = 400_000  # characters of one text part kept (a prompt is far smaller)
+
+
+class SentPart(BaseModel):
+    """One part of a message as sent: its text, or an image by hash and label (no bytes)."""
+
+    type: Literal["text", "image"]
+    text: str = ""
+    truncated: bool = False  # text longer than MAX_SENT_TEXT, cut
+    sha256: str = ""
+    label: str = ""
+
+
+class SentMessage(BaseModel):
+    role: str
+    parts: list[SentPart] = Field(default_factory=list)
+
+
+class SentRequest(BaseModel):
+    """What one model call sent, as the run store recorded it before the call
+    (``evaluation.requests.request_record``: after the PHI gate, exactly what left)."""
+
+    messages: list[SentMessage] = Field(default_factory=list)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> SentRequest:
+        """From the stored request JSON (hostile: types checked, text bounded)."""
+        messages = []
+        for m in record.get("messages") or []:
+            parts = []
+            for p in (m.get("content") or []) if isinstance(m, dict) else []:
+                if not isinstance(p, dict):
+                    continue
+                if p.get("type") == "image":
+                    parts.append(
+                        SentPart(
+                            type="image",
+                            sha256=str(p.get("sha256", ""))[:64],
+                            label=str(p.get("label", ""))[:2000],
+                        )
+                    )
+                else:
+                    text = str(p.get("text", ""))
+                    parts.append(
+                        SentPart(
+                            type="text",
+                            text=text[:MAX_SENT_TEXT],
+                            truncated=len(text) > MAX_SENT_TEXT,
+                        )
+                    )
+            if isinstance(m, dict):
+                messages.append(SentMessage(role=str(m.get("role", ""))[:32], parts=parts))
+        return cls(messages=messages)
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
+
+
 class SampleResult(BaseModel):
     """One model answer to one task of one case: parsed, raw, scored."""
 
@@ -29,6 +88,8 @@ class SampleResult(BaseModel):
     ablation: str = FULL_INPUT  # "both", "images" (no text), "text" (no images)
     images_sent: list[str] | None = None  # sha256 of the images in the prompt, when recorded
     turn: int | None = None  # multi-turn: the turn this answer closes
+    # the request of its last turn (the whole conversation), a key of RunData.requests
+    request: str | None = None
 
 
 class RunData(BaseModel):
@@ -45,6 +106,8 @@ class RunData(BaseModel):
     samples: list[SampleResult] = Field(default_factory=list)
     # the cases evaluated out of the dataset's, and the skipped ones with why (None: not known)
     coverage: CaseCoverage | None = None
+    # what each answer's last call sent, once per distinct request (SampleResult.request)
+    requests: dict[str, SentRequest] = Field(default_factory=dict)
 
     def case(self, case_id: str) -> Case:
         for c in self.cases:

@@ -8,13 +8,14 @@ store; nothing calls a model or re-scores.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import TaskFamily
-from evaluation.reports.rundata import RunData, SampleResult
+from evaluation.reports.rundata import RunData, SampleResult, SentRequest
 from evaluation.scores import ParseStatus
 from evaluation.scoring.scored import ScoredSample, case_modality
 from evaluation.store_rows import SampleRow
@@ -39,6 +40,32 @@ def _scored_json(store_file: Path) -> dict[str, str]:
         return dict(db.execute("SELECT sample_id, scored_json FROM scored_samples").fetchall())
     finally:
         db.close()
+
+
+def _requests_json(store_file: Path) -> dict[str, str]:
+    """cache_key -> the stored request JSON (read-only, as ``_scored_json``)."""
+    db = sqlite3.connect(f"{store_file.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return dict(db.execute("SELECT cache_key, request_json FROM requests").fetchall())
+    finally:
+        db.close()
+
+
+def _sent(
+    turns: list[dict[str, Any]], stored: dict[str, str], held: dict[str, SentRequest]
+) -> str | None:
+    """The key in ``held`` of the request of the answer's last turn (added when new)."""
+    raw = stored.get(turns[-1]["cache_key"]) if turns else None
+    if raw is None:
+        return None
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return None
+    sent = SentRequest.from_record(record if isinstance(record, dict) else {})
+    key = sent.digest()
+    held.setdefault(key, sent)
+    return key
 
 
 def _parsed(row: SampleRow, family: TaskFamily) -> Answer | ClassificationAnswer | None:
@@ -86,6 +113,8 @@ def run_from_store(
     if dataset.hash != row.dataset_hash:
         warnings.append("the dataset changed since the run; the report shows today's truth")
     scored = _scored_json(store_file)
+    stored_requests = _requests_json(store_file)
+    requests: dict[str, SentRequest] = {}
     cases = {c.case_id: c for c in dataset.cases}
     samples: list[SampleResult] = []
     for r in rows:
@@ -121,6 +150,7 @@ def run_from_store(
                 ablation=config.ablation.value,
                 images_sent=list(r.image_hashes),
                 turn=len(turns) - 1 if turns else None,
+                request=_sent(r.answer_turns, stored_requests, requests),
             )
         )
     cfg = row.config
@@ -136,4 +166,5 @@ def run_from_store(
         case_roots={c.case_id: str(c.root) for c in run_cases if c.root},
         samples=samples,
         coverage=coverage,
+        requests=requests,
     )

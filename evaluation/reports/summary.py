@@ -162,6 +162,7 @@ def build_summary(
                 run.samples_of(c.case_id),
                 run_id=run.run_id,
                 case_root=run.case_roots.get(c.case_id),
+                requests=run.requests,
             )
             for c in run.cases
         ]

@@ -236,6 +236,13 @@ def show_run(run_dir: Path) -> RunOutcome:
         retries = store.retries()
         groups = store.call_errors(retries)
         show_coverage(coverage)
+        for case in store.cases().values():  # the series a model was not shown, and why
+            ns = case.provenance.series_not_shown
+            if ns is not None and ns.total:
+                console.print(
+                    f"case {escape(case.case_id)}: {ns.n_shown} of {ns.n_series} series shown; "
+                    f"{escape(ns.counts_text())} (each with why: runs show --json)"
+                )
         show_call_errors(groups, retries)
         return RunOutcome(sum(g.samples for g in groups), len(coverage.skipped))
     finally:

@@ -143,6 +143,11 @@ def runs_show(
                     "coverage": store.coverage().model_dump(mode="json"),
                     "call_errors": [g.model_dump(mode="json") for g in store.call_errors(retries)],
                     "retries": retries,
+                    "series_not_shown": {
+                        c.case_id: c.provenance.series_not_shown.model_dump(mode="json")
+                        for c in store.cases().values()
+                        if c.provenance.series_not_shown is not None
+                    },
                 }
                 try:
                     summ = summary(store)
