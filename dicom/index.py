@@ -120,7 +120,7 @@ class KeptHeaders(dict[str, Any]):
             raise KeyError(uid)
         return ds
 
-    def get(self, uid: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, uid: str, default: Any = None) -> Any:
         if super().__contains__(uid):
             return super().__getitem__(uid)
         ds = self._read(uid)
