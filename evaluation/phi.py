@@ -21,6 +21,11 @@ only de-identified content:
   image that could not be read is withheld (each recorded in ``image_actions``);
 * rendered labels and the EHR block carry no identifiers by construction, and are scrubbed too.
 
+A rendered prompt is scrubbed piece by piece (``evaluation.prompts.map_data``): the text outside
+its data containers, and each container's text apart, so that no pattern reads across a
+boundary (a note ending on "Name:" would otherwise take the container's closing line with it,
+and the sandbox's own text after it would read as data).
+
 Every payload, trusted or not, is summarised in an :class:`AuditRecord` (model, endpoint, case,
 image hashes and sizes, characters of text, what was redacted) before it is sent.
 """
@@ -57,6 +62,7 @@ from evaluation.phi_text import (
     scrub_addresses,
     scrub_dates,
 )
+from evaluation.prompts import map_data
 
 LOOPBACK = "loopback"
 REDACTED = "[REDACTED]"
@@ -616,6 +622,13 @@ class PHIGate:
             img.sha256 for img in case.images if img.series_uid and img.series_uid in burned
         }
         result = GateResult(remote=True, deidentified=True)
+
+        def scrub(piece: str) -> str:
+            text, counts = scrub_text(piece, terms)
+            for k, v in counts.items():
+                result.redactions[k] = result.redactions.get(k, 0) + v
+            return text
+
         out: list[Message] = []
         for msg in messages:
             parts: list[TextPart | ImagePart] = []
@@ -624,10 +637,7 @@ class PHIGate:
                     if msg.role == "assistant":
                         parts.append(part)  # the model's own words, already scrubbed going out
                         continue
-                    text, counts = scrub_text(part.text, terms)
-                    for k, v in counts.items():
-                        result.redactions[k] = result.redactions.get(k, 0) + v
-                    parts.append(TextPart(text=text))
+                    parts.append(TextPart(text=map_data(part.text, scrub)))
                     continue
                 if part.sha256 in burned_hashes:
                     result.dropped_images.append(part.sha256)
@@ -650,9 +660,7 @@ class PHIGate:
                 if png_text_chunks(png):
                     png = strip_png(png)
                     result.reencoded_images += 1
-                label, counts = scrub_text(part.label, terms)
-                for k, v in counts.items():
-                    result.redactions[k] = result.redactions.get(k, 0) + v
+                label = scrub(part.label)
                 if action is not None:
                     label += " (text in the image blacked out)"
                 parts.append(

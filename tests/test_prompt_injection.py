@@ -371,13 +371,6 @@ def test_scrubbing_each_piece_apart_keeps_every_boundary(end: str) -> None:
     assert sent == benign
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="evaluation/phi.py scrubs the whole rendered text: its 'Name:'/'Address:' patterns "
-    "run over the line break and take the container's closing tag (the note's text stays "
-    "inside, but the container no longer closes). Fixed when PHIGate.prepare scrubs through "
-    "evaluation.prompts.map_data; then drop this marker.",
-)
 @pytest.mark.parametrize("end", LABEL_ENDS)
 def test_the_phi_gate_keeps_every_boundary_when_a_note_ends_on_a_label(end: str) -> None:
     sent, benign = _gated(end, scrub_each=False)
