@@ -46,7 +46,7 @@ from gateway.cache import InvalidUIDError, check_uid
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS
 from gateway.part10 import file_meta_bytes, read_uids
-from gateway.scp_transport import start_store_server
+from gateway.scp_transport import PeerLimits, start_store_server
 from gateway.spool import (
     FSYNC_POLICIES,
     FsyncPolicy,
@@ -134,6 +134,7 @@ class StorageSCP:
         fsync: FsyncPolicy = "association",
         artim_timeout_s: float = ARTIM_TIMEOUT_S,
         forwarder: Forwarder | None = None,
+        peer_limits: PeerLimits | None = None,  # connections per peer address, reserved slots
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -145,6 +146,7 @@ class StorageSCP:
         # stores each instance in Orthanc as it arrives (gateway.forward)
         self.forwarder = forwarder
         self.fsync = fsync
+        self.peer_limits = peer_limits
         self.allowed = {a.strip() for a in allowed_calling_aets or [] if a.strip()}
         self.incoming = spool / "incoming"
         self.studies_dir = spool / "studies"
@@ -189,7 +191,11 @@ class StorageSCP:
             (evt.EVT_CONN_CLOSE, self._on_closed),
         ]
         self._server = start_store_server(
-            self.ae, (self.host, self.port), handlers, on_artim=self._on_artim
+            self.ae,
+            (self.host, self.port),
+            handlers,
+            on_artim=self._on_artim,
+            peer_limits=self.peer_limits,
         )
         self.port = self._server.server_address[1]
         self._stop.clear()

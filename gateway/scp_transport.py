@@ -25,6 +25,17 @@ DUL's ARTIM timer, and one that sends part of a request (or trickles it) by the 
 which until the accept is whatever is left of that deadline. Once the association is accepted,
 the socket timeout is ``AE.network_timeout``, the generous one for pauses between images.
 
+Connections are shared out before an association thread starts (``PeerLimits``, in the
+server's ``verify_request``): one peer address holds at most ``per_peer`` connections, peers
+not known as senders together at most ``maximum_associations - reserved``, all together
+``maximum_associations``. A new connection over a bound makes room by closing the connection
+within that bound that has sent nothing (else the one that has waited longest without
+completing its association request: a sender's request is on its way at once); an
+accepted association is never closed for room, and when none waits the new connection is
+closed at once. Known senders are the configured hosts and every address an allowed calling
+AE associated from, so 40 idle connections reopened as fast as they are closed, from one
+address or several unknown ones, cannot keep a modality out.
+
 The overrides follow pynetdicom 3.0's internals; with another version ``start_store_server``
 falls back to the stock server (correct, slower) and logs why.
 """
@@ -40,6 +51,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
@@ -241,10 +253,16 @@ class _StoreSocket(AssociationSocket):
         self.deadline = None if artim_s is None else time.monotonic() + artim_s
         self.negotiating = True
         self.timed_out = False  # a read during negotiation ran into the deadline
+        self.ended = False  # the connection ended during negotiation
+        self.spoke = False  # bytes of a request came
         client_socket.settimeout(artim_s)
 
     def negotiated(self, network_timeout: float | None) -> None:
         self.negotiating = False
+        server = getattr(self.assoc, "_server", None)
+        if self.socket is not None and isinstance(server, _StoreServer) and server.connections:
+            # a sender once its calling AE passed an allow list (with none, any AE passes)
+            server.connections.accepted(self.socket, sender=bool(self.assoc.ae.require_calling_aet))
         if self.socket is not None:
             self.socket.settimeout(network_timeout)
 
@@ -280,6 +298,17 @@ class _StoreSocket(AssociationSocket):
                 del buf[got:]
                 break
             got += n
+        if got and self.negotiating and not self.spoke:
+            self.spoke = True
+            server = getattr(self.assoc, "_server", None)
+            if isinstance(server, _StoreServer) and server.connections is not None:
+                server.connections.spoke(sock)
+        if got < nr_bytes and self.negotiating and not self.ended:
+            # Closed (by the peer, for room, or at the deadline) before any association: the
+            # association thread waits for a request until ARTIM; wake it now (None: "no
+            # request"), or its thread, counted as a slot by pynetdicom, outlives the socket.
+            self.ended = True
+            self.assoc.dul.to_user_queue.put(None)  # type: ignore[arg-type]
         return buf
 
     def _recv_into(self, sock: socket.socket, view: memoryview) -> int:
@@ -366,11 +395,125 @@ class _StoreRequestHandler(RequestHandler):
         return assoc
 
 
+@dataclass(frozen=True)
+class PeerLimits:
+    """How the DICOM node's connections are shared among peer addresses.
+
+    ``per_peer``: connections one address may hold; ``reserved``: of the node's
+    ``maximum_associations``, the slots only known senders may use: ``known_hosts`` (IP
+    addresses) and, when the node has an allow list of calling AEs, every address an allowed
+    AE associated from since the start."""
+
+    per_peer: int = 8
+    reserved: int = 8
+    known_hosts: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if self.per_peer < 1 or self.reserved < 0:
+            raise ValueError(
+                f"per_peer must be >= 1 and reserved >= 0, not {self.per_peer}/{self.reserved}"
+            )
+
+
+@dataclass(eq=False)
+class _Conn:
+    sock: socket.socket
+    peer: str
+    opened: float = field(default_factory=time.monotonic)
+    accepted: bool = False  # the A-ASSOCIATE-AC was sent: never closed for room
+    spoke: bool = False  # bytes of a request were read from it
+
+    def silent(self) -> bool:
+        """Nothing of a request came yet (read or waiting in the socket)."""
+        if self.spoke:
+            return False
+        try:  # (a recv on a socket with a timeout would wait for it: select first)
+            if not select.select([self.sock], [], [], 0)[0]:
+                return True
+            return not self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # b"": closed
+        except (OSError, ValueError):
+            return True
+
+
+class _Connections:
+    """The node's live connections by peer address; admits or refuses a new one (any thread)."""
+
+    MAX_LEARNED = 1024  # addresses remembered as senders, most recent kept
+
+    def __init__(self, limits: PeerLimits, total: int) -> None:
+        self.limits, self.total = limits, total
+        self.unknown_share = max(1, total - limits.reserved)
+        self.learned: dict[str, None] = {}  # addresses an association was accepted from
+        self.conns: dict[socket.socket, _Conn] = {}
+        self.lock = threading.Lock()
+        self.closed_for_room = 0
+        self.refused = 0
+
+    def known(self, peer: str) -> bool:
+        return peer in self.limits.known_hosts or peer in self.learned
+
+    def admit(self, sock: socket.socket, peer: str) -> bool:
+        with self.lock:
+            live = [c for c in self.conns.values() if c.sock.fileno() != -1]
+            self.conns = {c.sock: c for c in live}
+            unknown = [c for c in live if not self.known(c.peer)]
+            bounds = [
+                ([c for c in live if c.peer == peer], self.limits.per_peer),
+                (unknown, None if self.known(peer) else self.unknown_share),
+                (unknown + [c for c in live if self.known(c.peer)], self.total),
+            ]
+            for group, bound in bounds:
+                if bound is not None and len(group) >= bound and not self._make_room(group):
+                    self.refused += 1
+                    return False
+            self.conns[sock] = _Conn(sock, peer)
+            return True
+
+    def _make_room(self, group: list[_Conn]) -> bool:
+        """Close the connection of ``group`` (unknown peers first) that has waited longest."""
+        waiting = [c for c in group if not c.accepted and c.sock in self.conns]
+        if not waiting:
+            return False
+        # silent ones first (a sender's request is on its way at once), unknown peers first
+        oldest = min(waiting, key=lambda c: (not c.silent(), self.known(c.peer), c.opened))
+        del self.conns[oldest.sock]
+        with contextlib.suppress(OSError):  # its reader sees the end at once and closes
+            oldest.sock.shutdown(socket.SHUT_RDWR)
+        self.closed_for_room += 1
+        return True
+
+    def spoke(self, sock: socket.socket) -> None:
+        with self.lock:
+            conn = self.conns.get(sock)
+            if conn is not None:
+                conn.spoke = True
+
+    def accepted(self, sock: socket.socket, sender: bool) -> None:
+        with self.lock:
+            conn = self.conns.get(sock)
+            if conn is None:
+                return
+            conn.accepted = True
+            if not sender:
+                return
+            self.learned.pop(conn.peer, None)
+            self.learned[conn.peer] = None
+            if len(self.learned) > self.MAX_LEARNED:
+                del self.learned[next(iter(self.learned))]
+
+
 class _StoreServer(ThreadedAssociationServer):
     # socketserver's listen backlog is 5: a burst of connections (modalities sending at once,
     # or a flood of idle ones) had its SYNs dropped and retried 1 s, 3 s... later.
     request_queue_size = 128
     on_artim: Callable[[], object] | None = None
+    connections: _Connections | None = None
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Share the slots out before an association thread starts (``PeerLimits``)."""
+        if self.connections is None or not isinstance(client_address, tuple):
+            return True
+        return self.connections.admit(cast(socket.socket, request), str(client_address[0]))
 
 
 def start_store_server(
@@ -378,11 +521,15 @@ def start_store_server(
     address: tuple[str, int],
     handlers: list[Any],
     on_artim: Callable[[], object] | None = None,
+    peer_limits: PeerLimits | None = None,
 ) -> ThreadedAssociationServer:
     """Start a non-blocking storage server on ``address`` (as ``ae.start_server`` does).
 
     ``on_artim`` is called (on the connection's thread) for each connection closed because it
     had not completed an A-ASSOCIATE-RQ within the ARTIM timeout; never with the stock server.
+    ``peer_limits`` (default ``PeerLimits()``) shares ``ae.maximum_associations`` slots among
+    peer addresses; pynetdicom's own count (of threads, closing ones included) is then only a
+    backstop, set above it.
     """
     if not fast_path_available():
         log.warning(
@@ -404,6 +551,10 @@ def start_store_server(
         ),
     )
     server.on_artim = on_artim
+    total = ae.maximum_associations
+    limits = peer_limits or PeerLimits()
+    server.connections = _Connections(limits, total)
+    ae.maximum_associations = total + limits.per_peer  # threads of closed connections ending
     thread = threading.Thread(
         target=server.serve_forever, name=f"AcceptorServer@{address[1]}", daemon=True
     )

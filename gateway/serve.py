@@ -33,6 +33,7 @@ from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
 from gateway.routing import Router
 from gateway.scp import StorageSCP, uid_key
+from gateway.scp_transport import PeerLimits
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -142,6 +143,11 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         max_associations=settings.max_associations,
         artim_timeout_s=settings.gateway_artim_timeout_s,
         allowed_calling_aets=settings.gateway_allowed_aets,
+        peer_limits=PeerLimits(
+            per_peer=settings.gateway_max_associations_per_host,
+            reserved=settings.gateway_reserved_associations,
+            known_hosts=frozenset(settings.gateway_sender_hosts),
+        ),
     )
     follower = (
         ChangesFollower(ctx.orthanc, pipeline.on_stable, data / "state" / "changes.json")

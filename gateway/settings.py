@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     study_quiet_s: float = 30.0  # a received study is complete after this long without news
     max_associations: int = 32
     gateway_artim_timeout_s: float = 5.0  # a connection must send its association request in time
+    # connections one peer address may hold; slots only known senders may use (hosts below,
+    # and addresses an allowed calling AE associated from); the known senders' IP addresses
+    gateway_max_associations_per_host: Annotated[int, Field(ge=1)] = 8
+    gateway_reserved_associations: Annotated[int, Field(ge=0)] = 8
+    gateway_sender_hosts: list[str] = []
     follow_changes: bool = False  # also evaluate StableStudy events from Orthanc's /changes
     # registered cases (a suite folder): a received study one names is evaluated as that case
     # (its EHR, note, ground truth, turns); see gateway/default_evaluator.py
