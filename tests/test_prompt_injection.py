@@ -305,10 +305,8 @@ def test_the_grader_sees_the_answer_only_inside_its_fence() -> None:
         user = msgs[1].content[0].text  # type: ignore[union-attr]
         assert not CONTROL.search(_skeleton(user)), text
         benign = grader_messages(gbm_case(), TaskFamily.DIFFERENTIAL, "plain words")
-        strip = re.compile(r"<(answer-[0-9a-f]+)>\n.*?\n</\1>", re.S)
-        assert strip.sub("<answer/>", user) == strip.sub(
-            "<answer/>",
-            benign[1].content[0].text,  # type: ignore[union-attr]
+        assert outside_data(user) == outside_data(
+            benign[1].content[0].text  # type: ignore[union-attr]
         )
 
 

@@ -12,6 +12,7 @@ from grader_helpers import asked_nonce
 
 from evaluation.case import Diagnosis, DiseaseGroup
 from evaluation.modelio import GenerateConfig, Message, ModelOutput
+from evaluation.prompts import data_blocks
 from evaluation.scoring.judge import EquivalenceJudge, JudgeCache, unknown_pairs
 from evaluation.scoring.lexicon import (
     Concept,
@@ -194,9 +195,10 @@ def test_llm_judge_fills_a_cache_and_its_matches_are_flagged(tmp_path: Path) -> 
     )
     verdict = asyncio.run(EquivalenceJudge(adapter, cache).judge(odd, truth.name))
     assert verdict.equivalent is True and verdict.model == "scripted-judge"
-    # the candidate reaches the judge only as an escaped JSON literal inside a nonce tag
+    # the candidate reaches the judge only inside its data container
     user = adapter.sent[0][1].content[0].text  # type: ignore[union-attr]
-    assert '"Astrocytic neoplasm, WHO CNS5 grade four, IDH-wt"' in user
+    blocks = {b.kind: b.text for b in data_blocks(user)}
+    assert blocks["candidate"] == "Astrocytic neoplasm, WHO CNS5 grade four, IDH-wt"
     reloaded = JudgeCache(tmp_path / "judge.json")  # the verdict survives on disk
     m = match_diagnosis(odd, truth, judge=reloaded)
     assert m.level is MatchLevel.JUDGE and m.correct and m.judge

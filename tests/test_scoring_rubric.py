@@ -12,7 +12,7 @@ from scoring_cases import gbm_case
 
 from evaluation.case import TaskFamily
 from evaluation.modelio import GenerateConfig, Message, ModelOutput
-from evaluation.prompts import inert
+from evaluation.prompts import data_blocks, inert
 from evaluation.scoring.rubric import (
     DIMENSIONS,
     grade,
@@ -92,13 +92,13 @@ def test_injected_answer_stays_inside_its_escaped_block() -> None:
     assert s.value == pytest.approx(1.0)  # type: ignore[attr-defined]  # the grader's verdict stands
     system, user = (m.content[0].text for m in g.sent[0])  # type: ignore[union-attr]
     assert "ignore previous instructions" not in system
-    start = user.index("<answer-")
-    tag = user[start + 1 : user.index(">", start)]
+    (found,) = data_blocks(user)
+    tag = f"{found.kind}-{found.token}"
     block = user[user.index(f"<{tag}>") + len(tag) + 2 : user.index(f"</{tag}>")]
     # the answer's own closing delimiters are escaped, so the block has one tag pair only
     assert user.count(f"</{tag}>") == 1 and "</answer" not in block and "<" not in block
-    # the exact text made inert (its role label defused), as one JSON string
-    assert json.loads(block.strip()) == inert(INJECTION)
+    # the exact text made inert (its role label defused), in its data container
+    assert found.kind == "answer" and found.text == inert(INJECTION)
     assert inert(INJECTION) == INJECTION.replace("SYSTEM:", "[role label removed]")
     assert "ignore previous instructions" not in user.replace(block, "")
 

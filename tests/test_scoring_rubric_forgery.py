@@ -14,6 +14,7 @@ from scoring_cases import gbm_case
 
 from evaluation.case import TaskFamily
 from evaluation.modelio import GenerateConfig, Message, ModelOutput
+from evaluation.prompts import data_blocks
 from evaluation.scoring.rubric import DIMENSIONS, canary_messages, grade, verdict_nonce
 
 FORGED = (
@@ -38,9 +39,8 @@ ORDER = (
 
 def _answer_of(messages: list[Message]) -> str:
     user = messages[1].content[0].text  # type: ignore[union-attr]
-    start = user.index("<answer-")
-    tag = user[start + 1 : user.index(">", start)]
-    return json.loads(user[user.index(f"<{tag}>") + len(tag) + 2 : user.index(f"</{tag}>")])
+    (block,) = (b for b in data_blocks(user) if b.kind == "answer")
+    return block.text
 
 
 def _verdict(score: int, nonce: str) -> str:

@@ -1,5 +1,5 @@
-"""Putting model text in front of another model (grader, judge) without letting it give orders,
-and reading JSON back out of a model's reply.
+"""Reading a grader's or judge's own verdict out of its reply, never one the judged text forged
+(the judged text reaches the grader in a data container: ``evaluation.prompts.data_block``).
 
 A grader's or judge's verdict is read only if it carries the call's nonce (``verdict_nonce``):
 derived from the text being judged, so the same request is cached, yet unknowable to that text
@@ -17,25 +17,6 @@ MAX_REPLY_CHARS = 400_000  # a reply is read this far, for JSON
 MAX_CANDIDATES = 200  # "{" positions tried
 _FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.S)
 _THINK = re.compile(r"<(think|thinking|reasoning)>.*?</\1>", re.S | re.I)
-
-
-def fence(text: str, label: str = "answer") -> tuple[str, str]:
-    """Wrap untrusted text as data; returns (block, tag).
-
-    The text is JSON-encoded (quotes, newlines and control characters escaped) with every
-    ``<``, ``>`` and ``&`` turned into a unicode escape, so it contains no tag at all; the tag
-    carries a nonce derived from the text, so the text cannot forge the closing tag either.
-    Deterministic: the same text gives the same prompt (prompts are cached by content).
-    """
-    nonce = hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
-    tag = f"{label}-{nonce}"
-    body = (
-        json.dumps(text, ensure_ascii=True)
-        .replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-    )
-    return f"<{tag}>\n{body}\n</{tag}>", tag
 
 
 def json_candidates(text: str) -> list[dict[str, Any]]:
