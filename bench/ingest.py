@@ -251,7 +251,7 @@ def latency(folder: Path, work: Path, quiet: float, reps: int) -> tuple[float, f
             on_received = gw.pipeline.on_received
 
             def hook(study: ReceivedStudy, on_received=on_received, received=received,
-                     done=done) -> str:  # fmt: skip
+                     done=done) -> str | None:  # fmt: skip
                 received.append(study)
                 done.set()
                 return on_received(study)
@@ -276,7 +276,7 @@ def latency(folder: Path, work: Path, quiet: float, reps: int) -> tuple[float, f
                 # the floor: the same study, indexed and evaluated as the pipeline does (its
                 # worker started ahead, NEUROSANDBOX_WARM_WORKER), and with a worker spawned
                 # for the study (the pipeline without a spare) for reference
-                study = gw.scp.studies_dir / uid
+                study = Path(received[0].folder)  # the spool folder: UID and patient
                 for warm, into in ((True, floors), (False, cold)):
                     evaluator = ProcessEvaluator(DefaultEvaluator(settings), 600, warm=warm)
                     evaluator.prepare()

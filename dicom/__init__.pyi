@@ -14,6 +14,7 @@ from .deid_study import verify_deidentified_study as verify_deidentified_study
 from .errors import AmbiguousSeriesError as AmbiguousSeriesError
 from .errors import ImagingError as ImagingError
 from .errors import MeaninglessPixelsError as MeaninglessPixelsError
+from .errors import MixedPatientsError as MixedPatientsError
 from .errors import SeriesNotFoundError as SeriesNotFoundError
 from .errors import SeriesSelectionError as SeriesSelectionError
 from .geometry import slice_centre as slice_centre
@@ -21,7 +22,10 @@ from .headers.batch import read_headers as read_headers
 from .headers.frame import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
 from .identity import HeaderIdentity as HeaderIdentity
 from .identity import checked_attributes as checked_attributes
+from .identity import distinct_patients as distinct_patients
 from .identity import header_value_problem as header_value_problem
+from .identity import one_patient as one_patient
+from .identity import patients_in as patients_in
 from .identity import study_identity as study_identity
 from .identity import study_identity_and_persons as study_identity_and_persons
 from .index import index_path as index_path
@@ -55,6 +59,9 @@ from .records import (
 )
 from .records import (
     IndexResult as IndexResult,
+)
+from .records import (
+    PatientKey as PatientKey,
 )
 from .records import (
     RenderedImage as RenderedImage,

@@ -64,3 +64,11 @@ class SeriesNotFoundError(SeriesSelectionError):
 
 class AmbiguousSeriesError(SeriesSelectionError):
     """The requested number (or short UID) matched several series; ``candidates`` are those."""
+
+
+class MixedPatientsError(ImagingError):
+    """One study or series names more than one patient: it is never evaluated as one."""
+
+    def __init__(self, message: str, identities: Sequence[str]) -> None:
+        super().__init__(message)
+        self.identities = list(identities)

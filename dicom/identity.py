@@ -14,8 +14,9 @@ from collections.abc import Iterable, Iterator
 import pydicom
 from pydantic import BaseModel, Field
 
+from dicom.errors import MixedPatientsError
 from dicom.person import CONTROL_CHARS, NamedPerson, display_name, persons_of, series_headers
-from dicom.records import IndexResult
+from dicom.records import IndexResult, PatientKey
 from dicom.sources import HEADER_PREFIX, open_source
 
 MAX_TEXT = 64
@@ -195,3 +196,43 @@ def study_identity_and_persons(
     persons = persons_of(tapped())
     # A first header that failed whole may still give the identity's few attributes.
     return (found[0] if found else study_identity(index)), persons
+
+
+# --------------------------------------------------------------------------- one patient
+
+
+def distinct_patients(keys: Iterable[PatientKey]) -> list[PatientKey]:
+    """The different people among ``keys`` by ``PatientKey.same_patient`` (the fullest key of
+    each kept: the one carrying most values)."""
+    out: list[PatientKey] = []
+    for key in sorted(set(keys), key=lambda k: (-sum(map(bool, k.model_dump().values())), repr(k))):
+        if not any(key.same_patient(k) for k in out):
+            out.append(key)
+    return out
+
+
+def patients_in(index: IndexResult) -> list[PatientKey]:
+    """Every different patient the index's image series name (normally one)."""
+    return distinct_patients(k for s in index.series for k in s.patients)
+
+
+def one_patient(index: IndexResult, what: str = "the study") -> PatientKey:
+    """The one patient of an index; ``MixedPatientsError`` naming the identities (and, for a
+    series that mixes patients, the series) when its files name more than one."""
+    found = patients_in(index)
+    if len(found) <= 1:
+        return found[0] if found else PatientKey()
+    mixed = sorted(
+        {
+            f"series {s.series_number if s.series_number is not None else '?'} "
+            f"({clean_text(s.description, 40) or s.series_uid[-12:]})"
+            for s in index.series
+            if len(distinct_patients(s.patients)) > 1
+        }
+    )
+    who = [k.describe() for k in found]
+    where = f"; mixed within {', '.join(mixed[:5])}" if mixed else ""
+    raise MixedPatientsError(
+        f"{what} names {len(found)} patients ({'; '.join(who[:5])}){where}: not evaluated as one",
+        who,
+    )

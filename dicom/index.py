@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -218,6 +218,8 @@ def build_series(frames: list[FrameHeader]) -> list[SeriesInfo]:
         by_series[(f.study_uid, f.series_uid)].append(f)
     out: list[SeriesInfo] = []
     for (_study, _series), all_frames in by_series.items():
+        # every patient the series' files name, duplicates included (before they are dropped)
+        patients = sorted(set({id(f.patient): f.patient for f in all_frames}.values()), key=repr)
         sframes, duplicates = _deduplicate(all_frames)
         stacks: dict[tuple[object, ...], list[FrameHeader]] = defaultdict(list)
         for f in sframes:
@@ -231,6 +233,7 @@ def build_series(frames: list[FrameHeader]) -> list[SeriesInfo]:
         )
         for idx, key in enumerate(keys):
             info = _describe_stack(stacks[key], idx, labels[idx], ctx)
+            info.patients = patients
             if duplicates:
                 info.warnings.append(
                     f"{duplicates} duplicate file(s) of the same SOP instance in this series ignored"
@@ -294,7 +297,7 @@ def _stack_labels(keys: list[tuple[object, ...]]) -> list[str]:
 
                 parts.append(UID(str(value)).name)
             elif name == "pixel layout":
-                ba, bs, pr, pi = value  # type: ignore[misc]
+                ba, bs, pr, pi = cast(tuple[int, int, int, str], value)
                 parts.append(f"{bs} of {ba} bits {'signed' if pr else 'unsigned'} {pi}".strip())
             elif name in ("rows", "columns"):
                 parts.append(f"{key[2]}x{key[1]}")

@@ -68,6 +68,79 @@ class FileError(BaseModel):
     message: str
 
 
+_CONTROL = dict.fromkeys(range(32)) | {0x7F: None}
+
+
+def _clean(value: object, limit: int) -> str:
+    text = "" if value is None else str(value)
+    return text.translate(_CONTROL).strip(" \0")[:limit]
+
+
+def _norm_name(value: object) -> str:
+    import unicodedata
+
+    text = unicodedata.normalize("NFKC", _clean(value, 324).split("=")[0]).upper()
+    parts = [" ".join(p.split()) for p in text.split("^")]
+    while parts and not parts[-1]:
+        parts.pop()
+    return "^".join(parts)
+
+
+class PatientKey(BaseModel):
+    """Who an instance belongs to, as its header says: PatientID with its issuer, the name
+    (alphabetic group, normalised) and the birth date. Part of every key a study, series,
+    case or instance is found by (``dicom.identity.patients_in``): a UID is not an identity."""
+
+    model_config = ConfigDict(frozen=True)
+
+    patient_id: str = ""
+    issuer: str = ""  # IssuerOfPatientID, "" when absent
+    name: str = ""  # "FAMILY^GIVEN^MIDDLE" upper-cased, spaces and empty trailing parts dropped
+    birth_date: str = ""  # YYYYMMDD as the header has it, "" when absent
+
+    @classmethod
+    def of(
+        cls,
+        patient_id: object = "",
+        issuer: object = "",
+        name: object = "",
+        birth_date: object = "",
+    ) -> PatientKey:
+        """The key from header values (hostile: bounded, control characters and padding
+        dropped; the name normalised so that case and spacing do not make two people)."""
+        return cls(
+            patient_id=_clean(patient_id, 64),
+            issuer=_clean(issuer, 64),
+            name=_norm_name(name),
+            birth_date=_clean(birth_date, 8),
+        )
+
+    def same_patient(self, other: PatientKey) -> bool:
+        """The same person by the rule: equal PatientID, and the issuer, name and birth date
+        agree wherever both carry one (an absent value contradicts nothing)."""
+        if self.patient_id != other.patient_id:
+            return False
+        return all(
+            not a or not b or a == b
+            for a, b in (
+                (self.issuer, other.issuer),
+                (self.name, other.name),
+                (self.birth_date, other.birth_date),
+            )
+        )
+
+    def describe(self) -> str:
+        """For a reviewer (never for a model): ID, issuer, name, birth date."""
+        parts = [f"ID {self.patient_id or '(none)'}"]
+        if self.issuer:
+            parts[0] += f" ({self.issuer})"
+        if self.name:
+            parts.append(self.name)
+        if self.birth_date:
+            parts.append(f"born {self.birth_date}")
+        return ", ".join(parts)
+
+
 class FrameRef(BaseModel):
     """Where one 2D image lives: a file (or archive member) and, for multi-frame objects, a frame."""
 
@@ -131,6 +204,8 @@ class SeriesInfo(BaseModel):
     bits_stored: int = 16
     pixel_representation: int = 0
     burned_in_annotation: bool = False
+    # every patient its files name (one, unless the series mixes patients: never evaluated)
+    patients: list[PatientKey] = Field(default_factory=list)
     n_files: int = 0
     volume_labels: list[str] = Field(default_factory=list)
     volumes: list[list[FrameRef]] = Field(default_factory=list, repr=False)

@@ -1,4 +1,10 @@
-"""A disk cache of DICOM instances keyed by SOP Instance UID, written atomically."""
+"""A disk cache of DICOM instances, found by what identifies their content, written atomically.
+
+An entry is named by the PACS's id of the instance (Orthanc's: a hash of PatientID, study,
+series and SOP Instance UIDs, so the same SOP UID in another patient's or study's object is
+another entry) and the id of the stored file (Orthanc's attachment UUID: a re-sent instance
+that the PACS overwrote is another file, so the old bytes are never served for the new).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import shutil
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
@@ -56,37 +63,62 @@ def atomic_writer(
         raise
 
 
+_TOKEN = re.compile(r"^[0-9a-zA-Z-]{1,64}$")
+
+
+class InvalidCacheKeyError(ValueError):
+    """A PACS id that may not name a file."""
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """One instance's content: the PACS's id of the instance and of its stored file."""
+
+    instance_id: str  # e.g. Orthanc's instance id (patient, study, series and SOP UIDs)
+    content_id: str  # e.g. Orthanc's attachment UUID (changes when the file is re-stored)
+    sop_uid: str  # names the file in a task's view of the study
+
+    def __post_init__(self) -> None:
+        for v in (self.instance_id, self.content_id):
+            if not _TOKEN.match(v):
+                raise InvalidCacheKeyError(f"not a PACS id: {v[:80]!r}")
+        check_uid(self.sop_uid)
+
+
 class InstanceCache:
-    """``root/<last 2 digits>/<SOPInstanceUID>.dcm``; an entry exists only when complete."""
+    """``root/<2 chars>/<instance id>.<content id>.dcm``; an entry exists only when complete."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def path(self, sop_uid: str) -> Path:
-        uid = check_uid(sop_uid)
-        return self.root / uid[-2:] / f"{uid}.dcm"
+    def path(self, key: CacheKey) -> Path:
+        return self.root / key.instance_id[:2] / f"{key.instance_id}.{key.content_id}.dcm"
 
-    def has(self, sop_uid: str) -> bool:
-        return self.path(sop_uid).exists()
+    def has(self, key: CacheKey) -> bool:
+        return self.path(key).exists()
 
-    def put_stream(self, sop_uid: str, chunks: Iterable[bytes]) -> Path:
+    def put_stream(self, key: CacheKey, chunks: Iterable[bytes]) -> Path:
         """Store an instance from a stream of chunks (bounded memory)."""
-        dest = self.path(sop_uid)
+        dest = self.path(key)
         with atomic_writer(dest) as fh:
             for chunk in chunks:
                 fh.write(chunk)
         return dest
 
-    def put_bytes(self, sop_uid: str, data: bytes) -> Path:
-        return self.put_stream(sop_uid, [data])
+    def put_bytes(self, key: CacheKey, data: bytes) -> Path:
+        return self.put_stream(key, [data])
 
-    def link_into(self, sop_uids: Iterable[str], folder: Path) -> list[Path]:
-        """Hard-link cached instances into ``folder`` (a task's view of a study); copy across devices."""
+    def link_into(self, keys: Iterable[CacheKey], folder: Path) -> list[Path]:
+        """Hard-link cached instances into ``folder`` as ``<SOPInstanceUID>.dcm`` (a task's
+        view of a study); copy across devices. A file of the same name already there is
+        replaced when it is not this content."""
         folder.mkdir(parents=True, exist_ok=True)
         out: list[Path] = []
-        for uid in sop_uids:
-            src = self.path(uid)
-            dest = folder / src.name
+        for key in keys:
+            src = self.path(key)
+            dest = folder / f"{key.sop_uid}.dcm"
+            if dest.exists() and not os.path.samefile(src, dest):
+                dest.unlink()
             if not dest.exists():
                 try:
                     os.link(src, dest)

@@ -46,7 +46,7 @@ from typing import Protocol
 
 from pydantic import BaseModel
 
-from dicom import IndexResult, index_path
+from dicom import IndexResult, index_path, one_patient
 from evaluation import (
     STORE_FILE,
     Dataset,
@@ -88,11 +88,11 @@ class DefaultEvaluator:
         """Import what an evaluation loads on first use (a spare worker, while idle)."""
         warm_up()
 
-    def _registered(self, study_uid: str) -> tuple[EvalCase | None, list[str]]:
-        """The registered case of this study (``NEUROSANDBOX_CASES``), if any."""
+    def _registered(self, study_uid: str, patient_id: str) -> tuple[EvalCase | None, list[str]]:
+        """The registered case of this study of this patient (``NEUROSANDBOX_CASES``), if any."""
         if self.settings.cases is None:
             return None, []
-        case, problems = registered_case(self.settings.cases, study_uid)
+        case, problems = registered_case(self.settings.cases, study_uid, patient_id)
         return case, [f"case registry: {p}" for p in problems]
 
     def evaluate(
@@ -109,7 +109,7 @@ class DefaultEvaluator:
             )
         # the evaluated images' study (a non-image object is listed without one, sorted first)
         study_uid = routed[0].study_uid
-        known, warnings = self._registered(study_uid)
+        known, warnings = self._registered(study_uid, one_patient(index).patient_id)
         scripted = known is not None and bool(known.turns)
         tasks = [t for t in route.tasks if t is not TaskFamily.MULTITURN or scripted]
         if not tasks:

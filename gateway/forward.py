@@ -10,21 +10,30 @@ write-back does not wait for an upload.
   uploaded from the spool too (``settle``). Nothing is lost either way.
 - An aborted association leaves nothing behind: ``discard`` deletes from Orthanc what its
   instances added (an instance Orthanc already held stays), as the spool quarantines them.
+  So does one a crash interrupted: each instance new to Orthanc is journaled in the
+  association's staging folder (``FORWARD_JOURNAL``), and the node's next start deletes what
+  the journal names (``undo_journal``) before it quarantines the folder.
+
+Studies are found by an opaque key (the node's ``StudyKey.name``: UID and patient).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gateway.metrics import METRICS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 256 << 20
+FORWARD_JOURNAL = ".forwarded"  # in a staging folder: Orthanc ids its association added
+_MAX_JOURNAL = 64 << 20
 
 # store(bytes) -> (Orthanc id, new to Orthanc); delete(Orthanc id)
 Store = Callable[[bytes], tuple[str, bool]]
@@ -54,8 +63,16 @@ class Forwarder:
         self._in_flight = 0
         self.max_bytes = max_bytes
 
-    def submit(self, assoc_id: str, study_uid: str, sop_uid: str, data: bytes) -> bool:
-        """Queue one instance of an association for Orthanc; False (declined) past the bound."""
+    def submit(
+        self,
+        assoc_id: str,
+        study_uid: str,
+        sop_uid: str,
+        data: bytes,
+        journal: Path | None = None,
+    ) -> bool:
+        """Queue one instance of an association for Orthanc; False (declined) past the bound.
+        ``journal``: a file that gets the Orthanc id of the instance if it is new there."""
         size = len(data)
         with self._lock:
             if self._in_flight + size > self.max_bytes:
@@ -67,11 +84,20 @@ class Forwarder:
             self._in_flight += size
             self._studies.setdefault(study_uid, _StudyForwards()).pending[sop_uid] = fut
             self._assocs.setdefault(assoc_id, []).append((study_uid, sop_uid, fut))
-        fut.add_done_callback(lambda f: self._done(study_uid, sop_uid, size, f))
+        fut.add_done_callback(lambda f: self._done(study_uid, sop_uid, size, f, journal))
         return True
 
-    def _done(self, study_uid: str, sop_uid: str, size: int, fut: Future[tuple[str, bool]]) -> None:
+    def _done(
+        self,
+        study_uid: str,
+        sop_uid: str,
+        size: int,
+        fut: Future[tuple[str, bool]],
+        journal: Path | None = None,
+    ) -> None:
         failed = fut.exception()
+        if failed is None and journal is not None and fut.result()[1]:
+            _journal(journal, fut.result()[0])
         with self._lock:
             self._in_flight -= size
             st = self._studies.get(study_uid)
@@ -112,6 +138,29 @@ class Forwarder:
                     log.error("an aborted association's instance stays in Orthanc: %s", exc)
         return n
 
+    def undo_journal(self, staging: Path) -> int:
+        """Delete from Orthanc what an association a crash interrupted added (its staging
+        folder's journal). Returns how many were deleted."""
+        path = staging / FORWARD_JOURNAL
+        try:
+            with open(path, "rb") as fh:
+                text = fh.read(_MAX_JOURNAL).decode("ascii", "replace")
+        except OSError:
+            return 0
+        n = 0
+        for line in dict.fromkeys(text.split()):
+            if len(line) != 44 or line.count("-") != 4:
+                continue  # not an Orthanc id (a torn last line)
+            try:
+                self._delete(line)
+                n += 1
+            except Exception as exc:
+                log.error("an interrupted association's instance stays in Orthanc: %s", exc)
+        if n:
+            log.warning("deleted %d instance(s) an interrupted association left in Orthanc", n)
+            METRICS.inc("instances_undone_total", n)
+        return n
+
     def accepted(self, study_uid: str) -> set[str]:
         """SOP UIDs of the study stored or still being stored."""
         with self._lock:
@@ -132,3 +181,15 @@ class Forwarder:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=False)
+
+
+def _journal(path: Path, orthanc_id: str) -> None:
+    """Append one id (a crash loses at most the line being written: it is skipped as torn)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    except OSError:  # the staging folder is gone: committed or discarded meanwhile
+        return
+    try:
+        os.write(fd, f"{orthanc_id}\n".encode("ascii", "replace"))
+    finally:
+        os.close(fd)

@@ -45,6 +45,15 @@ SPECS: dict[str, Spec] = {
     "dicom_instances_received_total": Spec("counter", "instances stored by the DICOM node"),
     "dicom_instances_refused_total": Spec("counter", "instances refused (invalid UIDs/dataset)"),
     "dicom_instances_quarantined_total": Spec("counter", "instances of aborted associations"),
+    "dicom_resends_refused_total": Spec(
+        "counter", "instances re-sent with other bytes and kept as first received (as the PACS)"
+    ),
+    "evaluations_held_total": Spec(
+        "counter", "studies held, not evaluated: more than one patient, or not the case's patient"
+    ),
+    "instances_undone_total": Spec(
+        "counter", "instances an interrupted association left in Orthanc, deleted at start"
+    ),
     "dicom_store_failures_total": Spec("counter", "instance writes that failed (answered 0xA700)"),
     "dicom_bytes_received_total": Spec("counter", "bytes of instances stored"),
     "studies_completed_total": Spec("counter", "studies declared complete after the quiet time"),

@@ -10,6 +10,7 @@ metadata, so no pixel data crosses the network to classify a series.
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,7 +30,8 @@ from tenacity import (
 )
 
 from dicom import SeriesInfo, index_path
-from gateway.cache import InstanceCache, check_uid
+from gateway.cache import CacheKey, InstanceCache, check_uid
+from gateway.study_key import orthanc_id
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -314,33 +316,73 @@ class OrthancClient:
 
     # ----------------------------------------------------------------- fetch / store
 
-    def series_instances(self, series_id: str) -> list[tuple[str, str]]:
-        """(Orthanc instance ID, SOPInstanceUID) of every instance of a series."""
-        items = self.get_json(f"/series/{series_id}/instances")
-        return [(i["ID"], i.get("MainDicomTags", {}).get("SOPInstanceUID", "")) for i in items]
+    def series_instances(self, series_id: str) -> list[CacheKey]:
+        """Every instance of a series, as the cache finds it: Orthanc's instance id (patient,
+        study, series and SOP UIDs), its stored file's UUID (a re-stored instance has
+        another) and its SOPInstanceUID. Raises ``OrthancError`` for an entry that is not."""
+        out = []
+        for i in self.get_json(f"/series/{series_id}/instances"):
+            try:
+                out.append(
+                    CacheKey(
+                        instance_id=str(i["ID"]),
+                        content_id=str(i.get("FileUuid") or ""),
+                        sop_uid=str(i.get("MainDicomTags", {}).get("SOPInstanceUID", "")),
+                    )
+                )
+            except (KeyError, ValueError) as exc:
+                raise OrthancError(
+                    f"series {series_id}: an instance Orthanc lists is unusable ({exc})"
+                ) from None
+        return out
 
-    def fetch_instance(self, instance_id: str, sop_uid: str, cache: InstanceCache) -> Path:
-        """Stream one instance into the cache (no-op when cached)."""
-        if cache.has(sop_uid):
-            return cache.path(sop_uid)
+    def fetch_instance(self, key: CacheKey, cache: InstanceCache) -> Path:
+        """Stream one instance into the cache (no-op when this content is cached)."""
+        if cache.has(key):
+            return cache.path(key)
 
         def call() -> Path:
-            with self.api.stream("GET", f"{self.url}/instances/{instance_id}/file") as r:
+            with self.api.stream("GET", f"{self.url}/instances/{key.instance_id}/file") as r:
                 r.raise_for_status()
-                return cache.put_stream(sop_uid, r.iter_bytes(1 << 20))
+                return cache.put_stream(key, r.iter_bytes(1 << 20))
 
         return self._retry("GET instance file", call)
+
+    def studies_by_uid(self, study_uid: str) -> list[StudySummary]:
+        """Every study Orthanc holds under this StudyInstanceUID: one per patient (Orthanc
+        keys a study by PatientID and UID), so more than one is a shared UID."""
+        uid = check_uid(study_uid)
+
+        def call() -> Any:
+            r = self.api.post(
+                f"{self.url}/tools/find",
+                json={"Level": "Study", "Query": {"StudyInstanceUID": uid}, "Expand": True},
+            )
+            r.raise_for_status()
+            return r.json()
+
+        return [self._study(s) for s in self._retry("find", call)[:100]]
+
+    def find_study_of(self, study_uid: str, patient_id: str) -> str | None:
+        """Orthanc ID of this patient's study with this StudyInstanceUID, or None."""
+        sid = orthanc_id(patient_id, check_uid(study_uid))
+        try:
+            self.get_json(f"/studies/{sid}")
+        except OrthancError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return sid
 
     def fetch_series(
         self, series_id: str, cache: InstanceCache, folder: Path | None = None
     ) -> list[Path]:
         """Fetch a series into the cache; optionally hard-link it into ``folder``."""
-        uids = []
-        for iid, sop in self.series_instances(series_id):
-            self.fetch_instance(iid, sop, cache)
-            uids.append(sop)
+        keys = self.series_instances(series_id)
+        for key in keys:
+            self.fetch_instance(key, cache)
         return (
-            cache.link_into(uids, folder) if folder is not None else [cache.path(u) for u in uids]
+            cache.link_into(keys, folder) if folder is not None else [cache.path(k) for k in keys]
         )
 
     def fetch_study(
@@ -414,8 +456,33 @@ def classify_headers(datasets: list[Dataset]) -> list[SeriesInfo]:
     with tempfile.TemporaryDirectory(prefix="nsbx-headers-") as tmp:
         for n, ds in enumerate(datasets):
             ds = _header_only(ds)
-            ds.save_as(Path(tmp) / f"{n:06d}.dcm", enforce_file_format=True)
+            path = Path(tmp) / f"{n:06d}.dcm"
+            ds.save_as(path, enforce_file_format=True)
+            _hole_for_pixels(path, ds)
         return index_path(tmp, workers=1).series
+
+
+def _hole_for_pixels(path: Path, ds: Dataset) -> None:
+    """Give the empty Pixel Data element (the file's last) the length its header describes,
+    as a hole in the file: the index checks the length, never reads the zeros, and no disk
+    block is written."""
+    if "PixelData" not in ds:
+        return
+    try:
+        frames = int(ds.get("NumberOfFrames", 1) or 1)
+        n = int(ds.Rows) * int(ds.Columns) * frames * int(ds.get("SamplesPerPixel", 1) or 1)
+        bits = int(ds.get("BitsAllocated", 16) or 16)
+    except (TypeError, ValueError):
+        return  # the index reports the header itself
+    needed = -(-n // 8) if bits == 1 else n * max(bits // 8, 1)
+    needed += needed % 2
+    if not 0 < needed < 1 << 32:
+        return
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:
+        fh.seek(size - 4)
+        fh.write(needed.to_bytes(4, "little"))
+    os.truncate(path, size + needed)
 
 
 def _header_only(ds: Dataset) -> Dataset:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 from io import BytesIO
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydicom.filereader import read_dataset
 from pydicom.uid import ExplicitVRBigEndian, ImplicitVRLittleEndian
@@ -17,6 +17,9 @@ from pynetdicom import PYNETDICOM_IMPLEMENTATION_UID, PYNETDICOM_IMPLEMENTATION_
 
 _LAST_UID_TAG = 0x0020000E  # SeriesInstanceUID: the header scan stops after it
 _STUDY_TAG = 0x0020000D
+_PATIENT_ID_TAG = 0x00100020
+_ISSUER_TAG = 0x00100021
+_WANTED = (_PATIENT_ID_TAG, _ISSUER_TAG, _STUDY_TAG, _LAST_UID_TAG)
 _ITEM, _ITEM_DELIMITER, _SEQ_DELIMITER = 0xFFFEE000, 0xFFFEE00D, 0xFFFEE0DD
 _UNDEFINED = 0xFFFFFFFF
 _MAX_DEPTH = 8
@@ -68,8 +71,18 @@ def file_meta_bytes(
     return b"\0" * 128 + b"DICM" + group_length + body
 
 
-def read_uids(data: BytesIO, transfer_syntax: str) -> tuple[str, str] | None:
-    """(StudyInstanceUID, SeriesInstanceUID) read from the start of an encoded dataset.
+class InstanceKeys(NamedTuple):
+    """What the node files a received instance under: its study, series and patient."""
+
+    study_uid: str
+    series_uid: str
+    patient_id: str = ""
+    issuer: str = ""
+
+
+def read_uids(data: BytesIO, transfer_syntax: str) -> InstanceKeys | None:
+    """The StudyInstanceUID, SeriesInstanceUID, PatientID and IssuerOfPatientID read from the
+    start of an encoded dataset.
 
     A byte walk over the top-level elements (stepping over sequences) for little endian
     encodings; pydicom reads anything the walk does not handle. Raises KeyError when a UID
@@ -94,11 +107,17 @@ def read_uids(data: BytesIO, transfer_syntax: str) -> tuple[str, str] | None:
     study, series = ds.get("StudyInstanceUID"), ds.get("SeriesInstanceUID")
     if study is None or series is None:
         raise KeyError("StudyInstanceUID/SeriesInstanceUID missing")
-    return str(study), str(series)
+    return InstanceKeys(
+        str(study), str(series), _text(ds.get("PatientID")), _text(ds.get("IssuerOfPatientID"))
+    )
 
 
-def scan_uids(buf: Any, implicit: bool) -> tuple[str, str] | None:
-    """The two UIDs of a little endian dataset, or None when pydicom should read it instead.
+def _text(value: Any) -> str:
+    return "" if value is None else str(value).strip(" \0")[:64]
+
+
+def scan_uids(buf: Any, implicit: bool) -> InstanceKeys | None:
+    """The keys of a little endian dataset, or None when pydicom should read it instead.
 
     Raises KeyError when the walk reaches past (0020,000E) without finding both.
     """
@@ -121,14 +140,20 @@ def scan_uids(buf: Any, implicit: bool) -> tuple[str, str] | None:
             continue
         if pos + length > end:
             return None
-        if tag in (_STUDY_TAG, _LAST_UID_TAG):
-            found[tag] = bytes(buf[pos : pos + length]).decode("ascii", "replace").rstrip("\0 ")
+        if tag in _WANTED:
+            raw = bytes(buf[pos : pos + min(length, 256)])
+            found[tag] = raw.decode("utf-8", "replace").strip("\0 ")[:64]
         pos += length
     if pos + 8 > end and pos != end:
         return None  # trailing bytes shorter than a header
     if _STUDY_TAG not in found or _LAST_UID_TAG not in found:
         raise KeyError("StudyInstanceUID/SeriesInstanceUID missing")
-    return found[_STUDY_TAG], found[_LAST_UID_TAG]
+    return InstanceKeys(
+        found[_STUDY_TAG],
+        found[_LAST_UID_TAG],
+        found.get(_PATIENT_ID_TAG, ""),
+        found.get(_ISSUER_TAG, ""),
+    )
 
 
 def _element_header(buf: Any, pos: int, implicit: bool) -> tuple[int, int, int]:

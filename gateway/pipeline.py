@@ -11,6 +11,13 @@ writes the run's report bundle (``gateway.run_report``; Chromium prints its chec
 the upload settles and the SRs are built): the checklist PDF goes back to PACS with one
 UNVERIFIED SR per model (``gateway.writeback``), and the bundle goes to the review pages
 (``<reports dir>/<run id>``).
+
+A study is its StudyInstanceUID and its patient (``gateway.study_key``). Before anything is
+evaluated the pipeline checks the identity (``_check_identity``): the indexed instances name
+one patient, the patient of the study's key; no other patient's study shares the UID (in the
+spool or in Orthanc); a registered case of this UID is this patient's. A study that fails the
+check is *held*: not evaluated, nothing written back, and listed in the review queue with the
+reason and every identity involved.
 """
 
 from __future__ import annotations
@@ -29,8 +36,8 @@ from typing import Protocol, runtime_checkable
 
 import pydicom
 
-from dicom import IndexResult, index_path
-from evaluation import Printer
+from dicom import IndexResult, MixedPatientsError, index_path, one_patient
+from evaluation import Printer, case_registry
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.default_evaluator import EvaluationAbandonedError, EvaluationWorkerError
@@ -41,8 +48,10 @@ from gateway.results import EvaluationResult
 from gateway.routing import Route, Router, StudyFacts
 from gateway.run_report import publish, write_checklist
 from gateway.runs import RunRecord, RunStatus, StudyRunStore
-from gateway.scp import ReceivedStudy, uid_key
+from gateway.scp import FailedStudy, ReceivedStudy, uid_key
+from gateway.spool import read_received_info
 from gateway.sr import series_uid_for
+from gateway.study_key import StudyKey
 from gateway.writeback import build_unverified, checklist_pdf, evidence, save_evidence, store
 
 log = logging.getLogger(__name__)
@@ -69,7 +78,17 @@ def failure_text(exc: Exception) -> str:
 
 
 def sop_digest(sop_uids: Iterable[str]) -> str:
+    """What a study's instances are: their SOP UIDs, each with what identifies its content
+    where it can change under the same UID (``<sop>#<revision>``, ``<sop>#<file uuid>``)."""
     return hashlib.sha256("\n".join(sorted(set(sop_uids))).encode()).hexdigest()
+
+
+class StudyHeldError(Exception):
+    """The study is not evaluated: its identity does not hold (the reason says why)."""
+
+    def __init__(self, message: str, identities: list[str]) -> None:
+        super().__init__(message)
+        self.identities = identities
 
 
 def evaluation_digest(instances: str, route: Route) -> str:
@@ -83,12 +102,14 @@ class Job:
     run_id: str
     trigger: str  # dicom | orthanc | api
     study_uid: str | None = None
+    key: StudyKey | None = None  # the UID with its patient (known once the study is)
     folder: Path | None = None  # spool folder (dicom)
     orthanc_id: str | None = None
     calling_aets: list[str] = field(default_factory=list)
     route: Route | None = None  # forced (api)
     force: bool = False
     recovered: bool = False  # re-offered after a restart: only if never evaluated
+    revised: list[str] = field(default_factory=list)  # SOP UIDs re-sent with other bytes
     t0: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)  # the study's instances (dicom)
@@ -111,12 +132,15 @@ class StudyPipeline:
         upload_threads: int = 4,
         forwarder: Forwarder | None = None,
         printer: Printer | None = None,
+        cases: Path | None = None,
     ) -> None:
         self.orthanc, self.evaluator, self.router = orthanc, evaluator, router
         self.forwarder = forwarder  # stores received instances in Orthanc as they arrive
         self.printer = printer  # a Chromium kept running for the checklists (closed on stop)
         self.runs, self.audit, self.cache = runs, audit, cache
         self.upload_threads = upload_threads
+        self.cases = cases  # the registered cases (NEUROSANDBOX_CASES): matched on UID and patient
+        self.spool_studies: Path | None = None  # the DICOM node's study folders (siblings)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._pending: dict[str, str] = {}  # study key -> queued run id
         self._lock = threading.Lock()
@@ -131,6 +155,11 @@ class StudyPipeline:
     # ----------------------------------------------------------------- submission
 
     def start(self) -> None:
+        interrupted = self.runs.mark_interrupted()
+        if interrupted:
+            log.warning(
+                "%d run(s) interrupted by the previous stop marked as such", len(interrupted)
+            )
         self._thread = threading.Thread(target=self._work, name="pipeline", daemon=True)
         self._thread.start()
 
@@ -158,6 +187,7 @@ class StudyPipeline:
                 run_id=job.run_id,
                 trigger=job.trigger,
                 study_uid=job.study_uid,
+                study_key=job.key.name if job.key else None,
                 orthanc_study_id=job.orthanc_id,
                 route=job.route,
             )
@@ -166,17 +196,58 @@ class StudyPipeline:
         self._queue.put(job)
         return job.run_id
 
-    def on_received(self, study: ReceivedStudy) -> str:
-        """From the DICOM node: a study is complete (again)."""
+    def on_received(self, study: ReceivedStudy) -> str | None:
+        """From the DICOM node: a study is complete (again). A study offered again after a
+        restart with nothing new since its evaluation gets no run at all (None)."""
+        folder = Path(study.folder)
+        if study.recovered and not study.revised:
+            state = self.runs.study_state(study.key)
+            instances = self._instances_digest(sorted(folder.rglob("*.dcm")), state.revisions)
+            if instances in (state.evaluated_instances, state.evaluated_digest):
+                log.info("study %s: evaluated before the restart", uid_key(study.key.name))
+                return None
+        if study.refused_resends:
+            log.warning(
+                "study %s: %d re-sent instance(s) with other bytes not taken (the PACS keeps the "
+                "original)",
+                uid_key(study.key.name),
+                study.refused_resends,
+            )
         job = Job(
             run_id=self.runs.new_id(),
             trigger="dicom",
             study_uid=study.study_uid,
-            folder=Path(study.folder),
+            key=study.key,
+            folder=folder,
             calling_aets=study.calling_aets,
             recovered=study.recovered,
+            revised=list(study.revised),
         )
-        return self._submit(job, f"uid:{study.study_uid}")
+        return self._submit(job, f"uid:{study.key.name}")
+
+    def on_failed(self, study: FailedStudy) -> str:
+        """From the DICOM node: received instances could not be committed. The study is in
+        the queue as failed, with the reason."""
+        run_id = self.runs.new_id()
+        self.runs.create(
+            RunRecord(
+                run_id=run_id,
+                trigger="dicom",
+                study_uid=study.study_uid,
+                study_key=study.key.name,
+                n_instances=study.n_instances,
+            )
+        )
+        METRICS.inc("evaluations_failed_total")
+        self.runs.finish(run_id, RunStatus.FAILED, error=study.error)
+        self.audit.write("system", "evaluation", f"run:{run_id}", "failed")
+        return run_id
+
+    @staticmethod
+    def _instances_digest(files: list[Path], revisions: dict[str, int]) -> str:
+        return sop_digest(
+            f"{p.stem}#{revisions[p.stem]}" if p.stem in revisions else p.stem for p in files
+        )
 
     def on_stable(self, orthanc_id: str) -> str:
         """From Orthanc's /changes: a study became stable."""
@@ -248,6 +319,14 @@ class StudyPipeline:
                 self._run_received(job)
             else:
                 self._run_orthanc(job)
+        except StudyHeldError as exc:
+            METRICS.inc("evaluations_held_total")
+            log.warning("run %s held: %s", job.run_id, exc)
+            self.runs.finish(
+                job.run_id, RunStatus.HELD, error=str(exc)[:2000], identities=exc.identities[:20]
+            )
+            self.audit.write("system", "evaluation", f"run:{job.run_id}", "held")
+            return
         except Exception as exc:
             METRICS.inc("evaluations_failed_total")
             if isinstance(exc, EvaluationAbandonedError | EvaluationWorkerError):
@@ -264,14 +343,18 @@ class StudyPipeline:
         self.runs.update(job.run_id, stage=stage, progress=progress, timings_s=dict(job.timings))
 
     def _run_received(self, job: Job) -> None:
-        assert job.folder is not None and job.study_uid is not None
+        assert job.folder is not None and job.study_uid is not None and job.key is not None
         job.files = sorted(job.folder.rglob("*.dcm"))
-        state = self.runs.study_state(job.study_uid)
+        state = self.runs.study_state(job.key)
+        if job.revised:  # re-sent with other bytes, taken as the PACS took them
+            for sop in job.revised:
+                state.revisions[sop] = state.revisions.get(sop, 0) + 1
+            self.runs.save_study_state(state)
         # The forwarder stored (or is storing) most instances in Orthanc as they arrived;
         # the others are uploaded from the spool now, overlapping the evaluation, and the
         # write-back waits for both.
         self._stage(job, "storing in Orthanc", 0.1)
-        forwarded = self.forwarder.accepted(job.study_uid) if self.forwarder else set()
+        forwarded = self.forwarder.accepted(job.key.name) if self.forwarder else set()
         todo = [p for p in job.files if p.stem not in state.uploaded and p.stem not in forwarded]
         with ThreadPoolExecutor(self.upload_threads) as pool:
             job.uploads = [(p, pool.submit(self.orthanc.upload, p)) for p in todo]
@@ -282,13 +365,13 @@ class StudyPipeline:
                 # kept for the identity, the PHI gate's names and the SR's evidence.
                 index = index_path(job.folder, workers=1, keep_headers=True)
                 facts = StudyFacts.from_index(index, job.calling_aets)
-                digest = sop_digest(p.stem for p in job.files)
+                digest = self._instances_digest(job.files, state.revisions)
                 self._evaluate(job, job.folder, index, facts, digest)
             finally:
                 try:
                     self._finish_uploads(job)
                 finally:
-                    state = self.runs.study_state(job.study_uid)
+                    state = self.runs.study_state(job.key)
                     state.uploaded = sorted(set(state.uploaded) | job.stored)
                     self.runs.save_study_state(state)
 
@@ -304,32 +387,47 @@ class StudyPipeline:
                 job.stored.add(p.stem)
         for _p, f in pairs:
             f.result()
-        if job.study_uid and job.trigger == "dicom":
+        if job.key is not None and job.trigger == "dicom":
             if self.forwarder is not None:
-                job.stored |= self.forwarder.settle(job.study_uid)
-            done = job.stored | set(self.runs.study_state(job.study_uid).uploaded)
+                job.stored |= self.forwarder.settle(job.key.name)
+            done = job.stored | set(self.runs.study_state(job.key).uploaded)
             for p in job.files:
                 if p.stem not in done:  # declined or failed on arrival
                     self.orthanc.upload(p)
                     job.stored.add(p.stem)
-            self.runs.update(job.run_id, orthanc_study_id=self.orthanc.find_study(job.study_uid))
+            self.runs.update(
+                job.run_id,
+                orthanc_study_id=self.orthanc.find_study_of(job.key.study_uid, job.key.patient_id),
+            )
         job.settled = True
 
     def _run_orthanc(self, job: Job) -> None:
         assert job.orthanc_id is not None
         study = self.orthanc.study(job.orthanc_id)
         job.study_uid = study.study_uid
-        self.runs.update(job.run_id, study_uid=study.study_uid)
+        # Orthanc keys a study by PatientID and UID: the study's key is the same pair
+        job.key = StudyKey(study_uid=check_uid(study.study_uid), patient_id=study.patient_id)
+        self.runs.update(job.run_id, study_uid=study.study_uid, study_key=job.key.name)
         ours = {series_uid_for(study.study_uid, k) for k in ("sr", "pdf")}
         series = [s for s in self.orthanc.list_series(job.orthanc_id) if s.series_uid not in ours]
-        sops: dict[str, list[tuple[str, str]]] = {}
-        for s in series:
-            sops[s.orthanc_id] = self.orthanc.series_instances(s.orthanc_id)
-        digest = sop_digest(sop for items in sops.values() for _, sop in items)
+        sops = {s.orthanc_id: self.orthanc.series_instances(s.orthanc_id) for s in series}
+        state = self.runs.study_state(job.key)
+        # An instance whose stored file changed since it was last seen was re-stored
+        # (overwritten) under the same UIDs: a revision, as the node counts one it takes.
+        seen = {k.sop_uid: k.content_id for ks in sops.values() for k in ks}
+        job.revised = [s for s, f in seen.items() if state.files.get(s, f) != f]
+        for sop in job.revised:
+            state.revisions[sop] = state.revisions.get(sop, 0) + 1
+        if job.revised or seen.keys() - state.files.keys():
+            state.files.update(seen)
+            self.runs.save_study_state(state)
+        digest = sop_digest(
+            f"{sop}#{state.revisions[sop]}" if sop in state.revisions else sop for sop in seen
+        )
         aets = set()
         for items in sops.values():
             if items:
-                aet = self.orthanc.instance_metadata(items[0][0]).get("RemoteAET", "")
+                aet = self.orthanc.instance_metadata(items[0].instance_id).get("RemoteAET", "")
                 if aet:
                     aets.add(aet)
         facts = StudyFacts(
@@ -340,7 +438,6 @@ class StudyPipeline:
         route = job.route or self.router.route(facts)
         if route is None:
             return self._skip(job, "no routing rule selects this study")
-        state = self.runs.study_state(study.study_uid)
         if not job.force and state.evaluated_digest == evaluation_digest(digest, route):
             return self._skip(job, "no new instances since the last evaluation by this rule")
         self._stage(job, "fetching series", 0.2)
@@ -350,11 +447,11 @@ class StudyPipeline:
             if s.series_class in route.series_classes or any(
                 c.series_class in route.series_classes for c in s.stacks
             ):
-                for iid, sop in sops[s.orthanc_id]:
-                    self.orthanc.fetch_instance(iid, sop, self.cache)
+                for key in sops[s.orthanc_id]:
+                    self.orthanc.fetch_instance(key, self.cache)
                 # Folders named by SeriesInstanceUID, files by SOPInstanceUID (as in the spool).
                 target = folder / check_uid(s.series_uid)
-                files += self.cache.link_into((sop for _, sop in sops[s.orthanc_id]), target)
+                files += self.cache.link_into(sops[s.orthanc_id], target)
         self.runs.update(job.run_id, n_instances=len(files))
         job.route = route
         self._stage(job, "indexing", 0.3)
@@ -369,12 +466,13 @@ class StudyPipeline:
     def _evaluate(
         self, job: Job, folder: Path, index: IndexResult, facts: StudyFacts, digest: str
     ) -> None:
-        assert job.study_uid is not None
+        assert job.study_uid is not None and job.key is not None
         route = job.route or self.router.route(facts)
         if route is None:
             return self._skip(job, "no routing rule selects this study")
+        self._check_identity(job.key, index)
         instances, digest = digest, evaluation_digest(digest, route)
-        state = self.runs.study_state(job.study_uid)
+        state = self.runs.study_state(job.key)
         if not job.force and state.evaluated_digest == digest:
             return self._skip(job, "no new instances since the last evaluation by this rule")
         # (a state from before the rule entered the digest holds the instances' digest alone)
@@ -388,6 +486,12 @@ class StudyPipeline:
         if self.printer is not None:  # Chromium starts while the study is evaluated
             self.printer.warm()
         result = self.evaluator.evaluate(folder, route, work, index)
+        if job.revised:
+            result.warnings.append(
+                f"{len(job.revised)} instance(s) were re-sent with other content under the same "
+                f"UIDs since version {state.version} and taken as the PACS took them: this "
+                "version is evaluated on what the PACS now holds"
+            )
         run = result.run  # the run as its store records it: the report bundle's RunData
         errors = functools.cache(lambda: self.runs.sample_errors(job.run_id))  # if a model failed
 
@@ -454,4 +558,55 @@ class StudyPipeline:
             timings_s=dict(job.timings),
         )
         self.audit.write("system", "evaluation", f"run:{job.run_id}", "done")
-        log.info("study %s: report version %d stored", uid_key(job.study_uid), version)
+        log.info("study %s: report version %d stored", uid_key(job.key.name), version)
+
+    # ----------------------------------------------------------------- identity
+
+    def _check_identity(self, key: StudyKey, index: IndexResult) -> None:
+        """Raise ``StudyHeldError`` unless the study is one patient's, the patient of its key,
+        alone under its UID, and the registered case of its UID (if any) is this patient's."""
+        try:
+            patient = one_patient(index)
+        except MixedPatientsError as exc:
+            raise StudyHeldError(str(exc), exc.identities) from None
+        if patient.patient_id != key.patient_id:
+            raise StudyHeldError(
+                f"the instances name {patient.describe()}, the study is filed under "
+                f"PatientID {key.patient_id or '(none)'}: not evaluated",
+                [patient.describe(), f"ID {key.patient_id or '(none)'}"],
+            )
+        others = self._sharing_uid(key)
+        if others:
+            raise StudyHeldError(
+                f"StudyInstanceUID {key.study_uid} is shared by {len(others) + 1} patients "
+                f"({patient.describe()}; {'; '.join(others[:5])}): each part is held until the "
+                "sender fixes the UIDs",
+                [patient.describe(), *others],
+            )
+        if self.cases is not None:
+            cases, _problems = case_registry(self.cases)
+            case = cases.get(key.study_uid)
+            if case is not None and case.patient_id and case.patient_id != patient.patient_id:
+                raise StudyHeldError(
+                    f"StudyInstanceUID {key.study_uid} is registered as case {case.case_id} of "
+                    f"patient {case.patient_id}, but arrived for {patient.describe()}: not "
+                    "evaluated as that case",
+                    [patient.describe(), f"case {case.case_id}: ID {case.patient_id}"],
+                )
+
+    def _sharing_uid(self, key: StudyKey) -> list[str]:
+        """The other patients whose study has this UID: in the spool, and in Orthanc."""
+        found: dict[str, str] = {}
+        spool = self.spool_studies
+        if spool is not None:
+            for d in spool.glob(f"{key.study_uid}_*"):
+                if d.name != key.name and StudyKey.parse_name(d.name):
+                    info = read_received_info(d)
+                    pid = str(info.get("patient_id", "")) if info else ""
+                    found[pid] = f"ID {pid or '(none)'} (received)"
+        for s in self.orthanc.studies_by_uid(key.study_uid):
+            if s.patient_id != key.patient_id:
+                who = f"ID {s.patient_id or '(none)'}"
+                found[s.patient_id] = f"{who}, {s.patient_name}" if s.patient_name else who
+        found.pop(key.patient_id, None)
+        return [found[k] for k in sorted(found)]

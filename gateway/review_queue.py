@@ -1,5 +1,6 @@
 """The review queue: every case of every report folder, as the reviewer needs to pick one, and the
-gateway runs that failed (with their error), newest first, filtered by status and model.
+gateway runs that were not evaluated (failed, held, interrupted: with the reason and, for a held
+study, every patient identity involved), newest first, filtered by status and model.
 
 A row carries the hospital's identifiers of the study (patient, accession number, study date):
 the queue is for reviewers only and these never go to a model.
@@ -27,6 +28,8 @@ class CaseStatus(StrEnum):
     DISPUTED = "disputed"
     VERIFIED = "verified"  # signed off and re-issued to PACS as VERIFIED
     FAILED = "failed"  # the gateway could not evaluate the study
+    HELD = "held"  # not evaluated on purpose: more than one patient, or not the case's patient
+    INTERRUPTED = "interrupted"  # the gateway stopped during the run
 
 
 @dataclass
@@ -50,7 +53,8 @@ class QueueRow:
     total: int = 0  # items of the case's review blocks
     mine: str = "to do"  # to do | in progress | signed off (the signed-in reviewer)
     others: list[str] = field(default_factory=list)
-    error: str = ""  # of a failed gateway run
+    error: str = ""  # of a failed, held or interrupted gateway run
+    identities: list[str] = field(default_factory=list)  # of a held run
     study_uid: str = ""
 
 
@@ -112,19 +116,29 @@ def case_rows(svc: ReviewService, who: Reviewer, report: str | None = None) -> l
     return rows
 
 
+_NOT_EVALUATED = {
+    RunStatus.FAILED: CaseStatus.FAILED,
+    RunStatus.HELD: CaseStatus.HELD,
+    RunStatus.INTERRUPTED: CaseStatus.INTERRUPTED,
+}
+
+
 def failed_rows(runs: StudyRunStore, limit: int = MAX_FAILED) -> list[QueueRow]:
-    """The newest gateway runs that failed, with their error."""
+    """The newest gateway runs that were not evaluated (failed, held, interrupted), with
+    their reason (and a held run's identities)."""
     out = []
     for rec in runs.list(limit=1000):
-        if rec.status is not RunStatus.FAILED:
+        status = _NOT_EVALUATED.get(rec.status)
+        if status is None:
             continue
         out.append(
             QueueRow(
-                status=CaseStatus.FAILED,
+                status=status,
                 created_at=rec.finished_at or rec.created_at,
                 run_id=rec.run_id,
                 models=list(rec.route.models) if rec.route else [],
-                error=(rec.error or "failed without a recorded error")[:MAX_ERROR],
+                error=(rec.error or f"{status.value} without a recorded reason")[:MAX_ERROR],
+                identities=list(rec.identities),
                 study_uid=rec.study_uid or "",
             )
         )

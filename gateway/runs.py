@@ -7,7 +7,10 @@ copies the next version names as predecessors, and (for a study fetched from Ort
 study. The report of a run is its report bundle in the reports folder (``<reports>/<run id>``,
 ``rundata.json``: the one result type the review pages, ``neurosandbox report`` and the API's
 ``/runs/{id}/report.json`` read). One state file per study says what was uploaded and
-evaluated and the report version.
+evaluated and the report version, keyed by the study's UID and patient (``StudyKey``).
+
+A run that has not finished carries a marker file (``.active``) in its folder; the gateway's
+next start marks every run still carrying one as interrupted (``mark_interrupted``).
 
 Run ids are time-ordered (32 hex digits: nanoseconds, then random), so the newest runs are
 listed without opening every store. Folders of earlier versions (``run.json``) are still read.
@@ -31,6 +34,7 @@ from pydantic import BaseModel, Field
 from evaluation import RUNDATA_FILE, STORE_FILE, EvaluationError, RunStore
 from gateway.cache import atomic_writer
 from gateway.routing import Route
+from gateway.study_key import StudyKey
 
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -45,6 +49,16 @@ class RunStatus(StrEnum):
     DONE = "done"
     FAILED = "failed"
     SKIPPED = "skipped"
+    # not evaluated, on purpose: the study names more than one patient, or is registered as
+    # a case of another patient; the reason and the identities say which
+    HELD = "held"
+    # the gateway stopped (killed, crashed) while this run was queued or running
+    INTERRUPTED = "interrupted"
+
+
+FINAL = frozenset(
+    {RunStatus.DONE, RunStatus.FAILED, RunStatus.SKIPPED, RunStatus.HELD, RunStatus.INTERRUPTED}
+)
 
 
 class RunRecord(BaseModel):
@@ -54,6 +68,7 @@ class RunRecord(BaseModel):
     stage: str = "queued"
     progress: float = 0.0
     study_uid: str | None = None
+    study_key: str | None = None  # StudyKey.name: the UID with its patient
     orthanc_study_id: str | None = None
     route: Route | None = None
     requested_by: str | None = None  # token id (never the token)
@@ -65,17 +80,24 @@ class RunRecord(BaseModel):
     started_at: str | None = None
     finished_at: str | None = None
     error: str | None = None
+    # a held run: every patient identity involved (for the reviewer; never sent to a model)
+    identities: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     timings_s: dict[str, float] = Field(default_factory=dict)  # stage -> seconds since start
 
 
 class StudyState(BaseModel):
     study_uid: str
+    key: str | None = None  # StudyKey.name (None: a state written before keys had a patient)
     version: int = 0
     evaluated_digest: str | None = None  # the instances and the rule last evaluated
     evaluated_instances: str | None = None  # the instances alone (sop_digest)
     uploaded: list[str] = Field(default_factory=list)  # SOP Instance UIDs stored in Orthanc
     sr_paths: list[str] = Field(default_factory=list)  # local copies of the latest SRs
+    # SOP UID -> how often it was re-sent with other bytes and taken (the PACS overwrites)
+    revisions: dict[str, int] = Field(default_factory=dict)
+    # SOP UID -> the PACS's id of its stored file when last seen (Orthanc's attachment UUID)
+    files: dict[str, str] = Field(default_factory=dict)
     last_run_id: str | None = None
 
 
@@ -85,6 +107,7 @@ class RunNotFoundError(KeyError):
 
 GATEWAY_NOTE = "gateway"  # the run store's note holding the gateway's RunRecord
 _LEGACY_RECORD = "run.json"  # where versions before the run store kept the RunRecord
+ACTIVE_MARKER = ".active"  # in a run folder while the run has not finished
 
 
 def record_of(store: RunStore) -> RunRecord | None:
@@ -134,10 +157,34 @@ class StudyRunStore:
     # ----------------------------------------------------------------- runs
 
     def create(self, record: RunRecord) -> RunRecord:
-        self.run_dir(record.run_id).mkdir(parents=True, exist_ok=True)
-        with self._lock, RunStore(self.run_dir(record.run_id), create=True) as store:
+        folder = self.run_dir(record.run_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        if record.status not in FINAL:
+            (folder / ACTIVE_MARKER).touch()
+        with self._lock, RunStore(folder, create=True) as store:
             store.set_note(GATEWAY_NOTE, record.model_dump_json())
         return record
+
+    def mark_interrupted(self) -> list[str]:
+        """At start: every run a previous process left queued or running is interrupted (its
+        marker says so without opening every run). Returns their ids."""
+        done = []
+        for marker in sorted(self.runs_dir.glob(f"*/{ACTIVE_MARKER}")):
+            run_id = marker.parent.name
+            try:
+                rec = self.get(run_id)
+                if rec.status not in FINAL:
+                    self.finish(
+                        run_id,
+                        RunStatus.INTERRUPTED,
+                        error=f"the gateway stopped during this run ({rec.stage}); "
+                        "it was not finished and nothing of it was written back after that",
+                    )
+                    done.append(run_id)
+            except RunNotFoundError:
+                pass
+            marker.unlink(missing_ok=True)
+        return done
 
     def get(self, run_id: str) -> RunRecord:
         folder = self.run_dir(run_id)
@@ -173,9 +220,11 @@ class StudyRunStore:
     def finish(self, run_id: str, status: RunStatus, **changes: Any) -> RunRecord:
         if status is RunStatus.DONE:  # else the progress it reached stays
             changes["progress"] = 1.0
-        return self.update(
+        rec = self.update(
             run_id, status=status, stage=status.value, finished_at=now_iso(), **changes
         )
+        (self.run_dir(run_id) / ACTIVE_MARKER).unlink(missing_ok=True)
+        return rec
 
     def ids(self, after: str | None = None) -> list[str]:
         """The ids of the runs with a run store, newest first (those made after the run id
@@ -244,15 +293,28 @@ class StudyRunStore:
 
     # ----------------------------------------------------------------- study state
 
-    def _state_path(self, study_uid: str) -> Path:
-        return self.state_dir / f"{hashlib.sha256(study_uid.encode()).hexdigest()[:32]}.json"
+    def _state_path(self, name: str) -> Path:
+        return self.state_dir / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.json"
 
-    def study_state(self, study_uid: str) -> StudyState:
-        path = self._state_path(study_uid)
+    def study_state(self, key: StudyKey) -> StudyState:
+        """What was uploaded and evaluated of this study of this patient. A state written
+        before keys had a patient (keyed by the UID alone) is taken over by the first key
+        that asks for it."""
+        path = self._state_path(key.name)
         if path.exists():
             return StudyState.model_validate_json(path.read_text())
-        return StudyState(study_uid=study_uid)
+        legacy = self._state_path(key.study_uid)
+        with self._lock:
+            if legacy.exists():
+                state = StudyState.model_validate_json(legacy.read_text())
+                if state.key is None:
+                    state.key = key.name
+                    self._write(path, state.model_dump_json(indent=2))
+                    legacy.unlink(missing_ok=True)
+                    return state
+        return StudyState(study_uid=key.study_uid, key=key.name)
 
     def save_study_state(self, state: StudyState) -> None:
+        name = state.key or state.study_uid
         with self._lock:
-            self._write(self._state_path(state.study_uid), state.model_dump_json(indent=2))
+            self._write(self._state_path(name), state.model_dump_json(indent=2))

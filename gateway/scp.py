@@ -1,11 +1,21 @@
 """The DICOM node: a pynetdicom storage SCP that spools studies and says when one is complete.
 
-Each instance is written as received (the encoded bytes, no decode; only the two UIDs that name
-its folder are read) to a temporary file, then renamed, into a staging folder of its
-association. A normally released association commits its files into
-``spool/studies/<StudyInstanceUID>/<SeriesInstanceUID>/`` once they are on disk (see
-``gateway.spool`` for the fsync policies); an aborted one (A-ABORT, dropped connection) never
-reaches the study: its files go to ``spool/quarantine/`` and are logged. With a forwarder
+Each instance is written as received (the encoded bytes, no decode; only the UIDs and the
+PatientID with its issuer that name its folder are read) to a temporary file, then renamed,
+into a staging folder of its association, under a name of its own (the same instance twice in
+one association is two staged files). A normally released association commits its files into
+``spool/studies/<StudyInstanceUID>_<patient hash>/<SeriesInstanceUID>/`` once they are on disk
+(see ``gateway.spool`` for the fsync policies): a study is its UID *and* its patient
+(``gateway.study_key``), so two patients under one StudyInstanceUID are two spool studies, as
+they are two studies in Orthanc. Committing is idempotent: an instance already in the spool
+with the same bytes is dropped; one with other bytes (a re-send under the same UIDs) is kept
+or replaced as the PACS does (``pacs_overwrites``, Orthanc's ``OverwriteInstances``), so that
+what is evaluated is what the PACS holds; a replacement is a revision the pipeline warns about.
+Any failure while committing puts the study in the queue as failed, with its reason
+(``on_failed``). An aborted association (A-ABORT, dropped connection) never reaches the study:
+its files go to ``spool/quarantine/`` and are logged; so do those of an association a crash
+interrupted, found at the next start, and what they added to Orthanc is deleted (the
+forwarder's journal in the staging folder). With a forwarder
 (``gateway.forward``), each instance is also stored in Orthanc as it arrives, and what an
 aborted association added there is deleted again. A write that fails
 (disk full, file size limit, I/O error) answers 0xA700 (Out of Resources), so the sender knows
@@ -25,6 +35,7 @@ since its last instance; later arrivals make it complete again (a new report ver
 
 from __future__ import annotations
 
+import filecmp
 import hashlib
 import logging
 import os
@@ -38,14 +49,15 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
+import pydicom
 from pydantic import BaseModel
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
 from gateway.cache import InvalidUIDError, check_uid
-from gateway.forward import Forwarder
+from gateway.forward import FORWARD_JOURNAL, Forwarder
 from gateway.metrics import METRICS
-from gateway.part10 import file_meta_bytes, read_uids
+from gateway.part10 import InstanceKeys, file_meta_bytes, read_uids
 from gateway.scp_transport import PeerLimits, start_store_server
 from gateway.spool import (
     FSYNC_POLICIES,
@@ -58,6 +70,7 @@ from gateway.spool import (
     write_instance,
     write_received_info,
 )
+from gateway.study_key import StudyKey
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +91,10 @@ def uid_key(uid: str) -> str:
 
 
 class ReceivedStudy(BaseModel):
-    """A study the node considers complete (for now)."""
+    """A study the node considers complete (for now): one StudyInstanceUID of one patient."""
 
     study_uid: str
+    key: StudyKey  # the UID with its patient: what the study is found by
     folder: str
     calling_aets: list[str]
     n_instances: int
@@ -89,6 +103,30 @@ class ReceivedStudy(BaseModel):
     recovered: bool = False
     first_received: float
     last_received: float
+    # SOP UIDs re-sent with other bytes since the last completion and taken (the PACS
+    # overwrites): the pipeline makes a new version and says so
+    revised: list[str] = []
+    # how many re-sends with other bytes were refused since the last completion (the PACS
+    # keeps the original, and so does the spool)
+    refused_resends: int = 0
+
+
+class FailedStudy(BaseModel):
+    """A study whose received instances could not be committed: queued as failed."""
+
+    study_uid: str
+    key: StudyKey
+    calling_aets: list[str]
+    n_instances: int
+    error: str
+
+
+@dataclass
+class _Staged:
+    path: Path
+    key: StudyKey
+    series: str
+    sop: str
 
 
 @dataclass
@@ -96,8 +134,8 @@ class _Assoc:
     id: str
     calling_aet: str
     staging: Path
-    studies: dict[str, int] = field(default_factory=dict)  # study UID -> instances staged
-    files: list[tuple[Path, str, str, str]] = field(default_factory=list)  # path, st, se, sop
+    studies: dict[StudyKey, int] = field(default_factory=dict)  # study -> instances staged
+    files: list[_Staged] = field(default_factory=list)
     dirs: set[Path] = field(default_factory=set)
     done: bool = False
     closed_at: float | None = None
@@ -109,13 +147,15 @@ class _Assoc:
 
 @dataclass
 class _Study:
-    uid: str
+    key: StudyKey
     calling_aets: set[str] = field(default_factory=set)
     first: float = field(default_factory=time.time)
     last_activity: float = field(default_factory=time.monotonic)
     last_received: float = field(default_factory=time.time)
     n_new: int = 0
     recovered: bool = False  # re-offered after a restart, nothing received since
+    revised: set[str] = field(default_factory=set)
+    refused_resends: int = 0
 
 
 class StorageSCP:
@@ -135,6 +175,8 @@ class StorageSCP:
         artim_timeout_s: float = ARTIM_TIMEOUT_S,
         forwarder: Forwarder | None = None,
         peer_limits: PeerLimits | None = None,  # connections per peer address, reserved slots
+        on_failed: Callable[[FailedStudy], object] | None = None,
+        pacs_overwrites: bool = False,
     ) -> None:
         if fsync not in FSYNC_POLICIES:
             raise ValueError(f"fsync policy must be one of {FSYNC_POLICIES}, not {fsync!r}")
@@ -143,6 +185,10 @@ class StorageSCP:
         self.host, self.port = host, port
         self.quiet_s = quiet_s
         self.on_complete = on_complete
+        self.on_failed = on_failed
+        # what the PACS does with a re-sent instance of other bytes (Orthanc's
+        # OverwriteInstances): the spool does the same, so it holds what the PACS holds
+        self.pacs_overwrites = pacs_overwrites
         # stores each instance in Orthanc as it arrives (gateway.forward)
         self.forwarder = forwarder
         self.fsync = fsync
@@ -153,7 +199,7 @@ class StorageSCP:
         self.quarantine = spool / "quarantine"
         self._lock = threading.Lock()
         self._assocs: dict[int, _Assoc] = {}
-        self._studies: dict[str, _Study] = {}
+        self._studies: dict[StudyKey, _Study] = {}
         self._stop = threading.Event()
         self._committing = 0
         self._server: Any = None
@@ -226,17 +272,32 @@ class StorageSCP:
         return True
 
     def _recover(self) -> None:
-        """After a crash: staged files of unreleased associations go to quarantine; spooled
-        studies are offered again after the quiet time, marked ``recovered`` (the pipeline
-        evaluates only what it has never evaluated)."""
+        """After a crash: staged files of unreleased associations go to quarantine, and what
+        they added to Orthanc is deleted (the forwarder's journal); spooled studies are offered
+        again after the quiet time, marked ``recovered`` (the pipeline evaluates only what it
+        has never evaluated). A study folder of an earlier version (named by its UID alone)
+        is renamed by its key."""
         for d in self.incoming.iterdir():
-            self._quarantine(d, "left over from a previous run")
-        for d in self.studies_dir.iterdir():
-            if d.is_dir():
-                info = read_received_info(d)
-                st = _Study(uid=d.name, calling_aets=set(info.get("calling_aets", [])))
-                st.n_new, st.recovered = 1, True
-                self._studies[d.name] = st
+            if self.forwarder is not None:
+                self.forwarder.undo_journal(d)
+            self._quarantine(d, "left over from a previous run (interrupted association)")
+        for d in sorted(self.studies_dir.iterdir()):
+            if not d.is_dir():
+                continue
+            info = read_received_info(d)
+            key = _key_of_folder(d, info)
+            if key is None:
+                log.warning("spool folder %s: no readable instance, left alone", d.name)
+                continue
+            if d.name != key.name:
+                target = self.studies_dir / key.name
+                if target.exists():
+                    log.warning("spool folder %s: %s exists, left alone", d.name, key.name)
+                    continue
+                os.replace(d, target)
+            st = _Study(key=key, calling_aets=set(info.get("calling_aets", [])))
+            st.n_new, st.recovered = 1, True
+            self._studies[key] = st
 
     # ----------------------------------------------------------------- association events
 
@@ -280,8 +341,14 @@ class StorageSCP:
             uids = read_uids(req.DataSet, ts)
             if uids is None:  # deflated: decode the whole dataset
                 ds = event.dataset
-                uids = (str(ds.StudyInstanceUID), str(ds.SeriesInstanceUID))
-            study, series = check_uid(uids[0]), check_uid(uids[1])
+                uids = InstanceKeys(
+                    str(ds.StudyInstanceUID),
+                    str(ds.SeriesInstanceUID),
+                    str(ds.get("PatientID", "") or "").strip()[:64],
+                    str(ds.get("IssuerOfPatientID", "") or "").strip()[:64],
+                )
+            study, series = check_uid(uids.study_uid), check_uid(uids.series_uid)
+            key = StudyKey(study_uid=study, patient_id=uids.patient_id, issuer=uids.issuer)
         except (AttributeError, InvalidUIDError, KeyError) as exc:
             log.warning("C-STORE refused: missing or invalid UIDs (%s)", type(exc).__name__)
             METRICS.inc("dicom_instances_refused_total")
@@ -290,8 +357,8 @@ class StorageSCP:
             log.warning("C-STORE refused: undecodable dataset (%s)", type(exc).__name__)
             METRICS.inc("dicom_instances_refused_total")
             return STATUS_CANNOT_UNDERSTAND
-        folder = a.staging / study / series
-        dest = folder / f"{sop}.dcm"
+        folder = a.staging / key.name / series
+        dest = folder / f"{next(a.writes)}.dcm"  # a name of its own: duplicates are two files
         try:
             if folder not in a.dirs:
                 folder.mkdir(parents=True, exist_ok=True)
@@ -304,7 +371,10 @@ class StorageSCP:
                 size = len(body)
                 if self.forwarder is not None:
                     try:
-                        self.forwarder.submit(a.id, study, sop, meta + body)  # one copy
+                        # one copy; its journal lets a restart undo what a crash left behind
+                        self.forwarder.submit(
+                            a.id, key.name, sop, meta + body, a.staging / FORWARD_JOURNAL
+                        )
                     except Exception:  # forwarding is best effort: the pipeline uploads it
                         log.exception("forwarding a received instance failed")
         except OSError as exc:
@@ -316,11 +386,11 @@ class StorageSCP:
             return STATUS_OUT_OF_RESOURCES
         a.last_received, a.last_instance = time.time(), time.monotonic()
         with self._lock:
-            a.files.append((dest, study, series, sop))
-            a.studies[study] = a.studies.get(study, 0) + 1
-            st = self._studies.get(study)
+            a.files.append(_Staged(dest, key, series, sop))
+            a.studies[key] = a.studies.get(key, 0) + 1
+            st = self._studies.get(key)
             if st is None:
-                st = self._studies[study] = _Study(uid=study)
+                st = self._studies[key] = _Study(key=key)
             st.last_activity = time.monotonic()
         METRICS.inc("dicom_instances_received_total")
         METRICS.inc("dicom_bytes_received_total", size)
@@ -378,25 +448,22 @@ class StorageSCP:
         if a.batch.error is not None:
             self._discard(a, f"files not on disk ({a.batch.error.strerror})")
             return
-        made: set[Path] = set()
-        for src, study, series, sop in a.files:
-            folder = self.studies_dir / study / series
-            if folder not in made:
-                if not folder.parent.exists():
-                    made.add(self.studies_dir)  # a new study folder: its entry too
-                folder.mkdir(parents=True, exist_ok=True)
-                made |= {folder, folder.parent}
-            os.replace(src, folder / f"{sop}.dcm")
-        if self.fsync != "off":
-            fsync_dirs(sorted(made, key=lambda p: -len(p.parts)))  # children before parents
+        try:
+            revised, refused = self._place(a)
+        except Exception as exc:  # nothing of it is evaluated; the queue says why
+            log.exception("committing an association's instances failed")
+            self._commit_failed(a, f"{type(exc).__name__}: {exc}")
+            return
         shutil.rmtree(a.staging, ignore_errors=True)
         if self.forwarder is not None:
             self.forwarder.commit(a.id)
         with self._lock:
-            for study, n in a.studies.items():
-                st = self._studies.setdefault(study, _Study(uid=study))
+            for key, n in a.studies.items():
+                st = self._studies.setdefault(key, _Study(key=key))
                 st.calling_aets.add(a.calling_aet)
                 st.n_new += n
+                st.revised |= revised.get(key, set())
+                st.refused_resends += refused.get(key, 0)
                 st.recovered = False  # new instances: a real arrival
                 # the quiet time runs from the last instance, not from this commit (which may
                 # have waited seconds for the association's fsyncs)
@@ -410,8 +477,68 @@ class StorageSCP:
                 len(a.studies),
             )
 
-    def _discard(self, a: _Assoc, why: str) -> None:
-        METRICS.inc("dicom_associations_aborted_total")
+    def _place(self, a: _Assoc) -> tuple[dict[StudyKey, set[str]], dict[StudyKey, int]]:
+        """Move the staged files into their study folders, idempotently: an instance already
+        there with the same bytes is dropped; one with other bytes is kept or replaced as the
+        PACS does. Returns the SOP UIDs replaced and the re-sends refused, by study."""
+        made: set[Path] = set()
+        revised: dict[StudyKey, set[str]] = {}
+        refused: dict[StudyKey, int] = {}
+        placed: set[Path] = set()  # taken in this commit (a duplicate in one association)
+        for f in a.files:
+            folder = self.studies_dir / f.key.name / f.series
+            if folder not in made:
+                if not folder.parent.exists():
+                    made.add(self.studies_dir)  # a new study folder: its entry too
+                folder.mkdir(parents=True, exist_ok=True)
+                made |= {folder, folder.parent}
+            dest = folder / f"{f.sop}.dcm"
+            if not f.path.exists():
+                raise FileNotFoundError(f"staged instance {f.path.name} of {f.sop} is gone")
+            if dest.exists():
+                if filecmp.cmp(f.path, dest, shallow=False):
+                    f.path.unlink()  # the same bytes again: nothing changes
+                    continue
+                if not self.pacs_overwrites:
+                    refused[f.key] = refused.get(f.key, 0) + 1
+                    METRICS.inc("dicom_resends_refused_total")
+                    log.warning(
+                        "instance %s re-sent with other bytes: kept the original, as the PACS "
+                        "does (OverwriteInstances false)",
+                        uid_key(f.sop),
+                    )
+                    f.path.unlink()
+                    continue
+                if dest not in placed:  # a revision of what an earlier association sent
+                    revised.setdefault(f.key, set()).add(f.sop)
+            os.replace(f.path, dest)
+            placed.add(dest)
+        if self.fsync != "off":
+            fsync_dirs(sorted(made, key=lambda p: -len(p.parts)))  # children before parents
+        return revised, refused
+
+    def _commit_failed(self, a: _Assoc, why: str) -> None:
+        """A commit that raised: its files are quarantined, its studies queued as failed."""
+        self._discard(a, f"commit failed ({why})", count_abort=False)
+        if self.on_failed is None:
+            return
+        for key, n in a.studies.items():
+            try:
+                self.on_failed(
+                    FailedStudy(
+                        study_uid=key.study_uid,
+                        key=key,
+                        calling_aets=[a.calling_aet],
+                        n_instances=n,
+                        error=f"received instances could not be committed: {why}"[:500],
+                    )
+                )
+            except Exception:
+                log.exception("study-failed handler failed")
+
+    def _discard(self, a: _Assoc, why: str, count_abort: bool = True) -> None:
+        if count_abort:
+            METRICS.inc("dicom_associations_aborted_total")
         if self.forwarder is not None:  # what its instances added to Orthanc goes too
             self.forwarder.discard(a.id)
         if not a.files:
@@ -419,10 +546,10 @@ class StorageSCP:
             return
         self._quarantine(a.staging, why, len(a.files))
         with self._lock:
-            for study in a.studies:
-                st = self._studies.get(study)
-                if st is not None and st.n_new == 0 and not (self.studies_dir / study).exists():
-                    del self._studies[study]
+            for key in a.studies:
+                st = self._studies.get(key)
+                if st is not None and st.n_new == 0 and not (self.studies_dir / key.name).exists():
+                    del self._studies[key]
 
     def _quarantine(self, folder: Path, why: str, n: int | None = None) -> None:
         count = quarantine(folder, self.quarantine, why, n)
@@ -430,16 +557,19 @@ class StorageSCP:
 
     def _write_info(self, st: _Study) -> None:
         info = {
+            "study_uid": st.key.study_uid,
+            "patient_id": st.key.patient_id,
+            "issuer": st.key.issuer,
             "calling_aets": sorted(st.calling_aets),
             "first_received": st.first,
             "last_received": st.last_received,
         }
-        write_received_info(self.studies_dir / st.uid, info)
+        write_received_info(self.studies_dir / st.key.name, info)
 
     # ----------------------------------------------------------------- completion
 
-    def _busy(self, study: str) -> bool:
-        return any(study in a.studies and not a.done for a in self._assocs.values())
+    def _busy(self, key: StudyKey) -> bool:
+        return any(key in a.studies and not a.done for a in self._assocs.values())
 
     def _tick(self) -> None:
         """Emit each study once its quiet time has passed; wake when the next one is due
@@ -455,9 +585,15 @@ class StorageSCP:
                     if st.n_new <= 0:
                         continue
                     due = st.last_activity + self.quiet_s - now
-                    if due <= 0 and not self._busy(st.uid):
-                        ready.append(_Study(**st.__dict__ | {"calling_aets": set(st.calling_aets)}))
+                    if due <= 0 and not self._busy(st.key):
+                        ready.append(
+                            _Study(
+                                **st.__dict__
+                                | {"calling_aets": set(st.calling_aets), "revised": set(st.revised)}
+                            )
+                        )
                         st.n_new, st.recovered = 0, False
+                        st.revised, st.refused_resends = set(), 0
                     elif due > 0:
                         wait = min(wait, due)
             wait = max(0.01, wait)
@@ -465,12 +601,13 @@ class StorageSCP:
                 self._emit(st)
 
     def _emit(self, st: _Study) -> None:
-        folder = self.studies_dir / st.uid
+        folder = self.studies_dir / st.key.name
         n = sum(1 for _ in folder.rglob("*.dcm"))
         if n == 0:
             return
         study = ReceivedStudy(
-            study_uid=st.uid,
+            study_uid=st.key.study_uid,
+            key=st.key,
             folder=str(folder),
             calling_aets=sorted(st.calling_aets),
             n_instances=n,
@@ -478,11 +615,41 @@ class StorageSCP:
             recovered=st.recovered,
             first_received=st.first,
             last_received=st.last_received,
+            revised=sorted(st.revised),
+            refused_resends=st.refused_resends,
         )
         METRICS.inc("studies_completed_total")
-        log.info("study %s complete: %d instance(s), %d new", uid_key(st.uid), n, st.n_new)
+        log.info("study %s complete: %d instance(s), %d new", uid_key(st.key.name), n, st.n_new)
         if self.on_complete is not None:
             try:
                 self.on_complete(study)
             except Exception:
                 log.exception("study-complete handler failed")
+
+
+def _key_of_folder(folder: Path, info: dict[str, Any]) -> StudyKey | None:
+    """The key of a spool study folder: from its ``.received.json``, else (a folder of an
+    earlier version) from the header of one of its instances."""
+    study = info.get("study_uid")
+    if isinstance(study, str) and StudyKey.parse_name(folder.name):
+        key = StudyKey(
+            study_uid=study,
+            patient_id=str(info.get("patient_id", "")),
+            issuer=str(info.get("issuer", "")),
+        )
+        if key.name == folder.name:
+            return key
+    for path in folder.rglob("*.dcm"):
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True, specific_tags=_KEY_TAGS)
+            return StudyKey(
+                study_uid=check_uid(str(ds.StudyInstanceUID)),
+                patient_id=str(ds.get("PatientID", "") or "").strip()[:64],
+                issuer=str(ds.get("IssuerOfPatientID", "") or "").strip()[:64],
+            )
+        except Exception:  # another file may be readable
+            continue
+    return None
+
+
+_KEY_TAGS = ["StudyInstanceUID", "PatientID", "IssuerOfPatientID"]

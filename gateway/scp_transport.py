@@ -404,7 +404,7 @@ class PeerLimits:
     addresses) and, when the node has an allow list of calling AEs, every address an allowed
     AE associated from since the start."""
 
-    per_peer: int = 8
+    per_peer: int = 16  # a PACS router may send a dozen studies at once from one address
     reserved: int = 8
     known_hosts: frozenset[str] = frozenset()
 

@@ -130,8 +130,10 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         cache=InstanceCache(data / "cache"),
         forwarder=forwarder,
         printer=Printer(idle_s=600),  # the checklists' Chromium: started ahead, closed when idle
+        cases=settings.cases,  # a registered case is matched on its UID and its patient
     )
     ctx.pipeline = pipeline
+    pipeline.spool_studies = data / "spool" / "studies"  # another patient under the same UID
     scp = StorageSCP(
         forwarder=forwarder,
         spool=data / "spool",
@@ -140,6 +142,8 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         port=ep.gateway_dicom_port,
         quiet_s=settings.study_quiet_s,
         on_complete=pipeline.on_received,
+        on_failed=pipeline.on_failed,
+        pacs_overwrites=settings.pacs_overwrites_instances,
         max_associations=settings.max_associations,
         artim_timeout_s=settings.gateway_artim_timeout_s,
         allowed_calling_aets=settings.gateway_allowed_aets,

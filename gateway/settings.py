@@ -40,10 +40,14 @@ class Settings(BaseSettings):
     gateway_allowed_aets: list[str] = []  # calling AEs the DICOM node accepts; empty = any
     study_quiet_s: float = 30.0  # a received study is complete after this long without news
     max_associations: int = 32
+    # What the PACS does with an instance re-sent under the same UIDs with other bytes
+    # (Orthanc's OverwriteInstances; deploy/orthanc says false): the spool does the same, so
+    # what is evaluated is what the PACS holds
+    pacs_overwrites_instances: bool = False
     gateway_artim_timeout_s: float = 5.0  # a connection must send its association request in time
     # connections one peer address may hold; slots only known senders may use (hosts below,
     # and addresses an allowed calling AE associated from); the known senders' IP addresses
-    gateway_max_associations_per_host: Annotated[int, Field(ge=1)] = 8
+    gateway_max_associations_per_host: Annotated[int, Field(ge=1)] = 16
     gateway_reserved_associations: Annotated[int, Field(ge=0)] = 8
     gateway_sender_hosts: list[str] = []
     follow_changes: bool = False  # also evaluate StableStudy events from Orthanc's /changes

@@ -92,7 +92,10 @@ def test_client_lists_with_series_classes_and_fetches_by_sop_uid(
     for p in paths:
         ds = pydicom.dcmread(p)
         assert p.name == f"{ds.SOPInstanceUID}.dcm" and ds.SeriesInstanceUID == flair.series_uid
-        assert cache.path(ds.SOPInstanceUID).stat().st_ino == p.stat().st_ino  # linked, not copied
+        key = next(
+            k for k in client.series_instances(flair.orthanc_id) if k.sop_uid == ds.SOPInstanceUID
+        )
+        assert cache.path(key).stat().st_ino == p.stat().st_ino  # linked, not copied
     with pytest.raises(OrthancError) as exc:
         client.study("00000000-00000000-00000000-00000000-00000000")
     assert exc.value.status == 404

@@ -26,7 +26,14 @@ from evaluation.reports import load_run
 from evaluation.scores import ParseStatus
 from evaluation.store import RunStore
 from gateway.auth import Role, TokenStore
-from gateway.cache import InstanceCache, InvalidUIDError, atomic_writer, check_uid
+from gateway.cache import (
+    CacheKey,
+    InstanceCache,
+    InvalidCacheKeyError,
+    InvalidUIDError,
+    atomic_writer,
+    check_uid,
+)
 from gateway.default_evaluator import DefaultEvaluator
 from gateway.metrics import Metrics
 from gateway.part10 import file_meta_bytes, read_uids
@@ -125,6 +132,8 @@ def test_file_meta_bytes_make_a_readable_part10_file(tmp_path: Path) -> None:
     assert read_uids(io.BytesIO(dataset_bytes), "1.2.840.10008.1.2.1") == (
         study.study_uid,
         study.series_uids["T1"],
+        str(src.PatientID),
+        "",
     )
 
 
@@ -133,8 +142,14 @@ def test_uids_from_peers_never_become_paths(tmp_path: Path) -> None:
         with pytest.raises(InvalidUIDError):
             check_uid(hostile)
     cache = InstanceCache(tmp_path)
-    path = cache.put_bytes("1.2.840.99", b"data")
-    assert path == tmp_path / "99" / "1.2.840.99.dcm" and cache.has("1.2.840.99")
+    key = CacheKey("0a1b2c3d-00000000-00000000-00000000-00000000", "f00d", "1.2.840.99")
+    path = cache.put_bytes(key, b"data")
+    assert path.parent.parent == tmp_path and cache.has(key)
+    for hostile in ("../../x", "a/b", "", "x" * 65):
+        with pytest.raises(InvalidCacheKeyError):
+            CacheKey(hostile, "f00d", "1.2.840.99")
+        with pytest.raises(InvalidCacheKeyError):
+            CacheKey("0a1b", hostile, "1.2.840.99")
 
 
 def test_atomic_writer_leaves_nothing_on_failure(tmp_path: Path) -> None:

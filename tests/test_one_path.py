@@ -25,6 +25,7 @@ from gateway.default_evaluator import DefaultEvaluator
 from gateway.runs import GATEWAY_NOTE, RunRecord, RunStatus
 from gateway.serve import Gateway, build_gateway
 from gateway.sr import series_uid_for
+from gateway.study_key import StudyKey
 from gateway.writeback import load_evidence
 
 pytestmark = pytest.mark.integration
@@ -129,7 +130,8 @@ def test_a_c_store_study_has_each_header_read_once_and_is_in_orthanc_as_it_arriv
 ) -> None:
     study = make_study(tmp_path / "src", classes=("FLAIR", "T2", "T1"), n_slices=8,
                        patient_id="NSBX-ONE-PATH")  # fmt: skip
-    spool = gw.scp.studies_dir / study.study_uid
+    key = StudyKey(study_uid=study.study_uid, patient_id=study.patient_id)
+    spool = gw.scp.studies_dir / key.name
     with _counting(spool):
         send(gw.scp.port, study.files)
         sent = time.monotonic()
@@ -173,7 +175,7 @@ def _one_record(gw: Gateway, study_uid: str) -> None:
     assert noted.status is RunStatus.DONE and noted.sr_sop_uids and noted.pdf_sop_uid
     sid = gw.ctx.orthanc.find_study(study_uid)
     in_pacs = {sop for s in gw.ctx.orthanc.list_series(sid or "", classify=False)
-               for _, sop in gw.ctx.orthanc.series_instances(s.orthanc_id)}  # fmt: skip
+               for sop in (k.sop_uid for k in gw.ctx.orthanc.series_instances(s.orthanc_id))}  # fmt: skip
     assert {*noted.sr_sop_uids, noted.pdf_sop_uid} <= in_pacs
     # the report (API report.json, the review pages, `neurosandbox report`): the bundle's RunData,
     # the same run as the store's
@@ -193,8 +195,10 @@ def test_a_real_scanner_study_has_each_header_read_once(gw: Gateway) -> None:
     folder = corpus_path() / "brainix" / "BRAINIX" / "DICOM"
     files = sorted(folder.rglob("*.dcm"))
     assert files, f"no .dcm files under {folder}"
-    study_uid = str(pydicom.dcmread(files[0], stop_before_pixels=True).StudyInstanceUID)
-    spool = gw.scp.studies_dir / study_uid
+    first = pydicom.dcmread(files[0], stop_before_pixels=True)
+    study_uid = str(first.StudyInstanceUID)
+    key = StudyKey(study_uid=study_uid, patient_id=str(first.PatientID))
+    spool = gw.scp.studies_dir / key.name
     with _counting(spool):
         send(gw.scp.port, files)
         _wait_done(gw, study_uid, timeout_s=300)

@@ -157,9 +157,10 @@ def test_the_uid_walk_reads_what_pydicom_reads(implicit: bool, undefined: bool) 
     ds = _dataset(undefined)
     raw = _encode(ds, implicit)
     assert (b"\xff\xff\xff\xff" in raw) == undefined
-    assert scan_uids(memoryview(raw), implicit) == (ds.StudyInstanceUID, ds.SeriesInstanceUID)
+    want = (ds.StudyInstanceUID, ds.SeriesInstanceUID, str(ds.get("PatientID", "")), "")
+    assert scan_uids(memoryview(raw), implicit) == want
     ts = ImplicitVRLittleEndian if implicit else ExplicitVRLittleEndian
-    assert read_uids(io.BytesIO(raw), ts) == (ds.StudyInstanceUID, ds.SeriesInstanceUID)
+    assert read_uids(io.BytesIO(raw), ts) == want
 
 
 def test_the_uid_walk_hands_odd_data_to_pydicom_and_reports_missing_uids() -> None:
@@ -188,7 +189,12 @@ def test_the_uid_walk_agrees_with_pydicom_on_the_corpus() -> None:
         try:
             ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
             ts = str(ds.file_meta.TransferSyntaxUID)
-            expected = (str(ds.StudyInstanceUID), str(ds.SeriesInstanceUID))
+            expected = (
+                str(ds.StudyInstanceUID),
+                str(ds.SeriesInstanceUID),
+                str(ds.get("PatientID", "") or "").strip(" \0")[:64],
+                str(ds.get("IssuerOfPatientID", "") or "").strip(" \0")[:64],
+            )
         except Exception:
             continue  # hostile or incomplete: the SCP refuses those by status
         if data[128:132] != b"DICM" or ts == "1.2.840.10008.1.2.2":

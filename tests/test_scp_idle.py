@@ -85,11 +85,14 @@ def acceptor_threads(node: StorageSCP) -> int:
     return sum(1 for a in node.ae.active_associations if a.is_acceptor)
 
 
-def test_idle_connections_lose_their_slots_at_artim_and_every_refusal_is_counted(
+def test_idle_connections_from_one_address_cannot_keep_a_sender_out(
     scp: StorageSCP, tmp_path: Path
 ) -> None:
+    """40 idle or half-open connections from the sender's own address: the address holds at
+    most its share of the node's connections, a real sender from it is stored at the first
+    try (the connection waiting longest for its request is closed for room), and every idle
+    connection is closed by ARTIM or for room, none left holding a slot."""
     study = make_study(tmp_path / "src", classes=("T1",), n_slices=2)
-    before = refused()
     socks: list[socket.socket] = []
     try:
         for i in range(N_IDLE):
@@ -97,28 +100,10 @@ def test_idle_connections_lose_their_slots_at_artim_and_every_refusal_is_counted
             socks.append(s)
             if i % 3 == 2:  # a third send half an A-ASSOCIATE-RQ, the rest nothing
                 s.sendall(half_request(i))
-        trickle = socks[2:12:6]  # these two go on sending a byte of their request now and then
         t0 = time.monotonic()
-        while acceptor_threads(scp) < N_IDLE and time.monotonic() - t0 < 5:
-            time.sleep(0.02)
-        assert acceptor_threads(scp) >= N_IDLE
-
-        # Every slot is held: a real sender is refused (A-ASSOCIATE-RJ, local limit exceeded)
-        # and then succeeds once ARTIM has closed the idle connections.
-        attempts: list[int] = []
-        while time.monotonic() - t0 < ARTIM_S + MARGIN_S:
-            for t in trickle:
-                with contextlib.suppress(OSError):
-                    t.send(b"\0")
-            attempts.append(store(scp.port, study.files))
-            if attempts[-1] == 0:
-                break
-            time.sleep(0.25)
+        assert store(scp.port, study.files) == 0  # the first attempt
         took = time.monotonic() - t0
-        assert attempts and attempts[-1] == 0, f"storescu refused for {took:.1f} s: {attempts}"
-        assert attempts[0] != 0  # the first attempt met the full slots
-        assert took < ARTIM_S + MARGIN_S
-
+        assert took < ARTIM_S  # not after the idle connections timed out
         # The node closed every idle connection (EOF or reset), half a PDU or none.
         for s in socks:
             s.settimeout(max(0.1, t0 + ARTIM_S + MARGIN_S - time.monotonic()))
@@ -127,15 +112,12 @@ def test_idle_connections_lose_their_slots_at_artim_and_every_refusal_is_counted
     finally:
         for s in socks:
             s.close()
-
-    n_refused = len(attempts) - 1
-    deadline = time.monotonic() + 3
-    want = {"limit": n_refused, "artim": N_IDLE}
-    while refused_since(before) != want and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert refused_since(before) == want
     assert scp.wait_idle(10)
-    print(f"\nstorescu stored after {took:.2f} s with {N_IDLE} idle connections")
+    deadline = time.monotonic() + ARTIM_S
+    while acceptor_threads(scp) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert acceptor_threads(scp) == 0
+    print(f"\nstorescu stored after {took:.2f} s beside {N_IDLE} idle connections")
 
 
 def test_a_live_association_may_pause_longer_than_artim_between_images(

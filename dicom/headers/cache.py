@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dicom.headers.frame import FrameHeader
-from dicom.records import FileError
+from dicom.records import FileError, PatientKey
 from dicom.sources import ZIP_SEP
 
 ENV_VAR = "NEUROSANDBOX_HEADER_CACHE"
@@ -149,14 +149,33 @@ def _by_folder(sources: list[str]) -> dict[str, list[str]]:
     return out
 
 
+_PATIENT = _FIELDS.index("patient")
+
+
 def _encode(frames: list[FrameHeader] | None, error: FileError | None) -> tuple[Any, ...]:
     if frames is not None:
-        return ("frames", [tuple(getattr(f, name) for name in _FIELDS) for f in frames])
+        rows = []
+        for f in frames:
+            row = [getattr(f, name) for name in _FIELDS]
+            p = row[_PATIENT]  # a record: marshal keeps its four strings
+            row[_PATIENT] = (p.patient_id, p.issuer, p.name, p.birth_date)
+            rows.append(tuple(row))
+        return ("frames", rows)
     assert error is not None
     return ("error", error.kind, error.message)
 
 
 def _decode(source: str, value: Any) -> ReadResult:
     if value[0] == "frames":
-        return source, [FrameHeader(*row) for row in value[1]], None
+        frames = []
+        for row in value[1]:
+            row = list(row)
+            row[_PATIENT] = PatientKey.model_construct(
+                **dict(zip(_KEY, row[_PATIENT], strict=True))
+            )
+            frames.append(FrameHeader(*row))
+        return source, frames, None
     return source, None, FileError(path=source, kind=value[1], message=value[2])
+
+
+_KEY = ("patient_id", "issuer", "name", "birth_date")

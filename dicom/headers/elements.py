@@ -51,6 +51,10 @@ EXPLICIT_LE_SYNTAXES = frozenset(
 # not listed here makes ScannedDataset raise Fallback (and the equivalence test fail).
 NEEDED_KEYWORDS = (
     "SpecificCharacterSet",
+    "PatientName",
+    "PatientID",
+    "IssuerOfPatientID",
+    "PatientBirthDate",
     "ImageType",
     "SOPClassUID",
     "SOPInstanceUID",

@@ -18,6 +18,7 @@ from pydicom.uid import UID
 from dicom.errors import InvalidImageError, NonImageError, TooLargeError
 from dicom.headers.elements import NEEDED_PRIVATE
 from dicom.headers.pixel_rules import check_layout, integer, rescale, usable_window
+from dicom.records import PatientKey
 
 if TYPE_CHECKING:
     from dicom.headers.scanned import ScannedDataset
@@ -39,6 +40,9 @@ _NON_IMAGE_SOP_PREFIXES = (
     "1.2.840.10008.5.1.4.1.1.481.",  # RT objects
     "1.2.840.10008.5.1.4.1.1.9.",  # waveforms
 )
+
+
+_NO_PATIENT = PatientKey()
 
 
 @dataclass(slots=True)
@@ -94,6 +98,7 @@ class FrameHeader:
     transfer_syntax: str
     burned_in_annotation: bool
     pixel_offset: int | None
+    patient: PatientKey = _NO_PATIENT  # shared by the files with the same series elements
     mosaic_slices: int | None = None
     window: tuple[float, float] | None = None
     extras: dict[str, Any] = field(default_factory=dict)
@@ -461,6 +466,12 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
         transfer_syntax=ts,
         burned_in_annotation=_s(ds.get("BurnedInAnnotation")).upper() == "YES",
         pixel_offset=None,
+        patient=PatientKey.of(
+            _s(ds.get("PatientID"), 64),
+            _s(ds.get("IssuerOfPatientID"), 64),
+            _s(ds.get("PatientName"), 324),
+            _s(ds.get("PatientBirthDate"), 8),
+        ),
     )
     po = _cs(ds.get("PatientOrientation"))
     if len(po) == 2:

@@ -44,12 +44,20 @@ def case_registry(path: Path) -> tuple[dict[str, Case], list[str]]:
     return by_uid, problems
 
 
-def registered_case(path: Path, study_uid: str) -> tuple[Case | None, list[str]]:
-    """The registered case of this study, whole (record and note too), if any; and the
-    registry's problems."""
+def registered_case(
+    path: Path, study_uid: str, patient_id: str | None = None
+) -> tuple[Case | None, list[str]]:
+    """The registered case of this study of this patient, whole (record and note too), if
+    any; and the registry's problems. A UID is not an identity: a case whose ``patient_id``
+    is not the arriving study's PatientID (``patient_id``) is not this study's case."""
     cases, problems = case_registry(path)
     found = cases.get(study_uid)
     if found is None or found.root is None:
+        return None, problems
+    if patient_id is not None and found.patient_id and found.patient_id != patient_id:
+        problems.append(
+            f"{found.case_id}: registered for this StudyInstanceUID but another patient's: not used"
+        )
         return None, problems
     case, _ = load_case_dir(Path(found.root), path, render=False)
     return case, problems

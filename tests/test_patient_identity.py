@@ -1,0 +1,243 @@
+"""A UID is not an identity: one patient per study, per series, per case, per cached instance.
+
+Real parts throughout: dcmtk's storescu as the sender, the gateway's DICOM node and pipeline,
+a real Orthanc. Each test sends what real archives produce (copies, re-sends, badly
+anonymised exports) and checks that no patient's images end up under another patient's
+identity, record or SR.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import pydicom
+import pytest
+import yaml
+from gateway_process import send
+from gateway_synth import SynthStudy, make_study
+from orthanc_fixture import OrthancServer
+
+from gateway.default_evaluator import DefaultEvaluator
+from gateway.orthanc import OrthancClient
+from gateway.routing import Route
+from gateway.runs import RunRecord, RunStatus
+from gateway.serve import Gateway, build_gateway
+
+pytestmark = pytest.mark.integration
+QUIET = 1.0
+
+
+def _gateway(orthanc_server: OrthancServer, data: Path, **extra: object) -> Gateway:
+    ep = orthanc_server.endpoints
+    rules = data.parent / "rules.yaml"
+    rule = {"name": "r", "evaluate": {"tasks": ["differential"]}}
+    rules.write_text(yaml.safe_dump({"rules": [rule]}))
+    settings = orthanc_server.settings.model_copy(
+        update={
+            "data_dir": data,
+            "study_quiet_s": QUIET,
+            "routing_file": rules,
+            "orthanc_url": ep.orthanc_url,
+            "orthanc_password_file": Path(ep.password_file or ""),
+            **extra,
+        }
+    )
+    gw = build_gateway(settings)
+    gw.pipeline.evaluator = DefaultEvaluator(settings)  # in process: fast, same code
+    gw.start()
+    return gw
+
+
+def _runs(gw: Gateway, study_uid: str, n: int, timeout_s: float = 90) -> list[RunRecord]:
+    """The study's runs once ``n`` of them have finished (newest first)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = gw.ctx.runs.list(study_uid=study_uid)
+        done = [r for r in runs if r.status not in (RunStatus.QUEUED, RunStatus.RUNNING)]
+        if len(done) >= n and gw.pipeline.wait_idle(1):
+            return done
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} finished runs: {gw.ctx.runs.list(study_uid=study_uid)}")
+
+
+def _srs(client: OrthancClient, study_uid: str) -> dict[str, list[pydicom.Dataset]]:
+    """The SR objects in Orthanc under this StudyInstanceUID, by the PatientID they name."""
+    out: dict[str, list[pydicom.Dataset]] = {}
+    for st in client.studies_by_uid(study_uid):
+        for s in client.list_series(st.orthanc_id, classify=False):
+            if s.modality != "SR":
+                continue
+            for key in client.series_instances(s.orthanc_id):
+                r = client.api.get(f"{client.url}/instances/{key.instance_id}/file")
+                ds = pydicom.dcmread(io.BytesIO(r.content))
+                out.setdefault(st.patient_id, []).append(ds)
+    return out
+
+
+def _restamp(study: SynthStudy, folder: Path, **tags: str) -> list[Path]:
+    """Copies of a study's files with some header values changed (the UIDs kept)."""
+    folder.mkdir(parents=True)
+    out = []
+    for p in study.files:
+        ds = pydicom.dcmread(p)
+        for k, v in tags.items():
+            setattr(ds, k, v)
+        dest = folder / p.name
+        ds.save_as(dest)
+        out.append(dest)
+    return out
+
+
+def test_two_patients_under_one_study_uid_in_one_association_are_held_never_one_run(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """Both patients' series arrive in one association: neither part is evaluated, no SR is
+    written, and the queue shows each part held with both identities."""
+    a = make_study(tmp_path / "a", classes=("FLAIR",), n_slices=4, patient_id="NSBX-ID-A",
+                   patient_name="Alpha^Ann")  # fmt: skip
+    b = make_study(tmp_path / "b", classes=("T2",), n_slices=4, patient_id="NSBX-ID-B",
+                   patient_name="Beta^Bob", study_uid=a.study_uid)  # fmt: skip
+    gw = _gateway(orthanc_server, tmp_path / "data")
+    try:
+        send(gw.scp.port, [*a.files, *b.files])
+        runs = _runs(gw, a.study_uid, 2)
+        assert sorted(r.status for r in runs) == [RunStatus.HELD, RunStatus.HELD], runs
+        for r in runs:
+            assert "NSBX-ID-A" in (r.error or "") and "NSBX-ID-B" in (r.error or ""), r.error
+            assert any("NSBX-ID-A" in i for i in r.identities)
+            assert any("NSBX-ID-B" in i for i in r.identities)
+            assert not r.sr_sop_uids and r.pdf_sop_uid is None
+        assert _srs(gw.ctx.orthanc, a.study_uid) == {}
+        from gateway.review_queue import CaseStatus, failed_rows
+
+        rows = [row for row in failed_rows(gw.ctx.runs) if row.study_uid == a.study_uid]
+        assert [row.status for row in rows] == [CaseStatus.HELD, CaseStatus.HELD]
+        assert all(len(row.identities) == 2 for row in rows)
+    finally:
+        gw.stop()
+
+
+def test_a_second_patient_arriving_later_under_the_uid_is_held_and_the_first_sr_untouched(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """The other order: the second patient's series come after the first patient's study was
+    evaluated. Its part is held; the first patient's SR is not recomputed from both."""
+    a = make_study(tmp_path / "a", classes=("FLAIR",), n_slices=4, patient_id="NSBX-LATE-A")
+    b = make_study(tmp_path / "b", classes=("T2",), n_slices=4, patient_id="NSBX-LATE-B",
+                   study_uid=a.study_uid, first_series_number=7)  # fmt: skip
+    gw = _gateway(orthanc_server, tmp_path / "data")
+    try:
+        send(gw.scp.port, a.files)
+        [first] = _runs(gw, a.study_uid, 1)
+        assert first.status is RunStatus.DONE, first
+        send(gw.scp.port, b.files)
+        later, _ = _runs(gw, a.study_uid, 2)
+        assert later.status is RunStatus.HELD, later
+        assert "NSBX-LATE-A" in (later.error or "")
+        srs = _srs(gw.ctx.orthanc, a.study_uid)
+        assert list(srs) == ["NSBX-LATE-A"] and len(srs["NSBX-LATE-A"]) == 1
+        # the one SR cites only the first patient's series
+        cited = {
+            item.ReferencedSOPInstanceUID
+            for item in srs["NSBX-LATE-A"][0].iterall()
+            if item.keyword == "ReferencedSOPSequence"
+            for item in item.value
+        }
+        b_sops = {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in b.files}
+        assert cited and not cited & b_sops
+    finally:
+        gw.stop()
+
+
+def test_a_series_whose_files_disagree_on_the_birth_date_is_held(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """One PatientID, but every other file carries another birth date and name: two people
+    filed under one ID (a badly merged export). Held, naming both identities."""
+    s = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=6, patient_id="NSBX-MERGED")
+    for p in s.files[1::2]:
+        ds = pydicom.dcmread(p)
+        ds.PatientBirthDate, ds.PatientName = "19511224", "Other^Person"
+        ds.save_as(p)
+    gw = _gateway(orthanc_server, tmp_path / "data")
+    try:
+        send(gw.scp.port, s.files)
+        [run] = _runs(gw, s.study_uid, 1)
+        assert run.status is RunStatus.HELD, run
+        assert "19511224" in (run.error or "") and "19700101" in (run.error or "")
+        assert _srs(gw.ctx.orthanc, s.study_uid) == {}
+    finally:
+        gw.stop()
+
+
+def _register(folder: Path, case_id: str, patient_id: str, study_uid: str) -> Path:
+    case = {
+        "case_id": case_id,
+        "patient_id": patient_id,
+        "tasks": ["differential"],
+        "note": "Registered patient's note: sudden aphasia.",
+        "ground_truth": {"final_diagnosis": {"name": "ischaemic stroke"}},
+        "provenance": {"source": "hospital", "study_uids": [study_uid]},
+    }
+    (folder / case_id).mkdir(parents=True)
+    (folder / case_id / "case.json").write_text(json.dumps(case))
+    return folder
+
+
+def test_another_patients_study_under_a_registered_case_uid_is_not_that_case(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """A study stored in Orthanc directly (the Orthanc-triggered path, as an API request) under
+    a registered case's UID but of another patient: held, never given the case's record,
+    note and truth."""
+    s = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=4, patient_id="NSBX-ARRIVING")
+    suite = _register(tmp_path / "suite", "case-7", "NSBX-REGISTERED", s.study_uid)
+    gw = _gateway(orthanc_server, tmp_path / "data", cases=suite)
+    try:
+        for p in s.files:
+            gw.ctx.orthanc.upload(p)
+        sid = gw.ctx.orthanc.find_study_of(s.study_uid, "NSBX-ARRIVING")
+        assert sid is not None
+        route = Route(rule="api", models=["reference/image-rules"], tasks=["differential"],
+                      series_classes=["FLAIR"])  # fmt: skip
+        gw.pipeline.request(sid, route)
+        [run] = _runs(gw, s.study_uid, 1)
+        assert run.status is RunStatus.HELD, run
+        assert "case-7" in (run.error or "") and "NSBX-ARRIVING" in (run.error or "")
+        assert not (gw.ctx.runs.reports_dir / run.run_id).exists()  # no checklist made
+    finally:
+        gw.stop()
+
+
+def test_the_instance_cache_serves_each_study_its_own_pixels_under_reused_sop_uids(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """Two patients' series with the same SOP (and series) UIDs but other pixels, fetched
+    from Orthanc through one cache: each is evaluated on its own bytes."""
+    from gateway.cache import InstanceCache
+
+    a = make_study(tmp_path / "a", classes=("FLAIR",), n_slices=3, patient_id="NSBX-CACHE-A")
+    b_files = _restamp(a, tmp_path / "b", PatientID="NSBX-CACHE-B", StudyInstanceUID="1.2.3.4.5.77")
+    for p in b_files:  # other pixels
+        ds = pydicom.dcmread(p)
+        arr = ds.pixel_array
+        ds.PixelData = (arr[::-1]).tobytes()
+        ds.save_as(p)
+    ep = orthanc_server.endpoints
+    client = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
+    for p in [*a.files, *b_files]:
+        client.upload(p)
+    cache = InstanceCache(tmp_path / "cache")
+    got = {}
+    for pid, uid in (("NSBX-CACHE-A", a.study_uid), ("NSBX-CACHE-B", "1.2.3.4.5.77")):
+        sid = client.find_study_of(uid, pid)
+        assert sid is not None
+        [series] = client.list_series(sid, classify=False)
+        files = client.fetch_series(series.orthanc_id, cache, tmp_path / "task" / pid)
+        got[pid] = {pydicom.dcmread(f).SOPInstanceUID: pydicom.dcmread(f).PixelData for f in files}
+    sent_b = {pydicom.dcmread(p).SOPInstanceUID: pydicom.dcmread(p).PixelData for p in b_files}
+    assert got["NSBX-CACHE-B"] == sent_b
+    assert got["NSBX-CACHE-A"] != got["NSBX-CACHE-B"]
