@@ -33,7 +33,7 @@ from evaluation.models import create_model
 from evaluation.models.context import RequestContext, current_request
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.phi import GateResult, PHIGate, audit_record
-from evaluation.prompts import PromptSet, default_prompts
+from evaluation.prompts import PromptSet, default_prompts, inert
 from evaluation.requests import cache_key, prompt_hash, request_record
 from evaluation.runconfig import RunConfig
 from evaluation.scores import ParseStatus
@@ -263,9 +263,10 @@ class Runner:
                 output.text, item.family, refusal=output.refusal, prompts=self.prompts
             )
             record.append({"turn": t, "cache_key": key, "status": parsed.status.value})
-            messages.append(
-                Message(role="assistant", content=[TextPart(text=output.text or "(no answer)")])
-            )
+            # the model's answer goes back as it would go to a grader: made inert (a chat token
+            # in it would open a turn on a server that renders messages through a chat template)
+            echo = inert(output.text) or "(no answer)"
+            messages.append(Message(role="assistant", content=[TextPart(text=echo)]))
         assert parsed is not None and outputs
         await self._finish(unit, parsed, total_output(outputs), record, shown)
 
