@@ -250,7 +250,8 @@ class OrthancClient:
         return self._study(self.get_json(f"/studies/{study_id}"))
 
     def find_study(self, study_uid: str) -> str | None:
-        """Orthanc ID of the study with this StudyInstanceUID, or None."""
+        """Orthanc ID of a study with this StudyInstanceUID (any patient's: for tools and tests;
+        what the sandbox evaluates or writes to is found by ``find_study_of``), or None."""
         return self._lookup(study_uid, "Study")
 
     def find_series(self, series_uid: str) -> str | None:

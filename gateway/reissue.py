@@ -53,9 +53,21 @@ def _source_headers(orthanc: OrthancClient, case: Case) -> list[Dataset]:
     if not case.provenance.study_uids:
         raise ReissueError(f"case {case.case_id!r} names no source study (StudyInstanceUID)")
     study_uid = case.provenance.study_uids[0]
-    study_id = orthanc.find_study(study_uid)
-    if study_id is None:
+    # a UID is not an identity: the study of the patient the case's headers name (its
+    # patient_id may be a pseudonym), and only one
+    ident = case.provenance.identity
+    patient_id = ident.patient_id if ident is not None else ""
+    found = orthanc.studies_by_uid(study_uid)
+    if patient_id:
+        found = [s for s in found if s.patient_id == patient_id]
+    if not found:
         raise ReissueError(f"the source study of case {case.case_id!r} is not in PACS")
+    if len(found) > 1:
+        raise ReissueError(
+            f"the source study of case {case.case_id!r}: {len(found)} patients' studies in PACS "
+            "share its StudyInstanceUID and the case names no patient to tell them apart"
+        )
+    study_id = found[0].orthanc_id
     wanted = {i.series_uid for i in case.images if i.series_uid}
     series = [
         s for s in orthanc.list_series(study_id, classify=False) if s.modality in ("MR", "CT")
