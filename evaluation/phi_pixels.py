@@ -7,22 +7,27 @@ Debian's tesseract-ocr and decides:
 
 * no identifying text: the image is sent as it is (the renderer's own marks, R/L or A/P,
   sequence names and slice positions, match no identifying term and no identifier shape);
-* identifying text: each text line that matches is blacked out (the word boxes tesseract
-  returns, padded), the result is read again and sent when nothing identifying is left in it;
-  withheld when something is, or when the boxes would cover more than a third of the image;
+* identifying text: each text line that matches, and the lines of the same block of text
+  (a date misread beside a name read), are blacked out (the word boxes tesseract returns,
+  padded); the result is read again and sent when nothing identifying is left in it, withheld
+  when something is, or when the boxes would cover more than a third of the image;
 * the image could not be read within its time budget, tesseract is missing or failed, the PNG
   does not decode: withheld, with the reason (fail closed: never sent unread).
 
 Redacted rather than withheld: burned-in text sits in corners and strips, the anatomy stays
 readable and the model still sees the series; a withheld image takes a whole sequence away.
 
+Two readings of each image: as it is (inverted, enlarged), and its dark parts brightened, where
+text a few grey levels above black hides from tesseract's own threshold.
+
 What identifies, in a line read from the pixels: a term of the case (the gate's terms: names in
-their written forms, patient ID, accession number, institution, the record's identifiers),
-compared without case, accents and separators ("ALVAREZ^MARTA", "ID:4471902"), one misread
-character allowed in a word of five letters or more (two from nine); a match of the gate's text
-rules (dates, long digit runs, labelled fields, titled names...); and, since burned-in text is
-terse, any run of six digits and any year 1900-2099 (letters that OCR mistakes for digits read as
-digits: O->0, l->1, S->5...).
+their written forms, patient ID, accession number, institution, the record's identifiers) or a
+date of the study, compared without case, accents and separators ("ALVAREZ^MARTA",
+"ID:4471902"), one misread character allowed in a word of five letters or more (two from nine);
+a match of the gate's text rules (dates, long digit runs, labelled fields; not its names guessed
+from the shape of a line, which OCR's debris on anatomy has); and, since burned-in text is terse,
+any run of six digits, any year 1900-2099 and a month's name against a number (letters that OCR
+mistakes for digits read as digits: O->0, l->1, S->5...).
 
 Tesseract is run as a program (one process per pass, the PNG on stdin, TSV on stdout) with
 ``OMP_THREAD_LIMIT=1`` in its own environment: its OpenMP threads make it about five times slower
@@ -58,15 +63,18 @@ from evaluation.ehr import ascii_fold
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-DEFAULT_BUDGET_S = 20.0  # per image, every pass and the check of a redaction included
+DEFAULT_BUDGET_S = 20.0  # per image: every reading of it and of its blacked-out copies
 MAX_PIXELS = 40_000_000  # larger images are withheld unread (no rendered image comes near)
 MAX_COVERED = 1 / 3  # a redaction that would black out more than this withholds the image
 _CACHE_SIZE = 2048
 _OCR_PIXELS = 8_000_000  # upscaled no further than this
-_HAT = 7  # px: wider than a stroke of burned-in text, narrower than most anatomy
-_HAT_LEVEL = 12  # grey levels a stroke must stand above its surroundings
-_DARK = 48  # the background faint text is looked for on (grey level, 0-255)
-_MAX_GLYPH = 48  # px: a connected shape taller than this is not a character of burned-in text
+_OPEN = 7  # px: wider than a stroke of burned-in text (the background is what is left)
+_BLACK = 2  # grey levels that count as black (the renderer's background is 0)
+_INK = 8  # grey levels a stroke stands above what is around it
+_GAIN = 16  # text 16 grey levels above black becomes white
+_ROUNDS = 3  # black-outs of what a new reading finds, before the image is withheld
+_GROW_CONF = 40.0  # a word read with less confidence is not taken as part of a block
+_MAX_GLYPH = 48  # px: a word read taller than this is not burned-in text
 _TESSERACT_ARGS = ("--psm", "11", "--oem", "1", "-l", "eng")
 
 
@@ -95,11 +103,15 @@ class ImageAction(BaseModel):
     detail: str = ""  # for people (no PHI): "tesseract not found on PATH"
 
 
+_Box = tuple[int, int, int, int]  # left, top, right, bottom in the image's pixels
+
+
 @dataclass(frozen=True)
 class _Word:
     text: str
-    box: tuple[int, int, int, int]  # left, top, right, bottom in the image's pixels
+    box: _Box
     line: tuple[int, int, int, int]  # pass, block, paragraph, line
+    conf: float = 0.0  # tesseract's confidence, 0-100
 
 
 @dataclass(frozen=True)
@@ -268,28 +280,55 @@ def _spread(a: np.ndarray, k: int, pick: Callable[..., np.ndarray]) -> np.ndarra
     return a
 
 
-def _strokes(grey: np.ndarray) -> np.ndarray:
-    """Thin strokes a few grey levels brighter than a dark background (a white top-hat,
-    thresholded), as black on white, without the connected shapes too large or too small to be
-    characters: text only faintly brighter than the black around the head, which tesseract's own
-    threshold (set by the bright anatomy) misses."""
-    from scipy import ndimage
+def _faint(grey: np.ndarray) -> np.ndarray:
+    """The black parts of the image (around the head, borders, corners: where most pixels near
+    each one are black) brightened sixteen-fold and the rest blanked: text a few grey levels
+    above black, which tesseract's own threshold, set by the bright anatomy, takes for
+    background. Dim tissue is left out: its noise, brightened, reads as text and takes tesseract
+    seconds."""
+    from PIL import Image as PILImage
+    from PIL import ImageFilter
 
-    opened = _spread(_spread(grey, _HAT, np.minimum), _HAT, np.maximum)
-    # over tissue the image as it is reads better, and the tissue's speckle would read as text
-    mask = ((grey.astype(np.int16) - opened) > _HAT_LEVEL) & (opened <= _DARK)
-    labels, _ = ndimage.label(mask)
-    for n, where in enumerate(ndimage.find_objects(labels), 1):
-        if where is not None:
-            h, w = where[0].stop - where[0].start, where[1].stop - where[1].start
-            if h > _MAX_GLYPH or w > _MAX_GLYPH * 2 or h * w <= 2:
-                mask[where][labels[where] == n] = False
-    return np.where(mask, 0, 255).astype(np.uint8)
+    black = PILImage.fromarray(np.where(grey <= _BLACK, 255, 0).astype(np.uint8))
+    mostly = np.asarray(black.filter(ImageFilter.BoxBlur(_OPEN))) >= 128
+    bright = np.minimum(grey.astype(np.uint16) * _GAIN, 255)
+    return np.where(mostly, bright, 0).astype(np.uint8)
+
+
+def _run(cols: np.ndarray, start: int, gap: int, reach: int) -> int:
+    """Where the strokes that go on from ``start`` end (``cols``: columns with ink), across gaps
+    shorter than ``gap``, at most ``reach`` further."""
+    end, stop = start, min(len(cols), start + reach)
+    while end < stop:
+        more = np.flatnonzero(cols[end : min(end + gap, stop)])
+        if more.size == 0:
+            break
+        end += int(more[-1]) + 1
+    return end
+
+
+def _along_rows(grey: np.ndarray, boxes: list[_Box]) -> list[_Box]:
+    """Each box widened along its row for as long as strokes go on (gaps of less than one and a
+    half heights): OCR reads a faint line in pieces, and the piece it did not read ("ADAEZE"
+    after "OKONKWO^") is blacked out with the one it did."""
+    opened = _spread(_spread(grey, _OPEN, np.minimum), _OPEN, np.maximum)
+    ink = (grey.astype(np.int16) - opened) > _INK
+    width = grey.shape[1]
+    out = []
+    for x0, y0, x1, y1 in boxes:
+        h = max(1, y1 - y0)
+        gap, reach = max(2, 3 * h // 2), 15 * h  # a line of 25 characters or so
+        cols = ink[y0:y1].any(axis=0)
+        right = _run(cols, x1, gap, reach)
+        left = width - _run(cols[::-1], width - x0, gap, reach)
+        out.append((left, y0, right, y1))
+    return out
 
 
 def _passes(grey: Image) -> list[tuple[Image, float]]:
-    """The images tesseract reads, each with its scale: the image as it is, and the strokes of
-    faint text (``_strokes``); both enlarged (small text is read far better)."""
+    """The images tesseract reads, each with its scale: the image as it is, and its dark parts
+    brightened (``_faint``); both inverted (dark text on light, as tesseract reads best) and
+    enlarged (small text is read far better)."""
     from PIL import Image as PILImage
     from PIL import ImageOps
 
@@ -298,8 +337,8 @@ def _passes(grey: Image) -> list[tuple[Image, float]]:
     scale = max(1.0, min(scale, (_OCR_PIXELS / (w * h)) ** 0.5))
     size = (max(1, round(w * scale)), max(1, round(h * scale)))
     plain = ImageOps.invert(grey).resize(size, PILImage.Resampling.BILINEAR)
-    strokes = PILImage.fromarray(_strokes(np.asarray(grey)))
-    return [(plain, scale), (strokes.resize(size, PILImage.Resampling.BILINEAR), scale)]
+    faint = ImageOps.invert(PILImage.fromarray(_faint(np.asarray(grey))))
+    return [(plain, scale), (faint.resize(size, PILImage.Resampling.BILINEAR), scale)]
 
 
 def _tesseract(image: Image, timeout: float) -> str:
@@ -341,12 +380,14 @@ def _words(tsv: str, n: int, scale: float, size: tuple[int, int]) -> list[_Word]
             continue
         try:
             block, par, line, left, top, width, height = (int(c) for c in cols[2:5] + cols[6:10])
+            conf = float(cols[10])
         except ValueError:
             continue
         x0, y0 = int(left / scale), int(top / scale)
         x1 = min(size[0], int((left + width) / scale + 1))
         y1 = min(size[1], int((top + height) / scale + 1))
-        out.append(_Word(cols[11].strip()[:100], (x0, y0, x1, y1), (n, block, par, line)))
+        text = cols[11].strip()[:100]
+        out.append(_Word(text, (x0, y0, x1, y1), (n, block, par, line), conf))
     return out
 
 
@@ -391,21 +432,21 @@ def _glyph_sized(w: _Word) -> bool:
 
 
 def _near(a: _Word, b: _Word) -> bool:
-    """Whether ``b`` is text of the same block as ``a``: of a like height, at most a line above
-    or below it (closer than a title bar's text is to the text under it) and a little to its
-    side."""
+    """Whether ``b`` is text of the same block as ``a``, of a like height: a word on its row at
+    most a word space or two away (the rest of "GARCIA^JOSE" read as two fragments), or a line
+    under or over it, overlapping it sideways, less than half a line apart (closer than a title
+    or a label is to the text under it), read with some confidence (not debris on anatomy)."""
     ha, hb = a.box[3] - a.box[1], b.box[3] - b.box[1]
-    if not (ha <= 2 * hb and hb <= 2 * ha):
+    if not (2 * ha <= 3 * hb and 2 * hb <= 3 * ha):
         return False
-    h = max(ha, hb)
     dy = max(a.box[1], b.box[1]) - min(a.box[3], b.box[3])
     dx = max(a.box[0], b.box[0]) - min(a.box[2], b.box[2])
-    return dy <= 0.6 * h and dx <= 1.5 * h
+    if -dy >= min(ha, hb) / 2:  # on the same row
+        return dx <= 1.5 * max(ha, hb)
+    return b.conf >= _GROW_CONF and dy <= 0.5 * min(ha, hb) and dx < 0
 
 
-def _identifying(
-    reading: _Reading, matcher: TextMatcher
-) -> tuple[list[tuple[int, int, int, int]], set[str]]:
+def _identifying(reading: _Reading, matcher: TextMatcher) -> tuple[list[_Box], set[str]]:
     """The boxes to black out, and the kinds of identifying content found: every line read that
     identifies someone, with the text around it (the block it belongs to: a date OCR misreads
     beside a name it reads is blacked out with it); shapes too large to be text are left."""
@@ -427,16 +468,16 @@ def _identifying(
     return sorted(w.box for w in chosen), kinds
 
 
-def _black_out(png: bytes, boxes: list[tuple[int, int, int, int]]) -> tuple[bytes, float]:
-    """The PNG with the boxes (padded) filled black, and the fraction of it they cover."""
-    import numpy as np
+def _black_out(png: bytes, boxes: list[_Box]) -> tuple[bytes, float]:
+    """The PNG with the boxes (widened along their rows, padded) filled black, and the fraction
+    of it they cover."""
     from PIL import Image
 
     with Image.open(io.BytesIO(png)) as im:
         im.load()
         img = im.convert("RGBA" if "A" in im.getbands() else "RGB")
     covered = np.zeros((img.height, img.width), dtype=bool)
-    for x0, y0, x1, y1 in boxes:
+    for x0, y0, x1, y1 in _along_rows(np.asarray(img.convert("L")), boxes):
         pad = max(2, (y1 - y0) // 3)
         covered[max(0, y0 - pad) : y1 + pad, max(0, x0 - pad) : x1 + pad] = True
     pixels = np.array(img)
@@ -457,23 +498,21 @@ class PixelScreen:
         self._cache: OrderedDict[str, _Reading] = OrderedDict()
         self._lock = threading.Lock()
 
-    def reading(self, png: bytes) -> _Reading:
-        """What tesseract reads in ``png`` (cached by its sha256)."""
+    def reading(self, png: bytes, deadline: float | None = None) -> _Reading:
+        """What tesseract reads in ``png`` (cached by its sha256), by ``deadline`` (monotonic
+        time; the screen's budget from now when None)."""
         sha = hashlib.sha256(png).hexdigest()
         with self._lock:
             hit = self._cache.get(sha)
             if hit is None:
-                hit = _read(png, self.budget_s)
+                left = self.budget_s if deadline is None else deadline - time.monotonic()
+                hit = _read(png, left)
                 self._cache[sha] = hit
                 while len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
             else:
                 self._cache.move_to_end(sha)
             return hit
-
-    def seconds(self, png: bytes) -> float:
-        """How long reading ``png`` took (0 when it was not read yet or failed)."""
-        return self.reading(png).seconds
 
     def screen(self, png: bytes, matcher: TextMatcher) -> tuple[bytes | None, ImageAction | None]:
         """``png`` as it may leave (None: withheld), and what was done to it (None: nothing)."""
@@ -484,23 +523,32 @@ class PixelScreen:
                 sha256=sha, action="withheld", reason=reason, kinds=sorted(kinds), detail=detail
             )
 
-        first = self.reading(png)
-        if first.failure is not None:
-            return None, withheld(first.failure, first.detail)
-        boxes, kinds = _identifying(first, matcher)
+        deadline = time.monotonic() + self.budget_s
+        reading = self.reading(png, deadline)
+        if reading.failure is not None:
+            return None, withheld(reading.failure, reading.detail)
+        boxes, kinds = _identifying(reading, matcher)
         if not boxes:
             return png, None
-        redacted, covered = _black_out(png, boxes)
-        if covered > MAX_COVERED:
-            detail = f"identifying text covers {covered:.0%} of the image"
-            return None, withheld(PixelReason.TOO_MUCH_TEXT, detail, kinds)
-        again = self.reading(redacted)
-        if again.failure is not None:
-            return None, withheld(again.failure, f"reading the redacted image: {again.detail}")
-        left, still = _identifying(again, matcher)
-        if left:
-            detail = f"{len(left)} text boxes still identify someone after blacking out"
-            return None, withheld(PixelReason.REDACTION_INCOMPLETE, detail, kinds | still)
+        # a second reading of the blacked-out image may find what the first missed (tesseract
+        # reads a changed image anew): black that out too, a few times at most
+        redacted, found = png, boxes
+        for _ in range(_ROUNDS):
+            redacted, covered = _black_out(redacted, found)
+            if covered > MAX_COVERED:
+                detail = f"identifying text covers {covered:.0%} of the image"
+                return None, withheld(PixelReason.TOO_MUCH_TEXT, detail, kinds)
+            again = self.reading(redacted, deadline)
+            if again.failure is not None:
+                detail = f"reading the blacked-out image: {again.detail}"
+                return None, withheld(again.failure, detail, kinds)
+            found, more = _identifying(again, matcher)
+            if not found:
+                break
+            boxes, kinds = boxes + found, kinds | more
+        else:
+            detail = f"{len(found)} text boxes still identify someone after blacking out"
+            return None, withheld(PixelReason.REDACTION_INCOMPLETE, detail, kinds)
         return redacted, ImageAction(
             sha256=sha,
             sha256_sent=hashlib.sha256(redacted).hexdigest(),
