@@ -88,11 +88,20 @@ def _hint(description: str) -> SequenceClass | None:
     return None
 
 
-# An EPI readout in a sequence name: Siemens epfid (gradient echo) / epse (spin echo) / ep2d,
-# GE epi / epiRT / epi2, Philips FEEPI / SEEPI, UIH epi_*.
-_EPI_NAME = re.compile(r"(?:^|[^a-z]|fe|se)ep(?:i|fid|se|ir|\d)")
+# An EPI readout in a sequence name: Siemens epfid (gradient echo) / epse (spin echo) / ep2d /
+# ep_b0 (diffusion), GE epi / epiRT / epi2, Philips FEEPI / SEEPI, UIH epi_*.
+_EPI_NAME = re.compile(r"(?:^|[^a-z]|fe|se)ep(?:i|fid|se|ir|\d|_)")
 _GRE_EPI_NAME = re.compile(r"epfid|feepi")
 _SE_EPI_NAME = re.compile(r"epse|seepi")
+# The same readouts named in a description or protocol, read as whole words of ``_words``
+# (separators already folded to spaces, so FE-EPI, FE_EPI, 'FE EPI' and 'EPI/T2*' read alike):
+# [FE|FFE|GRE|GE|SE]EPI with an optional 2D/3D/RT/number suffix, ep2d*/ep3d*, epfid*, epse*.
+# A whole word: 'epilepsy' and 'deep' are not EPI.
+_EPI_WORD = re.compile(
+    r" (?:(?:(?:fe|ffe|gre|ge|se) ?)?epi(?:\d?d|rt|\d)?|ep[23]d\w*|epfid\w*|epse\w*) "
+)
+_GRE_EPI_WORD = re.compile(r" (?:fe|ffe|gre|ge) ?epi|epfid")
+_SE_EPI_WORD = re.compile(r" se ?epi|epse")
 
 
 def _epi_readout(f: FrameHeader) -> str | None:
@@ -104,6 +113,9 @@ def _epi_readout(f: FrameHeader) -> str | None:
         return f"{seq} (SequenceName {f.sequence_name!r})" if by_name else seq
     if by_name:
         return f"SequenceName {f.sequence_name!r} names an EPI readout"
+    for tag, text in (("SeriesDescription", f.description), ("ProtocolName", f.protocol)):
+        if _EPI_WORD.search(_words(text)):
+            return f"{tag} {text[:64]!r} names an EPI readout"
     return None
 
 
@@ -121,6 +133,13 @@ def _epi_echo(f: FrameHeader) -> tuple[str, str] | None:
     if match is not None and not (gre and se):
         kind = "gradient" if gre else "spin"
         return kind, f"{match.group()!r} in SequenceName is {kind}-echo EPI"
+    for tag, text in (("SeriesDescription", f.description), ("ProtocolName", f.protocol)):
+        w = _words(text)
+        gre, se = _GRE_EPI_WORD.search(w), _SE_EPI_WORD.search(w)
+        match = gre or se
+        if match is not None and not (gre and se):
+            kind = "gradient" if gre else "spin"
+            return kind, f"{match.group().strip()!r} in {tag} is {kind}-echo EPI"
     return None
 
 
@@ -251,7 +270,8 @@ def classify(
         return Classification(
             C.FMRI,
             "BOLD EPI",
-            f"SeriesDescription {desc_q} names a functional run; ScanningSequence {'/'.join(f.scanning_sequence) or '?'}",
+            f"SeriesDescription {desc_q} names a functional run; ScanningSequence {'/'.join(f.scanning_sequence) or '?'}"
+            + (f"; {epi}" if epi and not epi.startswith("ScanningSequence") else ""),
             0.9,
         )
 

@@ -33,6 +33,8 @@ def _epi_series(
     echo_time: float = 30.0,
     agent: str | None = None,
     description: str = "series 5",
+    protocol: str | None = None,
+    repetition_time: float = 1500.0,
 ) -> Path:
     """One EPI series of ``volumes`` time points x ``slices`` axial slices, one file per image."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -59,13 +61,15 @@ def _epi_series(
             ds.AcquisitionNumber = t + 1
             ds.TemporalPositionIdentifier = t + 1
             ds.SeriesDescription = description
-            ds.ProtocolName = description
+            ds.ProtocolName = description if protocol is None else protocol
             ds.ImageType = ["ORIGINAL", "PRIMARY", "M", "NONE"]
-            ds.ScanningSequence = list(scanning_sequence)
+            if scanning_sequence:
+                ds.ScanningSequence = list(scanning_sequence)
             ds.SequenceVariant = ["SK"]
-            ds.SequenceName = sequence_name
+            if sequence_name:
+                ds.SequenceName = sequence_name
             ds.MRAcquisitionType = "2D"
-            ds.RepetitionTime = 1500.0
+            ds.RepetitionTime = repetition_time
             ds.EchoTime = echo_time
             ds.FlipAngle = 90
             if agent is not None:
@@ -194,3 +198,124 @@ def test_corpus_epi_series_keep_their_labels(corpus: Path, corpus_index) -> None
         stacks = [s for s in corpus_index.series if Path(s.path) == root]
         assert stacks, folder
         assert {s.series_class for s in stacks} == {cls}, [s.reason for s in stacks]
+
+
+# --- EPI named in the description or protocol, with the vendors' separators ------------------
+
+
+def test_philips_t2w_fe_epi_single_volume_is_t2star(tmp_path: Path) -> None:
+    """Philips writes ScanningSequence GR and no SequenceName; 'FE-EPI' is the readout and the
+    'T2W' beside it is the T2*-weighting of a gradient-echo EPI, not a contradiction."""
+    s = _only(
+        _epi_series(
+            tmp_path / "philips",
+            volumes=1,
+            slices=6,
+            scanning_sequence=["GR"],
+            sequence_name="",
+            echo_time=35.0,
+            description="T2W/FE-EPI",
+            protocol="T2W/FE-EPI SENSE",
+        )
+    )
+    assert s.series_class is C.T2STAR, s.reason
+    assert "FE-EPI" in s.reason and "gradient" in s.reason
+
+
+def test_philips_t2w_fe_epi_time_series_is_functional_or_perfusion(tmp_path: Path) -> None:
+    kw = dict(
+        scanning_sequence=["GR"],
+        sequence_name="",
+        echo_time=35.0,
+        description="T2W/FE-EPI",
+        protocol="T2W/FE-EPI SENSE",
+    )
+    bold = _only(_epi_series(tmp_path / "bold", volumes=8, **kw))  # type: ignore[arg-type]
+    assert bold.series_class is C.FMRI, bold.reason
+    dsc = _only(_epi_series(tmp_path / "dsc", volumes=8, agent="Gadovist", **kw))  # type: ignore[arg-type]
+    assert dsc.series_class is C.PERFUSION, dsc.reason
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "FE-EPI",
+        "FE_EPI",
+        "fe epi",
+        "FEEPI",
+        "FFE-EPI",
+        "EPI2D",
+        "ep2d_fid",
+        "ep2d_bold_mb",
+        "epi_gre_2mm",
+        "EPI/T2*",
+        "GRE-EPI",
+        "GE-EPI",
+        "ep2d_pace",
+        "EPI",
+    ],
+)
+def test_vendor_spellings_of_an_epi_readout_are_epi(tmp_path: Path, name: str) -> None:
+    """Named in the description only (ScanningSequence GR, no SequenceName): a time series of
+    such a readout is a functional run, not a structural T2* (old code: T2STAR or UNKNOWN)."""
+    s = _only(
+        _epi_series(
+            tmp_path / "x",
+            volumes=5,
+            scanning_sequence=["GR"],
+            sequence_name="",
+            description=name,
+        )
+    )
+    assert s.series_class is C.FMRI, (name, s.reason)
+    assert "EPI" in s.reason
+
+
+@pytest.mark.parametrize("name", ["SE-EPI", "SE_EPI", "SEEPI"])
+def test_spin_echo_epi_spellings_give_the_echo_when_no_tag_does(tmp_path: Path, name: str) -> None:
+    s = _only(
+        _epi_series(
+            tmp_path / "se",
+            volumes=1,
+            scanning_sequence=[],
+            sequence_name="",
+            echo_time=80.0,
+            description=name,
+        )
+    )
+    assert s.series_class is C.UNKNOWN
+    assert "spin-echo EPI" in s.reason, s.reason
+
+
+def test_fe_epi_spelling_gives_gradient_echo_when_no_tag_does(tmp_path: Path) -> None:
+    s = _only(
+        _epi_series(
+            tmp_path / "fe",
+            volumes=1,
+            scanning_sequence=[],
+            sequence_name="",
+            echo_time=30.0,
+            description="T2*W_FE_EPI",
+        )
+    )
+    assert s.series_class is C.T2STAR, s.reason
+
+
+@pytest.mark.parametrize(
+    "name", ["Epilepsy 3D T1", "epilepsy_T1_mprage", "T1 deep grey", "sep T1", "step T1 pre"]
+)
+def test_words_that_contain_ep_are_not_epi(tmp_path: Path, name: str) -> None:
+    """'epilepsy' starts with 'epi': a whole-word reading, not a substring one."""
+    s = _only(
+        _epi_series(
+            tmp_path / "t1",
+            volumes=1,
+            scanning_sequence=["GR"],
+            sequence_name="",
+            echo_time=3.0,
+            repetition_time=8.0,
+            description=name,
+        )
+    )
+    assert s.series_class is C.T1, (name, s.reason)
+    assert "EPI" not in s.reason
