@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation import RUNDATA_FILE, Printer, RunData, case_slug, save_run, write_report
+from evaluation import (
+    RUNDATA_FILE,
+    CaseChecklist,
+    Printer,
+    RunData,
+    case_slug,
+    save_run,
+    write_report,
+)
 
 GATEWAY_KEY = "gateway"  # RunData.config entry written by the gateway
 
@@ -46,8 +54,22 @@ def write_checklist(run: RunData, folder: Path, printer: Printer | None = None) 
         run=run,
         html=Path(index.cases[run.cases[0].case_id]).read_text(),  # the page, no summary link
         pdf=pdf.read_bytes() if pdf.is_file() else None,
-        warnings=list(index.warnings),
+        warnings=[*index.warnings, *_missing_images(folder / "cases" / f"{slug}.json")],
     )
+
+
+def _missing_images(checklist_json: Path) -> list[str]:
+    """A checklist image whose file was not found (its tile and the PDF then show none) is
+    said in the run's warnings, not only on the page."""
+    cl = CaseChecklist.model_validate_json(checklist_json.read_bytes())
+    gone = [i for i in cl.images if i.file_sha256 is None]
+    if not gone:
+        return []
+    first = gone[0].path[-200:]
+    return [
+        f"{len(gone)} of {len(cl.images)} images the model saw were not found (or not readable) for the checklist "
+        f"(first: {first}); its page and PDF show them as missing"
+    ]
 
 
 def gateway_info(run: RunData) -> dict[str, Any]:

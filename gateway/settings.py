@@ -23,7 +23,8 @@ class Settings(BaseSettings):
 
     # PACS gateway (see deploy/README.md). Ports left unset are chosen by `neurosandbox pacs up`
     # (a free loopback port) and read back from DATA_DIR/pacs/pacs.json by the other commands.
-    data_dir: Path = Path("var")  # local Orthanc, spool, cache, runs, tokens, audit log
+    # local Orthanc, spool, cache, runs, tokens, audit log; made absolute when read (below)
+    data_dir: Path = Field(Path("var"), validate_default=True)
     orthanc_url: str | None = None  # default: the local Orthanc of `neurosandbox pacs up`
     orthanc_username: str = "neurosandbox"
     orthanc_password: SecretStr | None = None  # from the environment only, never a CLI flag
@@ -117,6 +118,14 @@ class Settings(BaseSettings):
                 if data.get(key) is None:
                     data[key] = Path(out) / key.removesuffix("_dir")
         return data
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute_data_dir(cls, value: Path) -> Path:
+        """DATA_DIR relative to the working directory the settings are read in (``~``
+        expanded): every path a run stores under it (its folder, its images, its SR copies,
+        its report's case root) then reads the same from any working directory."""
+        return value.expanduser().resolve()
 
     @field_validator("models", mode="before")
     @classmethod
