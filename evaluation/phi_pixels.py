@@ -17,8 +17,8 @@ Debian's tesseract-ocr and decides:
 Redacted rather than withheld: burned-in text sits in corners and strips, the anatomy stays
 readable and the model still sees the series; a withheld image takes a whole sequence away.
 
-Two readings of each image: as it is (inverted, enlarged), and its dark parts brightened, where
-text a few grey levels above black hides from tesseract's own threshold.
+Two readings of each image: as it is (inverted, enlarged), and its black parts with whatever is a
+few grey levels brighter made white: text there hides from tesseract's own threshold.
 
 What identifies, in a line read from the pixels: a term of the case (the gate's terms: names in
 their written forms, patient ID, accession number, institution, the record's identifiers) or a
@@ -71,7 +71,7 @@ _OCR_PIXELS = 8_000_000  # upscaled no further than this
 _OPEN = 7  # px: wider than a stroke of burned-in text (the background is what is left)
 _BLACK = 2  # grey levels that count as black (the renderer's background is 0)
 _INK = 8  # grey levels a stroke stands above what is around it
-_GAIN = 16  # text 16 grey levels above black becomes white
+_FAINT = 4  # grey levels: what is brighter, in the black parts, is read as text (white)
 _ROUNDS = 3  # black-outs of what a new reading finds, before the image is withheld
 _GROW_CONF = 40.0  # a word read with less confidence is not taken as part of a block
 _MAX_GLYPH = 48  # px: a word read taller than this is not burned-in text
@@ -281,18 +281,17 @@ def _spread(a: np.ndarray, k: int, pick: Callable[..., np.ndarray]) -> np.ndarra
 
 
 def _faint(grey: np.ndarray) -> np.ndarray:
-    """The black parts of the image (around the head, borders, corners: where most pixels near
-    each one are black) brightened sixteen-fold and the rest blanked: text a few grey levels
-    above black, which tesseract's own threshold, set by the bright anatomy, takes for
-    background. Dim tissue is left out: its noise, brightened, reads as text and takes tesseract
-    seconds."""
+    """In the black parts of the image (around the head, borders, corners: where most pixels
+    near each one are black), whatever is a few grey levels brighter, white on black, the rest
+    blanked: text a few grey levels above black, which tesseract's own threshold, set by the
+    bright anatomy, takes for background. Dim tissue is left out: its noise, brought up, reads as
+    text and takes tesseract seconds."""
     from PIL import Image as PILImage
     from PIL import ImageFilter
 
     black = PILImage.fromarray(np.where(grey <= _BLACK, 255, 0).astype(np.uint8))
     mostly = np.asarray(black.filter(ImageFilter.BoxBlur(_OPEN))) >= 128
-    bright = np.minimum(grey.astype(np.uint16) * _GAIN, 255)
-    return np.where(mostly, bright, 0).astype(np.uint8)
+    return np.where(mostly & (grey > _FAINT), 255, 0).astype(np.uint8)
 
 
 def _run(cols: np.ndarray, start: int, gap: int, reach: int) -> int:
@@ -327,7 +326,7 @@ def _along_rows(grey: np.ndarray, boxes: list[_Box]) -> list[_Box]:
 
 def _passes(grey: Image) -> list[tuple[Image, float]]:
     """The images tesseract reads, each with its scale: the image as it is, and its dark parts
-    brightened (``_faint``); both inverted (dark text on light, as tesseract reads best) and
+    thresholded (``_faint``); both inverted (dark text on light, as tesseract reads best) and
     enlarged (small text is read far better)."""
     from PIL import Image as PILImage
     from PIL import ImageOps
