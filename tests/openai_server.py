@@ -78,6 +78,8 @@ class Script:
     record_bodies: bool = True
     prompt_tokens: int = 100
     completion_tokens: int = 50
+    # What ``GET /v1/models`` lists (an empty list, as before: the server lists nothing).
+    models: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -112,7 +114,11 @@ class _Handler(BaseHTTPRequestHandler):
                 }
             self._send(200, json.dumps(body).encode())
         elif self.path.rstrip("/").endswith("/models"):
-            self._send(200, json.dumps({"object": "list", "data": []}).encode())
+            listed = [
+                {"id": m, "object": "model", "owned_by": "test"}
+                for m in self.server.state.script.models
+            ]
+            self._send(200, json.dumps({"object": "list", "data": listed}).encode())
         else:
             self._send(404, b'{"error": {"message": "not found"}}')
 

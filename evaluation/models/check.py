@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import time
 from typing import TYPE_CHECKING, Literal
@@ -28,6 +29,7 @@ from evaluation.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from evaluation.models.litellm_adapter import LiteLLMAdapter
+    from evaluation.models.providers import ProviderProfile
 
 QUESTION = (
     "What colour is the square in this image? "
@@ -40,6 +42,18 @@ UNREACHABLE = re.compile(
     re.I,
 )
 IMAGE_WORDS = re.compile(r"image|vision|multimodal|mm_|media|inline_data|base64", re.I)
+# Where a provider lists the models it serves: OpenAI-compatible ``GET {base}/models`` (the
+# provider's default base when the spec names none), Ollama's ``GET {root}/api/tags``.
+LISTED_BASES = {
+    "openai": "https://api.openai.com/v1",
+    "xai": "https://api.x.ai/v1",
+    "openrouter": "https://openrouter.ai/api/v1",
+    "vllm": None,
+    "openai-compatible": None,
+    "ollama": "http://localhost:11434",
+}
+MAX_LIST_BYTES = 8 << 20
+MAX_SHOWN_MODELS = 8
 
 
 class CheckItem(BaseModel):
@@ -138,6 +152,8 @@ async def check_model(
                 ),
             )
         )
+    served = await served_item(spec, profile, min(timeout_s, 15.0))
+    items.append(served)
     cfg = GenerateConfig(temperature=0.0, max_tokens=1000, json_mode=True, timeout_s=timeout_s)
     t0 = time.perf_counter()
     out = await adapter.generate(_messages(True), cfg)
@@ -209,6 +225,78 @@ async def check_model(
         items = [i.model_copy(update={"warning": False}) for i in items]
     ok = all(i.level != "fail" for i in items)
     return CheckReport(**base, ok=ok, latency_s=latency, items=items)
+
+
+async def served_models(
+    spec: ModelSpec, profile: ProviderProfile, timeout_s: float
+) -> tuple[list[str] | None, str]:
+    """The model ids the endpoint lists (None when it was not asked or did not answer), and
+    where it was asked or why not."""
+    import httpx
+
+    if profile.family not in LISTED_BASES:
+        return None, f"{profile.provider} has no model list this check asks"
+    base = spec.api_base or LISTED_BASES[profile.family]
+    if not base:
+        return None, "no api_base to ask for the model list"
+    base = base.rstrip("/")
+    if profile.family == "ollama":
+        url = re.sub(r"/(v1|api)$", "", base) + "/api/tags"
+    else:
+        url = base + "/models"
+    headers = {}
+    if spec.api_key_env and os.environ.get(spec.api_key_env):
+        headers["Authorization"] = f"Bearer {os.environ[spec.api_key_env]}"
+    try:
+        async with (
+            httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client,
+            client.stream("GET", url, headers=headers) as r,
+        ):
+            if r.status_code != 200:
+                return None, f"GET {url} answered HTTP {r.status_code}"
+            body = b""
+            async for chunk in r.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_LIST_BYTES:
+                    return None, f"GET {url}: the list is over {MAX_LIST_BYTES >> 20} MiB"
+        data = json.loads(body)
+    except (httpx.HTTPError, ValueError) as exc:
+        return None, f"GET {url} failed: {str(exc)[:160] or type(exc).__name__}"
+    rows = (
+        data.get("models" if profile.family == "ollama" else "data")
+        if isinstance(data, dict)
+        else None
+    )
+    if not isinstance(rows, list):
+        return None, f"GET {url}: not a model list"
+    key = "name" if profile.family == "ollama" else "id"
+    ids = [str(r.get(key))[:200] for r in rows if isinstance(r, dict) and r.get(key)]
+    return ids, url
+
+
+async def served_item(spec: ModelSpec, profile: ProviderProfile, timeout_s: float) -> CheckItem:
+    """``served``: ok when the endpoint lists the model, FAIL when its list leaves it out,
+    info (unchecked) when there is no list to ask or it lists nothing."""
+    from evaluation.models.spec import did_you_mean
+
+    ids, where = await served_models(spec, profile, timeout_s)
+    if ids is None:
+        return CheckItem(name="served", ok=None, detail=f"unchecked: {where}")
+    if not ids:
+        return CheckItem(name="served", ok=None, detail=f"unchecked: {where} lists no model")
+    wanted = profile.model
+    names = {wanted, f"{wanted}:latest"} if profile.family == "ollama" else {wanted}
+    if names & set(ids):
+        return CheckItem(name="served", ok=True, detail=f"{wanted} is listed by {where}")
+    shown = ", ".join(ids[:MAX_SHOWN_MODELS]) + (
+        f" and {len(ids) - MAX_SHOWN_MODELS} more" if len(ids) > MAX_SHOWN_MODELS else ""
+    )
+    return CheckItem(
+        name="served",
+        ok=False,
+        detail=f"{wanted} is not served by the endpoint{did_you_mean(wanted, ids)}; "
+        f"{where} lists {shown}",
+    )
 
 
 async def _diagnose(

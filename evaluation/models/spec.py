@@ -20,6 +20,7 @@ named pipe would block the open forever, ``/dev/zero`` would never end) and up t
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any
@@ -140,26 +141,73 @@ class ModelSpec(BaseModel):
         return out
 
 
+def did_you_mean(word: str, choices: list[str] | tuple[str, ...], cutoff: float = 0.6) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` (case ignored), or ``""``."""
+    lower = {c.lower(): c for c in choices}
+    found = difflib.get_close_matches(word.lower(), list(lower), n=1, cutoff=cutoff)
+    return f" (did you mean {lower[found[0]]!r}?)" if found else ""
+
+
+def reference_problem(litellm_model: str) -> str | None:
+    """Why a ``reference/...`` name is no built-in reference model (None: it is one, or it is
+    no reference name): litellm would be asked for it and fail on every call."""
+    if litellm_model in BUILTIN or not litellm_model.lower().startswith("reference/"):
+        return None
+    return (
+        f"{litellm_model!r} is not a reference model{did_you_mean(litellm_model, BUILTIN)}; "
+        f"the reference models are {', '.join(BUILTIN)}"
+    )
+
+
+FILE_KEYS = ("models",)  # the top-level keys of a models file written as a mapping
+
+
+def _unknown_keys(entry: object, where: str) -> None:
+    """Refuse a models-file key no field reads (a typo would be silently ignored)."""
+    if not isinstance(entry, dict):
+        return
+    fields = list(ModelSpec.model_fields)
+    for key in entry:
+        if key not in fields:
+            raise ModelConfigError(
+                f"{where}: unknown key {str(key)[:80]!r}{did_you_mean(str(key), fields)}; "
+                f"the keys are {', '.join(fields)} (litellm's own arguments go under 'extra')"
+            )
+
+
 def load_models_file(path: Path) -> dict[str, ModelSpec]:
-    """Specs of a models file, by name."""
+    """Specs of a models file, by name: every key must be a field of ``ModelSpec`` and every
+    ``reference/...`` model a built-in one."""
     text = read_regular(path, MAX_MODELS_FILE_BYTES, "models file")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ModelConfigError(f"models file {path}: {exc}") from exc
     entries = data.get("models") if isinstance(data, dict) else data
+    if isinstance(data, dict):
+        for key in data:
+            if key not in FILE_KEYS:
+                raise ModelConfigError(
+                    f"models file {path}: unknown top-level key {str(key)[:80]!r}"
+                    f"{did_you_mean(str(key), FILE_KEYS)}: only 'models' (a list or mapping "
+                    "of model specs) is read"
+                )
     if isinstance(entries, dict):
         entries = [{"name": k, **(v or {})} for k, v in entries.items()]
     if not isinstance(entries, list):
         raise ModelConfigError(f"models file {path}: expected a 'models' list or mapping")
     out: dict[str, ModelSpec] = {}
     for n, entry in enumerate(entries):
+        _unknown_keys(entry, f"models file {path}, entry {n + 1}")
         try:
             spec = ModelSpec.model_validate(entry)
         except ValidationError as exc:
             raise ModelConfigError(
                 f"models file {path}, entry {n + 1}: {first_error(exc, 'the entry')}"
             ) from exc
+        problem = reference_problem(spec.litellm_model)
+        if problem:
+            raise ModelConfigError(f"models file {path}, entry {n + 1}: model: {problem}")
         if spec.name in out:
             raise ModelConfigError(f"models file {path}: model {spec.name!r} listed twice")
         out[spec.name] = spec
@@ -175,10 +223,16 @@ def resolve_specs(
     concurrency: int | None = None,
     processes: int | None = None,
 ) -> list[ModelSpec]:
-    """Specs for ``--model`` names: from the models file when listed there, else by name."""
+    """Specs for ``--model`` names: from the models file when listed there, else by name.
+
+    Every name is checked before any call: a ``reference/...`` name must be a built-in one and
+    a litellm name one litellm can route (``ModelConfigError`` with what it could be)."""
     known = load_models_file(models_file) if models_file else {}
     specs: list[ModelSpec] = []
     for name in names:
+        problem = reference_problem(name) if name not in known else None
+        if problem:
+            raise ModelConfigError(f"model {problem}")
         if name in known:
             spec = known[name].model_copy()
         elif name.startswith(REPLAY + ":"):
@@ -200,6 +254,15 @@ def resolve_specs(
             path = Path(spec.replay_file.partition("#")[0])
             if os.path.exists(path):  # a missing file is an error when it is read, as before
                 check_regular(path, "replay file")
+        if spec.kind == "litellm":
+            from evaluation.models.providers import route_problem
+
+            problem = route_problem(spec.litellm_model, spec.api_base)
+            if problem:
+                listed = ""
+                if models_file is not None and name not in known:
+                    listed = f"not in the models file {models_file}{did_you_mean(name, list(known))}, and "
+                raise ModelConfigError(f"model {name!r}: {listed}{problem}")
         specs.append(spec)
     if len({s.name for s in specs}) != len(specs):
         raise ModelConfigError("the same model is named twice")
