@@ -20,6 +20,34 @@ POSITION_TOLERANCE_MM = 0.05
 SPACING_TOLERANCE = 0.01
 
 
+# A reslice into another plane builds each of its images from one row of every acquired slice,
+# so its through-plane pixel is the slice spacing. Beyond these bounds it is a blocky strip and
+# the stack is shown in the plane it was acquired in: slices more than RESLICE_MAX_SPACING_RATIO
+# times the coarser in-plane pixel apart (a resliced pixel more than twice as tall as wide: a
+# 2D coronal T2 at 4 mm over 0.45 mm pixels is 9x), or fewer than RESLICE_MIN_SLICES slices
+# (a 10-slice DWI is a 10-row image, however thin its slices).
+RESLICE_MAX_SPACING_RATIO = 2.0
+RESLICE_MIN_SLICES = 24
+
+
+def reslice_problem(shape: Sequence[int], spacing: Sequence[float]) -> str | None:
+    """Why a stack's through-plane sampling cannot support a reslice into another plane, or
+    None. ``shape`` is (columns, rows, slices[, ...]), ``spacing`` (column, row, slice) in mm."""
+    if len(shape) < 3 or len(spacing) < 3:
+        return "the stack has no slice axis"
+    n = int(shape[2])
+    if n < RESLICE_MIN_SLICES:
+        return f"{n} slices (fewer than {RESLICE_MIN_SLICES})"
+    in_plane = max(abs(float(spacing[0])), abs(float(spacing[1])))
+    through = abs(float(spacing[2]))
+    if in_plane > 0 and through > RESLICE_MAX_SPACING_RATIO * in_plane:
+        return (
+            f"slices {through:.3g} mm apart over {in_plane:.3g} mm pixels (more than "
+            f"{RESLICE_MAX_SPACING_RATIO:g}x)"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class StackGeometry:
     affine: np.ndarray  # 4x4, voxel -> RAS mm

@@ -35,6 +35,7 @@ from dicom.display import (
     slice_2d,
 )
 from dicom.errors import ImagingError
+from dicom.geometry import reslice_problem
 from dicom.headers import DEFAULT_MEMORY_CAP
 from dicom.index import index_path
 from dicom.montage import Marks, fit_tile, montage, single
@@ -45,6 +46,7 @@ from dicom.records import (
     CLINICAL_CLASSES,
     FileError,
     IndexResult,
+    Plane,
     RenderedImage,
     RenderManifest,
     SequenceClass,
@@ -243,7 +245,17 @@ def _source(
         data = vol.data
         warnings.extend(vol.warnings)
     rgb = data.ndim == 4 and data.shape[3] == 3
-    dv = display_volume(series, data, options.reslice_axial, vlabel)
+    reslice = options.reslice_axial
+    if reslice and series.affine is not None and series.plane not in (None, Plane.AXIAL):
+        why = reslice_problem(series.shape, series.spacing)
+        if why is not None:
+            assert series.plane is not None
+            reslice = False
+            warnings.append(
+                f"series {series.key}: shown in its acquired {series.plane.value} plane, not "
+                f"resliced to axial: {why}"
+            )
+    dv = display_volume(series, data, reslice, vlabel)
     warnings.extend(dv.warnings)
     ct = is_ct(series)
     stats = volume_head_stats(data, lut, ct, rgb)
@@ -427,7 +439,8 @@ def render_path(
 
 
 # Every module whose code decides the bytes of a rendered PNG: a change to any of them must
-# invalidate cached renders.
+# invalidate cached renders. The classifier and the selection decide which stacks are rendered
+# and the sequence label drawn on each.
 RENDER_MODULES = (
     "render",
     "display",
@@ -437,6 +450,8 @@ RENDER_MODULES = (
     "pixels",
     "percentile",
     "geometry",
+    "classify",
+    "selection",
 )
 
 

@@ -369,7 +369,7 @@ def _ref(folder: Path, img: RenderedImage, modality: dict[str, str]) -> ImageRef
         plane = None
     pos = img.slice_positions_mm
     if img.kind == "montage" and pos:
-        where = f"{len(pos)} slices, {_mm(pos[0])} to {_mm(pos[-1])}"
+        where = f"{len(pos)} slices, {_mm(pos[0], plane)} to {_mm(pos[-1], plane)}"
         label = f"{img.label}; {plane or 'native'} montage, {where}; patient right on image left"
     else:
         label = img.label
@@ -387,5 +387,7 @@ def _ref(folder: Path, img: RenderedImage, modality: dict[str, str]) -> ImageRef
     )
 
 
-def _mm(z: float) -> str:
-    return f"{'S' if z >= 0 else 'I'} {abs(z):.0f} mm"
+def _mm(z: float, plane: str | None = None) -> str:
+    """A position along the plane's slice axis (RAS mm), lettered as dicom labels the tiles."""
+    pos, neg = {"sagittal": ("R", "L"), "coronal": ("A", "P")}.get(plane or "", ("S", "I"))
+    return f"{pos if z >= 0 else neg} {abs(z):.0f} mm"
