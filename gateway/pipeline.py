@@ -25,7 +25,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
 import queue
+import shutil
 import threading
 import time
 from collections.abc import Iterable
@@ -40,6 +42,7 @@ from dicom import IndexResult, MixedPatientsError, index_path, one_patient
 from evaluation import Printer, case_registry
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
+from gateway.case_studies import CaseGatherer, CaseStudies
 from gateway.default_evaluator import EvaluationAbandonedError, EvaluationWorkerError
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS
@@ -110,6 +113,12 @@ class Job:
     force: bool = False
     recovered: bool = False  # re-offered after a restart: only if never evaluated
     revised: list[str] = field(default_factory=list)  # SOP UIDs re-sent with other bytes
+    # a registered case of several studies: the others (their keys and spool folders), and
+    # the named studies that did not arrive in time (gateway.case_studies)
+    others: list[tuple[StudyKey, Path]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    case_id: str | None = None
+    case_other_patients: list[str] = field(default_factory=list)  # held when any
     t0: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)  # the study's instances (dicom)
@@ -141,6 +150,8 @@ class StudyPipeline:
         self.upload_threads = upload_threads
         self.cases = cases  # the registered cases (NEUROSANDBOX_CASES): matched on UID and patient
         self.spool_studies: Path | None = None  # the DICOM node's study folders (siblings)
+        # cases of several studies: gathered before they are evaluated, once, together
+        self.gatherer: CaseGatherer | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._pending: dict[str, str] = {}  # study key -> queued run id
         self._lock = threading.Lock()
@@ -168,6 +179,8 @@ class StudyPipeline:
         the running evaluation now, which fails saying so; runs still queued fail saying the
         gateway stopped. Otherwise the running job may finish within ``timeout_s``."""
         self._stopping = True
+        if self.gatherer is not None:
+            self.gatherer.close()
         self._queue.put(None)
         cancel = getattr(self.evaluator, "cancel", None)
         if callable(cancel):
@@ -200,6 +213,8 @@ class StudyPipeline:
         """From the DICOM node: a study is complete (again). A study offered again after a
         restart with nothing new since its evaluation gets no run at all (None)."""
         folder = Path(study.folder)
+        if self.gatherer is not None and self.gatherer.offer(study):
+            return None  # one of a case's studies: evaluated with the others (on_case)
         if study.recovered and not study.revised:
             state = self.runs.study_state(study.key)
             instances = self._instances_digest(sorted(folder.rglob("*.dcm")), state.revisions)
@@ -224,6 +239,42 @@ class StudyPipeline:
             revised=list(study.revised),
         )
         return self._submit(job, f"uid:{study.key.name}")
+
+    def on_case(self, cs: CaseStudies) -> str | None:
+        """From the gatherer: every study of a case that arrived, evaluated once together
+        (the primary's run: its key, its SR, its versions). After a restart with nothing new
+        since their evaluation: no run (None)."""
+        p = cs.primary
+        studies = [p, *cs.others]
+        if all(s.recovered and not s.revised for s in studies):
+            state = self.runs.study_state(p.key)
+            files = sorted(f for s in studies for f in Path(s.folder).rglob("*.dcm"))
+            instances = self._instances_digest(files, state.revisions)
+            if instances in (state.evaluated_instances, state.evaluated_digest):
+                return None
+        job = Job(
+            run_id=self.runs.new_id(),
+            trigger="dicom",
+            study_uid=p.study_uid,
+            key=p.key,
+            folder=Path(p.folder),
+            calling_aets=sorted({a for s in studies for a in s.calling_aets}),
+            recovered=all(s.recovered for s in studies),
+            revised=sorted({r for s in studies for r in s.revised}),
+            others=[(s.key, Path(s.folder)) for s in cs.others],
+            missing=list(cs.missing),
+            case_id=cs.case_id,
+            case_other_patients=list(cs.other_patients),
+        )
+        run_id = self._submit(job, f"case:{cs.case_id}:{p.key.patient_hash}")
+        if cs.missing:
+            log.warning(
+                "case %s evaluated without %d of its studies (not arrived within %.0f s)",
+                uid_key(cs.case_id),
+                len(cs.missing),
+                cs.wait_s,
+            )
+        return run_id
 
     def on_failed(self, study: FailedStudy) -> str:
         """From the DICOM node: received instances could not be committed. The study is in
@@ -344,7 +395,10 @@ class StudyPipeline:
 
     def _run_received(self, job: Job) -> None:
         assert job.folder is not None and job.study_uid is not None and job.key is not None
-        job.files = sorted(job.folder.rglob("*.dcm"))
+        folder = job.folder
+        if job.others:  # a case of several studies: one view of all their files, linked
+            folder = self._case_view(job)
+        job.files = sorted(folder.rglob("*.dcm"))
         state = self.runs.study_state(job.key)
         if job.revised:  # re-sent with other bytes, taken as the PACS took them
             for sop in job.revised:
@@ -354,7 +408,9 @@ class StudyPipeline:
         # the others are uploaded from the spool now, overlapping the evaluation, and the
         # write-back waits for both.
         self._stage(job, "storing in Orthanc", 0.1)
-        forwarded = self.forwarder.accepted(job.key.name) if self.forwarder else set()
+        forwarded: set[str] = set()
+        for k in self._keys(job):
+            forwarded |= self.forwarder.accepted(k.name) if self.forwarder else set()
         todo = [p for p in job.files if p.stem not in state.uploaded and p.stem not in forwarded]
         with ThreadPoolExecutor(self.upload_threads) as pool:
             job.uploads = [(p, pool.submit(self.orthanc.upload, p)) for p in todo]
@@ -363,10 +419,10 @@ class StudyPipeline:
                 self._stage(job, "indexing", 0.2)
                 # The study's one index: every header read once, the first of each series
                 # kept for the identity, the PHI gate's names and the SR's evidence.
-                index = index_path(job.folder, workers=1, keep_headers=True)
+                index = index_path(folder, workers=1, keep_headers=True)
                 facts = StudyFacts.from_index(index, job.calling_aets)
                 digest = self._instances_digest(job.files, state.revisions)
-                self._evaluate(job, job.folder, index, facts, digest)
+                self._evaluate(job, folder, index, facts, digest)
             finally:
                 try:
                     self._finish_uploads(job)
@@ -389,7 +445,8 @@ class StudyPipeline:
             f.result()
         if job.key is not None and job.trigger == "dicom":
             if self.forwarder is not None:
-                job.stored |= self.forwarder.settle(job.key.name)
+                for k in self._keys(job):
+                    job.stored |= self.forwarder.settle(k.name)
             done = job.stored | set(self.runs.study_state(job.key).uploaded)
             for p in job.files:
                 if p.stem not in done:  # declined or failed on arrival
@@ -400,6 +457,27 @@ class StudyPipeline:
                 orthanc_study_id=self.orthanc.find_study_of(job.key.study_uid, job.key.patient_id),
             )
         job.settled = True
+
+    @staticmethod
+    def _keys(job: Job) -> list[StudyKey]:
+        return [k for k in (job.key, *(k for k, _ in job.others)) if k is not None]
+
+    def _case_view(self, job: Job) -> Path:
+        """The run's view of a case's studies: each study's spool files hard-linked (copied
+        across devices) under ``study/<study key>/``; the spool stays as it is."""
+        assert job.folder is not None and job.key is not None
+        view = self.runs.run_dir(job.run_id) / "study"
+        for key, src in [(job.key, job.folder), *job.others]:
+            for p in src.rglob("*.dcm"):
+                dest = view / key.name / p.relative_to(src)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(p, dest)
+                except FileExistsError:
+                    pass
+                except OSError:
+                    shutil.copyfile(p, dest)
+        return view
 
     def _run_orthanc(self, job: Job) -> None:
         assert job.orthanc_id is not None
@@ -470,7 +548,15 @@ class StudyPipeline:
         route = job.route or self.router.route(facts)
         if route is None:
             return self._skip(job, "no routing rule selects this study")
-        self._check_identity(job.key, index)
+        for k in self._keys(job):  # every study of a case: one patient, alone under its UID
+            self._check_identity(k, index)
+        if job.case_other_patients:
+            who = one_patient(index).describe()
+            raise StudyHeldError(
+                f"the studies of case {job.case_id} name more than one patient ({who}; "
+                f"{'; '.join(job.case_other_patients[:5])}): the case is held",
+                [who, *job.case_other_patients[:10]],
+            )
         instances, digest = digest, evaluation_digest(digest, route)
         state = self.runs.study_state(job.key)
         if not job.force and state.evaluated_digest == digest:
@@ -486,6 +572,11 @@ class StudyPipeline:
         if self.printer is not None:  # Chromium starts while the study is evaluated
             self.printer.warm()
         result = self.evaluator.evaluate(folder, route, work, index)
+        for uid in job.missing:
+            result.warnings.append(
+                f"case {job.case_id}: study {uid} did not arrive within the wait for the "
+                "case's studies: evaluated without it"
+            )
         if job.revised:
             result.warnings.append(
                 f"{len(job.revised)} instance(s) were re-sent with other content under the same "
@@ -510,7 +601,7 @@ class StudyPipeline:
             printed = printing.submit(write_checklist, run, work / "report", self.printer)
             self._stage(job, "waiting for the upload to Orthanc", 0.7)
             self._finish_uploads(job)
-            headers = evidence(index, result.evaluated_series_uids)
+            headers = evidence(index, _one_study(index, result.evaluated_series_uids, job.key))
             previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
             back = build_unverified(
                 run, route.models, headers, version, result.evaluator, previous, no_answer
@@ -610,3 +701,14 @@ class StudyPipeline:
                 found[s.patient_id] = f"{who}, {s.patient_name}" if s.patient_name else who
         found.pop(key.patient_id, None)
         return [found[k] for k in sorted(found)]
+
+
+def _one_study(index: IndexResult, series_uids: list[str], key: StudyKey) -> list[str]:
+    """The evaluated series the SR cites: those of its own study (a case's other studies are
+    named in the checklist); another study's when its own had none evaluated."""
+    study_of = {s.series_uid: s.study_uid for s in index.series}
+    mine = [u for u in series_uids if study_of.get(u) == key.study_uid]
+    if mine or not series_uids:
+        return mine
+    first = study_of.get(series_uids[0])
+    return [u for u in series_uids if study_of.get(u) == first]

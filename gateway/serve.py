@@ -25,6 +25,7 @@ from evaluation import Printer
 from gateway.api import GatewayContext, create_app
 from gateway.api.middleware import ConcurrencyLimit
 from gateway.cache import InstanceCache
+from gateway.case_studies import CaseGatherer
 from gateway.default_evaluator import DefaultEvaluator, ProcessEvaluator
 from gateway.follower import ChangesFollower
 from gateway.forward import Forwarder
@@ -134,6 +135,10 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     )
     ctx.pipeline = pipeline
     pipeline.spool_studies = data / "spool" / "studies"  # another patient under the same UID
+    # a registered case of several studies: evaluated once, on all of them
+    pipeline.gatherer = CaseGatherer(
+        settings.cases, pipeline.spool_studies, pipeline.on_case, settings.case_wait_s
+    )
     scp = StorageSCP(
         forwarder=forwarder,
         spool=data / "spool",

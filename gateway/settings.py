@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     # (Orthanc's OverwriteInstances; deploy/orthanc says false): the spool does the same, so
     # what is evaluated is what the PACS holds
     pacs_overwrites_instances: bool = False
+    # a registered case naming several studies waits this long after its first study for the
+    # others, then is evaluated on what arrived (saying which study is missing)
+    case_wait_s: Annotated[float, Field(gt=0)] = 600.0
     gateway_artim_timeout_s: float = 5.0  # a connection must send its association request in time
     # connections one peer address may hold; slots only known senders may use (hosts below,
     # and addresses an allowed calling AE associated from); the known senders' IP addresses
