@@ -9,9 +9,17 @@ core's record of the series a case leaves out (``dicom.SeriesNotShown``).
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from dicom import SeriesNotShown
 
@@ -92,27 +100,104 @@ REGIONS: tuple[str, ...] = (
 )
 
 
+# --------------------------------------------------------------------------- the truth's words
+
+# The validation context key under which a loader passes the vocabulary the truth is read
+# through (``evaluation.scoring.vocabulary.TRUTH_VOCABULARY``: the one the answers are read
+# through). A manifest is validated with it; records built in code are taken as written.
+VOCABULARY_CONTEXT = "truth_vocabulary"
+
+
+class TruthVocabulary(Protocol):
+    """Reads a controlled field of the truth as a canonical value; ValueError (naming the
+    allowed values and the nearest one) when the words name none."""
+
+    def region(self, value: str) -> str: ...
+    def hemisphere(self, value: str) -> str: ...
+    def sequence(self, value: str) -> str: ...
+    def signal(self, value: str, sequence: str) -> str: ...
+    def enhancement(self, value: str) -> str: ...
+    def group(self, value: str) -> str: ...
+
+
+def _vocabulary(info: ValidationInfo) -> TruthVocabulary | None:
+    context = info.context
+    return context.get(VOCABULARY_CONTEXT) if isinstance(context, dict) else None
+
+
+def _refused(exc: ValueError) -> PydanticCustomError:
+    return PydanticCustomError("truth_vocabulary", "{reason}", {"reason": str(exc)})
+
+
+def _read_as(field: str) -> Any:
+    """A before-validator reading a text value of ``field`` through the context's vocabulary."""
+
+    def read(value: Any, info: ValidationInfo) -> Any:
+        vocab = _vocabulary(info)
+        if vocab is None or not isinstance(value, str):
+            return value
+        try:
+            return getattr(vocab, field)(value)
+        except ValueError as exc:
+            raise _refused(exc) from None
+
+    return read
+
+
+def _read_signal(value: Any, info: ValidationInfo) -> Any:
+    """A lesion's signal map: each series class and each signal through the vocabulary."""
+    vocab = _vocabulary(info)
+    if vocab is None or not isinstance(value, dict):
+        return value
+    out: dict[Any, Any] = {}
+    for key, sig in value.items():
+        try:
+            seq = vocab.sequence(key) if isinstance(key, str) else key
+            out[seq] = vocab.signal(sig, seq) if isinstance(sig, str) else sig
+        except ValueError as exc:
+            raise _refused(exc) from None
+    return out
+
+
 # --------------------------------------------------------------------------- ground truth
 
 
 class Diagnosis(BaseModel):
     name: str
     icd10: str | None = None
-    group: DiseaseGroup | None = None
+    group: Annotated[
+        DiseaseGroup | None,
+        BeforeValidator(_read_as("group"), json_schema_input_type=DiseaseGroup | str | None),
+    ] = None
 
 
 class LesionTruth(BaseModel):
     """One lesion of a case, as it truly is (phantom) or as an expert labelled it."""
 
     id: str
-    type: str  # e.g. "demyelinating plaque", "acute infarct", "haematoma", "ring-enhancing mass"
-    hemisphere: Hemisphere
-    region: str  # one of REGIONS where possible
-    lobe: str | None = None  # the lobe when region is finer (e.g. juxtacortical -> frontal)
+    # free text for the reviewer and the rubric grader (no scorer matches it), e.g.
+    # "demyelinating plaque", "acute infarct", "haematoma", "ring-enhancing mass"
+    type: str
+    hemisphere: Annotated[
+        Hemisphere, BeforeValidator(_read_as("hemisphere"), json_schema_input_type=Hemisphere | str)
+    ]
+    # one of REGIONS (a manifest's words are read through the vocabulary)
+    region: Annotated[str, BeforeValidator(_read_as("region"), json_schema_input_type=str)]
+    # the lobe when region is finer (e.g. juxtacortical -> frontal)
+    lobe: Annotated[
+        str | None, BeforeValidator(_read_as("region"), json_schema_input_type=str | None)
+    ] = None
     center_mm: tuple[float, float, float] | None = None  # RAS, scanner/MNI space
     size_mm: float | None = None  # largest diameter
-    signal: dict[str, Signal] = Field(default_factory=dict)  # SequenceClass value -> signal
-    enhancement: Enhancement = Enhancement.NONE
+    # SequenceClass value -> signal
+    signal: Annotated[
+        dict[str, Signal],
+        BeforeValidator(_read_signal, json_schema_input_type=dict[str, Signal | str]),
+    ] = Field(default_factory=dict)
+    enhancement: Annotated[
+        Enhancement,
+        BeforeValidator(_read_as("enhancement"), json_schema_input_type=Enhancement | str),
+    ] = Enhancement.NONE
     diffusion_restriction: bool = False
     mask_label: int | None = None  # value in the case's lesion mask (NIfTI)
 

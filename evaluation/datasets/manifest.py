@@ -30,8 +30,9 @@ from pydantic import (
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import ErrorDetails, PydanticCustomError, core_schema
 
-from evaluation.case import GroundTruth, Question, TaskFamily, Turn
+from evaluation.case import VOCABULARY_CONTEXT, GroundTruth, Question, TaskFamily, Turn
 from evaluation.errors import field_path, is_union_tag
+from evaluation.scoring.vocabulary import TRUTH_VOCABULARY
 
 SCHEMA_ID = "https://neurosandbox.invalid/schemas/manifest.schema.json"
 
@@ -347,7 +348,7 @@ def _message(err: ErrorDetails, schema: dict[str, Any]) -> str:
         # pydantic's own list of the values ("'a', 'b' or 'c'"), so no second list is kept here
         allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
         return f"{_short(err['input'])} is not one of {', '.join(allowed)}"
-    if kind == "study_uid":
+    if kind in ("study_uid", "truth_vocabulary"):
         return err["msg"]
     return f"{err['msg'][:1].lower()}{err['msg'][1:]} (got {_short(err['input'])})"
 
@@ -363,9 +364,13 @@ def problems_of(exc: ValidationError, prefix: tuple[int | str, ...] = ()) -> lis
     return out
 
 
+# A manifest's truth is read through the answers' vocabulary (evaluation.scoring.vocabulary)
+_CONTEXT = {VOCABULARY_CONTEXT: TRUTH_VOCABULARY}
+
+
 def parse_case(entry: Any) -> ManifestCase:
     """One case of a manifest, validated as the manifest validates its cases."""
-    return ManifestCase.model_validate(entry, extra="forbid")
+    return ManifestCase.model_validate(entry, extra="forbid", context=_CONTEXT)
 
 
 def parse_manifest(data: Any) -> ParsedManifest:
@@ -374,7 +379,7 @@ def parse_manifest(data: Any) -> ParsedManifest:
         problem = "a manifest is a mapping with 'name' and a 'cases' list"
         return ParsedManifest(problems=[ManifestProblem(path="", message=problem)])
     try:
-        manifest = Manifest.model_validate(data, extra="forbid")
+        manifest = Manifest.model_validate(data, extra="forbid", context=_CONTEXT)
     except ValidationError as exc:
         problems = problems_of(exc)
     else:

@@ -186,6 +186,16 @@ def regions_in(text: str | None) -> set[str]:
     return found
 
 
+def region_phrases() -> dict[str, tuple[str, ...]]:
+    """Every phrase ``regions_in`` reads, as written, with the atlas regions it names."""
+    return dict(_REGION_PHRASES)
+
+
+def side_words() -> dict[str, str]:
+    """Every word ``side_in`` reads, with the hemisphere it names."""
+    return dict(_SIDES)
+
+
 def side_in(text: str | None) -> str | None:
     """The hemisphere a phrase names, or None; "left and right" is bilateral."""
     if not text:
@@ -225,6 +235,11 @@ _SEQ_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 )
 # header classes that show the same thing to a reader
 EQUIVALENT_SEQUENCES: dict[str, str] = {"TRACE": "DWI", "T2STAR": "SWI"}
+
+
+def sequence_classes() -> list[str]:
+    """The SequenceClass values ``sequence_class`` can give, in the order its rules are tried."""
+    return list(dict.fromkeys(c for _, c in _SEQ_RULES))
 
 
 def sequence_class(text: str | None) -> str | None:
