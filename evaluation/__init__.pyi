@@ -143,6 +143,9 @@ from .reports.reviews import (
     ReviewStore as ReviewStore,
 )
 from .reports.reviews import (
+    Superseded as Superseded,
+)
+from .reports.reviews import (
     Verdict as Verdict,
 )
 from .reports.reviews import (

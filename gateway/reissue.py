@@ -162,15 +162,20 @@ def reissue_case(
     organization: str,
     on_stored: Callable[[str], None] = lambda uid: None,
     bundle: Path | None = None,
+    note: str = "",
 ) -> Reissued:
     """Store one VERIFIED SR per model and the VERIFIED checklist PDF of a verified case. Every
     object is built before the first is stored (one that cannot be built stores none);
     ``on_stored`` hears each SOP Instance UID as it is stored. ``bundle``: the report bundle of
-    ``run``; with an ``evidence.json`` in it, the SR's evidence is the one recorded there."""
+    ``run``; with an ``evidence.json`` in it, the SR's evidence is the one recorded there.
+    ``note``: said in every SR and the PDF after the clinicians' comments (a superseded
+    report version verified knowingly names the newer version)."""
     if not verification.complete:
         raise ReissueError(f"case {case_id!r} cannot be re-issued: {verification.why_not}")
     if not verification.blocks:
         raise ReissueError(f"case {case_id!r} has no diagnostic answer to report")
+    if note:
+        verification = _with_note(verification, note)
     case = run.case(case_id)
     signed = verifiers(verification, organization)
     if bundle is not None and os.path.lexists(bundle / EVIDENCE_FILE):
@@ -217,6 +222,18 @@ def reissue_case(
     if pdf is not None:
         store(orthanc, [pdf], pdf_stored)
     return out
+
+
+def _with_note(v: Verification, note: str) -> Verification:
+    blocks = [
+        b.model_copy(
+            update={
+                "content": b.content.model_copy(update={"comments": [*b.content.comments, note]})
+            }
+        )
+        for b in v.blocks
+    ]
+    return v.model_copy(update={"blocks": blocks})
 
 
 def _newest(srs: list[Dataset], model: str) -> Dataset | None:

@@ -18,6 +18,8 @@ from evaluation import (
     ReviewError,
     ReviewEvent,
     RunData,
+    RunLoadError,
+    Superseded,
     Verdict,
     Verification,
     VerifiedBlock,
@@ -34,7 +36,9 @@ from gateway.auth import Role
 from gateway.orthanc import OrthancClient
 from gateway.reissue import Reissued, reissue_case
 from gateway.review_auth import Reviewer
-from gateway.review_service import ReviewService
+from gateway.review_service import ReportNotFoundError, ReviewService
+from gateway.run_report import gateway_info
+from gateway.runs import RunRecord
 
 MAX_BATCH = 500
 
@@ -53,6 +57,8 @@ class CaseUnderReview:
     case_id: str
     blocks: list[ReportBlock]
     reviews: list[CaseReview] = field(default_factory=list)
+    # a newer report version of the same study (None: this is the newest, or not a gateway run)
+    superseded: Superseded | None = None
 
     def mine(self, who: Reviewer) -> CaseReview | None:
         return next((r for r in self.reviews if r.reviewer == who.name), None)
@@ -74,6 +80,45 @@ class CaseUnderReview:
         return case_verification(self.case_id, self.blocks, self.reviews)
 
 
+def gateway_run_id(report: str, run: RunData) -> str:
+    """The gateway run a report is of (its folder is named after it)."""
+    return str(gateway_info(run).get("run_id") or report)
+
+
+def _slug_in(svc: ReviewService, report: str, slug: str) -> str:
+    """The case ``slug`` in another report of the same study ("" when it cannot be told)."""
+    try:
+        slugs = [case_slug(c.case_id) for c in svc.run(report).cases]
+    except (ReportNotFoundError, RunLoadError, OSError):
+        return ""
+    return slug if slug in slugs else (slugs[0] if len(slugs) == 1 else "")
+
+
+def superseded_by(
+    svc: ReviewService,
+    report: str,
+    run: RunData,
+    slug: str,
+    records: list[RunRecord] | None = None,
+) -> Superseded | None:
+    """The newer version of the study that supersedes this report's (None: none does)."""
+    if svc.versions is None:
+        return None
+    records = svc.versions.records() if records is None else records
+    run_id = gateway_run_id(report, run)
+    newer = svc.versions.superseding(run_id, records)
+    mine = next((r for r in records if r.run_id == run_id), None)
+    if newer is None or newer.version is None or mine is None or mine.version is None:
+        return None
+    return Superseded(
+        version=mine.version,
+        newer_version=newer.version,
+        newer_run_id=newer.run_id,
+        newer_slug=_slug_in(svc, newer.run_id, slug),
+        newer_finished_at=newer.finished_at or "",
+    )
+
+
 def open_case(svc: ReviewService, report: str, slug: str) -> CaseUnderReview:
     """The case (raises ``ReportNotFoundError``); its blocks come from the run's answers."""
     run = svc.run(report)
@@ -85,26 +130,57 @@ def open_case(svc: ReviewService, report: str, slug: str) -> CaseUnderReview:
         case_id=case_id,
         blocks=report_blocks(run.samples_of(case_id)),
         reviews=svc.store.reviews(run.run_id, case_id),
+        superseded=superseded_by(svc, report, run, slug),
     )
 
 
-def open_cases(svc: ReviewService, report: str) -> list[CaseUnderReview]:
-    """Every case of a report folder (the queue), the run's reviews read once for all."""
+def open_cases(
+    svc: ReviewService, report: str, records: list[RunRecord] | None = None
+) -> list[CaseUnderReview]:
+    """Every case of a report folder (the queue), the run's reviews read once for all.
+    ``records``: the gateway's runs (``ReportVersions.records``), read once for many reports."""
     run = svc.run(report)
     by_case: dict[str, list[CaseReview]] = {}
     for r in svc.store.reviews(run.run_id):
         by_case.setdefault(r.case_id, []).append(r)
-    return [
-        CaseUnderReview(
-            report=report,
-            slug=case_slug(c.case_id),
-            run=run,
-            case_id=c.case_id,
-            blocks=report_blocks(run.samples_of(c.case_id)),
-            reviews=by_case.get(c.case_id, []),
+    out = []
+    for c in run.cases:
+        slug = case_slug(c.case_id)
+        out.append(
+            CaseUnderReview(
+                report=report,
+                slug=slug,
+                run=run,
+                case_id=c.case_id,
+                blocks=report_blocks(run.samples_of(c.case_id)),
+                reviews=by_case.get(c.case_id, []),
+                superseded=superseded_by(svc, report, run, slug, records),
+            )
         )
-        for c in run.cases
-    ]
+    return out
+
+
+def knowingly(cu: CaseUnderReview, passed_over: str, act: str) -> str:
+    """What a sign-off or re-issue (``act``) of the case records as passed over: "" for the
+    newest version of its study; for a superseded one the newer version, when the reviewer
+    confirmed passing over exactly that version (``passed_over``: its gateway run id), else
+    refused. A confirmation given while another version was the newest confirms nothing."""
+    s = cu.superseded
+    if s is None:
+        return ""
+    if passed_over == s.newer_run_id:
+        return s.newer
+    if passed_over:
+        raise ReviewError(
+            f"{s.newer} now supersedes this version {s.version} of the study, not the version "
+            f"your confirmation names: review it again, and {act} {s.newer} instead or confirm "
+            f"that you {act} this older version although {s.newer} supersedes it"
+        )
+    raise ReviewError(
+        f"this is version {s.version} of the study and {s.newer} supersedes it: {act} the "
+        f"newer version, or confirm that you {act} this older version although {s.newer} "
+        "supersedes it"
+    )
 
 
 def _event(who: Reviewer, cu: CaseUnderReview, action: Action, **kw: object) -> ReviewEvent:
@@ -268,8 +344,12 @@ def preview(cu: CaseUnderReview, who: Reviewer) -> SignoffPreview:
     )
 
 
-def sign_off(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, confirm: str) -> ReviewEvent:
-    """Step 2: sign off the content the reviewer was shown (``confirm``: its digest)."""
+def sign_off(
+    svc: ReviewService, who: Reviewer, cu: CaseUnderReview, confirm: str, passed_over: str = ""
+) -> ReviewEvent:
+    """Step 2: sign off the content the reviewer was shown (``confirm``: its digest). A
+    superseded report version only with ``passed_over``, the newer version's gateway run id
+    (:func:`knowingly`); the sign-off records that version."""
     if not who.person:
         raise ReviewError(
             "your token has no person name (family^given), which a VERIFIED report names as "
@@ -287,9 +367,11 @@ def sign_off(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, confirm: st
             "the content to verify changed since it was shown (or was never shown): review the "
             "sign-off preview again"
         )
+    passed = knowingly(cu, passed_over, "sign off")
     mine = cu.mine(who)
     (event,) = svc.store.append_many(
-        [_event(who, cu, Action.SIGNOFF, text=p.digest)], expect_last=mine.last_id if mine else 0
+        [_event(who, cu, Action.SIGNOFF, text=p.digest, passed_over=passed)],
+        expect_last=mine.last_id if mine else 0,
     )
     return event
 
@@ -326,16 +408,25 @@ def reissue(
     cu: CaseUnderReview,
     orthanc: OrthancClient,
     organization: str,
+    passed_over: str = "",
 ) -> Reissued:
-    """Store the VERIFIED SRs and PDF of a verified case in PACS (a signer or an admin)."""
+    """Store the VERIFIED SRs and PDF of a verified case in PACS (a signer or an admin). A
+    superseded report version only with ``passed_over`` (:func:`knowingly`): each re-issue
+    record and the VERIFIED report name the newer version passed over."""
     v = cu.verification
     if who.role is not Role.ADMIN and not v.signed_by(who.name):
         raise ReviewError("Sign the case off before re-issuing it.")
+    passed = knowingly(cu, passed_over, "re-issue")
+    note = ""
+    if passed and cu.superseded is not None:
+        note = (
+            f"Verified on report version {cu.superseded.version} (gateway run "
+            f"{gateway_run_id(cu.report, cu.run)}) knowingly, although {passed} supersedes it"
+        )
 
     def stored(uid: str) -> None:  # logged as each object reaches PACS, not after all
-        svc.store.append(_event(who, cu, Action.REISSUE, text=uid))
+        svc.store.append(_event(who, cu, Action.REISSUE, text=uid, passed_over=passed))
 
     # the report's bundle: a gateway run's holds the evidence recorded at write-back
-    return reissue_case(
-        orthanc, cu.run, cu.case_id, v, organization, on_stored=stored, bundle=svc.folder(cu.report)
-    )
+    return reissue_case(orthanc, cu.run, cu.case_id, v, organization, on_stored=stored,
+                        bundle=svc.folder(cu.report), note=note)  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from evaluation import Case, missing_items
+from evaluation import Case, Superseded, missing_items
 from gateway.review_actions import CaseUnderReview, open_cases
 from gateway.review_auth import Reviewer
 from gateway.review_service import ReportNotFoundError, ReviewService
@@ -56,6 +56,7 @@ class QueueRow:
     error: str = ""  # of a failed, held or interrupted gateway run
     identities: list[str] = field(default_factory=list)  # of a held run
     study_uid: str = ""
+    superseded: Superseded | None = None  # a newer report version of the same study
 
 
 def _status(cu: CaseUnderReview) -> CaseStatus:
@@ -100,16 +101,18 @@ def _case_row(cu: CaseUnderReview, case: Case, who: Reviewer) -> QueueRow:
             if r.reviewer != who.name
         ],
         study_uid=(case.provenance.study_uids or [""])[0],
+        superseded=cu.superseded,
     )
 
 
 def case_rows(svc: ReviewService, who: Reviewer, report: str | None = None) -> list[QueueRow]:
     """The cases of one report (``report``) or of every report; unreadable ones are skipped."""
     names = [report] if report else [name for name, _ in svc.reports()]
+    records = svc.versions.records() if svc.versions is not None else None  # read once for all
     rows = []
     for name in names:
         try:
-            opened = zip(open_cases(svc, name), svc.run(name).cases, strict=True)
+            opened = zip(open_cases(svc, name, records), svc.run(name).cases, strict=True)
         except ReportNotFoundError:
             continue
         rows += [_case_row(cu, case, who) for cu, case in opened]

@@ -22,7 +22,9 @@ from evaluation import (
     load_checklists,
     load_run,
 )
+from gateway.report_versions import ReportVersions
 from gateway.review_auth import SessionStore
+from gateway.runs import StudyRunStore
 from gateway.settings import Settings
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -34,9 +36,11 @@ class ReportNotFoundError(KeyError):
 
 
 class ReviewService:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, runs: StudyRunStore | None = None) -> None:
         self.settings = settings
         self.root = settings.reports_root
+        # the gateway's runs: which report version supersedes which (None: reports only)
+        self.versions = ReportVersions(runs) if runs is not None else None
         self.store = ReviewStore(settings.review_log)
         self.sessions = SessionStore(settings.review_session_hours)
         self._lock = threading.Lock()

@@ -27,7 +27,7 @@ from evaluation.answers import Finding
 from evaluation.models.cost import cost_text
 from evaluation.reports.block import BlockItem, ItemKind
 from evaluation.reports.model import FLAG_TITLES, CaseChecklist, ImageItem
-from evaluation.reports.reviews import CaseReview
+from evaluation.reports.reviews import CaseReview, Superseded
 from evaluation.reports.rundata import RunData
 from evaluation.reports.summary import SummaryReport
 from evaluation.reports.verify import Decision, Verification, VerifiedBlock, decision, decisions
@@ -129,6 +129,7 @@ class ReviewView:
     # a link into the DICOM viewer: (study UID, series UID or None, slice position mm or None,
     # the plane that position is along or None); "" when there is none to give
     viewer: Callable[[str, str | None, float | None, str | None], str] | None = None
+    superseded: Superseded | None = None  # a newer report version of the study supersedes this
 
     def image_link(self, image: ImageItem, checklist: CaseChecklist) -> str | None:
         """The viewer at the series and slice an image shows (a montage: its middle tile)."""

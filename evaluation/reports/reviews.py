@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS review_events (
     category TEXT,
     rating REAL,
     text TEXT NOT NULL DEFAULT '',
-    person TEXT NOT NULL DEFAULT ''
+    person TEXT NOT NULL DEFAULT '',
+    passed_over TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS review_events_case ON review_events (run_id, case_id);
 CREATE TRIGGER IF NOT EXISTS review_events_no_update BEFORE UPDATE ON review_events
@@ -61,6 +62,7 @@ COLUMNS = (
     "rating",
     "text",
     "person",
+    "passed_over",
 )
 
 
@@ -85,6 +87,29 @@ class ReviewError(ValueError):
     """A review action that cannot be recorded (signed off already, missing field)."""
 
 
+class Superseded(BaseModel):
+    """A newer report version of the same study (its StudyInstanceUID and patient) that
+    supersedes the report under review: what the case page and the queue row say, and what a
+    knowing sign-off or re-issue of the older version names."""
+
+    version: int  # the version under review
+    newer_version: int
+    newer_run_id: str  # the newer version's gateway run (its report folder)
+    newer_slug: str = ""  # the same case in the newer report ("" when it cannot be told)
+    newer_finished_at: str = ""
+    url: str = ""  # the newer version's page, as the review pages link it (href)
+
+    @property
+    def newer(self) -> str:
+        """How the log, the pages and the VERIFIED SR name the newer version."""
+        return f"version {self.newer_version} (gateway run {self.newer_run_id})"
+
+    def href(self, base: str) -> str:
+        """The newer version's case page (its queue when the case cannot be told)."""
+        url = f"{base}/runs/{self.newer_run_id}"
+        return f"{url}/cases/{self.newer_slug}" if self.newer_slug else url
+
+
 class ReviewEvent(BaseModel):
     id: int | None = None
     at: str = ""
@@ -99,6 +124,9 @@ class ReviewEvent(BaseModel):
     rating: float | None = Field(default=None, ge=0, le=5)
     text: str = ""
     person: str = ""  # the actor's DICOM person name (family^given), from their token
+    # a sign-off or re-issue of a superseded report version: the newer version knowingly
+    # passed over ("version 2 (gateway run ...)"); "" for the newest version
+    passed_over: str = ""
 
 
 class ItemState(BaseModel):
@@ -122,6 +150,7 @@ class CaseReview(BaseModel):
     comments: list[tuple[str, str]] = Field(default_factory=list)  # (at, text)
     signed_off_at: str | None = None
     signed_digest: str = ""  # what the sign-off confirmed (reports.verify.digest)
+    passed_over: str = ""  # the newer report version the sign-off knowingly passed over
     last_id: int = 0  # the reviewer's latest event in the log
     reissued: list[str] = Field(default_factory=list)  # SOP Instance UIDs
     adjudicated: dict[str, dict[str, ItemState]] = Field(default_factory=dict)  # admin rulings
@@ -164,7 +193,7 @@ def fold(events: Iterable[ReviewEvent]) -> dict[tuple[str, str, str], CaseReview
         elif e.action is Action.COMMENT and e.text:
             r.comments.append((e.at, e.text))
         elif e.action is Action.SIGNOFF and r.signed_off_at is None:
-            r.signed_off_at, r.signed_digest = e.at, e.text
+            r.signed_off_at, r.signed_digest, r.passed_over = e.at, e.text, e.passed_over
         elif e.action is Action.REISSUE and e.text:
             r.reissued.append(e.text)
         elif e.action is Action.ADJUDICATE and e.verdict is not None:
@@ -203,8 +232,11 @@ class ReviewStore:
         with self._connect() as db:
             db.executescript(_SCHEMA)
             columns = {row[1] for row in db.execute("PRAGMA table_info(review_events)")}
-            if "person" not in columns:  # a log written before person names were recorded
-                db.execute("ALTER TABLE review_events ADD COLUMN person TEXT NOT NULL DEFAULT ''")
+            for added in ("person", "passed_over"):  # a log written before they were recorded
+                if added not in columns:
+                    db.execute(
+                        f"ALTER TABLE review_events ADD COLUMN {added} TEXT NOT NULL DEFAULT ''"
+                    )
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
@@ -279,6 +311,7 @@ class ReviewStore:
                         event.rating,
                         event.text,
                         event.person,
+                        event.passed_over,
                     ),
                 )
                 out.append(event.model_copy(update={"id": cur.lastrowid, "at": event.at or at}))

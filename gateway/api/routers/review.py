@@ -23,6 +23,7 @@ from evaluation import (
     PdfError,
     ReviewError,
     ReviewView,
+    Superseded,
     Verdict,
     csp,
     export_csv,
@@ -88,6 +89,7 @@ DONE = {
 _service_lock = threading.Lock()
 _ANCHOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 Anchor = Annotated[str, Form(max_length=100)]
+PassedOver = Annotated[str, Form(max_length=100)]  # the newer version's gateway run id
 
 
 def service(ctx: Ctx, request: Request) -> ReviewService:
@@ -96,7 +98,7 @@ def service(ctx: Ctx, request: Request) -> ReviewService:
         with _service_lock:
             svc = getattr(request.app.state, "review", None)
             if svc is None:
-                svc = ReviewService(ctx.settings)
+                svc = ReviewService(ctx.settings, ctx.runs)
                 request.app.state.review = svc
     return svc
 
@@ -296,6 +298,12 @@ def _open(
         raise _missing("case") from None
 
 
+def _superseded(cu: CaseUnderReview) -> Superseded | None:
+    """The newer version superseding the case's, with the link to it."""
+    s = cu.superseded
+    return s.model_copy(update={"url": s.href(BASE)}) if s is not None else None
+
+
 def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str,
                message: str = "", error: bool = False, code: int = 200) -> Response:  # fmt: skip
     cl, images, cu = _open(ctx, request, report, slug)
@@ -307,6 +315,7 @@ def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str
     rv.missing = missing_items(cu.blocks, rv.mine)
     rv.verification = cu.verification
     rv.viewer = viewer_link
+    rv.superseded = _superseded(cu)
     signer = rv.verification.signed_by(who.name)
     rv.can_reissue = bool(rv.verification.complete and cl.study_uids and (signer or rv.is_admin))
     body = render_checklist(cl, images, review=rv, message=message, message_error=error)
@@ -461,6 +470,7 @@ def signoff_page(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Resp
         return RedirectResponse(f"{BASE}/runs/{report}/cases/{slug}", status.HTTP_303_SEE_OTHER)
     p = preview(cu, who)
     rv = _view(ctx, request, who, report, slug)
+    rv.superseded = _superseded(cu)
     message = "" if who.person else (
         "Your token has no person name (family^given): you cannot sign off. Ask for a token "
         "made with --person.")  # fmt: skip
@@ -471,9 +481,12 @@ def signoff_page(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Resp
 
 @router.post("/runs/{report}/cases/{slug}/signoff", summary="Sign-off, step 2: confirm (final)")
 def post_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug,
-                 digest: Annotated[str, Form(max_length=100)] = "", csrf: Csrf = "") -> Response:  # fmt: skip
+                 digest: Annotated[str, Form(max_length=100)] = "", csrf: Csrf = "",
+                 passed_over: PassedOver = "") -> Response:  # fmt: skip
+    """``passed_over``: a superseded report version is signed off only with the newer
+    version's gateway run id, the reviewer's confirmation that they pass it over knowingly."""
     return _act(ctx, request, report, slug, csrf, "signoff",
-                lambda svc, who, cu: sign_off(svc, who, cu, digest))  # fmt: skip
+                lambda svc, who, cu: sign_off(svc, who, cu, digest, passed_over))  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/adjudication",
@@ -488,8 +501,9 @@ def post_adjudication(ctx: Ctx, request: Request, report: Report, slug: Slug,
 
 @router.post("/runs/{report}/cases/{slug}/reissue", summary="Store the verified report in PACS")
 def post_reissue(
-    ctx: Ctx, request: Request, report: Report, slug: Slug, csrf: Csrf = ""
-) -> Response:
+    ctx: Ctx, request: Request, report: Report, slug: Slug, csrf: Csrf = "",
+    passed_over: PassedOver = "",
+) -> Response:  # fmt: skip
     org = ctx.settings.verifying_organization
     return _act(ctx, request, report, slug, csrf, "reissue",
-                lambda svc, who, cu: reissue(svc, who, cu, ctx.orthanc, org))  # fmt: skip
+                lambda svc, who, cu: reissue(svc, who, cu, ctx.orthanc, org, passed_over))  # fmt: skip

@@ -85,6 +85,12 @@ class ErrorOverrideIn(_Strict):
 
 class SignoffIn(_Strict):
     digest: Annotated[str, Field(max_length=100)]  # from GET .../signoff: what was shown
+    # a superseded report version: the newer version's gateway run id, passed over knowingly
+    passed_over: Annotated[str, Field(max_length=100)] = ""
+
+
+class ReissueIn(_Strict):
+    passed_over: Annotated[str, Field(max_length=100)] = ""  # as for SignoffIn
 
 
 class RulingsIn(_Strict):
@@ -257,7 +263,7 @@ def get_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Signo
 @router.post(f"{BASE}/signoff", response_model=CaseState, responses=ERR,
              summary="Sign-off, step 2: confirm the content shown (its digest); final")  # fmt: skip
 def post_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug, body: SignoffIn) -> CaseState:  # fmt: skip
-    _act(ctx, request, report, slug, "signoff", lambda svc, who, cu: sign_off(svc, who, cu, body.digest))  # fmt: skip
+    _act(ctx, request, report, slug, "signoff", lambda svc, who, cu: sign_off(svc, who, cu, body.digest, body.passed_over))  # fmt: skip
     return get_case(ctx, request, report, slug)
 
 
@@ -271,9 +277,9 @@ def post_adjudication(ctx: Ctx, request: Request, report: Report, slug: Slug, bo
 
 @router.post(f"{BASE}/reissue", response_model=ReissueOut, responses={**ERR, **errors(502)},
              summary="Store the VERIFIED SRs and PDF in PACS")  # fmt: skip
-def post_reissue(ctx: Ctx, request: Request, report: Report, slug: Slug) -> ReissueOut:
-    org = ctx.settings.verifying_organization
-    out = _act(ctx, request, report, slug, "reissue", lambda svc, who, cu: reissue(svc, who, cu, ctx.orthanc, org))  # fmt: skip
+def post_reissue(ctx: Ctx, request: Request, report: Report, slug: Slug, body: ReissueIn | None = None) -> ReissueOut:  # fmt: skip
+    org, passed_over = ctx.settings.verifying_organization, body.passed_over if body else ""
+    out = _act(ctx, request, report, slug, "reissue", lambda svc, who, cu: reissue(svc, who, cu, ctx.orthanc, org, passed_over))  # fmt: skip
     return ReissueOut(sr_sop_instance_uids=out.sr_uids, pdf_sop_instance_uid=out.pdf_uid, warnings=out.warnings)  # fmt: skip
 
 
