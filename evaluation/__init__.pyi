@@ -61,6 +61,8 @@ from .models import load_models_file as load_models_file
 from .models import resolve_specs as resolve_specs
 from .models.check import check_model as check_model
 from .models.cost import cost_text as cost_text
+from .parsing import answer_schema as answer_schema
+from .parsing import format_reason as format_reason
 from .phi import PHIPolicy as PHIPolicy
 from .reports.agreement import review_stats as review_stats
 from .reports.block import BlockItem as BlockItem

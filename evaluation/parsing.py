@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from functools import lru_cache
 from typing import Any
 
@@ -79,6 +80,55 @@ _ABSTAIN = frozenset(
      "not determinable", "not applicable", "not assessable", "unable to determine"}
 )  # fmt: skip
 _UNIT_FIELDS = ("confidence", "likelihood", "severity_score", "diagnosis_confidence")
+MAX_REASON = 200  # characters of a format failure's reason shown beside it
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+_TITLES = {
+    "answer": (
+        "NeuroSandbox answer",
+        "What a model must return for the diagnostic tasks (differential, lesion, rationale, "
+        "multiturn): one JSON object. Keys not listed are ignored; each task requires the keys "
+        "x-required-by-task names. docs/answer-format.md explains each field.",
+    ),
+    "classification": (
+        "NeuroSandbox classification answer (NeuroVLM-Bench)",
+        "What a model must return for the classification task: one JSON object with every key; "
+        "null abstains.",
+    ),
+}
+
+
+def format_reason(error: str, limit: int = MAX_REASON) -> str:
+    """A format failure's reason as shown to people: one line, no control or format characters
+    (the reason quotes the model's text), at most ``limit`` characters."""
+    text = "".join(
+        " " if unicodedata.category(c).startswith("C") else c for c in (error or "")[: limit * 4]
+    )
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "\u2026"
+
+
+def answer_schema(kind: str = "answer", prompts: PromptSet | None = None) -> dict[str, Any]:
+    """The published JSON Schema of an answer (``answer``: the diagnostic tasks,
+    ``classification``: NeuroVLM-Bench's): the prompt set's schema that answers are validated
+    against, with its version and, for the diagnostic tasks, the keys each task requires."""
+    if kind not in _TITLES:
+        raise ValueError(f"answer schema {kind!r}: one of {', '.join(_TITLES)}")
+    schema = (prompts or default_prompts()).schema(kind)
+    sid = str(schema.pop("$id"))
+    title, description = _TITLES[kind]
+    out: dict[str, Any] = {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "$id": sid,
+        "version": sid.rsplit("/", 1)[-1],
+        "title": title,
+        "description": description,
+        **schema,
+    }
+    if kind == "answer":
+        out["x-required-by-task"] = {
+            f.value: list(keys) for f, keys in REQUIRED_KEYS.items() if schema_name(f) == kind
+        }
+    return out
 
 
 class ParsedAnswer(BaseModel):
@@ -206,7 +256,7 @@ def parse_answer(
         if errors:
             e = errors[0]
             where = "/".join(str(p) for p in e.path) or "(top level)"
-            last_error = f"schema: {where}: {e.message[:200]}"
+            last_error = format_reason(f"schema: {where}: {e.message}")
             continue
         try:
             answer: Answer | ClassificationAnswer = (
@@ -215,7 +265,7 @@ def parse_answer(
                 else Answer.model_validate(data)
             )
         except ValidationError as exc:
-            last_error = f"record: {exc.errors()[0]['msg'][:200]}"
+            last_error = format_reason(f"record: {exc.errors()[0]['msg']}")
             continue
         missing = [k for k in _required(prompts, name) if k not in data]
         return ParsedAnswer(

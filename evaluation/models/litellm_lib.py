@@ -1,7 +1,9 @@
-"""litellm itself: its lazy import (with the bundled price map) and how its exceptions read.
+"""litellm itself: its lazy import (with the bundled price map), how its exceptions read, and
+whether it can route a model name.
 
-Shared by the adapter (evaluation.models.litellm_adapter), the worker pool (call_pool) and the
-provider profiles (providers), which all need litellm but not each other.
+Shared by the adapter (evaluation.models.litellm_adapter), the worker pool (call_pool), the
+provider profiles (providers) and the name check (spec), which all need litellm but not each
+other.
 """
 
 from __future__ import annotations
@@ -42,6 +44,48 @@ def retry_after_of(exc: BaseException) -> float | None:
     if m is None:
         return None
     return float(m.group(1)) / (1000 if m.group(2) == "ms" else 1)
+
+
+# How a model name is written for the servers people run themselves or reach by URL.
+ROUTES = (
+    ("openai", "an OpenAI-compatible server, with --api-base / api_base"),
+    ("hosted_vllm", "vLLM"),
+    ("ollama_chat", "Ollama"),
+    ("lm_studio", "LM Studio"),
+    ("openrouter", "OpenRouter"),
+)
+
+
+def route_problem(litellm_model: str, api_base: str | None = None) -> str | None:
+    """Why litellm cannot route ``litellm_model`` (None: it can), with what it could be: the
+    provider prefixes it could take, a provider litellm knows spelt like the prefix, a model of
+    litellm's price map spelt like the name. litellm's own routing decides; nothing is called."""
+    import difflib
+
+    litellm = import_litellm()
+    try:
+        litellm.get_llm_provider(litellm_model, api_base=api_base)
+    except Exception:  # litellm says BadRequestError "LLM Provider NOT provided"
+        pass
+    else:
+        return None
+    prefix, _, rest = litellm_model.partition("/")
+    providers = sorted(str(getattr(p, "value", p)) for p in litellm.provider_list)
+    routes = "; ".join(f"{p}/{litellm_model} ({what})" for p, what in ROUTES)
+    if rest:
+        near = difflib.get_close_matches(prefix.lower(), providers, n=1, cutoff=0.6)
+        mean = f" (did you mean {near[0]!r}?)" if near else ""
+        return (
+            f"{prefix[:80]!r} is not a provider litellm knows{mean}; with the provider in front "
+            f"it could be {routes}"
+        )
+    names = [k for k in litellm.model_cost if "/" not in k and k != "sample_spec"]
+    near = difflib.get_close_matches(litellm_model.lower(), names, n=1, cutoff=0.85)
+    mean = f"did you mean {near[0]!r}? Or " if near else ""
+    return (
+        f"litellm cannot route {litellm_model[:120]!r}: a name with no provider prefix must be "
+        f"one litellm knows. {mean}write the provider in front: {routes}"
+    )
 
 
 _RETRY_DELAY = re.compile(r'"retryDelay"\s*:\s*"(\d+(?:\.\d+)?)(s)"')

@@ -255,7 +255,7 @@ def resolve_specs(
             if os.path.exists(path):  # a missing file is an error when it is read, as before
                 check_regular(path, "replay file")
         if spec.kind == "litellm":
-            from evaluation.models.providers import route_problem
+            from evaluation.models.litellm_lib import route_problem
 
             problem = route_problem(spec.litellm_model, spec.api_base)
             if problem:

@@ -8,6 +8,7 @@ marks only supply the detail (which lesion, which finding).
 from __future__ import annotations
 
 from evaluation.case import Case
+from evaluation.parsing import format_reason
 from evaluation.reports.model import AnswerChecklist, Flag, FlagKind, Mark
 from evaluation.reports.rundata import SampleResult
 from evaluation.scores import ParseStatus
@@ -19,7 +20,9 @@ def answer_flags(case: Case, a: AnswerChecklist, s: SampleResult, low: float) ->
     flags: list[Flag] = []
     status = s.scored.status
     if status is ParseStatus.FORMAT_FAILURE:
-        flags.append(Flag(kind=FlagKind.FORMAT_FAILURE, detail="no valid JSON answer"))
+        why = format_reason(s.parse_error or "")
+        detail = f"no valid JSON answer: {why}" if why else "no valid JSON answer"
+        flags.append(Flag(kind=FlagKind.FORMAT_FAILURE, detail=detail))
     elif status is ParseStatus.REFUSAL:
         flags.append(Flag(kind=FlagKind.REFUSAL, detail="the model refused or was blocked"))
     elif status is ParseStatus.ERROR:

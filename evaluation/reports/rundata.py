@@ -90,6 +90,7 @@ class SampleResult(BaseModel):
     turn: int | None = None  # multi-turn: the turn this answer closes
     # the request of its last turn (the whole conversation), a key of RunData.requests
     request: str | None = None
+    parse_error: str | None = None  # why the answer failed its format, as parsing recorded it
 
 
 class RunData(BaseModel):

@@ -151,6 +151,7 @@ def run_from_store(
                 images_sent=list(r.image_hashes),
                 turn=len(turns) - 1 if turns else None,
                 request=_sent(r.answer_turns, stored_requests, requests),
+                parse_error=r.parse_error or None,
             )
         )
     cfg = row.config

@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 
 cases_app = typer.Typer(
-    help="Check a case manifest (your own studies) before a run; print its JSON Schema.",
+    help="Check a case manifest (your own studies) before a run; print its JSON Schema, or the "
+    "answer's (what a model must return).",
     no_args_is_help=True,
 )
 console = Console()  # the report (stdout)
@@ -57,8 +58,34 @@ def cases_check(
 
 
 @cases_app.command("schema")
-def cases_schema() -> None:
-    """Print the JSON Schema of a case manifest (docs/manifest.schema.json is this output)."""
+def cases_schema(
+    answer: Annotated[
+        bool,
+        typer.Option(
+            "--answer",
+            help="print instead the JSON Schema of what a model must return "
+            "(docs/answer.schema.json; see docs/answer-format.md)",
+        ),
+    ] = False,
+    classification: Annotated[
+        bool,
+        typer.Option(
+            "--classification",
+            help="with --answer: the classification task's answer "
+            "(docs/answer-classification.schema.json)",
+        ),
+    ] = False,
+) -> None:
+    """Print the JSON Schema of a case manifest (docs/manifest.schema.json is this output), or
+    with --answer of a model's answer, with its version."""
+    if classification and not answer:
+        raise typer.BadParameter("--classification goes with --answer")
+    if answer:
+        from evaluation import answer_schema
+
+        schema = answer_schema("classification" if classification else "answer")
+        typer.echo(json.dumps(schema, indent=2))
+        return
     from evaluation import manifest_schema
 
     typer.echo(json.dumps(manifest_schema(), indent=2, sort_keys=True))

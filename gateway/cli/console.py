@@ -16,7 +16,18 @@ from rich.table import Table
 if TYPE_CHECKING:
     from evaluation import CallErrors, CaseCoverage, RunStats, SkippedCase
 
-console = Console(stderr=True)
+
+def cli_console(*, stderr: bool = False) -> Console:
+    """A console for the commands' messages: wrapped at a terminal's width, never wrapped when
+    the stream is not a terminal (a pipe, a log, `make demo | tee`), where rich would break
+    lines at 80 columns and split a token, a run id or a path in two."""
+    import sys
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, soft_wrap=not stream.isatty())
+
+
+console = cli_console(stderr=True)
 MAX_SHOWN = 300  # characters of an untrusted message (a model's error, a loader's reason)
 
 
@@ -109,6 +120,31 @@ def show_call_errors(groups: list[CallErrors], retries: dict[str, int]) -> None:
     if total:
         per = ", ".join(f"{shown(m, 80)}: {n}" for m, n in sorted(retries.items()))
         note(f"{_retries(total)} in all ({per})")
+
+
+MAX_REASONS = 3  # distinct format-failure reasons shown per model
+
+
+def show_format_failures(failed: list[tuple[str, str]]) -> None:
+    """Why answers failed the answer format, per model: the commonest reasons (bounded, one
+    line each) with how many answers each; the schema is docs/answer-format.md."""
+    from collections import Counter
+
+    from evaluation import format_reason
+
+    if not failed:
+        return
+    note("[yellow]answers with no valid JSON answer, per model (docs/answer-format.md):[/yellow]")
+    by_model: dict[str, Counter[str]] = {}
+    for model, error in failed:
+        by_model.setdefault(model, Counter())[format_reason(error) or "no reason recorded"] += 1
+    for model, reasons in sorted(by_model.items()):
+        n = sum(reasons.values())
+        note(f"  {shown(model, 80)}: {n} answer{'s' if n != 1 else ''}")
+        for reason, k in reasons.most_common(MAX_REASONS):
+            note(f"    {k} x {escape(reason)}")
+        if len(reasons) > MAX_REASONS:
+            note(f"    and {len(reasons) - MAX_REASONS} more reasons (runs export has each)")
 
 
 def _retries(n: int) -> str:
@@ -209,7 +245,8 @@ def show_run(run_dir: Path) -> RunOutcome:
         for col in ("samples", "ok", "format", "refusal", "error"):
             table.add_column(col, justify="right")
         per: dict[str, dict[str, int]] = {}
-        for r in store.samples():
+        rows = store.samples()
+        for r in rows:
             d = per.setdefault(r.model, {})
             d[r.status] = d.get(r.status, 0) + 1
         for m, d in per.items():
@@ -244,6 +281,9 @@ def show_run(run_dir: Path) -> RunOutcome:
                     f"{escape(ns.counts_text())} (each with why: runs show --json)"
                 )
         show_call_errors(groups, retries)
+        show_format_failures(
+            [(r.model, r.parse_error or "") for r in rows if r.status == "format_failure"]
+        )
         return RunOutcome(sum(g.samples for g in groups), len(coverage.skipped))
     finally:
         store.close()
@@ -272,8 +312,11 @@ def _est(value: Any) -> str:
     lo, hi = getattr(value, "low", None), getattr(value, "high", None)
     if not isinstance(v, (int, float)):
         return "-"
-    return f"{v:.3f}" + (
-        f" [{lo:.2f}, {hi:.2f}]" if isinstance(lo, float) and isinstance(hi, float) else ""
+    note = getattr(value, "note", "")  # unscored samples, thin evidence (Estimate.note)
+    return (
+        f"{v:.3f}"
+        + (f" [{lo:.2f}, {hi:.2f}]" if isinstance(lo, float) and isinstance(hi, float) else "")
+        + (f" ({note})" if note else "")
     )
 
 
@@ -281,7 +324,9 @@ def pass_at_cell(row: Any, k: int) -> str:
     """Sampled pass@k with the units it left out because samples went unscored."""
     cell = _est(row.sampled_pass_at.get(str(k)))
     left = row.sampled_pass_left_out.get(str(k), 0)
-    return cell + (f" ({left} unit{'s' if left != 1 else ''} left out: unscored)" if left else "")
+    return cell + (
+        f" ({left} unit{'s' if left != 1 else ''} left out: failed calls)" if left else ""
+    )
 
 
 def print_leaderboard(summ: Any) -> None:
