@@ -21,8 +21,10 @@ RIGHT = answer("acute ischaemic stroke", differential=["acute ischaemic stroke"]
 WRONG = answer("multiple sclerosis", differential=["multiple sclerosis"])
 
 
-def _sample(task: str, i: int, right: bool | None) -> ScoredSample:
-    status = ParseStatus.FORMAT_FAILURE if right is None else ParseStatus.OK
+def _sample(
+    task: str, i: int, right: bool | None, failed: ParseStatus = ParseStatus.ERROR
+) -> ScoredSample:
+    status = failed if right is None else ParseStatus.OK
     parsed = None if right is None else RIGHT if right else WRONG
     return make_scored_sample(
         CASE, D, "m", status, parsed, "", sample_index=i, bertscore=False, task=task
@@ -87,7 +89,7 @@ def test_rescore_fills_the_question_key_of_an_old_run(
 def test_a_unit_with_nothing_to_score_against_is_not_counted_as_left_out() -> None:
     """Found on the real corpus: head-CT slices with no class in image_mapping.csv were shown
     as "left out: unscored" although every answer parsed; only units with an answer that went
-    unscored (format failure, refusal, call error) are counted."""
+    unscored (a failed call; an unusable answer is a wrong sample) are counted."""
     from evaluation.answers import ClassificationAnswer
     from evaluation.case import Case, NeuroVLMLabels, Provenance
 
@@ -108,6 +110,6 @@ def test_a_unit_with_nothing_to_score_against_is_not_counted_as_left_out() -> No
             task="classification",
         )
     ]
-    samples += [_sample("differential", 0, None)]  # a format failure: counted
+    samples += [_sample("differential", 0, None)]  # a failed call: counted
     row = summarise(samples, ks=(1,), n_boot=20).leaderboard[0]
     assert row.sampled_pass_left_out == {"1": 1}

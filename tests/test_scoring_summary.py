@@ -72,13 +72,13 @@ def test_leaderboard_pass_at_k_both_kinds(run: list[ScoredSample]) -> None:
     a = next(r for r in s.leaderboard if r.model == "A")
     # sampled: per unit c/n -> 1, 0.2, 0, 0 (abscess: 0 of 4 scored) -> 0.3
     assert a.sampled_pass_at["1"].value == pytest.approx(0.3)
-    # pass@5 needs 5 scored samples: ms 1, stroke 1, gbm 0 (abscess has 4) -> 2/3
-    assert a.sampled_pass_at["5"].value == pytest.approx(2 / 3)
-    assert a.sampled_pass_at["5"].n == 3
-    # ranked: truth first in 6 of 19 scored answers (ms x5, stroke x1); in the top 5 in all
-    # but the stroke answers that say only "multiple sclerosis" (4)
-    assert a.ranked_pass_at["1"].value == pytest.approx(6 / 19)
-    assert a.ranked_pass_at["5"].value == pytest.approx(15 / 19)
+    # pass@5: ms 1, stroke 1, gbm 0, abscess 0 (its format failure is a wrong sample) -> 1/2
+    assert a.sampled_pass_at["5"].value == pytest.approx(1 / 2)
+    assert a.sampled_pass_at["5"].n == 4
+    # ranked: truth first in 6 of 20 answers (ms x5, stroke x1); in the top 5 in all but the
+    # stroke answers that say only "multiple sclerosis" (4) and the format failure
+    assert a.ranked_pass_at["1"].value == pytest.approx(6 / 20)
+    assert a.ranked_pass_at["5"].value == pytest.approx(15 / 20)
     assert (a.n_samples, a.n_scored, a.format_failures) == (20, 19, 1)
     assert a.accuracy.value == pytest.approx(6 / 19)
     assert a.strict_accuracy.value == pytest.approx(6 / 20)

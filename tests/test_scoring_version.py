@@ -24,6 +24,8 @@ from evaluation.scoring.version import SCORING_VERSION
 FINGERPRINTS = {
     "2": "8bbddbc85c96f9d6dde13c153b4afcb1e96101e81dc7a86092da2290d9c4e5e2",
     "3": "9c7c195ef57d40c3a9dc9719033569040d54d87899d1378debd26887978d1fc9",
+    # 4 moves summary figures (pass@k of unusable answers), not the per-sample scores
+    "4": "9c7c195ef57d40c3a9dc9719033569040d54d87899d1378debd26887978d1fc9",
 }
 
 

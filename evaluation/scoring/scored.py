@@ -9,6 +9,7 @@ from evaluation.case import Case, Difficulty, DiseaseGroup, TaskFamily
 from evaluation.modelio import ModelOutput
 from evaluation.scores import ErrorLabel, ParseStatus, Score
 from evaluation.scoring.judge import JudgeCache
+from evaluation.scoring.neurovlm import neurovlm_truth
 from evaluation.scoring.sample import images_shown_of, ranked_names, score_sample
 from evaluation.scoring.taxonomy import classify_error, effective_error
 from evaluation.scoring.version import SCORING_VERSION
@@ -38,6 +39,8 @@ class ScoredSample(BaseModel):
     ranked_differential: list[str] = Field(default_factory=list)
     images_shown: int | None = None  # images the request carried (None: not recorded)
     scoring_version: str | None = None  # scoring.version.SCORING_VERSION; None: before 2
+    # the case has a truth this sample's answer is graded against (None: scored before 4)
+    gradable: bool | None = None
 
     def score(self, name: str) -> Score | None:
         return next((s for s in self.scores if s.scorer == name), None)
@@ -59,6 +62,26 @@ class ScoredSample(BaseModel):
             else "diagnosis_match"
         )
         return self.value(name)
+
+    @property
+    def outcome(self) -> float | None:
+        """Right (1.0) or wrong (0.0) as pass@k counts it: an unusable answer (format failure,
+        refusal) to a gradable question is wrong; a failed call (not the model's doing; a resume
+        retries it) and a question with no truth are None."""
+        if self.status in UNUSABLE and self.gradable:
+            return 0.0
+        return self.correct
+
+
+# answers the model gave that cannot be used: wrong samples, never left out
+UNUSABLE = frozenset({ParseStatus.FORMAT_FAILURE, ParseStatus.REFUSAL})
+
+
+def gradable(case: Case, family: TaskFamily) -> bool:
+    """Whether the case has a truth an answer of ``family`` is graded against."""
+    if family is TaskFamily.CLASSIFICATION:
+        return neurovlm_truth(case).cls is not None
+    return case.ground_truth is not None
 
 
 def case_modality(case: Case) -> str | None:
@@ -136,4 +159,5 @@ def make_scored_sample(
         ranked_differential=ranked_names(parsed) if isinstance(parsed, Answer) else [],
         images_shown=shown,
         scoring_version=SCORING_VERSION,
+        gradable=gradable(case, family),
     )

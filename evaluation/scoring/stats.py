@@ -16,11 +16,14 @@ import math
 from collections.abc import Hashable, Sequence
 
 import numpy as np
-from pydantic import BaseModel
+from pydantic import BaseModel, computed_field
 from scipy import stats as st
 
 DEFAULT_BOOT = 2000
 DEFAULT_SEED = 20240601
+# A figure resting on fewer patients than this is marked thin evidence: its interval is as wide
+# as the bootstrap can draw ([0, 1] over two patients) and says little (docs/evaluation.md).
+MIN_PATIENTS = 10
 
 
 class Estimate(BaseModel):
@@ -30,6 +33,31 @@ class Estimate(BaseModel):
     n: int = 0
     n_clusters: int | None = None
     method: str = ""
+    # samples of the figure's population it could not count (None: not counted for this figure)
+    unscored: int | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def patients(self) -> int:
+        """The independent units the figure rests on: patients, else its n."""
+        return self.n_clusters if self.n_clusters is not None else self.n
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def thin(self) -> bool:
+        """Fewer patients than MIN_PATIENTS behind a figure that has a value."""
+        return self.value is not None and self.patients < MIN_PATIENTS
+
+    @property
+    def note(self) -> str:
+        """What stands beside the figure: its unscored samples and thin evidence ("" if none)."""
+        parts = []
+        if self.unscored:
+            parts.append(f"{self.unscored} unscored")
+        if self.thin:
+            p = self.patients
+            parts.append(f"{p} patient{'s' if p != 1 else ''}, fewer than {MIN_PATIENTS}")
+        return "; ".join(parts)
 
 
 def wilson(successes: int, n: int, confidence: float = 0.95) -> Estimate:

@@ -3,11 +3,15 @@ cost (the paired comparison of two models lives in ``compare``).
 
 Units: a (model, case, question) with its n samples (the question key ``ScoredSample.task``;
 the family alone for samples scored before it was recorded). Sampled pass@k averages the
-unbiased estimator over units with at least k scored samples, and counts the units it leaves
-out because samples went unscored; ranked pass@k averages, over scored
-samples, whether the truth is in the top k of the differential. Unscored samples (format
-failures, refusals, call errors) are counted apart and, in ``strict_accuracy`` only, as wrong.
-Every interval is a bootstrap over patients (``stats.bootstrap_mean``), seeded.
+unbiased estimator over units with at least k counted samples; ranked pass@k averages, over
+counted samples, whether the truth is in the top k of the differential. An unusable answer
+(format failure, refusal) is a wrong sample there (``ScoredSample.outcome``); a failed call,
+which is not the model's doing, is left out (a resume retries it), and a unit it leaves short of
+k samples is counted apart. Accuracy is over the scored answers, strict accuracy counts unusable
+answers wrong. Every figure carries the number of samples it could not count
+(``Estimate.unscored``) and says when it rests on fewer than ``stats.MIN_PATIENTS`` patients
+(``Estimate.thin``). Every interval is a bootstrap over patients (``stats.bootstrap_mean``),
+seeded.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from evaluation.scoring.scored import ScoredSample
 from evaluation.scoring.stats import (
     DEFAULT_BOOT,
     DEFAULT_SEED,
+    MIN_PATIENTS,
     Estimate,
     bootstrap_mean,
     median,
@@ -119,6 +124,8 @@ class RunSummary(BaseModel):
     format_failures: dict[str, dict[str, int]] = Field(default_factory=dict)
     # samples per scoring version; more than one: the figures mix versions (rescore the run)
     scoring_versions: dict[str, int] = Field(default_factory=dict)
+    # a figure on fewer patients than this is marked thin (Estimate.thin)
+    min_patients: int = MIN_PATIENTS
 
     @property
     def mixed_versions(self) -> bool:
@@ -129,7 +136,8 @@ def _mean(
     samples: Sequence[ScoredSample], get: Callable[[ScoredSample], float | None], **boot: int
 ) -> Estimate:
     pairs = [(v, s.patient_id) for s in samples if (v := get(s)) is not None]
-    return bootstrap_mean([v for v, _ in pairs], [c for _, c in pairs], **boot)
+    est = bootstrap_mean([v for v, _ in pairs], [c for _, c in pairs], **boot)
+    return est.model_copy(update={"unscored": len(samples) - len(pairs)})
 
 
 def _units(samples: Sequence[ScoredSample]) -> dict[tuple[str, str], list[ScoredSample]]:
@@ -140,18 +148,19 @@ def _units(samples: Sequence[ScoredSample]) -> dict[tuple[str, str], list[Scored
 
 
 def _sampled_units(samples: Sequence[ScoredSample], k: int, **boot: int) -> tuple[Estimate, int]:
-    """Sampled pass@k over the units with k scored samples, and how many units that had k
-    samples were left out because some of them went unscored (format failure, refusal, call
-    error)."""
-    vals, clusters, left_out = [], [], 0
+    """Sampled pass@k over the units with k counted samples (an unusable answer counts as a
+    wrong one), and how many units that had k samples were left short by failed calls."""
+    vals, clusters, left_out, unscored = [], [], 0, 0
     for unit in _units(samples).values():
-        flags = [c for s in unit if (c := s.correct) is not None]
+        flags = [c for s in unit if (c := s.outcome) is not None]
+        unscored += len(unit) - len(flags)
         if len(flags) >= k:
             vals.append(sampled_pass_at_k(len(flags), int(sum(flags)), k))
             clusters.append(unit[0].patient_id)
-        elif len(unit) >= k and any(s.status is not ParseStatus.OK for s in unit):
+        elif len(unit) >= k and any(s.status is ParseStatus.ERROR for s in unit):
             left_out += 1  # (a unit with nothing to score against is not a pass@k unit)
-    return bootstrap_mean(vals, clusters, **boot), left_out
+    est = bootstrap_mean(vals, clusters, **boot)
+    return est.model_copy(update={"unscored": unscored}), left_out
 
 
 def _rank(s: ScoredSample) -> int | None:
@@ -160,12 +169,15 @@ def _rank(s: ScoredSample) -> int | None:
 
 
 def _ranked(samples: Sequence[ScoredSample], k: int, **boot: int) -> Estimate:
-    scored = [
-        s
-        for s in samples
-        if s.score("differential_rank") is not None and s.value("differential_rank") is not None
-    ]
-    return _mean(scored, lambda s: ranked_pass_at_k(_rank(s), k), **boot)
+    """Ranked pass@k over the samples with a differential scored, and the unusable answers to
+    gradable questions (no differential: the truth is not in it)."""
+
+    def hit(s: ScoredSample) -> float | None:
+        if s.score("differential_rank") is not None and s.value("differential_rank") is not None:
+            return ranked_pass_at_k(_rank(s), k)
+        return 0.0 if s.outcome == 0.0 and s.status is not ParseStatus.OK else None
+
+    return _mean(samples, hit, **boot)
 
 
 def _lesions(samples: Sequence[ScoredSample], **boot: int) -> LesionSummary | None:
@@ -248,7 +260,7 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
             [s for s in samples if s.status is not ParseStatus.ERROR],
             lambda s: s.correct or 0.0,
             **boot,
-        ),
+        ).model_copy(update={"unscored": status.count(ParseStatus.ERROR)}),
         sampled_pass_at={str(k): passes[k][0] for k in ks},
         sampled_pass_left_out={str(k): passes[k][1] for k in ks},
         ranked_pass_at={str(k): _ranked(samples, k, **boot) for k in ks},

@@ -21,6 +21,11 @@ History
      NeuroVLM-Bench subclass spellings read as the benchmark's subtypes, "undetermined" an
      abstention; pass@k units are (case, question); the rubric is the jury's median of
      verdicts carrying the call's nonce, without graders that failed the canary.
+  4  an unusable answer (format failure, refusal) to a gradable question is a wrong sample in
+     sampled and ranked pass@k (before, a unit with one was left out of pass@k, which favoured
+     a model failing the format on its hardest questions); failed calls stay out; samples
+     record whether their question is gradable; a manifest's truth is read through the
+     answers' vocabulary (region "frontal lobe" is the frontal region).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Protocol
 
-SCORING_VERSION = "3"
+SCORING_VERSION = "4"
 UNRECORDED = "1 (unrecorded)"  # how samples scored before versions were recorded are named
 
 
