@@ -119,7 +119,6 @@ class _Reading:
     words: tuple[_Word, ...] = ()
     failure: PixelReason | None = None
     detail: str = ""
-    seconds: float = 0.0
 
 
 class _Failed(Exception):
@@ -147,7 +146,7 @@ _SHAPE_GUESSES = frozenset({"person_name", "look_alike_characters", "invisible_c
 
 
 def _fold(text: str) -> str:
-    """Lower case, accents and look-alike letters folded: how a term and a reading compare."""
+    """Lower case, without accents (ß as ss, ø as o...): how a term and a reading compare."""
     text = unicodedata.normalize("NFKD", ascii_fold(text)).casefold()
     return "".join(c for c in text if not unicodedata.combining(c))
 
@@ -391,6 +390,7 @@ def _words(tsv: str, n: int, scale: float, size: tuple[int, int]) -> list[_Word]
 
 
 def _read(png: bytes, budget_s: float) -> _Reading:
+    """Every word tesseract reads in ``png`` in each pass, within ``budget_s``; or why not."""
     from PIL import Image
 
     start = time.monotonic()
@@ -415,7 +415,7 @@ def _read(png: bytes, budget_s: float) -> _Reading:
             words += _words(tsv, n, scale, grey.size)
     except _Failed as exc:
         return _Reading(failure=exc.reason, detail=exc.detail)
-    return _Reading(words=tuple(words), seconds=time.monotonic() - start)
+    return _Reading(words=tuple(words))
 
 
 def _lines(words: Iterable[_Word]) -> dict[tuple[int, int, int, int], list[_Word]]:
