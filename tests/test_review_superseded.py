@@ -56,7 +56,7 @@ def add_version(runs: StudyRunStore, reports: Path, run: RunData, key: StudyKey,
             trigger="dicom",
             study_uid=key.study_uid,
             study_key=key.name if keyed else None,
-        )  # fmt: skip
+        )
     )
     if status is RunStatus.DONE:
         write_report(_one_case(run, rec.run_id, version), reports / rec.run_id, pdf=False)
@@ -210,9 +210,15 @@ def test_signed_knowingly_the_sign_off_the_log_and_the_verified_sr_name_the_newe
     assert setup.v2 in review["passed_over"]
     csv = c.get(f"/review/runs/{setup.v1}/reviews.csv", headers=auth).text
     assert "passed_over" in csv.splitlines()[0] and setup.v2 in csv
-    page = _text(c.get(f"/review/runs/{setup.v1}/cases/{CASE}", headers=auth).text)
-    assert f"although version 2 (gateway run {setup.v2}) supersedes it" in page
-    # re-issue writes a VERIFIED SR into the PACS: knowingly too
+    html = c.get(f"/review/runs/{setup.v1}/cases/{CASE}", headers=auth).text
+    assert f"although version 2 (gateway run {setup.v2}) supersedes it" in _text(html)
+    # re-issue writes a VERIFIED SR into the PACS: knowingly too, on the page and in the API
+    form = re.search(r'<form[^>]*id="reissue".*?</form>', html, re.S)
+    assert form is not None
+    assert f'name="passed_over" value="{setup.v2}" required' in form.group(0)
+    assert "although version 2" in _text(form.group(0))
+    page = c.post(f"/review/runs/{setup.v1}/cases/{CASE}/reissue", headers=auth)
+    assert page.status_code == 409 and "supersedes" in _text(page.text)
     url = f"/review/api/runs/{setup.v1}/cases/{CASE}/reissue"
     refused = c.post(url, headers=auth)
     assert refused.status_code == 409 and "version 2" in refused.json()["detail"]
