@@ -12,8 +12,8 @@ only de-identified content:
   each person of the FHIR record (practitioners, participants, the note's author, family
   contacts...), of the names on signature lines whoever signs ("Signed: ...", "Dictated by ...",
   "— M. Alvarez (neurology)", a titled name, a name after a role or relation word), and of
-  identifier shapes (dates, phone numbers, e-mail addresses, long digit runs, "MRN: ..." fields,
-  ages over 89);
+  identifier shapes (dates, phone numbers, e-mail, URL, IP and MAC addresses, IBANs, licence
+  plates, digits in groups, serial and tax codes, "MRN: ..." fields, firms, ages over 89);
 * images must be PNGs without text chunks (re-encoded otherwise) and must not come from a series
   flagged as carrying burned-in annotation (dropped, and the drop is recorded); text burned into
   their pixels, whatever the flag says, is read with tesseract (``evaluation.phi_pixels``): an
@@ -61,6 +61,7 @@ from evaluation.phi_text import (
     normalise,
     scrub_addresses,
     scrub_dates,
+    scrub_identifiers,
 )
 from evaluation.prompts import map_data
 
@@ -84,8 +85,15 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         "labelled_name",
         re.compile(r"\b(Patient|Name|Pt)\s*:\s*+(?!\d)[^\n]*?(?=\s{2,}|\t|$)", re.I | re.M),
     ),
-    ("labelled_address", re.compile(r"\b(Address|Addr)\s*:\s*[^\n]*?(?=\s{2,}|\t|$)", re.I | re.M)),
-    ("date", re.compile(r"\b\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}\b")),
+    (
+        "labelled_address",
+        re.compile(
+            r"\b(Address|Addr|Anschrift|Adresse|Wohnort|Wohnhaft|Domicile|Dirección|Direccion|"
+            r"Domicilio|Indirizzo|Residenza|Adres)\s*:\s*[^\n]*?(?=\s{2,}|\t|$)",
+            re.I | re.M,
+        ),
+    ),
+    ("date", re.compile(r"(?<![\d.])\d{1,2}[/.-]\d{1,2}[/.-]\d{2,4}\b(?![.,]\d)")),
     ("date", re.compile(r"\b(19|20)\d{2}-\d{2}-\d{2}(T[\d:.+Z-]+)?\b")),
     (
         "date",
@@ -96,9 +104,43 @@ _PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     ),
     ("phone", re.compile(r"(?<![\w/])\+?\(?\d{2,5}\)?[ -]\d{3,4}[ -]?\d{3,4}\b")),
     ("digits", re.compile(r"\b\d{7,}\b")),
-    ("uk_postcode", re.compile(r"\b[A-Z]{1,2}\d[A-Z\d]?\s+\d[A-Z]{2}\b")),
+    # a firm named after a person, or with its legal form: an employer ("Kessler & Söhne",
+    # "Smith and Sons Ltd", "Müller Logistik GmbH")
+    (
+        "organisation",
+        re.compile(
+            r"(?:[A-ZÀ-Þ][\w'’.-]*[ \t]+){0,3}[A-ZÀ-Þ][\w'’.-]*[ \t]*(?:&|\+|und|and|et|e|y)[ \t]*"
+            r"(?:Söhne|Sohn|Sons?|Co\.|Cie\.?|Partners?|Fils|Hijos|Figli|Associates|Töchter)"
+            r"(?:[ \t]+(?:GmbH|Ltd\.?|LLC|Inc\.?|KG|OHG|SARL|S\.A\.|S\.r\.l\.|S\.p\.A\.))?(?!\w)|"
+            r"(?:[A-ZÀ-Þ][\w'’.&-]*[ \t]+){1,3}(?:GmbH|OHG|GbR|Ltd\.?|Limited|LLC|Inc\.|plc|"
+            r"SARL|S\.A\.|S\.r\.l\.|S\.p\.A\.|B\.V\.|N\.V\.)(?!\w)"
+        ),
+    ),
+    # with the town written before it ("Bristol BS6 5QT")
+    (
+        "uk_postcode",
+        re.compile(
+            r"\b(?:[A-Z][a-z'’-]+[ \t]+(?=[A-Z]{1,2}\d))?"
+            r"[A-Z]{1,2}\d[A-Z\d]?\s+\d[A-Z]{2}\b"
+        ),
+    ),
 ]
-_OLD_AGE = re.compile(r"\b(9\d|1[0-4]\d)(?=\s*(-?\s*year|y/?o\b|yo\b|yrs?\b))", re.I)
+# An age over 89 (Safe Harbor: "90+"): a number of 90 to 149, or one spelled ("ninety-three",
+# "a hundred and two"), before a word for years in the languages notes are written in or after
+# "aged" and its like.
+_SPELLED_OLD = (
+    r"(?:ninety(?:[- ](?:one|two|three|four|five|six|seven|eight|nine))?|"
+    r"(?:a|one)[ \t]+hundred(?:[ \t]+and[ \t]+[a-z]+(?:-[a-z]+)?)?)"
+)
+_OLD_NUMBER = rf"(?:9\d|1[0-4]\d|{_SPELLED_OLD})"
+_YEARS_WORD = (
+    r"(?:-?\s*(?:years?|y/?o\b|yo\b|yrs?\b|años|anos\b|ans\b|anni\b|jaar\b|jarige?\b|"
+    r"Jahre?n?\b|jährig|J\.(?!\w)|lat\b))"
+)
+_OLD_AGE = re.compile(rf"(?i)\b{_OLD_NUMBER}(?={_YEARS_WORD})")
+_OLD_AGE_AFTER = re.compile(
+    rf"(?i)\b((?:aged|age|âgée?|edad|età|im[ \t]+Alter)[ \t]+(?:(?:of|de|di|von)[ \t]+)?){_OLD_NUMBER}\b"
+)
 
 
 class PHIPolicy(BaseModel):
@@ -187,7 +229,12 @@ _TITLES = (
 _QUALIFIERS = r"(?:med|dent|vet|rer|nat|phil|habil|univ|sc|h\.c|nat\.|pol|oec|jur|ès|en)\.?"
 _TITLE1 = r"(?:" + "|".join(re.escape(t) for t in _TITLES) + r")\.?"
 _TITLE = rf"{_TITLE1}(?:[ \t]+(?:{_TITLE1}|{_QUALIFIERS}))*"
-_SPAN = rf"(?:{_TITLE}[ \t]+)?{_TOKEN}(?:(?:,[ \t]*|[ \t]+){_TOKEN}){{0,4}}"
+# particles inside a name: "Joaquín de la Fuente Ortiz", "J. van der Meulen", "Vidal i Puig"
+_PARTICLE = (
+    r"(?:van|von|vom|zu|zur|der|den|ter|de|del|della|dei|di|du|da|dos|das|do|le|la|i|y|e|v\.)"
+)
+_NEXT = rf"(?:,[ \t]*|[ \t]+(?:{_PARTICLE}[ \t]+){{0,3}})"
+_SPAN = rf"(?:{_TITLE}[ \t]+)?{_TOKEN}(?:{_NEXT}{_TOKEN}){{0,4}}"
 _TOKEN_RE = re.compile(_TOKEN)
 _SPAN_RE = re.compile(_SPAN)
 _CUE_END = re.compile(r"(?i)(?:\bby|:)[ \t]*$")
@@ -277,7 +324,9 @@ _WEAK_CUE = re.compile(
     r"vicino|amica|amico|marito|moglie|figlia|figlio|collega)\b[ \t]*[:–—-]?[ \t]*,?|"
     r"\b(?:cc|attn|author|reporter|from|to|gp|signed)[ \t]*:)[ \t]*(" + _SPAN + ")"
 )
-_TITLED = re.compile(rf"(?<!\w)({_TITLE})[ \t]+({_TOKEN}(?:(?:,[ \t]*|[ \t]+){_TOKEN}){{0,4}})")
+_TITLED = re.compile(
+    rf"(?<!\w)({_TITLE})[ \t]+((?:{_PARTICLE}[ \t]+){{0,3}}{_TOKEN}(?:{_NEXT}{_TOKEN}){{0,4}})"
+)
 _DASH_LINE = re.compile(rf"(?m)^[ \t]*(?:—|–|--|~)[ \t]*({_SPAN})")
 _NAME_LINE = re.compile(
     rf"(?m)^[ \t]*((?:[-—–~]+[ \t]*)?)({_SPAN})[ \t]*(\([^)\n]*\)|,[^\n]*)?[ \t]*\.?[ \t]*$"
@@ -376,6 +425,9 @@ def _given_name(word: str) -> bool:
     """A word that is a given name by itself: title case, in the name list, not a word that
     stands next to names or in clinical text."""
     bare = _bare(word)
+    if "-" in word.strip("-"):  # "Hans-Peter", "Jean-Luc": each part a given name
+        parts = word.strip("-").split("-")
+        return all(_title_case(p) and _given_name(p) for p in parts)
     return (
         _title_case(word)
         and is_first_name(word)
@@ -496,6 +548,9 @@ def scrub_text(text: str, terms: list[str]) -> tuple[str, dict[str, int]]:
     """Replace the identifiers of the record's persons, the names on signature lines and
     identifier-shaped strings; count what was replaced."""
     text, counts = normalise(text)
+    text, found = scrub_identifiers(text)
+    for kind, n in found.items():
+        counts[kind] = counts.get(kind, 0) + n
     known = _terms_pattern(tuple(terms))
     if known is not None:
         text, n = known.subn(REDACTED, text)
@@ -516,6 +571,8 @@ def scrub_text(text: str, terms: list[str]) -> tuple[str, dict[str, int]]:
         if n:
             counts[name] = counts.get(name, 0) + n
     text, n = _OLD_AGE.subn("90+", text)
+    text, k = _OLD_AGE_AFTER.subn(lambda m: m.group(1) + "90+", text)
+    n += k
     if n:
         counts["age_over_89"] = n
     return text, counts

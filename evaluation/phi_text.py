@@ -4,12 +4,17 @@ dates in any written form, addresses, the parts of the record's own address, fir
 * :func:`normalise` reads text as a person reads it: compatibility forms folded (NFKC: full-width
   and mathematical letters become plain ones), invisible characters removed (zero-width spaces and
   joiners, soft hyphens, bidirectional controls, fillers) and Cyrillic or Greek letters that look
-  Latin read as Latin inside a Latin word ("Vаndersloot" with a Cyrillic а). The gate matches and
+  Latin read as Latin inside a Latin word ("Vаndersloot" with a Cyrillic а), capitals spaced
+  out ("O R T E G A") read as the word they spell. The gate matches and
   sends the normalised text: what leaves is what was checked.
 * :func:`scrub_dates` redacts every date that names a day (numeric, ISO, written with a month
   name in English, German, French, Spanish, Italian, Portuguese or Dutch, ordinal or not, "the
   7th of November 1958", "05MAR2023") and every month with its year; a year alone, a duration
   ("3 days ago") and an age stay.
+* :func:`scrub_identifiers` redacts what has the shape of an identifier, before other rules
+  could break it apart: e-mail (also "name [at] host [dot] org"), URLs with or without their
+  scheme, IP and MAC addresses, IBANs (check digits verified), telephone numbers as countries
+  write them, licence plates, digits in groups (nine or more), codes of capitals and digits.
 * :func:`scrub_addresses` redacts what has the shape of an address (house number and street of
   any common street word, continental "Hauptstraße 12" and "via Roma 12", flat numbers, the town
   and postcode written after a street, a US state with its ZIP code) and a place after "lives in".
@@ -44,6 +49,16 @@ _LOOK_ALIKE_CHARS = frozenset(chr(c) for c in _LOOK_ALIKE)
 _WORD = re.compile(r"[^\W\d_]+")
 
 
+# Four or more single capital letters, each followed by one space (a letter-spaced word).
+_SPACED = re.compile(r"(?<!\S)(?:[^\W\d_] ){3,}[^\W\d_](?!\S)")
+
+
+def _join_spaced(m: re.Match[str]) -> str:
+    """The word spelled (title case: a name in it is then read as one), or the text as it was."""
+    word = m.group().replace(" ", "")
+    return word.capitalize() if word.isupper() else m.group()
+
+
 def _latin(c: str) -> bool:
     return "LATIN" in unicodedata.name(c, "")
 
@@ -67,6 +82,8 @@ def normalise(text: str) -> tuple[str, dict[str, int]]:
     if len(kept) != len(text):
         counts["invisible_characters"] = len(text) - len(kept)
     text = unicodedata.normalize("NFC", kept)
+    # "O R T E G A   B R A N D S T Ä T T E R": capitals spaced out read as the word they spell
+    text = _SPACED.sub(_join_spaced, text)
     if any(c in _LOOK_ALIKE_CHARS for c in text):
         n = 0
 
@@ -104,6 +121,14 @@ _ORD = r"(?:st|nd|rd|th|er|e|º|°|ª)?"
 _DAY = r"(?:0?[1-9]|[12]\d|3[01])"
 _YEAR = r"(?:1[89]\d{2}|2[01]\d{2}|'\d{2}|\d{2}(?!\d))"
 _SEP = r"(?:[ \t]*[.,/-][ \t]*|[ \t]+)"
+_ORD_WORDS = """first second third fourth fifth sixth seventh eighth ninth tenth eleventh
+    twelfth thirteenth fourteenth fifteenth sixteenth seventeenth eighteenth nineteenth
+    twentieth thirtieth"""
+_ORD_WORD = (
+    r"(?:(?:twenty|thirty)[- ]?(?:first|second|third|fourth|fifth|sixth|seventh|eighth|ninth)|"
+    + "|".join(_ORD_WORDS.split())
+    + r")"
+)
 _NOT_A_COUNT = (
     r"(?![ \t]*(?:mg|mcg|µg|g|mm|cm|ml|l|x|times|weeks?|days?|hours?|h|min|months?|years?|%))"
 )
@@ -119,21 +144,170 @@ _DATES = [
     # November 7, 1958; Mar 20th, 2023; March 20th (the month capitalised when no year follows)
     re.compile(rf"(?i)\b{_MONTH}\.?[ \t]+{_DAY}{_ORD}\b(?:,?[ \t]+{_YEAR}\b)"),
     re.compile(rf"\b(?=[A-ZÀ-Þ])(?i:{_MONTH})\.?[ \t]+{_DAY}{_ORD}\b{_NOT_A_COUNT}"),
-    # March 2023, Nov. 1958 (a month with its year)
-    re.compile(rf"(?i)\b{_MONTH}\.?,?[ \t]+(?:1[89]\d{{2}}|2[01]\d{{2}})\b"),
+    # March 2023, Nov. 1958, marzo de 2021, mois d'avril 1970 (a month with its year)
+    re.compile(
+        rf"(?i)\b{_MONTH}\.?,?[ \t]+(?:(?:de|del|of|di)[ \t]+)?(?:1[89]\d{{2}}|2[01]\d{{2}})\b"
+    ),
+    # the fourth of October, fourth October 2024, October the fourth (a day written in words)
+    re.compile(
+        rf"(?i)\b(?:the[ \t]+)?{_ORD_WORD}[ \t]+(?:of[ \t]+)?{_MONTH}\b\.?(?:,?[ \t]+{_YEAR}\b)?"
+    ),
+    re.compile(rf"(?i)\b{_MONTH}[ \t]+the[ \t]+{_ORD_WORD}\b(?:,?[ \t]+{_YEAR}\b)?"),
+    # 30.IX.2024, 3. XI. 58 (a month in Roman numerals)
+    re.compile(
+        rf"\b{_DAY}\.[ \t]?(?:XII|XI|X|IX|VIII|VII|VI|V|IV|III|II|I)\.[ \t]?(?:\d{{4}}|\d{{2}})\b"
+    ),
+    # 29.09., 1.10. (a German day and month without the year; the month in two digits, so that
+    # "INR 1.1." stays)
+    re.compile(r"(?<![\d.])(?:0?[1-9]|[12]\d|3[01])\.(?:0[1-9]|1[0-2])\.(?![\d])"),
+    # born 1931, geb. 1931, née en 1931, nacida en 1931 (a year of birth: with the age it tells
+    # an age over 89)
+    re.compile(
+        r"(?i:\b(?:born|b\.|geb\.|geboren|n[ée]e?|nacid[oa]|nat[oa]|Jahrgang)[ \t]+"
+        r"(?:(?:in|en|nel|im|em)[ \t]+)?(?:(?:the[ \t]+)?year[ \t]+|Jahr[ \t]+)?)"
+        r"((?:1[89]|20)\d{2})\b"
+    ),
     # numeric: 1958-11-07, 2021/06/14, 20.03.2023, 11/07/1958, 7.11.58
     re.compile(r"\b(?:1[89]|20)\d{2}[-/.](?:0?[1-9]|1[0-2])[-/.](?:0?[1-9]|[12]\d|3[01])\b"),
-    re.compile(r"\b\d{1,2}[/.-]\d{1,2}[/.-](?:\d{4}|\d{2})\b"),
+    # (not inside a decimal range: "CI 0.88-0.95")
+    re.compile(r"(?<![\d.])\d{1,2}[/.-]\d{1,2}[/.-](?:\d{4}|\d{2})\b(?![.,]\d)"),
 ]
 
 
 def scrub_dates(text: str) -> tuple[str, int]:
-    """Redact every date that names a day, and every month with its year."""
+    """Redact every date that names a day, every month with its year, and a year of birth."""
     n = 0
     for pattern in _DATES:
-        text, k = pattern.subn(REDACTED, text)
+        text, k = _redact(pattern, text)
         n += k
     return text, n
+
+
+def _redact(pattern: re.Pattern[str], text: str) -> tuple[str, int]:
+    """Redact each match of ``pattern`` (its group 1 when it has one)."""
+    if not pattern.groups:
+        return pattern.subn(REDACTED, text)
+    spans = [m.span(1) for m in pattern.finditer(text)]
+    for a, b in reversed(spans):
+        text = text[:a] + REDACTED + text[b:]
+    return text, len(spans)
+
+
+# --------------------------------------------------------------------------- identifier shapes
+
+_TLDS = """com org net edu gov int mil info biz io co me tv app dev online health care de fr es it
+    ch at nl be lu uk ie eu pl pt se dk no fi us ca au nz jp cn in br mx ar ru tr gr cz sk hu ro
+    example"""
+_HEX = r"[0-9A-Fa-f]"
+_IDENTIFIER_SHAPES: list[tuple[str, re.Pattern[str]]] = [
+    # written so that a program does not read it: name [at] host [dot] org, name (at) host.org
+    (
+        "email",
+        re.compile(
+            r"[\w.+-]+[ \t]*[\[({<][ \t]*(?i:at|ät|arroba|chiocciola)[ \t]*[\])}>][ \t]*[\w-]+"
+            r"(?:[ \t]*(?:[\[({<][ \t]*(?i:dot|punto|point|punkt)[ \t]*[\])}>]|\.)[ \t]*[\w-]+)+"
+        ),
+    ),
+    ("email", re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")),
+    ("url", re.compile(r"\b(?:https?|ftp)://[^\s<>\"»]+", re.I)),
+    # a host name without its scheme: instagram.com/name, www.example.org
+    (
+        "url",
+        re.compile(
+            r"(?i)\b(?:www\.)?(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+(?:"
+            + "|".join(_TLDS.split())
+            + r")\b(?:/[^\s<>\"»)]*[^\s<>\"»).,;:])?"
+        ),
+    ),
+    # IPv6 (with "::" or seven colons) and MAC addresses; IPv4 with each part up to 255
+    (
+        "ip",
+        re.compile(
+            rf"(?<![\w:]){_HEX}{{0,4}}(?:::?{_HEX}{{1,4}}){{1,7}}::?(?![\w:])|"
+            rf"(?<![\w:]){_HEX}{{0,4}}(?:::?{_HEX}{{1,4}}){{2,7}}(?![\w:])"
+        ),
+    ),
+    (
+        "device",
+        re.compile(rf"(?<![\w:-]){_HEX}{{2}}(?:([:-]){_HEX}{{2}})(?:\1{_HEX}{{2}}){{4}}(?![\w:-])"),
+    ),
+    (
+        "ip",
+        re.compile(
+            r"(?<![\w.])(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)(?![\w.])"
+        ),
+    ),
+    # IBAN: country, check digits, then the account in groups (the check digits verified)
+    ("account", re.compile(r"\b[A-Z]{2}\d{2}(?:[ ]?[A-Z0-9]{4}){2,7}(?:[ ]?[A-Z0-9]{1,3})?\b")),
+    # +33 (0)3 89 64 70 12, +34 963 12 45 78, 07621/416203 (telephone numbers as countries write them)
+    (
+        "phone",
+        re.compile(r"(?<![\w+])\+\d{1,3}(?:[ \t.-]*\(0\))?(?:[ \t./-]*\(?\d{1,5}\)?){2,7}(?!\w)"),
+    ),
+    ("phone", re.compile(r"(?<![\w/])0\d{2,5}[ \t]?/[ \t]?\d{3,9}(?![\w/])")),
+    # a licence plate: LÖ-MB 412 (DE), AB-123-CD (FR), AB12 CDE (UK)
+    (
+        "vehicle",
+        re.compile(
+            r"\b(?:[A-ZÄÖÜ]{1,3}-[A-Z]{1,2}[ \t]?\d{1,4}[EH]?|[A-Z]{2}-\d{3}-[A-Z]{2}|"
+            r"[A-Z]{2}\d{2}[ \t][A-Z]{3})\b"
+        ),
+    ),
+    # digits in groups (756.4471.9203.88, 2 70 04 99 134 052 71): nine digits or more
+    ("digits", re.compile(r"(?<![\w.,/])\d{1,4}(?:[ .-]\d{1,4}){2,}(?![\w]|[.,]\d)")),
+    # a code of capitals and digits with four digits or more: serial numbers, tax codes
+    ("identifier_code", re.compile(r"\b(?=[A-Z0-9]*[A-Z])(?=(?:[A-Z]*\d){4})[A-Z0-9]{8,}\b")),
+]
+_GROUPED_MIN_DIGITS = 9
+_DATE_FIRST = re.compile(r"\d{1,2}[./-]\d{1,2}[./-](?:\d{4}|\d{2})(?!\d)")
+_PHONE_MIN_DIGITS = 8
+
+
+def _iban_valid(text: str) -> bool:
+    s = text.replace(" ", "")
+    if not 15 <= len(s) <= 34:
+        return False
+    moved = s[4:] + s[:4]
+    digits = "".join(str(int(c, 36)) for c in moved)
+    return int(digits) % 97 == 1
+
+
+def _keeps(kind: str, found: str) -> bool:
+    """Whether a shape's match is not the identifier it looks like (too few digits, a failed
+    check digit)."""
+    digits = sum(c.isdigit() for c in found)
+    if kind == "digits" and _DATE_FIRST.match(found):
+        return True  # a date and a time ("01.10.2024 22:30"): the date rule takes the date
+    if kind == "account":
+        return not _iban_valid(found)
+    if kind == "phone":
+        return digits < _PHONE_MIN_DIGITS
+    if kind == "digits":
+        return digits < _GROUPED_MIN_DIGITS
+    return False
+
+
+def scrub_identifiers(text: str) -> tuple[str, dict[str, int]]:
+    """Redact what has the shape of an identifier, before any other rule can break it up:
+    e-mail addresses (also written "name [at] host [dot] org"), URLs with or without their
+    scheme, IP and MAC addresses, IBANs (check digits verified), telephone numbers in the
+    international and the national-with-slash forms, licence plates, digits in groups (nine or
+    more) and codes of capitals and digits (four digits or more: serial numbers, tax codes)."""
+    counts: dict[str, int] = {}
+    for kind, pattern in _IDENTIFIER_SHAPES:
+        spans = []
+        for m in pattern.finditer(text):
+            if _keeps(kind, m.group()):
+                continue
+            end = m.end()
+            if m.group().endswith(")") and m.group().count(")") > m.group().count("("):
+                end -= 1  # the parenthesis the number was written in: "(tel. +34 ...)"
+            spans.append((m.start(), end))
+        for a, b in reversed(spans):
+            text = text[:a] + REDACTED + text[b:]
+        if spans:
+            counts[kind] = counts.get(kind, 0) + len(spans)
+    return text, counts
 
 
 # --------------------------------------------------------------------------- addresses
@@ -168,7 +342,8 @@ _ADDRESSES = [
         r"\b(?:Flat|Apt|Apartment|Suite|Wohnung|Appartement|Piso)\.?[ \t]*\d{1,4}[A-Za-z]?\b"
     ),
     # a postcode and its town after a comma, whatever was before it: ", 80331 München"
-    re.compile(rf"(?<=,[ \t])(?:[A-Z]{{1,2}}-)?\d{{4,5}}[ \t]+{_CAP}"),
+    # (the postcode alone when the town is already redacted)
+    re.compile(rf"(?<=,[ \t])(?:[A-Z]{{1,2}}-)?\d{{4,5}}(?:[ \t]+{_CAP}|(?=[ \t]+\[REDACTED\]))"),
     # a US state and ZIP code wherever they stand
     re.compile(
         r"\b(?:A[KLRZ]|C[AOT]|D[CE]|FL|GA|HI|I[ADLN]|K[SY]|LA|M[ADEINOST]|N[CDEHJMVY]|O[HKR]|PA|"
