@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -32,6 +33,7 @@ from gateway.forward import Forwarder
 from gateway.http_guard import ConnectionLimits, guarded_protocol
 from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
+from gateway.ports import bind_listening, check_free, serve_ports, unavailable
 from gateway.routing import Router
 from gateway.scp import StorageSCP, uid_key
 from gateway.scp_transport import PeerLimits
@@ -192,7 +194,17 @@ def serve(settings: Settings) -> None:
     """Run until SIGINT/SIGTERM."""
     configure_logging()
     ep = resolve_endpoints(settings)
-    gw = build_gateway(settings)
+    # Both ports before any part starts (the pipeline's start marks a running gateway's runs
+    # of this DATA_DIR interrupted): the API's socket is bound here and handed to uvicorn,
+    # the DICOM port checked (the node binds it a moment later). A port taken: one line.
+    api, dicom = serve_ports(settings.api_host, ep)
+    api_sock = bind_listening(*api)
+    try:
+        check_free(*dicom)
+        gw = build_gateway(settings)
+    except BaseException:
+        api_sock.close()
+        raise
     app = create_app(gw.ctx)
     # uvicorn re-raises SIGTERM once it has shut down, which ends the process at once (no
     # `finally`): the gateway's parts stop in the app's shutdown, before that.
@@ -206,7 +218,14 @@ def serve(settings: Settings) -> None:
 
     app.router.lifespan_context = lifespan
     server = uvicorn.Server(api_server_config(app, settings, ep.api_port))
-    gw.start()
+    try:
+        gw.start()
+    except OSError as exc:  # the DICOM port taken between the check and the node's bind
+        gw.stop()
+        api_sock.close()
+        if exc.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise unavailable(exc, *dicom) from None
+        raise
     log.info(
         "gateway up: API http://%s:%d, DICOM %s@%s:%d, Orthanc %s",
         settings.api_host,
@@ -217,6 +236,7 @@ def serve(settings: Settings) -> None:
         ep.orthanc_url,
     )
     try:  # uvicorn handles SIGINT/SIGTERM; the parts stop in the app's shutdown (above)
-        server.run()
+        server.run(sockets=[api_sock])
     finally:
         gw.stop()
+        api_sock.close()
