@@ -518,7 +518,10 @@ class StorageSCP:
         return revised, refused
 
     def _commit_failed(self, a: _Assoc, why: str) -> None:
-        """A commit that raised: its files are quarantined, its studies queued as failed."""
+        """A commit that raised: its files are quarantined, its studies queued as failed.
+        What it forwarded stays in Orthanc: the sender was answered Success for each."""
+        if self.forwarder is not None:
+            self.forwarder.commit(a.id)
         self._discard(a, f"commit failed ({why})", count_abort=False)
         if self.on_failed is None:
             return

@@ -8,7 +8,8 @@ wires it, in this process, or as a ``neurosandbox serve`` process where it must 
   copy under another name) is committed and evaluated once; nothing stays in the incoming
   folder.
 - A failure while committing puts the study in the review queue as failed, with its reason;
-  the node goes on with the next study.
+  the node goes on with the next study, and what the sender was told is stored stays in the
+  PACS.
 - A re-send under the same UIDs with other pixels: while the PACS keeps the original, the
   spool does too and nothing new is evaluated; with a PACS that overwrites, the spool takes
   the new bytes and a new version is evaluated with a warning.
@@ -249,7 +250,8 @@ def test_a_failure_while_committing_queues_the_study_as_failed_and_the_node_goes
     """A regular file where the study's spool folder must be made: the commit fails after
     every C-STORE was answered Success. The study is in the review queue as failed with the
     reason (never only a traceback in the log), its files are quarantined, nothing stays in
-    the incoming folder, and the next association, for another study, is evaluated."""
+    the incoming folder, the PACS keeps what the sender was told is stored, and the next
+    association, for another study, is evaluated."""
     x = make_study(tmp_path / "x", classes=("FLAIR",), n_slices=3, patient_id="NSBX-BLOCKED")
     studies = node.data / "spool" / "studies"
     for name in _spool_folder_names(x):
@@ -269,6 +271,8 @@ def test_a_failure_while_committing_queues_the_study_as_failed_and_the_node_goes
     assert _incoming(node.data) == []
     now = set((node.data / "spool" / "quarantine").rglob("*.dcm")) - quarantined
     assert len(now) == len(x.files)
+    # the sender was answered Success for each: the PACS holds them, nothing was deleted
+    assert sorted(_in_orthanc(node.gw.ctx.orthanc, x.study_uid)) == sorted(map(_sop, x.files))
 
     y = make_study(tmp_path / "y", classes=("FLAIR",), n_slices=3, patient_id="NSBX-NEXT")
     send(node.port, y.files)
