@@ -166,6 +166,27 @@ def render_study(
     return result
 
 
+def wanted_classes(plan: RenderPlan) -> frozenset[SequenceClass]:
+    """The sequence classes a run's tasks may show (the plan's, else every clinical class)."""
+    from dicom import CLINICAL_CLASSES, SequenceClass
+
+    if not plan.series_classes:
+        return CLINICAL_CLASSES
+    return frozenset(
+        SequenceClass(c) for c in plan.series_classes if c in SequenceClass.__members__
+    )
+
+
+def study_candidates(
+    index: IndexResult, plan: RenderPlan | None = None
+) -> tuple[list[SeriesInfo], SeriesNotShown]:
+    """The series a case of this study may show, best first, and every other one with why: the
+    one selection rule of a run and of ``cases check`` (none: the run skips the case)."""
+    plan = plan or RenderPlan()
+    not_shown = SeriesNotShown(limit=plan.max_series)
+    return series_candidates(index, wanted_classes(plan), MONTAGE_CLASSES, not_shown), not_shown
+
+
 def _main_lesion_z(case: Case) -> float | None:
     gt = case.ground_truth
     if gt is None or not gt.lesions:
@@ -199,11 +220,9 @@ def _render(
     index: IndexResult | None = None,
 ) -> RenderedStudy:
     from dicom import (
-        CLINICAL_CLASSES,
         DEFAULT_MEMORY_CAP,
         ImagingError,
         RenderOptions,
-        SequenceClass,
         default_targets,
         index_path,
         render_path,
@@ -215,11 +234,7 @@ def _render(
             index = index_path(study, memory_cap=cap)
         except (ImagingError, OSError) as exc:
             raise DatasetError(f"case {case.case_id}: cannot index study {study}: {exc}") from exc
-    wanted = (
-        frozenset(SequenceClass(c) for c in plan.series_classes if c in SequenceClass.__members__)
-        if plan.series_classes
-        else CLINICAL_CLASSES
-    )
+    wanted = wanted_classes(plan)
     clinical = default_targets(index, wanted)
     burned = sorted({s.series_uid for s in clinical if s.burned_in_annotation})
     modality = {s.series_uid: ("CT" if s.modality == "CT" else "MR") for s in clinical}
@@ -234,8 +249,7 @@ def _render(
     # The series are chosen before anything is rendered (the best classes first, up to the
     # plan's limit; one that fails to render is replaced by the next), and every other one
     # is recorded with why: a study of thousands of series renders a handful.
-    not_shown = SeriesNotShown(limit=plan.max_series)
-    pending = series_candidates(index, wanted, MONTAGE_CLASSES, not_shown)
+    pending, not_shown = study_candidates(index, plan)
     broken = [e for s in index.series for e in s.errors if e.kind == "geometry"]
     warnings = [e.message for e in [*index.errors, *broken]]
     rendered: list[RenderedImage] = []

@@ -61,7 +61,16 @@ def _inside(base: Path, rel: str, what: str) -> Path:
         return p
     full = (base / p).resolve()
     if base.resolve() not in (full, *full.parents):
-        raise DatasetError(f"{what} {rel!r} points outside {base}")
+        written = base / p
+        link = next(
+            (q for q in (written, *written.parents) if q.is_symlink() and base in q.parents), None
+        )
+        how = f" through the symlink {link}" if link is not None else ""
+        raise DatasetError(
+            f"{what} {rel!r} resolves{how} to {full}, outside {base}: a relative path must stay "
+            "inside the manifest's folder (the rule that keeps a dataset file from reaching "
+            f"other files); to use it, write its absolute path ({full})"
+        )
     return full
 
 
@@ -204,12 +213,32 @@ def _local_study(study: Any) -> tuple[str, str] | None:
     return None
 
 
+def _unusable_study(study: Path) -> str | None:
+    """Why a run would skip this local study (its headers indexed, no pixel read): no series
+    the tasks use, by the run's own selection rule (``rendering.study_candidates``)."""
+    from dicom import ImagingError, index_path
+    from evaluation.datasets.rendering import study_candidates
+
+    try:
+        index = index_path(study)
+    except (ImagingError, OSError) as exc:
+        return f"cannot be indexed, so a run skips this case: {exc}"
+    shown, not_shown = study_candidates(index)
+    if shown:
+        return None
+    classes = sorted({s.series_class.value for s in index.series})
+    found = f"{len(index.series)} series ({', '.join(classes)})" if classes else "no image series"
+    return f"no series the tasks use, so a run skips this case: {found}; {not_shown.counts_text()}"
+
+
 def _file_problems(
-    files: tuple[Any, Any, str | None], base: Path, n: int
+    files: tuple[Any, Any, str | None], base: Path, n: int, index_studies: bool = False
 ) -> tuple[list[ManifestProblem], dict[str, Any] | None]:
     """What the files a case names (its study, record and note, from ``files_of`` or a parsed
-    case) lack: not there, outside the manifest's folder, empty, not JSON; and the record file
-    as read, when it is a JSON object (so that it is read once). Reads no pixel data."""
+    case) lack: not there, outside the manifest's folder, empty, not JSON; with
+    ``index_studies``, a local study with no series the tasks use (its headers are indexed); and
+    the record file as read, when it is a JSON object (so that it is read once). Reads no pixel
+    data."""
     study, ehr_ref, note = files
     problems: list[ManifestProblem] = []
     record: dict[str, Any] | None = None
@@ -233,6 +262,10 @@ def _file_problems(
         found = existing(*local)
         if found is not None and found.is_dir() and not any(p.is_file() for p in found.rglob("*")):
             problem(local[1], f"{local[0]!r} holds no file")
+        elif found is not None and index_studies:
+            unusable = _unusable_study(found)
+            if unusable:
+                problem(local[1], f"{local[0]!r}: {unusable}")
     if isinstance(ehr_ref, str):
         ehr = existing(ehr_ref, "ehr")
         if ehr is not None:
@@ -255,7 +288,7 @@ def _case_files(case: ManifestCase) -> tuple[Any, Any, str | None]:
 
 
 def _manifest_problems(
-    data: Any, base: Path
+    data: Any, base: Path, index_studies: bool = False
 ) -> tuple[ParsedManifest, list[ManifestProblem], dict[int, dict[str, Any]]]:
     """A manifest's cases and every problem: fields, files, and case ids given twice; and the
     record files read meanwhile, by case position."""
@@ -267,7 +300,7 @@ def _manifest_problems(
         if case is None:
             problems.extend(_file_problems(files_of(data["cases"][n]), base, n)[0])
             continue
-        found, record = _file_problems(_case_files(case), base, n)
+        found, record = _file_problems(_case_files(case), base, n, index_studies)
         problems.extend(found)
         if record is not None:
             records[n] = record
@@ -319,7 +352,7 @@ def check_manifest(path: Path) -> ManifestCheck:
         return ManifestCheck(
             manifest=str(path), problems=[ManifestProblem(path="", message=str(exc))]
         )
-    parsed, problems, _ = _manifest_problems(data, path.parent)
+    parsed, problems, _ = _manifest_problems(data, path.parent, index_studies=True)
     bad = {p.case for p in problems}
     notes = []
     for n, case in enumerate(parsed.cases):
