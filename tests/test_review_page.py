@@ -117,7 +117,7 @@ def test_case_header_keeps_identifiers_apart_from_what_the_model_saw(
     html = c.get(CASE).text
     hospital = _section(html, "hospital")
     assert "never sent to a model" in _text(hospital)
-    record_at = html.index("Record (de-identified)")
+    record_at = html.index('id="model-saw"')  # what the model was sent
     outside = html.replace(hospital, "")
     for ident in ("MRN-4417", "ACC-99812", "O&#39;Brien", "1990-02-03"):
         assert ident in hospital or ident.replace("&#39;", "'") in _text(hospital), ident
