@@ -50,7 +50,7 @@ from gateway.orthanc import OrthancClient
 from gateway.results import EvaluationResult
 from gateway.routing import Route, Router, StudyFacts
 from gateway.run_report import publish, write_checklist
-from gateway.runs import RunRecord, RunStatus, StudyRunStore
+from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
 from gateway.scp import FailedStudy, ReceivedStudy, uid_key
 from gateway.spool import read_received_info
 from gateway.sr import series_uid_for
@@ -515,9 +515,9 @@ class StudyPipeline:
         )
         route = job.route or self.router.route(facts)
         if route is None:
-            return self._skip(job, "no routing rule selects this study")
+            return self._skip(job, SkipKind.NOT_ROUTED, facts)
         if not job.force and state.evaluated_digest == evaluation_digest(digest, route):
-            return self._skip(job, "no new instances since the last evaluation by this rule")
+            return self._skip(job, SkipKind.UNCHANGED)
         self._stage(job, "fetching series", 0.2)
         folder = self.runs.run_dir(job.run_id) / "study"
         files: list[Path] = []
@@ -536,10 +536,15 @@ class StudyPipeline:
         index = index_path(folder, workers=1, keep_headers=True)
         self._evaluate(job, folder, index, facts, digest)
 
-    def _skip(self, job: Job, why: str) -> None:
+    def _skip(self, job: Job, kind: SkipKind, facts: StudyFacts | None = None) -> None:
         METRICS.inc("evaluations_skipped_total")
-        log.info("run %s skipped: %s", job.run_id, why)
-        self.runs.finish(job.run_id, RunStatus.SKIPPED, error=why)
+        log.info("run %s skipped: %s", job.run_id, kind.value)
+        why = kind.value
+        if facts is not None:  # what the rules were matched against
+            why += (f" (calling AE {', '.join(facts.calling_aets) or 'unknown'}; modality "
+                    f"{', '.join(facts.modalities) or 'none'}; series "
+                    f"{', '.join(facts.series_classes) or 'none'})")  # fmt: skip
+        self.runs.finish(job.run_id, RunStatus.SKIPPED, error=why, skip=kind)
 
     def _evaluate(
         self, job: Job, folder: Path, index: IndexResult, facts: StudyFacts, digest: str
@@ -547,7 +552,7 @@ class StudyPipeline:
         assert job.study_uid is not None and job.key is not None
         route = job.route or self.router.route(facts)
         if route is None:
-            return self._skip(job, "no routing rule selects this study")
+            return self._skip(job, SkipKind.NOT_ROUTED, facts)
         for k in self._keys(job):  # every study of a case: one patient, alone under its UID
             self._check_identity(k, index)
         if job.case_other_patients:
@@ -560,12 +565,12 @@ class StudyPipeline:
         instances, digest = digest, evaluation_digest(digest, route)
         state = self.runs.study_state(job.key)
         if not job.force and state.evaluated_digest == digest:
-            return self._skip(job, "no new instances since the last evaluation by this rule")
+            return self._skip(job, SkipKind.UNCHANGED)
         # (a state from before the rule entered the digest holds the instances' digest alone)
         known = (state.evaluated_instances, state.evaluated_digest)
         if not job.force and job.recovered and instances in known:
             # a restart re-offers the spool: evaluated before, whatever the rule was then
-            return self._skip(job, "evaluated before the gateway restarted")
+            return self._skip(job, SkipKind.RESTARTED)
         self.runs.update(job.run_id, route=route)
         self._stage(job, "evaluating", 0.4)
         work = self.runs.run_dir(job.run_id)

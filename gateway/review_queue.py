@@ -1,6 +1,7 @@
 """The review queue: every case of every report folder, as the reviewer needs to pick one, and the
-gateway runs that were not evaluated (failed, held, interrupted: with the reason and, for a held
-study, every patient identity involved), newest first, filtered by status and model.
+gateway runs that were not evaluated (failed, held, interrupted, received but selected by no
+routing rule: with the reason and, for a held study, every patient identity involved), newest
+first, filtered by status and model.
 
 A row carries the hospital's identifiers of the study (patient, accession number, study date):
 the queue is for reviewers only and these never go to a model.
@@ -15,7 +16,7 @@ from evaluation import Case, Superseded, missing_items
 from gateway.review_actions import CaseUnderReview, open_cases
 from gateway.review_auth import Reviewer
 from gateway.review_service import ReportNotFoundError, ReviewService
-from gateway.runs import RunStatus, StudyRunStore
+from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
 
 MAX_FAILED = 50  # failed gateway runs listed (the newest)
 MAX_ERROR = 300  # characters of a failed run's error shown
@@ -30,6 +31,7 @@ class CaseStatus(StrEnum):
     FAILED = "failed"  # the gateway could not evaluate the study
     HELD = "held"  # not evaluated on purpose: more than one patient, or not the case's patient
     INTERRUPTED = "interrupted"  # the gateway stopped during the run
+    NOT_ROUTED = "not routed"  # received, but no routing rule selects it: never evaluated
 
 
 @dataclass
@@ -126,12 +128,21 @@ _NOT_EVALUATED = {
 }
 
 
+def _not_evaluated(rec: RunRecord) -> CaseStatus | None:
+    """The queue status of a gateway run that was not evaluated; None for the others (and for
+    a run skipped as it should be: the study unchanged since its evaluation, or evaluated
+    before a restart)."""
+    if rec.status is RunStatus.SKIPPED:
+        return CaseStatus.NOT_ROUTED if rec.skip is SkipKind.NOT_ROUTED else None
+    return _NOT_EVALUATED.get(rec.status)
+
+
 def failed_rows(runs: StudyRunStore, limit: int = MAX_FAILED) -> list[QueueRow]:
-    """The newest gateway runs that were not evaluated (failed, held, interrupted), with
-    their reason (and a held run's identities)."""
+    """The newest gateway runs that were not evaluated (failed, held, interrupted, received
+    but selected by no routing rule), with their reason (and a held run's identities)."""
     out = []
     for rec in runs.list(limit=1000):
-        status = _NOT_EVALUATED.get(rec.status)
+        status = _not_evaluated(rec)
         if status is None:
             continue
         out.append(

@@ -56,6 +56,16 @@ class RunStatus(StrEnum):
     INTERRUPTED = "interrupted"
 
 
+class SkipKind(StrEnum):
+    """Why a run was skipped; its text is the run's ``error``."""
+
+    # a study no routing rule selects: never evaluated, listed in the review queue
+    NOT_ROUTED = "no routing rule selects this study"
+    # the same study again (normal: nothing new to evaluate)
+    UNCHANGED = "no new instances since the last evaluation by this rule"
+    RESTARTED = "evaluated before the gateway restarted"
+
+
 FINAL = frozenset(
     {RunStatus.DONE, RunStatus.FAILED, RunStatus.SKIPPED, RunStatus.HELD, RunStatus.INTERRUPTED}
 )
@@ -80,6 +90,7 @@ class RunRecord(BaseModel):
     started_at: str | None = None
     finished_at: str | None = None
     error: str | None = None
+    skip: SkipKind | None = None  # a skipped run: why (the error says it in words)
     # a held run: every patient identity involved (for the reviewer; never sent to a model)
     identities: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from gateway.cli import demo_state as state
+from gateway.cli.console import cli_console
 from gateway.settings import Settings, get_settings
 
 REFERENCE_MODELS = ["reference/image-rules", "reference/text-prior"]
@@ -43,7 +43,7 @@ STORESCU = "/usr/bin/storescu"
 DEMO_AET = "DEMO_SCANNER"  # the calling AE title the demo's studies come from
 QUIET_S = 1.0  # the demo's quiet time: storescu sends each study in one association
 INDEX_FILE = ".demo-index.json"  # the ReportIndex of the last report, for a reused report
-console = Console(stderr=True)
+console = cli_console(stderr=True)  # not wrapped when not a terminal (make demo | tee)
 
 
 class DemoError(RuntimeError):
@@ -98,9 +98,10 @@ def _studies(suite: Path) -> list[tuple[str, str, Path]]:
     )
 
 
-def _routing(out: Path, models: list[str], inputs: dict[str, Any]) -> Path:
-    """The demo's routing rule: every study from the demo's AE, every task family. Its name
-    carries the demo's inputs (suite, models, code): changed inputs evaluate again."""
+def _routing(out: Path, models: list[str], inputs: dict[str, Any], orthanc_aet: str) -> Path:
+    """The demo's routing rule: every study from the demo's AE or from the local Orthanc (a
+    study sent from Orthanc's preconfigured destination, the gateway), every task family. Its
+    name carries the demo's inputs (suite, models, code): changed inputs evaluate again."""
     from evaluation import TaskFamily
 
     tag = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
@@ -108,7 +109,7 @@ def _routing(out: Path, models: list[str], inputs: dict[str, Any]) -> Path:
         "rules": [
             {
                 "name": f"demo-{tag}",
-                "match": {"calling_aet": [DEMO_AET]},
+                "match": {"calling_aet": [DEMO_AET, orthanc_aet]},
                 "evaluate": {"models": models, "tasks": [t.value for t in TaskFamily]},
             }
         ]
@@ -357,7 +358,7 @@ def run_demo(
         suite = _suite(out, cases, seed)
         _done(t)
         inputs = state.run_inputs(suite, models, samples)
-        routing = _routing(out, models, inputs)
+        routing = _routing(out, models, inputs, endpoints.orthanc_aet)
         t = _step(
             3, "starting the gateway (DICOM node, pipeline, API) with the suite as the team's cases"
         )
@@ -430,15 +431,17 @@ def run_demo(
     console.print(f"  checklists:  {escape(str((report_dir / 'cases').resolve()))}")
     console.print(f"  gateway runs: {escape(str(store.runs_dir.resolve()))} "
                   "(`neurosandbox runs list`)")  # fmt: skip
-    review = f"{endpoints.api_url}/review"
-    console.print(
-        f"  review queue: {review} (reviewer token {token}"
-        + ("" if keep else "; with KEEP=1 the gateway stays up to review")
-        + ")"
-    )
+    _print_review(f"{endpoints.api_url}/review", token, keep)
     for w in index.warnings:
         console.print(f"  [yellow]warning:[/yellow] {escape(w)}")
     return report_dir
+
+
+def _print_review(url: str, token: str, keep: bool) -> None:
+    """Where to review, and the reviewer token on a line of its own, whole (to copy)."""
+    stays = "" if keep else " (with KEEP=1 the gateway stays up to review)"
+    console.print(f"  review queue: {escape(url)}{stays}")
+    console.print(f"  reviewer token {escape(token)}", soft_wrap=True, highlight=False)
 
 
 def demo_command(
