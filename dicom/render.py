@@ -258,7 +258,12 @@ def _source(
     dv = display_volume(series, data, reslice, vlabel)
     warnings.extend(dv.warnings)
     ct = is_ct(series)
-    stats = volume_head_stats(data, lut, ct, rgb)
+    spacing = (
+        (float(series.spacing[0]), float(series.spacing[1]), float(series.spacing[2]))
+        if len(series.spacing) >= 3
+        else None
+    )
+    stats = volume_head_stats(data, lut, ct, rgb, spacing)
     return _Source(series, dv, stats, rgb, lut, warnings)
 
 
@@ -276,6 +281,13 @@ def _render_images(
         if rgb
         else window_for(series, src.stats, options.window)
     )
+    # The window says why it is not the brain's: so do the warnings and the image itself.
+    head_window = bool(src.stats.brain_note) and "inside the head" in wdesc
+    if head_window:
+        warnings.append(
+            f"series {series.key}: MR window from the whole head, no brain region: "
+            f"{src.stats.brain_note}"
+        )
     grey: Callable[[np.ndarray], np.ndarray]
     if src.lut is not None:
         grey = stored_to_uint8(src.lut, center, width)
@@ -307,6 +319,7 @@ def _render_images(
         if dv.affine is not None
         else "as stored (no patient geometry)"
     )
+    bar = f"{orient}; window: whole head (no brain region)" if head_window else orient
     stem = f"{series.series_number if series.series_number is not None else 'x'}_{_safe_name(series.series_class.value)}"
     if series.stack:
         stem += f"_s{series.stack}"
@@ -344,7 +357,7 @@ def _render_images(
             image = single(tile, text, marks, f"{seq} | {text}")
             emit(image, f"{stem}_slice{k:03d}.png", "slice", [k], [mm], f"{seq} | {text}")
     if options.montage:
-        sheet = montage(tiles, labels, marks, options.columns, seq, orient)
+        sheet = montage(tiles, labels, marks, options.columns, seq, bar)
         emit(sheet, f"{stem}_montage.png", "montage", picks, positions, seq)
     return records, files, warnings
 

@@ -41,6 +41,14 @@ CT_WINDOWS: dict[str, tuple[float, float]] = {
     "soft": (40.0, 380.0),
 }
 MR_PERCENTILES = (0.5, 99.5)
+# The MR window is taken inside the skull: the head mask with each slice's holes filled (the
+# skull's dark ring, the ventricles), its largest component, eroded by this much from the head's
+# surface (scalp and skull are about 10-12 mm together). Computed on a subsample of about
+# BRAIN_SAMPLE voxels: a mask, not an outline, so a coarse grid serves.
+BRAIN_EROSION_MM = 15.0
+BRAIN_VOXEL_MM = 4.0  # the grid of the mask: every n-th voxel along each axis, about this apart
+BRAIN_SAMPLE = 1 << 18  # and at most about this many voxels
+BRAIN_MIN_FRACTION = 0.05  # of the head's voxels: less, and no brain region was found
 CT_HEAD_HU = -300.0  # above: head (soft tissue, bone), below: air
 STATS_SAMPLE = 1 << 20  # voxels that decide the head threshold and the window (about)
 Percentiles = Callable[[tuple[float, ...]], Any]
@@ -58,6 +66,10 @@ class HeadStats:
     threshold: float | None
     percentiles: Percentiles
     step: int = 1  # computed from every step-th row and column of each slice
+    # Percentiles over the brain region (see ``brain_region``) after the modality LUT; None when
+    # not sought (CT, RGB) or not found, and then ``brain_note`` says why when it was sought.
+    brain: Percentiles | None = None
+    brain_note: str = ""
 
 
 def stats_sample(data: np.ndarray) -> tuple[np.ndarray, int]:
@@ -69,13 +81,98 @@ def stats_sample(data: np.ndarray) -> tuple[np.ndarray, int]:
 
 
 def volume_head_stats(
-    data: np.ndarray, lut: StoredLUT | None, ct: bool, rgb: bool = False
+    data: np.ndarray,
+    lut: StoredLUT | None,
+    ct: bool,
+    rgb: bool = False,
+    spacing: tuple[float, float, float] | None = None,
 ) -> HeadStats:
     """Head statistics of a whole volume (stored values through ``lut`` when given), from its
-    :func:`stats_sample`; the order of the values is irrelevant, so the volume as stored."""
+    :func:`stats_sample`; the order of the values is irrelevant, so the volume as stored.
+
+    For MR with a voxel ``spacing`` (mm, along the volume's axes), also the percentiles inside
+    the brain (:func:`brain_stats`)."""
     sample, step = stats_sample(data)
     stats = stored_head_stats(sample, lut, ct) if lut is not None else head_stats(sample, ct, rgb)
-    return replace(stats, step=step)
+    stats = replace(stats, step=step)
+    if ct or rgb or spacing is None or stats.threshold is None:
+        return stats
+    return brain_stats(data, lut, stats, spacing)
+
+
+def brain_stats(
+    data: np.ndarray,
+    lut: StoredLUT | None,
+    stats: HeadStats,
+    spacing: tuple[float, float, float],
+) -> HeadStats:
+    """``stats`` with the percentiles of the voxels inside the skull (``brain_region`` of a
+    regular subsample about BRAIN_VOXEL_MM apart, at most about BRAIN_SAMPLE voxels), or with
+    the reason none were found. Stored values and float values give the same numbers
+    (histogram / sort)."""
+    assert stats.threshold is not None
+    steps = [max(1, int(BRAIN_VOXEL_MM // mm)) if mm > 0 else 1 for mm in spacing]
+    size = [-(-n // k) for n, k in zip(data.shape[:3], steps, strict=True)]
+    more = math.isqrt(int(np.prod(size)) // BRAIN_SAMPLE)
+    if more > 1:  # a grid still too fine: coarser in-plane
+        steps[0], steps[1] = steps[0] * more, steps[1] * more
+    coarse = data[:: steps[0], :: steps[1], :: steps[2]]
+    head = coarse > stats.threshold
+    grid = (spacing[0] * steps[0], spacing[1] * steps[1], spacing[2] * steps[2])
+    region, note = brain_region(head, grid)
+    if region is None:
+        return replace(stats, brain_note=note)
+    values = coarse[region]
+    if lut is not None:
+        counts = counts_u16(lut.index(values))
+        brain = functools.partial(percentile_of_counts, lut.values[: counts.size], counts)
+    else:
+        values = values.astype(np.float32, copy=False)
+        values.sort()
+        brain = functools.partial(percentile_of_sorted, values)
+    return replace(stats, brain=brain)
+
+
+def brain_region(
+    head: np.ndarray, spacing: tuple[float, float, float]
+) -> tuple[np.ndarray | None, str]:
+    """The voxels inside the skull of a head mask (i, j, slice), or None and why not.
+
+    Each slice filled across the head (the skull's dark ring and the CSF lie inside it), then
+    eroded by BRAIN_EROSION_MM, a box per axis in voxels of ``spacing`` (what is thinner than
+    twice that, a neck or a marker, goes). Beyond the volume counts as outside the head, so
+    the end slices of a stack that stops in the skull base go too: a sample of the brain, not
+    all of it, decides the window; a slab too thin for that keeps its slices. Last, the voxels
+    below the head threshold (bone, air) are left out."""
+    from scipy import ndimage  # imported here: ~0.1 s, and only MR windows need it
+
+    n_head = int(np.count_nonzero(head))
+    if n_head == 0:
+        return None, "no voxel above the head threshold"
+    # Each slice filled between the head's first and last voxel along its rows and along its
+    # columns (the skull's dark ring, the ventricles and the sinuses are inside both spans):
+    # four running ORs, a few times cheaper than labelling the background.
+    filled = np.ones_like(head)
+    for axis in (0, 1):
+        filled &= np.logical_or.accumulate(head, axis=axis)
+        filled &= np.flip(np.logical_or.accumulate(np.flip(head, axis), axis=axis), axis)
+    region = filled.view(np.uint8)
+    for axis in (0, 1, 2):
+        r = round(BRAIN_EROSION_MM / spacing[axis]) if spacing[axis] > 0 else 0
+        if r == 0:
+            continue
+        eroded = ndimage.minimum_filter1d(region, 2 * r + 1, axis=axis, mode="constant")
+        if axis == 2 and np.count_nonzero(eroded) < BRAIN_MIN_FRACTION * n_head:
+            break  # a slab too thin to erode through-plane: its in-plane core serves
+        region = eroded
+    inside = region.view(bool) & head  # tissue inside the skull, not its dark bone or air
+    n_inside = int(np.count_nonzero(inside))
+    if n_inside < BRAIN_MIN_FRACTION * n_head:
+        return None, (
+            f"nothing of the head is more than {BRAIN_EROSION_MM:g} mm inside its surface "
+            "(a small or cut field of view)"
+        )
+    return inside, ""
 
 
 def is_ct(series: SeriesInfo) -> bool:
@@ -195,14 +292,21 @@ def window_for(series: SeriesInfo, stats: HeadStats, name: str) -> tuple[float, 
             raise RenderError(f"window {name!r}: the width (after the /) must be more than 0")
         return c, w, f"custom {c:g}/{w:g}"
     if name == "percentile":
-        lo, hi = (float(v) for v in stats.percentiles(MR_PERCENTILES))
+        if stats.brain is not None:
+            lo, hi = (float(v) for v in stats.brain(MR_PERCENTILES))
+            where = f"inside the brain (head less {BRAIN_EROSION_MM:g} mm)"
+        else:
+            lo, hi = (float(v) for v in stats.percentiles(MR_PERCENTILES))
+            where = "inside the head" + (
+                f" (no brain region: {stats.brain_note})" if stats.brain_note else ""
+            )
         if hi <= lo:
             hi = lo + 1.0
         sampled = f", 1 in {stats.step}x{stats.step} voxels in-plane" if stats.step > 1 else ""
         return (
             (lo + hi) / 2,
             hi - lo,
-            f"MR p{MR_PERCENTILES[0]:g}-p{MR_PERCENTILES[1]:g} inside head{sampled}",
+            f"MR p{MR_PERCENTILES[0]:g}-p{MR_PERCENTILES[1]:g} {where}{sampled}",
         )
     raise RenderError(
         f"unknown window {name!r}: use auto, {', '.join(CT_WINDOWS)}, percentile or CENTER/WIDTH"

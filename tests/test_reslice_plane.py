@@ -41,9 +41,11 @@ def test_the_rule_names_why_a_reslice_is_meaningless() -> None:
     assert reslice_problem([100, 100, RESLICE_MIN_SLICES], [1.0, 1.0, 2.0]) is None
 
 
-def _coronal_dwi(folder: Path, *, slices: int = 10, spacing: float = 5.0) -> Path:
+def _coronal_dwi(
+    folder: Path, *, slices: int = 10, spacing: float = 5.0, pixel: float = 1.8
+) -> Path:
     """A Siemens XA60-style coronal DWI: b=0 and b=1000, ``slices`` slices ``spacing`` mm apart,
-    128 x 128 pixels of 1.8 mm, an ellipse of 'brain' in a ring of 'scalp'."""
+    128 x 128 pixels of ``pixel`` mm, an ellipse of 'brain' in a ring of 'scalp'."""
     folder.mkdir(parents=True, exist_ok=True)
     study, series = generate_uid(), generate_uid()
     n = 0
@@ -80,7 +82,7 @@ def _coronal_dwi(folder: Path, *, slices: int = 10, spacing: float = 5.0) -> Pat
             ds.EchoTime = 70.0
             ds.DiffusionBValue = float(b)
             ds.SliceThickness = spacing
-            ds.PixelSpacing = [1.8, 1.8]
+            ds.PixelSpacing = [pixel, pixel]
             # coronal: rows run patient left (LPS +x), columns run inferior (LPS -z)
             ds.ImageOrientationPatient = [1, 0, 0, 0, 0, -1]
             ds.ImagePositionPatient = [-115.0, -40.0 + spacing * k, 115.0]
