@@ -133,6 +133,7 @@ def test_the_models_earlier_answer_goes_back_inert(phantom_suite: Any, tmp_path:
     from evaluation.prompts import inert
 
     suite = phantom_subset(phantom_suite, ("l3",), tmp_path / "suite")
+
     def first_turn(body: dict[str, Any]) -> str | None:
         return HOSTILE_REPLY if len(body["messages"]) == 2 else None
 
