@@ -231,3 +231,15 @@ def test_the_demos_review_lines_are_whole_in_a_pipe() -> None:
     assert lines[0] == "  checklists: /a/long/path/" + "x" * 90  # not folded at 80 columns
     assert lines[1].startswith(f"  review queue: {url} ")
     assert lines[2] == f"  reviewer token {token}"
+
+
+def test_a_commands_message_naming_a_long_path_is_one_line_in_a_pipe(tmp_path: Path) -> None:
+    """Every command's console (not only the shared one): `report` on a folder that holds no
+    run says so in one line, the path whole."""
+    deep = tmp_path / ("runs-of-the-stroke-unit-" * 4) / "b6f0c1d2e3a4958677a8b9c0d1e2f3a4"
+    deep.mkdir(parents=True)
+    r = subprocess.run([str(BIN), "report", str(deep)], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "COLUMNS": "80"})  # fmt: skip
+    assert r.returncode == 2
+    (line,) = r.stderr.splitlines()
+    assert str(deep) in line and line.startswith("error: ")

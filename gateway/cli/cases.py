@@ -7,15 +7,16 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
+
+from gateway.cli.console import cli_console
 
 cases_app = typer.Typer(
     help="Check a case manifest (your own studies) before a run; print its JSON Schema, or the "
     "answer's (what a model must return).",
     no_args_is_help=True,
 )
-console = Console()  # the report (stdout)
+console = cli_console()  # the report (stdout)
 
 
 @cases_app.command("check")

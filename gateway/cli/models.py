@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from gateway.cli.console import cli_console
+
 models_app = typer.Typer(help="Check the models a run will call.", no_args_is_help=True)
-console = Console()
-notes = Console(stderr=True)  # notes and errors: stdout stays the report (--json parses)
+console = cli_console()
+notes = cli_console(stderr=True)  # notes and errors: stdout stays the report (--json parses)
 MARK = {
     "ok": "[green]ok[/green]  ",
     "info": "[dim]info[/dim]",

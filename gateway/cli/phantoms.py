@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-console = Console(stderr=True)
+from gateway.cli.console import cli_console
+
+console = cli_console(stderr=True)
 
 
 def phantoms_command(

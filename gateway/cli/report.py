@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-from gateway.cli.console import show_coverage
+from gateway.cli.console import cli_console, show_coverage
 
-console = Console(stderr=True)
+console = cli_console(stderr=True)
 
 
 def report_command(

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -19,6 +18,7 @@ from evaluation import EvaluationError, TaskFamily
 from gateway.cli.console import (
     ExitCode,
     ProgressBar,
+    cli_console,
     fail,
     print_run,
     show_run,
@@ -29,7 +29,7 @@ runs_app = typer.Typer(
     help="Evaluation runs: list, show, compare, resume, rescore, judge and export.",
     no_args_is_help=True,
 )
-console = Console(stderr=True)
+console = cli_console(stderr=True)
 
 
 def gateway_record(store: Any) -> str:
@@ -232,7 +232,7 @@ def _show_calibration(run_dir: Path, log: Path | None) -> None:
     verdict = g.details.get("meets_paper_bar")
     if verdict is not None:
         line += ": [green]meets the bar[/green]" if verdict else ": [red]below the bar[/red]"
-    Console().print(line)
+    cli_console().print(line)
 
 
 @runs_app.command("compare")
