@@ -9,8 +9,9 @@ study. The report of a run is its report bundle in the reports folder (``<report
 ``/runs/{id}/report.json`` read). One state file per study says what was uploaded and
 evaluated and the report version, keyed by the study's UID and patient (``StudyKey``).
 
-A run that has not finished carries a marker file (``.active``) in its folder; the gateway's
-next start marks every run still carrying one as interrupted (``mark_interrupted``).
+A run that has not finished has a marker file, ``state/active/<run id>`` (the run folder holds
+its record alone); the gateway's next start marks every run still marked as interrupted
+(``mark_interrupted``).
 
 Run ids are time-ordered (32 hex digits: nanoseconds, then random), so the newest runs are
 listed without opening every store. Folders of earlier versions (``run.json``) are still read.
@@ -118,7 +119,6 @@ class RunNotFoundError(KeyError):
 
 GATEWAY_NOTE = "gateway"  # the run store's note holding the gateway's RunRecord
 _LEGACY_RECORD = "run.json"  # where versions before the run store kept the RunRecord
-ACTIVE_MARKER = ".active"  # in a run folder while the run has not finished
 
 
 def record_of(store: RunStore) -> RunRecord | None:
@@ -141,6 +141,7 @@ class StudyRunStore:
         self.root = root
         self.runs_dir = root / "runs"
         self.state_dir = root / "state" / "studies"
+        self.active_dir = root / "state" / "active"  # a marker per run not yet finished
         # where the run's report bundle is published (Settings.reports_root)
         self.reports_dir = reports_dir or root / "reports"
         self._lock = threading.Lock()
@@ -171,7 +172,8 @@ class StudyRunStore:
         folder = self.run_dir(record.run_id)
         folder.mkdir(parents=True, exist_ok=True)
         if record.status not in FINAL:
-            (folder / ACTIVE_MARKER).touch()
+            self.active_dir.mkdir(parents=True, exist_ok=True)
+            (self.active_dir / record.run_id).touch()
         with self._lock, RunStore(folder, create=True) as store:
             store.set_note(GATEWAY_NOTE, record.model_dump_json())
         return record
@@ -180,8 +182,9 @@ class StudyRunStore:
         """At start: every run a previous process left queued or running is interrupted (its
         marker says so without opening every run). Returns their ids."""
         done = []
-        for marker in sorted(self.runs_dir.glob(f"*/{ACTIVE_MARKER}")):
-            run_id = marker.parent.name
+        markers = sorted(self.active_dir.iterdir()) if self.active_dir.is_dir() else []
+        for marker in markers:
+            run_id = marker.name
             try:
                 rec = self.get(run_id)
                 if rec.status not in FINAL:
@@ -234,7 +237,7 @@ class StudyRunStore:
         rec = self.update(
             run_id, status=status, stage=status.value, finished_at=now_iso(), **changes
         )
-        (self.run_dir(run_id) / ACTIVE_MARKER).unlink(missing_ok=True)
+        (self.active_dir / self.run_dir(run_id).name).unlink(missing_ok=True)
         return rec
 
     def ids(self, after: str | None = None) -> list[str]:
