@@ -9,10 +9,11 @@ the queue is for reviewers only and these never go to a model.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from evaluation import Case, Superseded, missing_items
+from evaluation import Case, ParseStatus, RunData, Superseded, format_reason, missing_items
 from gateway.review_actions import CaseUnderReview, open_cases
 from gateway.review_auth import Reviewer
 from gateway.review_service import ReportNotFoundError, ReviewService
@@ -20,6 +21,8 @@ from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
 
 MAX_FAILED = 50  # failed gateway runs listed (the newest)
 MAX_ERROR = 300  # characters of a failed run's error shown
+MAX_UNUSABLE = 6  # models listed whose answers to a case were unusable
+HASH_SHOWN = 8  # hex digits of a dataset's hash in a row (the full hash on hover)
 
 
 class CaseStatus(StrEnum):
@@ -59,6 +62,14 @@ class QueueRow:
     identities: list[str] = field(default_factory=list)  # of a held run
     study_uid: str = ""
     superseded: Superseded | None = None  # a newer report version of the same study
+    dataset: str = ""  # the dataset the run read ("" when the report does not say)
+    dataset_hash: str = ""  # its content hash: runs of one dataset that changed differ here
+    # per model whose answers to the case were unusable: how many, and why (the format's reason)
+    unusable: list[str] = field(default_factory=list)
+
+    @property
+    def dataset_short(self) -> str:
+        return self.dataset_hash[:HASH_SHOWN]
 
 
 def _status(cu: CaseUnderReview) -> CaseStatus:
@@ -70,6 +81,38 @@ def _status(cu: CaseUnderReview) -> CaseStatus:
     if any(r.n_events for r in cu.reviews):
         return CaseStatus.IN_PROGRESS
     return CaseStatus.TO_REVIEW
+
+
+def unusable_answers(run: RunData, case_id: str) -> list[str]:
+    """Per model, the answers to ``case_id`` that give nothing to review and why: format
+    failures with their commonest reason (``evaluation.format_reason``), refusals, failed calls."""
+    by_model: dict[str, list[tuple[ParseStatus, str]]] = {}
+    for s in run.samples_of(case_id):
+        by_model.setdefault(s.scored.model, []).append((s.scored.status, s.parse_error or ""))
+    out = []
+    for model in sorted(by_model):
+        answers = by_model[model]
+        n = len(answers)
+        parts = []
+        failed = [
+            format_reason(why) for status, why in answers if status is ParseStatus.FORMAT_FAILURE
+        ]
+        if failed:
+            reason, _ = Counter(failed).most_common(1)[0]
+            parts.append(
+                f"{len(failed)} of {n} failed the answer format: {reason or 'no valid JSON answer'}"
+            )
+        refused = sum(status is ParseStatus.REFUSAL for status, _ in answers)
+        if refused:
+            parts.append(f"{refused} of {n} refused")
+        errors = sum(status is ParseStatus.ERROR for status, _ in answers)
+        if errors:
+            parts.append(f"{errors} of {n} calls failed")
+        if parts:
+            out.append(f"{model}: " + "; ".join(parts))
+    if len(out) > MAX_UNUSABLE:
+        out = [*out[:MAX_UNUSABLE], f"and {len(out) - MAX_UNUSABLE} more models"]
+    return out
 
 
 def _case_row(cu: CaseUnderReview, case: Case, who: Reviewer) -> QueueRow:
@@ -104,6 +147,9 @@ def _case_row(cu: CaseUnderReview, case: Case, who: Reviewer) -> QueueRow:
         ],
         study_uid=(case.provenance.study_uids or [""])[0],
         superseded=cu.superseded,
+        dataset=cu.run.dataset_name or (case.provenance.dataset or ""),
+        dataset_hash=cu.run.dataset_hash,
+        unusable=unusable_answers(cu.run, cu.case_id),
     )
 
 

@@ -33,6 +33,7 @@ from evaluation.reports.summary import SummaryReport
 from evaluation.reports.verify import Decision, Verification, VerifiedBlock, decision, decisions
 from evaluation.scores import ErrorCategory
 from evaluation.scoring.anatomy import sequence_class
+from evaluation.scoring.taxonomy import RULE_LEGEND
 
 TEMPLATES = Path(__file__).with_name("templates")
 THUMB_PX = 320
@@ -54,6 +55,7 @@ def env() -> Environment:
     e.filters["person"] = display_name
     e.filters["when"] = _local_time
     e.filters["cost"] = cost_text  # "unknown" when no price is known, never $0
+    e.globals["rule_legend"] = RULE_LEGEND  # what R1..R10 in an error's evidence mean
     return e
 
 

@@ -100,6 +100,8 @@ class RunData(BaseModel):
     run_id: str
     title: str = ""
     created_at: str | None = None
+    dataset_name: str = ""  # the dataset the run read ("" in bundles written before)
+    dataset_hash: str = ""  # its content hash (runs of one dataset a week apart differ)
     config: dict[str, Any] = Field(default_factory=dict)  # models, tasks, decoding, seeds
     code_version: str | None = None
     cases: list[Case] = Field(default_factory=list)

@@ -161,6 +161,8 @@ def run_from_store(
         run_id=row.run_id,
         title=dataset.name if dataset.name == dataset.kind else f"{dataset.name} ({dataset.kind})",
         created_at=row.created_at,
+        dataset_name=dataset.name,
+        dataset_hash=row.dataset_hash,
         config={**cfg, "status": row.status, "warnings": warnings[:50]},
         code_version=row.code_version,
         cases=run_cases,

@@ -66,6 +66,20 @@ PAPER_CATEGORIES = frozenset(
     }
 )
 _LOCATION_KINDS = {"wrong_side", "adjacent_region", "unlocalised"}
+# The rule codes as evidence names them (R3: ...), one line each for a reader of the evidence
+# (the review page's legend); the rules themselves are in the module docstring and below.
+RULE_LEGEND: dict[str, str] = {
+    "R1": "the model refused or was blocked (refusal)",
+    "R2": "no usable answer: not valid JSON of the answer format, or the call failed (format failure)",
+    "R3": "a positive finding on a normal control (visual hallucination)",
+    "R4": "a lesion of the truth no finding matches, or an abnormal study called normal (perceptual)",
+    "R5": "a finding where no lesion is (visual hallucination)",
+    "R6": "a lesion placed on the wrong side or region, or a sequence misnamed (grounding)",
+    "R7": "the right lesion with the wrong signal, enhancement or size, or wrong modality or plane (perceptual)",
+    "R8": "an ICD-10 code that contradicts the diagnosis it is given for (knowledge gap)",
+    "R9": "diagnosis wrong or only partly right while perception checks out or cannot be checked (reasoning)",
+    "R10": "with no image shown, a finding the truth does not hold was made up (reasoning)",
+}
 
 
 def _label(cat: ErrorCategory, subs: list[str], evidence: list[str]) -> ErrorLabel:
