@@ -191,7 +191,17 @@ def rewrite_index(html: str) -> IndexPage:
 
 def content_security_policy(script_hashes: tuple[str, ...]) -> str:
     """As tight as OHIF runs with: its own scripts and the index's inline ones, WebAssembly
-    (the image codecs), workers, and connections to this origin only (DICOMweb is proxied)."""
+    (the image codecs), workers, and connections to this origin only (DICOMweb is proxied).
+
+    ``object-src blob:`` lets OHIF's PDF viewport show an Encapsulated PDF (the checklist PDF
+    series): it reads the document's bytes through the read-only proxy (connect-src 'self')
+    and hands the browser's PDF viewer a blob: URL in an <object>. Only blob: is allowed, not
+    'self' nor any host: a blob: URL is made by script of this page, and only OHIF's own
+    scripts run here, so no other document can be embedded; a blob: document inherits this
+    policy (no inline script runs in it), and the proxy's answers are sent with nosniff, so
+    the PACS's bytes cannot be loaded as script either. Every other page of the gateway keeps
+    object-src 'none' (review pages: ``evaluation.reports.html.csp``; the viewer's own error
+    pages: default-src 'none')."""
     return "; ".join(
         [
             "default-src 'none'",
@@ -204,7 +214,7 @@ def content_security_policy(script_hashes: tuple[str, ...]) -> str:
             "media-src 'self' blob:",
             "manifest-src 'self'",
             "frame-src 'self' blob:",
-            "object-src 'none'",
+            "object-src blob:",  # OHIF's PDF viewport (see the docstring)
             "base-uri 'self'",
             "form-action 'self'",
             "frame-ancestors 'self'",
@@ -281,29 +291,38 @@ def app_config_js() -> str:
     )
 
 
-def viewer_url(study_uid: str, series_uid: str, sop_uid: str | None = None) -> str:
-    """OHIF's URL for one series of a study, opened at one instance when ``sop_uid`` is given."""
-    query = {
-        "StudyInstanceUIDs": check_uid(study_uid),
-        "SeriesInstanceUIDs": check_uid(series_uid),  # load only this series
-        "initialSeriesInstanceUID": series_uid,
-    }
+def viewer_url(
+    study_uid: str, series_uid: str, sop_uid: str | None = None, whole_study: bool = False
+) -> str:
+    """OHIF's URL showing one series of a study, opened at one instance when ``sop_uid`` is
+    given (OHIF's hanging protocol places the series named by initialSeriesInstanceUID first
+    and opens it at the index of initialSOPInstanceUID). ``whole_study``: every series of the
+    study is loaded (the AI SR and the checklist PDF among them); otherwise that series only."""
+    query = {"StudyInstanceUIDs": check_uid(study_uid)}
+    if not whole_study:
+        query["SeriesInstanceUIDs"] = check_uid(series_uid)
+    query["initialSeriesInstanceUID"] = check_uid(series_uid)
     if sop_uid is not None:
         query["initialSOPInstanceUID"] = check_uid(sop_uid)
     return f"{BASE}/{OHIF_ROUTE}?{urlencode(query)}"
 
 
 def viewer_open_url(
-    study_uid: str, series_uid: str, z_mm: float | None = None, plane: str | None = None
-) -> str:
+    study_uid: str, series_uid: str | None = None, z_mm: float | None = None,
+    plane: str | None = None,
+) -> str:  # fmt: skip
     """The gateway's link that opens a series in the viewer at the slice nearest ``z_mm``.
 
     ``z_mm`` is a position as montage tiles record it (``RenderedImage.slice_positions_mm``):
     the RAS coordinate of the slice centre along the axis of ``plane`` (axial: S, coronal: A,
     sagittal: R); without ``plane``, the axis of the series' own slices. Without ``z_mm``, the
-    middle slice. Raises ``InvalidUIDError`` for a string that is not a DICOM UID.
+    middle slice. Without ``series_uid``, the whole study, opened at the middle slice of the
+    series the gateway chooses (``viewer_pacs.opening_series``). Raises ``InvalidUIDError`` for
+    a string that is not a DICOM UID.
     """
-    query: dict[str, str] = {"study": check_uid(study_uid), "series": check_uid(series_uid)}
+    query: dict[str, str] = {"study": check_uid(study_uid)}
+    if series_uid is not None:
+        query["series"] = check_uid(series_uid)
     if z_mm is not None:
         query["z"] = f"{float(z_mm):.2f}"
     if plane is not None:

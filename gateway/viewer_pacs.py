@@ -11,6 +11,7 @@ import numpy as np
 from pydicom.dataset import Dataset
 
 from dicom import slice_centre
+from gateway.orthanc import SeriesSummary
 from gateway.viewer import DICOMWEB_ROOT, PLANES
 
 _UID = r"[0-9]+(?:\.[0-9]+)*"
@@ -40,6 +41,12 @@ _ORTHANC_URL = re.compile(
     rb'(?P<lead>"|(?i:content-location): ?)https?://[^"\s/]{1,255}(?:/[^"\s]{0,500}?)?/dicom-web/'
 )
 _SPAN = 800
+# The series a study opens on, by class: the anatomy a reader looks at first, then the rest of
+# what a model is shown (dicom's CLINICAL_CLASSES); localisers, maps, masks, fMRI, documents
+# and SRs never, unless nothing else has pixels.
+OPENING_ORDER = ("FLAIR", "T2", "T1C", "T1", "CT", "DWI", "TRACE", "SWI", "T2STAR", "PD", "ADC")
+_NEVER_FIRST = frozenset({"LOCALIZER", "NON_IMAGE", "MASK"})
+MIN_OPENING_SLICES = 3  # fewer: a localiser or a single image, not a stack to scroll
 
 
 def dicomweb_read_path(path: str) -> bool:
@@ -137,3 +144,19 @@ def instance_at(
         return str(along[(len(along) - 1) // 2][0].SOPInstanceUID)
     best = min(located, key=lambda dg: (abs(float(dg[1][0][axis]) - z_mm), _number(dg[0])))
     return str(best[0].SOPInstanceUID)
+
+
+def opening_series(series: Sequence[SeriesSummary]) -> SeriesSummary | None:
+    """The series a study opens on in the viewer: the first class of OPENING_ORDER the study
+    has as a stack (at least MIN_OPENING_SLICES images; the lowest series number), else its
+    largest series with pixels; None when it has none (only SRs and documents)."""
+
+    def rank(s: SeriesSummary) -> tuple[int, int, int]:
+        order = OPENING_ORDER.index(s.series_class) if s.series_class in OPENING_ORDER else len(OPENING_ORDER)  # fmt: skip
+        return (order, s.series_number if s.series_number is not None else 1 << 30, -s.n_instances)
+
+    stacks = [s for s in series if s.n_instances >= MIN_OPENING_SLICES and s.series_class in OPENING_ORDER]  # fmt: skip
+    if stacks:
+        return min(stacks, key=rank)
+    images = [s for s in series if s.series_class not in _NEVER_FIRST and s.series_uid]
+    return max(images, key=lambda s: s.n_instances) if images else None

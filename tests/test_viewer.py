@@ -14,6 +14,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import pydicom
 import pytest
 from fastapi.testclient import TestClient
 from orthanc_fixture import OrthancServer
@@ -26,11 +27,11 @@ from gateway.api import GatewayContext, create_app
 from gateway.audit import AuditLog
 from gateway.auth import Role, TokenStore
 from gateway.cache import InvalidUIDError
-from gateway.orthanc import OrthancClient
+from gateway.orthanc import OrthancClient, SeriesSummary
 from gateway.pacs_local import free_port
 from gateway.runs import StudyRunStore
-from gateway.viewer import ViewerFiles, viewer_open_url
-from gateway.viewer_pacs import behind_gateway, dicomweb_read_path, instance_at
+from gateway.viewer import ViewerFiles, content_security_policy, viewer_open_url
+from gateway.viewer_pacs import behind_gateway, dicomweb_read_path, instance_at, opening_series
 
 pytestmark = pytest.mark.integration
 PAGE = {"Accept": "text/html,application/xhtml+xml"}
@@ -215,6 +216,80 @@ def test_open_goes_to_the_slice_a_montage_tile_names(viewer: Viewer, tmp_path: P
     opened = [e for e in _audit(v) if e["action"] == "viewer open" and e["outcome"] == "ok"]
     series_id = v.client.app.state.ctx.orthanc.find_series(st.series_uid)  # type: ignore[attr-defined]
     assert len(opened) >= 3 and {e["target"] for e in opened} == {f"series={series_id}"}
+
+
+def _tissue(paths: dict[str, Path]) -> dict[str, float]:
+    """Per instance, the fraction of its pixels above a tenth of the series' maximum: ~0 in air."""
+    pixels = {uid: pydicom.dcmread(p).pixel_array.astype(float) for uid, p in paths.items()}
+    top = max(float(a.max()) for a in pixels.values())
+    return {uid: float((a > 0.1 * top).mean()) for uid, a in pixels.items()}
+
+
+def test_the_study_opens_on_a_slice_through_the_brain_with_every_series_loaded(viewer: Viewer) -> None:  # fmt: skip
+    """ "Open the study" used to give OHIF the study alone: it showed its first series' first
+    image, above the head. Now the gateway chooses the series and its middle slice."""
+    v, st = viewer, viewer.study
+    r = v.get(viewer_open_url(st.study_uid))
+    assert r.status_code == 303
+    query = parse_qs(urlsplit(r.headers["location"]).query)
+    assert query["StudyInstanceUIDs"] == [st.study_uid]
+    assert "SeriesInstanceUIDs" not in query  # the SR and PDF series are in the study panel too
+    (series,) = query["initialSeriesInstanceUID"]
+    (sop,) = query["initialSOPInstanceUID"]
+    files = {}
+    study_dir = next(p for p in st.series_dir.parents if p.name == "dicom")  # the case's files
+    for path in sorted(study_dir.rglob("*")):
+        if path.is_file():
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            if ds.SeriesInstanceUID == series:
+                files[str(ds.SOPInstanceUID)] = (float(ds.ImagePositionPatient[2]), path)
+    assert sop in files, "the opening instance is one of the chosen series"
+    desc = pydicom.dcmread(files[sop][1], stop_before_pixels=True).SeriesDescription
+    assert "loc" not in desc.lower()
+    by_z = sorted(files, key=lambda u: files[u][0])
+    tissue = _tissue({u: files[u][1] for u in by_z})
+    assert min(tissue.values()) < 0.05  # the stack reaches above the head: a black slice exists
+    assert tissue[sop] >= 0.8 * max(tissue.values()), (by_z.index(sop), tissue[sop], max(tissue.values()))  # fmt: skip
+    r = v.get(f"/review/viewer/open?study={st.study_uid}9")  # no such study
+    assert r.status_code == 404 and "no study with images" in r.text
+
+
+def test_the_opening_series_is_an_anatomical_stack_never_a_localiser_or_a_document() -> None:
+    def s(uid: str, cls: str, n: int, number: int | None = None) -> SeriesSummary:
+        return SeriesSummary(orthanc_id=uid, series_uid=f"1.2.{uid}", series_number=number,
+                             series_class=cls, n_instances=n)  # fmt: skip
+
+    loc, sr, pdf = s("1", "LOCALIZER", 9, 1), s("2", "NON_IMAGE", 1, 9901), s("3", "NON_IMAGE", 1, 9902)  # fmt: skip
+    dwi, t2, flair = s("4", "DWI", 75, 2), s("5", "T2", 25, 4), s("6", "FLAIR", 25, 5)
+    assert opening_series([loc, sr, pdf, dwi, t2, flair]) == flair
+    assert opening_series([loc, dwi, t2, s("7", "T2", 25, 3)]).series_uid == "1.2.7"  # type: ignore[union-attr]
+    assert opening_series([loc, sr, s("8", "CT", 2, 2), s("9", "CT", 120, 3)]).series_uid == "1.2.9"  # type: ignore[union-attr]  # fmt: skip
+    assert opening_series([loc, sr, s("10", "UNKNOWN", 40, 7)]).series_uid == "1.2.10"  # type: ignore[union-attr]  # fmt: skip
+    assert opening_series([sr, pdf, loc]) is None
+
+
+def _directives(csp: str) -> dict[str, list[str]]:
+    return {d.split()[0]: d.split()[1:] for d in (x.strip() for x in csp.split(";")) if d}
+
+
+def test_the_viewer_may_embed_the_pdf_series_blob_and_no_other_page_may(viewer: Viewer) -> None:
+    """OHIF shows an Encapsulated PDF as <object data="blob:..."> of bytes it read through the
+    proxy: the viewer's policy allows blob: objects (nothing else); every other page, none."""
+    needs_viewer()
+    v = viewer
+    page = _directives(v.get("/review/viewer/viewer?StudyInstanceUIDs=1.2", headers=PAGE).headers["content-security-policy"])  # fmt: skip
+    assert page["object-src"] == ["blob:"]
+    assert page["connect-src"] == ["'self'"]  # the PDF's bytes come through the proxy only
+    assert "'unsafe-inline'" not in page["script-src"] and "blob:" not in page["script-src"]
+    assert _directives(content_security_policy(()))["object-src"] == ["blob:"]
+    elsewhere = [
+        v.get("/review/login", token=None),
+        v.get("/review", headers=PAGE),
+        v.get(f"/review/viewer/open?study={v.study.study_uid}&series=1.2.3.4"),  # its error page
+    ]
+    for r in elsewhere:
+        d = _directives(r.headers["content-security-policy"])
+        assert d.get("object-src", d.get("default-src")) == ["'none'"], r.request.url
 
 
 def test_open_refuses_what_is_not_a_series_of_the_pacs(viewer: Viewer) -> None:

@@ -9,7 +9,6 @@ import secrets
 import threading
 from collections.abc import Callable
 from typing import Annotated
-from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, HTTPException, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
@@ -37,7 +36,7 @@ from evaluation import (
 )
 from gateway.api.deps import Ctx
 from gateway.auth import Role
-from gateway.cache import InvalidUIDError, check_uid
+from gateway.cache import InvalidUIDError
 from gateway.orthanc import OrthancError
 from gateway.reissue import ReissueError
 from gateway.review_actions import (
@@ -65,8 +64,7 @@ from gateway.review_auth import (
 )
 from gateway.review_queue import CaseStatus, queue
 from gateway.review_service import ReportNotFoundError, ReviewService
-from gateway.viewer import BASE as VIEWER_BASE
-from gateway.viewer import OHIF_ROUTE, PLANES, viewer_open_url
+from gateway.viewer import PLANES, viewer_open_url
 
 BASE = "/review"
 router = APIRouter(prefix=BASE, tags=["review"], include_in_schema=True)
@@ -276,11 +274,7 @@ def export(ctx: Ctx, request: Request, report: Report, fmt: str) -> Response:
 
 def viewer_link(study: str, series: str | None, z: float | None, plane: str | None) -> str:
     """The review page's link into the DICOM viewer (the study, or a series at a slice)."""
-    try:
-        if series is None:
-            return f"{VIEWER_BASE}/{OHIF_ROUTE}?" + urlencode(
-                {"StudyInstanceUIDs": check_uid(study)}
-            )
+    try:  # without a series: the whole study, at a slice the gateway chooses (not OHIF's first)
         return viewer_open_url(study, series, z, plane if plane in PLANES else None)
     except (InvalidUIDError, ValueError):
         return ""

@@ -39,7 +39,7 @@ from gateway.viewer import (
     content_security_policy,
     viewer_url,
 )
-from gateway.viewer_pacs import behind_gateway, dicomweb_read_path, instance_at
+from gateway.viewer_pacs import behind_gateway, dicomweb_read_path, instance_at, opening_series
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix=BASE, tags=["viewer"])
@@ -99,7 +99,7 @@ def _error_page(code: int, message: str) -> HTMLResponse:
 
 @router.get(
     "/open",
-    summary="Open a series in the web DICOM viewer at the slice nearest a position",
+    summary="Open a study, or one series at the slice nearest a position, in the web DICOM viewer",
     response_class=RedirectResponse,
     status_code=status.HTTP_303_SEE_OTHER,
     responses=errors(401, 404, 502),
@@ -108,17 +108,27 @@ def open_series(
     ctx: Ctx,
     request: Request,
     study: Uid,
-    series: Uid,
+    series: Uid | None = None,
     z: Annotated[float | None, Query(ge=-100_000, le=100_000)] = None,
     plane: Literal["axial", "coronal", "sagittal"] | None = None,
 ) -> Response:
     """Redirect (303) to OHIF showing ``series`` of ``study`` at the instance nearest ``z``
     (mm; RAS coordinate of the slice centre along ``plane``'s axis, as montage tiles record it),
-    or at the middle slice without ``z``."""
+    or at the middle slice without ``z``. Without ``series``: the whole study (its SR and PDF
+    series too), opened at the middle slice of ``viewer_pacs.opening_series`` (never the first
+    image OHIF would show, which is often outside the head)."""
     who = signed_in(ctx, request)
     if who is None:
         return _refused(request)
+    whole_study = series is None
     try:
+        if series is None:
+            study_id = ctx.orthanc.find_study(study)
+            chosen = opening_series(ctx.orthanc.list_series(study_id)) if study_id else None
+            if chosen is None:
+                ctx.audit.write(who.token_id, "viewer open", "", "not found")
+                return _error_page(status.HTTP_404_NOT_FOUND, "no study with images of that UID in the PACS")  # fmt: skip
+            series = chosen.series_uid
         datasets = ctx.orthanc.series_metadata(study, series)
         orthanc_id = ctx.orthanc.find_series(series) or "unknown"
     except OrthancError as exc:
@@ -136,7 +146,7 @@ def open_series(
         ctx.audit.write(who.token_id, "viewer open", "", "not found")
         return _error_page(status.HTTP_404_NOT_FOUND, "no such series in the PACS")
     ctx.audit.write(who.token_id, "viewer open", f"series={orthanc_id}", "ok")
-    return RedirectResponse(viewer_url(study, series, sop), status.HTTP_303_SEE_OTHER)
+    return RedirectResponse(viewer_url(study, series, sop, whole_study), status.HTTP_303_SEE_OTHER)
 
 
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
