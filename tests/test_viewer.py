@@ -366,6 +366,8 @@ def test_ohif_is_served_under_the_review_path_with_its_own_config_and_csp(viewer
     assert '"routerBasename": "/review/viewer"' in config.text
     assert '"showCPUFallbackMessage": false' in config.text
     assert 'window.location.origin + "/review/viewer/dicom-web"' in config.text
+    # an SR measurement group without spatial coordinates is skipped, not a load failure
+    assert "onBeforeSRAddMeasurement" in config.text and "m.coords = [{}]" in config.text
     assert "http" not in config.text.replace("httpErrorHandler", "")  # no external URL
     bundle = next(p.name for p in VIEWER_DIST.glob("app.bundle.*.js"))
     r = v.get(f"/review/viewer/{bundle}")
