@@ -88,6 +88,10 @@ from .reports.bundle import (
     write_report as write_report,
 )
 from .reports.checklist import reviewed_samples as reviewed_samples
+from .reports.coding import CodedDiagnosis as CodedDiagnosis
+from .reports.coding import Site as Site
+from .reports.coding import diagnosis_concept as diagnosis_concept
+from .reports.coding import site_of as site_of
 from .reports.html import (
     ImageLoader as ImageLoader,
 )

@@ -30,7 +30,7 @@ from pydicom.dataset import Dataset
 
 from dicom import display_name
 from evaluation import Case, PdfError, RunData, Verification, pdf_bytes, render_verified
-from gateway.orthanc import OrthancClient, OrthancError
+from gateway.orthanc import OrthancClient, OrthancError, StudySummary
 from gateway.run_report import gateway_info
 from gateway.sr import (
     ReportBuildError,
@@ -49,25 +49,76 @@ class ReissueError(RuntimeError):
     """The case cannot be re-issued (no source study in PACS, nothing signed off)."""
 
 
-def _source_headers(orthanc: OrthancClient, case: Case) -> list[Dataset]:
+class NotInPacsError(ReissueError):
+    """The case's study is in no PACS the gateway reaches (a CLI evaluation of local files, a
+    phantom suite): there is nothing to attach a VERIFIED report to, and nothing is sent."""
+
+
+@dataclass
+class Destination:
+    """Where the VERIFIED report of a case goes: the study, and whether it is in the PACS
+    (``why`` says why not)."""
+
+    study_uid: str
+    in_pacs: bool
+    why: str = ""
+
+
+def _find_source(orthanc: OrthancClient, case: Case) -> StudySummary:
+    """The case's source study in the PACS (``NotInPacsError`` when there is none)."""
     if not case.provenance.study_uids:
-        raise ReissueError(f"case {case.case_id!r} names no source study (StudyInstanceUID)")
+        raise NotInPacsError(
+            f"case {case.case_id!r} names no source study (StudyInstanceUID): an evaluation "
+            "outside the gateway, of images that are not in a PACS"
+        )
     study_uid = case.provenance.study_uids[0]
     # a UID is not an identity: the study of the patient the case's headers name (its
     # patient_id may be a pseudonym), and only one
     ident = case.provenance.identity
     patient_id = ident.patient_id if ident is not None else ""
-    found = orthanc.studies_by_uid(study_uid)
+    try:
+        found = orthanc.studies_by_uid(study_uid)
+    except OrthancError as exc:
+        if exc.status is not None:
+            raise
+        raise NotInPacsError(
+            f"no PACS answered for study {study_uid} of case {case.case_id!r} ({exc})"
+        ) from None
     if patient_id:
         found = [s for s in found if s.patient_id == patient_id]
     if not found:
-        raise ReissueError(f"the source study of case {case.case_id!r} is not in PACS")
+        raise NotInPacsError(
+            f"the source study {study_uid} of case {case.case_id!r} is not in the PACS"
+        )
     if len(found) > 1:
         raise ReissueError(
             f"the source study of case {case.case_id!r}: {len(found)} patients' studies in PACS "
             "share its StudyInstanceUID and the case names no patient to tell them apart"
         )
-    study_id = found[0].orthanc_id
+    return found[0]
+
+
+def destination(
+    orthanc: OrthancClient, run: RunData, case_id: str, bundle: Path | None
+) -> Destination:
+    """Where a sign-off of the case sends its VERIFIED report, by the rule ``reissue_case``
+    follows: a gateway run's study (its evidence recorded in ``bundle``) is in the PACS, the
+    gateway wrote its UNVERIFIED report there; another run's study only if the PACS has it."""
+    case = run.case(case_id)
+    uids = case.provenance.study_uids
+    if bundle is not None and os.path.lexists(bundle / EVIDENCE_FILE):
+        return Destination(study_uid=uids[0] if uids else "", in_pacs=True)
+    try:
+        return Destination(study_uid=_find_source(orthanc, case).study_uid, in_pacs=True)
+    except NotInPacsError as exc:
+        return Destination(study_uid=uids[0] if uids else "", in_pacs=False, why=str(exc))
+    except (ReissueError, OrthancError) as exc:  # there, but not to be told apart, or refused
+        return Destination(study_uid=uids[0] if uids else "", in_pacs=True, why=str(exc))
+
+
+def _source_headers(orthanc: OrthancClient, case: Case) -> list[Dataset]:
+    found = _find_source(orthanc, case)
+    study_uid, study_id = case.provenance.study_uids[0], found.orthanc_id
     wanted = {i.series_uid for i in case.images if i.series_uid}
     series = [
         s for s in orthanc.list_series(study_id, classify=False) if s.modality in ("MR", "CT")
@@ -197,7 +248,7 @@ def reissue_case(
             srs.append(
                 build_sr(
                     headers, block.content, block.model, "clinician-verified", number, replaces,
-                    verifiers=signed,
+                    verifiers=signed, tracking=run.run_id,
                 )
             )  # fmt: skip
         except ReportBuildError as exc:

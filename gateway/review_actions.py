@@ -1,11 +1,20 @@
 """The review actions, shared by the review pages (forms) and the JSON review API: item verdicts
 on a model's review block, accept-all-remaining, diagnosis, comment, error-category override,
 the two-step sign-off, adjudication and re-issue. Each checks its rule here, once; the routers
-only translate requests and answers."""
+only translate requests and answers.
+
+Signing off is final in the PACS: the sign-off (and the adjudication that settles the last
+dispute) stores the case's VERIFIED SRs and PDF through the one write-back in the same action
+(:func:`deliver`), the preview being the confirmation. A case whose study is in no PACS signs
+off all the same and says that nothing was sent; a PACS that fails leaves the sign-off recorded
+and the case to be sent again (:func:`reissue`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
+
+from pydantic import BaseModel, Field
 
 from evaluation import (
     Action,
@@ -33,8 +42,15 @@ from evaluation import (
     review_preview,
 )
 from gateway.auth import Role
-from gateway.orthanc import OrthancClient
-from gateway.reissue import Reissued, reissue_case
+from gateway.orthanc import OrthancClient, OrthancError
+from gateway.reissue import (
+    Destination,
+    NotInPacsError,
+    Reissued,
+    ReissueError,
+    destination,
+    reissue_case,
+)
 from gateway.review_auth import Reviewer
 from gateway.review_service import ReportNotFoundError, ReviewService
 from gateway.run_report import gateway_info
@@ -344,12 +360,118 @@ def preview(cu: CaseUnderReview, who: Reviewer) -> SignoffPreview:
     )
 
 
-def sign_off(
-    svc: ReviewService, who: Reviewer, cu: CaseUnderReview, confirm: str, passed_over: str = ""
-) -> ReviewEvent:
-    """Step 2: sign off the content the reviewer was shown (``confirm``: its digest). A
-    superseded report version only with ``passed_over``, the newer version's gateway run id
-    (:func:`knowingly`); the sign-off records that version."""
+class PacsStatus(StrEnum):
+    SENT = "sent"  # the VERIFIED SRs and PDF are in the PACS
+    NOT_IN_PACS = "not_in_pacs"  # the case's study is in no PACS: nothing was sent
+    PENDING = "pending"  # not verified yet (reviewers disagree, a stale sign-off): not sent
+    FAILED = "failed"  # the PACS did not take it: send it again
+
+
+class PacsOutcome(BaseModel):
+    """What a sign-off (or an adjudication, a re-send) did in the PACS, and why."""
+
+    status: PacsStatus
+    message: str
+    study_uid: str = ""
+    sr_sop_instance_uids: list[str] = Field(default_factory=list)
+    pdf_sop_instance_uid: str | None = None
+    warnings: list[str] = Field(default_factory=list)
+
+
+@dataclass
+class SignedOff:
+    event: ReviewEvent
+    pacs: PacsOutcome
+
+
+@dataclass
+class Pacs:
+    """Where VERIFIED reports go: the PACS client and the verifying organisation they name."""
+
+    orthanc: OrthancClient
+    organization: str
+
+
+def where_to(svc: ReviewService, cu: CaseUnderReview, pacs: Pacs) -> Destination:
+    """Where signing the case off sends its VERIFIED report (the sign-off preview says it)."""
+    return destination(pacs.orthanc, cu.run, cu.case_id, svc.folder(cu.report))
+
+
+def _passed_note(cu: CaseUnderReview, passed: str) -> str:
+    if not passed or cu.superseded is None:
+        return ""
+    return (
+        f"Verified on report version {cu.superseded.version} (gateway run "
+        f"{gateway_run_id(cu.report, cu.run)}) knowingly, although {passed} supersedes it"
+    )
+
+
+def _send(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
+          passed: str) -> Reissued:  # fmt: skip
+    """Store the case's VERIFIED report through the write-back; each object stored is logged."""
+
+    def stored(uid: str) -> None:  # logged as each object reaches PACS, not after all
+        svc.store.append(_event(who, cu, Action.REISSUE, text=uid, passed_over=passed))
+
+    # the report's bundle: a gateway run's holds the evidence recorded at write-back
+    return reissue_case(pacs.orthanc, cu.run, cu.case_id, cu.verification, pacs.organization,
+                        on_stored=stored, bundle=svc.folder(cu.report),
+                        note=_passed_note(cu, passed))  # fmt: skip
+
+
+def deliver(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
+            passed: str = "") -> PacsOutcome:  # fmt: skip
+    """Send the case's VERIFIED report to the PACS once it is verified, saying what happened:
+    never raises for the PACS (the review action it follows is recorded either way)."""
+    v = cu.verification
+    uids = cu.run.case(cu.case_id).provenance.study_uids
+    study = uids[0] if uids else ""
+    if not v.complete:
+        return PacsOutcome(
+            status=PacsStatus.PENDING, study_uid=study,
+            message=f"Nothing was sent to the PACS yet: {v.why_not}.",
+        )  # fmt: skip
+    try:
+        out = _send(svc, who, cu, pacs, passed)
+    except NotInPacsError as exc:
+        return PacsOutcome(
+            status=PacsStatus.NOT_IN_PACS, study_uid=study,
+            message=f"Nothing was sent to a PACS: {exc}. The review is recorded here only.",
+        )  # fmt: skip
+    except (ReissueError, OrthancError, ValueError) as exc:
+        return PacsOutcome(
+            status=PacsStatus.FAILED, study_uid=study,
+            message=f"The VERIFIED report was NOT stored in the PACS: {exc}. Send it again "
+            "once the PACS takes it (Send to the PACS, on the case page).",
+        )  # fmt: skip
+    n = len(out.sr_uids) + (out.pdf_uid is not None)
+    return PacsOutcome(
+        status=PacsStatus.SENT, study_uid=study,
+        message=f"The VERIFIED report is in the PACS: {n} object(s) stored in study {study} "
+        f"({len(out.sr_uids)} SR, {'the' if out.pdf_uid else 'no'} checklist PDF).",
+        sr_sop_instance_uids=out.sr_uids, pdf_sop_instance_uid=out.pdf_uid,
+        warnings=out.warnings,
+    )  # fmt: skip
+
+
+def in_pacs(svc: ReviewService, cu: CaseUnderReview) -> bool:
+    """Whether the case's VERIFIED report, as last signed or adjudicated, is in the PACS: an
+    object was stored after the latest sign-off or ruling (else it is still to be sent)."""
+    last_signed, last_stored = 0, 0
+    for e in svc.store.events(cu.run.run_id, cu.case_id):
+        if e.action in (Action.SIGNOFF, Action.ADJUDICATE):
+            last_signed = max(last_signed, e.id or 0)
+        elif e.action is Action.REISSUE:
+            last_stored = max(last_stored, e.id or 0)
+    return last_stored > last_signed
+
+
+def sign_off(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, confirm: str,
+             pacs: Pacs, passed_over: str = "") -> SignedOff:  # fmt: skip
+    """Step 2: sign off the content the reviewer was shown (``confirm``: its digest), then send
+    the VERIFIED report to the PACS (:func:`deliver`). A superseded report version only with
+    ``passed_over``, the newer version's gateway run id (:func:`knowingly`), checked before
+    anything is recorded or sent; the sign-off and the report record that version."""
     if not who.person:
         raise ReviewError(
             "your token has no person name (family^given), which a VERIFIED report names as "
@@ -373,13 +495,14 @@ def sign_off(
         [_event(who, cu, Action.SIGNOFF, text=p.digest, passed_over=passed)],
         expect_last=mine.last_id if mine else 0,
     )
-    return event
+    cu.reviews = svc.store.reviews(cu.run.run_id, cu.case_id)  # with this sign-off
+    return SignedOff(event=event, pacs=deliver(svc, who, cu, pacs, passed))
 
 
-def adjudicate(
-    svc: ReviewService, who: Reviewer, cu: CaseUnderReview, rulings: list[ItemVerdict]
-) -> list[ReviewEvent]:
-    """An admin's rulings on items the signed-off reviewers disagree on."""
+def adjudicate(svc: ReviewService, who: Reviewer, cu: CaseUnderReview,
+               rulings: list[ItemVerdict], pacs: Pacs) -> PacsOutcome:  # fmt: skip
+    """An admin's rulings on items the signed-off reviewers disagree on; the ruling that
+    settles the last dispute sends the VERIFIED report to the PACS (:func:`deliver`)."""
     if who.role is not Role.ADMIN:
         raise ReviewForbiddenError("adjudication is an admin action")
     if not who.person:
@@ -399,34 +522,21 @@ def adjudicate(
             raise ReviewError(f"{r.model}: {r.item_id} is not disputed")
         item = cu.item(r.model, r.item_id)
         events += _item_events(who, cu, item, r.verdict, r.text, Action.ADJUDICATE)
-    return svc.store.append_many(events)
+    svc.store.append_many(events)
+    cu.reviews = svc.store.reviews(cu.run.run_id, cu.case_id)  # with these rulings
+    # a superseded version's signers confirmed it knowingly: the report says so again
+    passed = next((r.passed_over for r in cu.reviews if r.passed_over), "")
+    return deliver(svc, who, cu, pacs, passed)
 
 
 def reissue(
-    svc: ReviewService,
-    who: Reviewer,
-    cu: CaseUnderReview,
-    orthanc: OrthancClient,
-    organization: str,
-    passed_over: str = "",
+    svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs, passed_over: str = ""
 ) -> Reissued:
-    """Store the VERIFIED SRs and PDF of a verified case in PACS (a signer or an admin). A
-    superseded report version only with ``passed_over`` (:func:`knowingly`): each re-issue
-    record and the VERIFIED report name the newer version passed over."""
-    v = cu.verification
-    if who.role is not Role.ADMIN and not v.signed_by(who.name):
-        raise ReviewError("Sign the case off before re-issuing it.")
+    """Send the VERIFIED SRs and PDF of a verified case to the PACS again (a signer or an
+    admin): after a sign-off whose sending failed, or to store a new copy. A superseded report
+    version only with ``passed_over`` (:func:`knowingly`): each record of an object stored and
+    the VERIFIED report name the newer version passed over."""
+    if who.role is not Role.ADMIN and not cu.verification.signed_by(who.name):
+        raise ReviewError("Sign the case off before sending it to the PACS.")
     passed = knowingly(cu, passed_over, "re-issue")
-    note = ""
-    if passed and cu.superseded is not None:
-        note = (
-            f"Verified on report version {cu.superseded.version} (gateway run "
-            f"{gateway_run_id(cu.report, cu.run)}) knowingly, although {passed} supersedes it"
-        )
-
-    def stored(uid: str) -> None:  # logged as each object reaches PACS, not after all
-        svc.store.append(_event(who, cu, Action.REISSUE, text=uid, passed_over=passed))
-
-    # the report's bundle: a gateway run's holds the evidence recorded at write-back
-    return reissue_case(orthanc, cu.run, cu.case_id, v, organization, on_stored=stored,
-                        bundle=svc.folder(cu.report), note=note)  # fmt: skip
+    return _send(svc, who, cu, pacs, passed)

@@ -46,7 +46,7 @@ from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 from pydicom.valuerep import DA, TM
 
 from dicom import PersonNameError, checked_attributes, person_name
-from evaluation import DifferentialItem, Finding, ReportContent
+from evaluation import DifferentialItem, Finding, ReportContent, diagnosis_concept, site_of
 
 ENCAPSULATED_PDF_STORAGE = "1.2.840.10008.5.1.4.1.1.104.1"
 MANUFACTURER = "NeuroSandbox"
@@ -78,11 +78,13 @@ _REGION_CODES: dict[str, tuple[str, str, str]] = {
     "cerebellum": ("113305005", "SCT", "Cerebellum"),
     "extra-axial": ("1231004", "SCT", "Meninges"),
 }
-_LATERALITY = {
+_LATERALITY = {  # CID 244; a midline site has none
     "left": codes.SCT.Left,
     "right": codes.SCT.Right,
     "bilateral": codes.SCT.Bilateral,
 }
+# How the SR names the groups of a block's items (evaluation.reports.block item ids)
+_GROUP_NAMES = {"finding": "finding", "dx": "differential", "final": "diagnosis"}
 # Attributes highdicom reads from the first evidence dataset; missing ones become empty.
 _PATIENT_STUDY = (
     "PatientName",
@@ -122,31 +124,69 @@ def _local_code(text: str) -> CodedConcept:
 
 
 def region_code(region: str | None) -> CodedConcept:
+    """An atlas region (``case.REGIONS``) coded; no region: the brain."""
     if not region:
         return CodedConcept("12738006", "SCT", "Brain")
     hit = _REGION_CODES.get(region.strip().lower())
     return CodedConcept(*hit) if hit else _local_code(region)
 
 
+def finding_sites(f: Finding | None) -> list[FindingSite]:
+    """A finding's sites: each atlas region its region field names, as the answers are read
+    (``evaluation.site_of``: "left frontal lobe" is the frontal region), with the side it
+    names as laterality. A region the vocabulary cannot read keeps its text as a local code;
+    none given: the brain."""
+    if f is None:
+        return [FindingSite(region_code(None))]
+    site = site_of(f)
+    lat = _LATERALITY.get(site.side or "")
+    if site.regions:
+        return [FindingSite(region_code(r), laterality=lat) for r in site.regions]
+    return [FindingSite(region_code((f.region or "").strip() or None), laterality=lat)]
+
+
 def diagnosis_code(item: DifferentialItem) -> CodedConcept:
-    """A diagnosis coded: ICD-10 when the item gives one, else a local code of its text."""
+    """A diagnosis coded: the ICD-10 code the item gives, else the one of the lexicon concept
+    its text names (``evaluation.diagnosis_concept``; ICD-10-CM where WHO's ICD-10 has none),
+    else (no concept, or a hedge between concepts) a local code of its text."""
     name = item.diagnosis.strip()
     icd = (item.icd10 or "").strip().upper()
     if icd and len(icd) <= 16 and _ICD10.match(icd):
         return CodedConcept(icd, "I10", _meaning(name) or icd)
+    concept = diagnosis_concept(name)
+    if concept is not None:
+        meaning = _meaning(concept.name[:1].upper() + concept.name[1:])  # a heading's case
+        return CodedConcept(concept.icd10, "I10C" if concept.cm else "I10", meaning)
     return _local_code(name)
 
 
+def _tracking(label: str, seed: str, model: str) -> TrackingIdentifier:
+    """A group's tracking identifier: with ``seed`` (the run), the same UID for the same item of
+    the same model in every SR of the run, UNVERIFIED and VERIFIED; without, a new one."""
+    uid = generate_uid(entropy_srcs=[seed, model, label]) if seed else generate_uid()
+    return TrackingIdentifier(uid=uid, identifier=label)
+
+
+def group_label(item_id: str | None, kind: str, n: int) -> str:
+    """How the SR names a block item's group: "finding 2", "differential 1", "diagnosis" (the
+    block's item number; ``n``, its place in the report, when the content names no item)."""
+    prefix, _, number = (item_id or "").partition(".")
+    name = _GROUP_NAMES.get(prefix) if item_id else None
+    if name is None:
+        name, number = _GROUP_NAMES[kind], str(n)
+    if name == "diagnosis" and number in ("", "1"):
+        return "diagnosis"
+    return f"{name} {number}"
+
+
 def _finding_group(
-    n: int, f: Finding | None, algorithm: AlgorithmIdentification
+    tracking: TrackingIdentifier, f: Finding | None, algorithm: AlgorithmIdentification
 ) -> MeasurementsAndQualitativeEvaluations:
     present = f is not None
-    lat = _LATERALITY.get((f.hemisphere or "").strip().lower()) if f else None
-    site = FindingSite(region_code(f.region if f else None), laterality=lat)
     group = MeasurementsAndQualitativeEvaluations(
-        tracking_identifier=TrackingIdentifier(uid=generate_uid(), identifier=f"finding {n}"),
+        tracking_identifier=tracking,
         finding_type=codes.SCT.Lesion,
-        finding_sites=[site],
+        finding_sites=finding_sites(f),
         algorithm_id=algorithm,
         qualitative_evaluations=[
             QualitativeEvaluation(
@@ -171,16 +211,20 @@ def _finding_group(
 
 
 def _diagnosis_group(
-    label: str, concept: CodedConcept, item: DifferentialItem, algorithm: AlgorithmIdentification
+    tracking: TrackingIdentifier,
+    concept: CodedConcept,
+    item: DifferentialItem,
+    algorithm: AlgorithmIdentification,
 ) -> MeasurementsAndQualitativeEvaluations:
+    code = diagnosis_code(item)
     group = MeasurementsAndQualitativeEvaluations(
-        tracking_identifier=TrackingIdentifier(uid=generate_uid(), identifier=label),
+        tracking_identifier=tracking,
         finding_type=concept,
         finding_sites=[FindingSite(region_code(None))],
         algorithm_id=algorithm,
-        qualitative_evaluations=[QualitativeEvaluation(concept, diagnosis_code(item))],
+        qualitative_evaluations=[QualitativeEvaluation(concept, code)],
     )
-    if _meaning(item.diagnosis) != item.diagnosis.strip():  # longer or odder than a Code Meaning
+    if code.meaning != item.diagnosis.strip():  # the words differ from the code's meaning
         group[0].ContentSequence.append(_text(concept, item.diagnosis.strip()))
     return group
 
@@ -291,27 +335,41 @@ def build_sr(
     instance_number: int,
     previous: Sequence[Dataset] = (),
     verifiers: Sequence[Verifier] = (),
+    tracking: str = "",
 ) -> Dataset:
     """A Comprehensive 3D SR (TID 1500) of one model's report content.
 
     Without ``verifiers``: UNVERIFIED, PRELIMINARY, in the study's "(UNVERIFIED)" series. With
     them: VERIFIED, FINAL, in the "(VERIFIED)" series, every verifier a Verifying Observer;
     ``previous`` (the documents it replaces) are named as predecessors either way. The
-    procedure it reports follows its ``source`` (see ``_procedure``).
+    procedure it reports follows its ``source`` (see ``_procedure``). Each group is named after
+    its block item ("finding 2" stays finding 2 when finding 1 is rejected); ``tracking``
+    (the run's id) makes its Tracking UID the same in every SR of the run.
     """
     if not source:
         raise ReportBuildError("no source instance headers: cannot build an SR for the study")
     evidence = _evidence(source)
     study_uid = str(evidence[0].StudyInstanceUID)
     algorithm = AlgorithmIdentification(name=model_name[:64], version=model_version[:64])
-    groups = [_finding_group(i + 1, f, algorithm) for i, f in enumerate(content.findings)]
+    entries: list[tuple[str, int, Finding | DifferentialItem]] = [
+        *(("finding", i, f) for i, f in enumerate(content.findings, start=1)),
+        *(("dx", i, d) for i, d in enumerate(content.differential, start=1)),
+        *(("final", i, d) for i, d in enumerate(content.final_diagnoses, start=1)),
+    ]
+    ids: list[str | None] = list(content.item_ids)
+    if len(ids) != len(entries):  # content not made from a block: numbered by place
+        ids = [None] * len(entries)
+    groups = []
+    for (kind, n, entry), item_id in zip(entries, ids, strict=True):
+        track = _tracking(group_label(item_id, kind, n), tracking, model_name)
+        if isinstance(entry, Finding):
+            groups.append(_finding_group(track, entry, algorithm))
+        else:
+            concept = DIFFERENTIAL if kind == "dx" else DIAGNOSIS
+            groups.append(_diagnosis_group(track, concept, entry, algorithm))
     if content.no_findings and not content.findings:
-        groups.append(_finding_group(1, None, algorithm))
-    for i, d in enumerate(content.differential, start=1):
-        groups.append(_diagnosis_group(f"differential {i}", DIFFERENTIAL, d, algorithm))
-    for i, d in enumerate(content.final_diagnoses, start=1):
-        label = "diagnosis" if i == 1 else f"diagnosis {i}"
-        groups.append(_diagnosis_group(label, DIAGNOSIS, d, algorithm))
+        none = _tracking("finding 1", tracking, model_name)
+        groups.insert(0, _finding_group(none, None, algorithm))
     if not groups:  # every item rejected (or none given): the report says so, and nothing else
         groups.append(
             MeasurementsAndQualitativeEvaluations(

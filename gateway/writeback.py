@@ -208,7 +208,8 @@ def build_unverified(
             continue
         prev = [d for d in previous if model_of(d) == model]
         content = unverified_content(blocks[model])
-        out.srs[model] = build_sr(headers, content, model, evaluator, version, prev)
+        out.srs[model] = build_sr(headers, content, model, evaluator, version, prev,
+                                  tracking=run.run_id)  # fmt: skip
     return out
 
 

@@ -171,10 +171,11 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
         )
         assert r.status_code == 200, r.text
     digest = gateway.get(f"{api}/signoff", gateway.reviewer).json()["digest"]
-    r = gateway.post(f"{api}/signoff", gateway.reviewer, json={"digest": digest})
+    # version 2 supersedes version 1: signed off knowingly (issue 34), naming version 2's run
+    newer = next(r["run_id"] for r in mine if r["status"] == "done" and r["run_id"] != run["run_id"])  # fmt: skip
+    r = gateway.post(f"{api}/signoff", gateway.reviewer, json={"digest": digest, "passed_over": newer})  # fmt: skip
     assert r.status_code == 200, r.text
-    r = gateway.post(f"{api}/reissue", gateway.reviewer)
-    assert r.status_code == 200, r.text
+    assert r.json()["pacs"]["status"] == "sent", r.json()["pacs"]  # signing off stored it
     got = reports(gateway, study.study_uid)
     verified = [d for d in got["sr"] if d.VerificationFlag == "VERIFIED"]
     # One per model, as the UNVERIFIED one: its review block, in the VERIFIED series.
@@ -191,8 +192,11 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
         texts = (str(e.value) for e in doc.iterall() if e.keyword == "TextValue")
         return [t for t in texts if t.startswith("finding ")]
 
-    # The findings as in the UNVERIFIED SR (the reviewer accepted them and changed the dx).
+    # The findings as in the UNVERIFIED SR (the reviewer accepted them and changed the dx),
+    # each with the same tracking UID.
     assert findings(verified[0]) == findings(sr) != []
+    uids = [[str(e.value) for e in d.iterall() if e.keyword == "UID"] for d in (sr, verified[0])]
+    assert uids[0] == uids[1] != []
     for v in verified:
         Comprehensive3DSR.from_dataset(v)
         assert v.VerifyingObserverSequence[0].VerifyingObserverName == "Reviewer^Test"

@@ -224,9 +224,11 @@ def test_findings_never_merge_within_one_answer_or_without_a_full_location() -> 
     ]
 
 
-def test_a_correction_keeps_only_the_clinicians_text_and_no_lesion_cannot_be_corrected(
+def test_a_correction_keeps_the_clinicians_text_the_site_it_does_not_change_and_no_lesion_cannot_be_corrected(
     tmp_path: Path,
 ) -> None:
+    """Issue 35: the model's site stays coded unless the correction names another; nothing
+    else the model gave (sequence, signal, size) is kept."""
     from types import SimpleNamespace
 
     from gateway.review_actions import CaseUnderReview, ItemVerdict, record_verdicts
@@ -240,8 +242,15 @@ def test_a_correction_keeps_only_the_clinicians_text_and_no_lesion_cannot_be_cor
     (review,) = store.reviews("r", "ms-1")
     (verified,) = review_preview([block], review)
     (f,) = verified.content.findings
+    model = block.item("finding.1").finding
+    assert model is not None and model.hemisphere and model.region
     assert f.description == "no plaque: artefact"
-    assert (f.hemisphere, f.region, f.sequence, f.signal) == (None, None, None, None)
+    assert (f.hemisphere, f.region) == (model.hemisphere, model.region)
+    assert (f.sequence, f.signal, f.size_mm) == (None, None, None)
+    store.append_many(_events(block, "bo", {"finding.1": (Verdict.CORRECT, "right pontine focus")}))
+    (verified,) = review_preview([block], store.reviews("r", "ms-1")[1])
+    (f,) = verified.content.findings
+    assert (f.hemisphere, f.region) == ("right", "brainstem")
     empty = report_block(MODEL, [("k", TaskFamily.DIFFERENTIAL, Answer(final_diagnosis="Normal"))])
     cu = CaseUnderReview("rep", "ms-1", SimpleNamespace(run_id="r"), "ms-1", [empty])  # type: ignore[arg-type]
     who = Reviewer("ada", "t1", Role.REVIEWER, person="Ada^Test")

@@ -188,6 +188,7 @@ def test_an_older_version_is_not_signed_off_without_the_confirmation(setup: Setu
         assert r.status_code == 409 and "version 2" in r.json()["detail"], wrong
     log = c.get(f"/review/runs/{setup.v1}/reviews.json", headers=auth).json()["events"]
     assert not [e for e in log if e["action"] == "signoff" and e["reviewer"] == "Dr Hasty"]
+    assert not [e for e in log if e["action"] == "reissue"]  # nothing went to the PACS
     # refused, not signed: re-issue of the superseded version is refused as well
     r = c.post(f"/review/api/runs/{setup.v1}/cases/{CASE}/reissue", headers=auth)
     assert r.status_code == 409
@@ -203,6 +204,7 @@ def test_signed_knowingly_the_sign_off_the_log_and_the_verified_sr_name_the_newe
     ok = c.post(form, headers=auth, data={"digest": digest, "passed_over": setup.v2},
                 follow_redirects=False)  # fmt: skip
     assert ok.status_code == 303, _text(ok.text)[:500]
+    assert "pacs=sent" in ok.headers["location"]  # the sign-off stored the VERIFIED report
     log = c.get(f"/review/runs/{setup.v1}/reviews.json", headers=auth).json()
     (signoff,) = [e for e in log["events"] if e["action"] == "signoff" and e["reviewer"] == "Dr Knows"]  # fmt: skip
     assert setup.v2 in signoff["passed_over"] and "version 2" in signoff["passed_over"]
@@ -212,11 +214,15 @@ def test_signed_knowingly_the_sign_off_the_log_and_the_verified_sr_name_the_newe
     assert "passed_over" in csv.splitlines()[0] and setup.v2 in csv
     html = c.get(f"/review/runs/{setup.v1}/cases/{CASE}", headers=auth).text
     assert f"although version 2 (gateway run {setup.v2}) supersedes it" in _text(html)
-    # re-issue writes a VERIFIED SR into the PACS: knowingly too, on the page and in the API
-    form = re.search(r'<form[^>]*id="reissue".*?</form>', html, re.S)
-    assert form is not None
-    assert f'name="passed_over" value="{setup.v2}" required' in form.group(0)
-    assert "although version 2" in _text(form.group(0))
+    # what the sign-off stored names the version passed over, in the SRs and the log
+    sent = [e for e in log["events"] if e["action"] == "reissue" and e["reviewer"] == "Dr Knows"]
+    assert len(sent) == 3 and all(setup.v2 in e["passed_over"] for e in sent)  # 2 SRs, the PDF
+    for sr in instances(ctx, setup.study_uid, [e["text"] for e in sent]):
+        if sr.Modality == "SR":
+            note = [t for t in _sr_texts(sr) if "supersedes" in t]
+            assert note and setup.v2 in note[0] and "version 1" in note[0]
+    assert 'id="reissue"' not in html  # in the PACS: nothing left to send
+    # sending it again writes a VERIFIED SR into the PACS: knowingly too, form and API
     page = c.post(f"/review/runs/{setup.v1}/cases/{CASE}/reissue", headers=auth)
     assert page.status_code == 409 and "supersedes" in _text(page.text)
     url = f"/review/api/runs/{setup.v1}/cases/{CASE}/reissue"

@@ -2,8 +2,8 @@
 study (the glioblastoma case of the phantom suite) to
 `neurosandbox serve`; a VLM on a loopback OpenAI-compatible server (through litellm) answers the
 lesion and differential tasks with findings and diagnoses that partly agree; in headless
-Chromium a reviewer rejects one finding, corrects another, signs off in two steps and
-re-issues; the VERIFIED SR read back from Orthanc says exactly that."""
+Chromium a reviewer rejects one finding, corrects another and signs off in two steps, which
+stores the VERIFIED report; the VERIFIED SR read back from Orthanc says exactly that."""
 
 from __future__ import annotations
 
@@ -232,11 +232,12 @@ def test_rejected_and_corrected_findings_reach_the_verified_sr(setup: Setup) -> 
         preview = page.locator(f'section.verified-block[data-model="{MODEL}"]')
         assert "dropped" in preview.locator('tr[data-item="finding.4"]').inner_text()
         assert "tiny left temporal cavernoma" in preview.locator('tr[data-item="finding.5"]').inner_text()  # fmt: skip
+        assert "Signing sends this to the PACS" in page.inner_text("#signoff-pacs")
         _shot(page, "signoff-preview.png")
-        page.click("#signoff-confirm button")
-        page.wait_for_url("**done=signoff")
-        page.click("#reissue button")
-        page.wait_for_url("**done=reissue")
+        page.click("#signoff-confirm button")  # signs off and sends: no third button
+        page.wait_for_url("**pacs=sent&done=signoff")
+        assert "is in the PACS" in page.inner_text("body")
+        assert page.locator("#reissue").count() == 0
         browser.close()
 
     docs = _documents(setup.gw, setup.study_uid)

@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from evaluation.answers import Answer, DifferentialItem, Finding
 from evaluation.case import TaskFamily
+from evaluation.reports.coding import corrected_finding
 from evaluation.reports.rundata import FULL_INPUT, SampleResult
 from evaluation.scores import ErrorLabel
 from evaluation.scoring import anatomy as A
@@ -106,6 +107,10 @@ class ReportContent(BaseModel):
     final_diagnoses: list[DifferentialItem] = Field(default_factory=list)
     error_categories: list[str] = Field(default_factory=list)
     comments: list[str] = Field(default_factory=list)  # reviewers' comments and diagnoses
+    # the block item of each finding, differential entry and final diagnosis, in that order
+    # ("finding.2", "dx.1", "final"): the UNVERIFIED and VERIFIED SR number them alike. Left
+    # out of dumps (the sign-off digest): the verified items carry their ids already.
+    item_ids: list[str] = Field(default_factory=list, exclude=True)
 
 
 def review_order(s: SampleResult) -> tuple[int, int]:
@@ -293,10 +298,10 @@ def unverified_content(block: ReportBlock) -> ReportContent:
 def _put(content: ReportContent, it: BlockItem, corrected: str | None) -> None:
     """Add one kept item to an SR's content (``corrected``: the reviewer's text)."""
     if it.kind is ItemKind.FINDING and it.finding is not None:
-        # A corrected finding is the clinician's text only: none of the model's coded fields
-        # (side, region, sequence, signal, size) is kept, since the correction may undo any.
-        f = it.finding if corrected is None else Finding(description=corrected)
+        # a corrected finding is the clinician's text, at the site it names, else the model's
+        f = it.finding if corrected is None else corrected_finding(it.finding, corrected)
         content.findings.append(f)
+        content.item_ids.append(it.item_id)  # block items come in SR order
     elif it.kind is ItemKind.NO_FINDING and corrected is None:  # never corrected (a rule)
         content.no_findings = True
     elif it.kind in (ItemKind.DIFFERENTIAL, ItemKind.FINAL) and it.diagnosis is not None:
@@ -307,5 +312,6 @@ def _put(content: ReportContent, it: BlockItem, corrected: str | None) -> None:
             content.differential if it.kind is ItemKind.DIFFERENTIAL else content.final_diagnoses
         )
         target.append(d)
+        content.item_ids.append(it.item_id)
     elif it.kind is ItemKind.ERROR:
         content.error_categories.append(corrected or it.text)

@@ -1,6 +1,7 @@
 """The clinician review pages (reviewer role): sign in, queue, checklist with per-item verdicts,
-diagnosis, error-category override, rating, comment, sign-off, re-issue to PACS; the live run
-summary; the review log as CSV and JSON. Every action is appended to the review log."""
+diagnosis, error-category override, rating, comment, sign-off (which sends the VERIFIED report
+to the PACS), sending it again; the live run summary; the review log as CSV and JSON. Every
+action is appended to the review log."""
 
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ from evaluation import (
     pdf_bytes,
     render_checklist,
     render_page,
-    render_signoff,
     render_summary,
 )
 from gateway.api.deps import Ctx
@@ -43,9 +43,14 @@ from gateway.review_actions import (
     MAX_BATCH,
     CaseUnderReview,
     ItemVerdict,
+    Pacs,
+    PacsOutcome,
+    PacsStatus,
     ReviewForbiddenError,
+    SignedOff,
     accept_remaining,
     adjudicate,
+    in_pacs,
     open_case,
     preview,
     record,
@@ -53,6 +58,7 @@ from gateway.review_actions import (
     reissue,
     save_block,
     sign_off,
+    where_to,
 )
 from gateway.review_auth import (
     COOKIE_PATH,
@@ -82,7 +88,15 @@ DONE = {
     "block": "Block saved.",
     "signoff": "Case signed off. Your review is final.",
     "adjudication": "Ruling recorded.",
-    "reissue": "Re-issued to PACS as VERIFIED.",
+    "reissue": "Sent to the PACS as VERIFIED.",
+}
+# what a sign-off or ruling did in the PACS (the redirect's ``pacs``; a failure is shown as is)
+PACS_DONE = {
+    PacsStatus.SENT: "The VERIFIED report (an SR per model and the checklist PDF) is in the PACS.",
+    PacsStatus.NOT_IN_PACS: "Nothing was sent to a PACS: this case's study is not in one the "
+    "gateway reaches (an evaluation outside the gateway). Your review is recorded here.",
+    PacsStatus.PENDING: "Nothing was sent to the PACS yet: the case is verified once the "
+    "signed-off reviews agree (an admin adjudicates where they do not).",
 }
 _service_lock = threading.Lock()
 _ANCHOR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -311,7 +325,9 @@ def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str
     rv.viewer = viewer_link
     rv.superseded = _superseded(cu)
     signer = rv.verification.signed_by(who.name)
-    rv.can_reissue = bool(rv.verification.complete and cl.study_uids and (signer or rv.is_admin))
+    # sign-off sends the report; a button only while it is still to be sent (a PACS failed)
+    rv.can_reissue = bool(rv.verification.complete and cl.study_uids and (signer or rv.is_admin)
+                          and not in_pacs(service(ctx, request), cu))  # fmt: skip
     body = render_checklist(cl, images, review=rv, message=message, message_error=error)
     return _html(body, code)
 
@@ -319,11 +335,15 @@ def _case_page(ctx: Ctx, request: Request, who: Reviewer, report: str, slug: str
 @router.get(
     "/runs/{report}/cases/{slug}", response_class=HTMLResponse, summary="Checklist to review"
 )
-def case_page(ctx: Ctx, request: Request, report: Report, slug: Slug, done: str = "") -> Response:
+def case_page(ctx: Ctx, request: Request, report: Report, slug: Slug, done: str = "",
+              pacs: str = "") -> Response:  # fmt: skip
     who = signed_in(ctx, request)
     if who is None:
         return _login_redirect()
-    return _case_page(ctx, request, who, report, slug, DONE.get(done, ""))
+    said = DONE.get(done, "")
+    if done in ("signoff", "adjudication") and pacs in PACS_DONE:
+        said = f"{said} {PACS_DONE[PacsStatus(pacs)]}"
+    return _case_page(ctx, request, who, report, slug, said)
 
 
 def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: str,
@@ -342,14 +362,23 @@ def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: st
     except ReportNotFoundError:
         raise _missing("case") from None
     try:
-        act(svc, who, cu)
+        out = act(svc, who, cu)
     except ReviewForbiddenError as exc:
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail=str(exc)) from None
     except (ReviewError, ReissueError, OrthancError, ValueError) as exc:
         ctx.audit.write(who.token_id, f"review {code}", f"run={cu.run.run_id}", "refused")
         return _case_page(ctx, request, who, report, slug, f"Not recorded: {exc}", True, 409)
     ctx.audit.write(who.token_id, f"review {code}", f"run={cu.run.run_id}", "ok")
-    url = f"{BASE}/runs/{report}/cases/{slug}?done={code}"
+    pacs = out.pacs if isinstance(out, SignedOff) else out
+    query = f"done={code}"
+    if isinstance(pacs, PacsOutcome):
+        ctx.audit.write(who.token_id, f"review {code}: to PACS", f"run={cu.run.run_id}",
+                        pacs.status.value)  # fmt: skip
+        if pacs.status is PacsStatus.FAILED:  # recorded, not stored: say exactly why, here
+            said = f"{DONE[code]} {pacs.message}"
+            return _case_page(ctx, request, who, report, slug, said, True, 502)
+        query = f"pacs={pacs.status.value}&{query}"
+    url = f"{BASE}/runs/{report}/cases/{slug}?{query}"
     if _ANCHOR.match(anchor):
         url += f"#{anchor}"
     return RedirectResponse(url, status.HTTP_303_SEE_OTHER)
@@ -468,9 +497,16 @@ def signoff_page(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Resp
     message = "" if who.person else (
         "Your token has no person name (family^given): you cannot sign off. Ask for a token "
         "made with --person.")  # fmt: skip
-    body = render_signoff(cl, p.blocks, p.missing, p.digest, review=rv, message=message,
-                          message_error=bool(message))  # fmt: skip
+    # the preview is the confirmation: it says where the VERIFIED report goes, or that it stays
+    dest = where_to(service(ctx, request), cu, _pacs(ctx)) if not p.missing else None
+    body = render_page("signoff.html.j2", review=rv, message=message, message_error=bool(message),
+                       c=cl, blocks=p.blocks, missing=p.missing, digest=p.digest, dest=dest,
+                       others=[r.reviewer for r in cu.reviews if r.signed_off_at])  # fmt: skip
     return _html(body, 409 if p.missing else 200)
+
+
+def _pacs(ctx: Ctx) -> Pacs:
+    return Pacs(ctx.orthanc, ctx.settings.verifying_organization)
 
 
 @router.post("/runs/{report}/cases/{slug}/signoff", summary="Sign-off, step 2: confirm (final)")
@@ -480,7 +516,7 @@ def post_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug,
     """``passed_over``: a superseded report version is signed off only with the newer
     version's gateway run id, the reviewer's confirmation that they pass it over knowingly."""
     return _act(ctx, request, report, slug, csrf, "signoff",
-                lambda svc, who, cu: sign_off(svc, who, cu, digest, passed_over))  # fmt: skip
+                lambda svc, who, cu: sign_off(svc, who, cu, digest, _pacs(ctx), passed_over))  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/adjudication",
@@ -490,14 +526,14 @@ def post_adjudication(ctx: Ctx, request: Request, report: Report, slug: Slug,
                       item_id: Annotated[str, Form(max_length=100)],
                       verdict: Annotated[Verdict, Form()], text: Text = "", csrf: Csrf = "") -> Response:  # fmt: skip
     return _act(ctx, request, report, slug, csrf, "adjudication",
-                lambda svc, who, cu: adjudicate(svc, who, cu, [ItemVerdict(model, item_id, verdict, text)]))  # fmt: skip
+                lambda svc, who, cu: adjudicate(svc, who, cu, [ItemVerdict(model, item_id, verdict, text)], _pacs(ctx)))  # fmt: skip
 
 
-@router.post("/runs/{report}/cases/{slug}/reissue", summary="Store the verified report in PACS")
+@router.post("/runs/{report}/cases/{slug}/reissue",
+             summary="Send the verified report to the PACS again (sign-off sends it first)")  # fmt: skip
 def post_reissue(
     ctx: Ctx, request: Request, report: Report, slug: Slug, csrf: Csrf = "",
     passed_over: PassedOver = "",
 ) -> Response:  # fmt: skip
-    org = ctx.settings.verifying_organization
     return _act(ctx, request, report, slug, csrf, "reissue",
-                lambda svc, who, cu: reissue(svc, who, cu, ctx.orthanc, org, passed_over))  # fmt: skip
+                lambda svc, who, cu: reissue(svc, who, cu, _pacs(ctx), passed_over))  # fmt: skip

@@ -1,6 +1,6 @@
 """The review as JSON: the same actions as the review pages (block item verdicts, corrections,
-comments, diagnosis, error-category override, accept-all-remaining, two-step sign-off,
-adjudication, re-issue), with the same roles, audit and rules (gateway.review_actions), so a team
+comments, diagnosis, error-category override, accept-all-remaining, two-step sign-off that
+sends the VERIFIED report to the PACS, adjudication, sending again), with the same roles, audit and rules (gateway.review_actions), so a team
 can import reviews made elsewhere. A bearer token, or the review session cookie with the
 session's CSRF token in the ``X-CSRF-Token`` header."""
 
@@ -33,6 +33,8 @@ from gateway.review_actions import (
     MAX_BATCH,
     CaseUnderReview,
     ItemVerdict,
+    Pacs,
+    PacsOutcome,
     ReviewForbiddenError,
     accept_remaining,
     adjudicate,
@@ -128,6 +130,14 @@ class SignoffPreviewOut(BaseModel):
     blocks: list[VerifiedBlock]
     missing: list[str]
     digest: str
+
+
+class SignedOut(CaseState):
+    """The case after a sign-off or an adjudication, and what it did in the PACS: ``sent``, or
+    why not (``not_in_pacs``: the study is in no PACS; ``pending``: not verified yet;
+    ``failed``: recorded, not stored, send it again with ``reissue``)."""
+
+    pacs: PacsOutcome
 
 
 class ReissueOut(BaseModel):
@@ -260,26 +270,35 @@ def get_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Signo
     return SignoffPreviewOut(blocks=p.blocks, missing=p.missing, digest=p.digest)
 
 
-@router.post(f"{BASE}/signoff", response_model=CaseState, responses=ERR,
-             summary="Sign-off, step 2: confirm the content shown (its digest); final")  # fmt: skip
-def post_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug, body: SignoffIn) -> CaseState:  # fmt: skip
-    _act(ctx, request, report, slug, "signoff", lambda svc, who, cu: sign_off(svc, who, cu, body.digest, body.passed_over))  # fmt: skip
-    return get_case(ctx, request, report, slug)
+def _pacs(ctx: Ctx) -> Pacs:
+    return Pacs(ctx.orthanc, ctx.settings.verifying_organization)
 
 
-@router.post(f"{BASE}/adjudication", response_model=CaseState, responses=ERR,
-             summary="An admin's rulings on items the signed-off reviewers disagree on")  # fmt: skip
-def post_adjudication(ctx: Ctx, request: Request, report: Report, slug: Slug, body: RulingsIn) -> CaseState:  # fmt: skip
+def _signed(ctx: Ctx, request: Request, report: str, slug: str, pacs: PacsOutcome) -> SignedOut:
+    state = get_case(ctx, request, report, slug)
+    return SignedOut(**state.model_dump(), pacs=pacs)
+
+
+@router.post(f"{BASE}/signoff", response_model=SignedOut, responses=ERR,
+             summary="Sign-off, step 2: confirm the content shown (its digest); final, and sent to the PACS")  # fmt: skip
+def post_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug, body: SignoffIn) -> SignedOut:  # fmt: skip
+    out = _act(ctx, request, report, slug, "signoff", lambda svc, who, cu: sign_off(svc, who, cu, body.digest, _pacs(ctx), body.passed_over))  # fmt: skip
+    return _signed(ctx, request, report, slug, out.pacs)
+
+
+@router.post(f"{BASE}/adjudication", response_model=SignedOut, responses=ERR,
+             summary="An admin's rulings on disputed items; settling the last sends the report to the PACS")  # fmt: skip
+def post_adjudication(ctx: Ctx, request: Request, report: Report, slug: Slug, body: RulingsIn) -> SignedOut:  # fmt: skip
     rulings = [ItemVerdict(v.model, v.item_id, v.verdict, v.text) for v in body.rulings]
-    _act(ctx, request, report, slug, "adjudication", lambda svc, who, cu: adjudicate(svc, who, cu, rulings))  # fmt: skip
-    return get_case(ctx, request, report, slug)
+    pacs = _act(ctx, request, report, slug, "adjudication", lambda svc, who, cu: adjudicate(svc, who, cu, rulings, _pacs(ctx)))  # fmt: skip
+    return _signed(ctx, request, report, slug, pacs)
 
 
 @router.post(f"{BASE}/reissue", response_model=ReissueOut, responses={**ERR, **errors(502)},
-             summary="Store the VERIFIED SRs and PDF in PACS")  # fmt: skip
+             summary="Send the VERIFIED SRs and PDF to the PACS again (sign-off sends them first)")  # fmt: skip
 def post_reissue(ctx: Ctx, request: Request, report: Report, slug: Slug, body: ReissueIn | None = None) -> ReissueOut:  # fmt: skip
-    org, passed_over = ctx.settings.verifying_organization, body.passed_over if body else ""
-    out = _act(ctx, request, report, slug, "reissue", lambda svc, who, cu: reissue(svc, who, cu, ctx.orthanc, org, passed_over))  # fmt: skip
+    passed_over = body.passed_over if body else ""
+    out = _act(ctx, request, report, slug, "reissue", lambda svc, who, cu: reissue(svc, who, cu, _pacs(ctx), passed_over))  # fmt: skip
     return ReissueOut(sr_sop_instance_uids=out.sr_uids, pdf_sop_instance_uid=out.pdf_uid, warnings=out.warnings)  # fmt: skip
 
 
