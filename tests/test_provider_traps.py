@@ -144,7 +144,9 @@ def test_vllm_limit_mm_per_prompt_montage_of_the_case_recorded(case_messages) ->
     texts = [p.get("text", "") for p in ex.body["messages"][1]["content"]]
     (legend,) = [t for t in texts if LEGEND.search(t)]
     assert LEGEND.search(legend).group(1) == "7"  # type: ignore[union-attr]
-    positions = [legend.index(f"{n} = {p.label}") for n, p in enumerate(shown, 1)]
+    # each label a JSON string (labels come from DICOM headers: never pasted raw)
+    labels = [json.dumps(p.label, ensure_ascii=False) for p in shown]
+    positions = [legend.index(f"{n} = {label}") for n, label in enumerate(labels, 1)]
     assert positions == sorted(positions)
 
 

@@ -159,9 +159,9 @@ def test_cases_check_refuses_a_misspelt_region_and_passes_the_teams_words(
 ) -> None:
     from gateway.cli import app
 
-    study = tmp_path / "s"
-    study.mkdir()
-    (study / "x.dcm").write_bytes(b"")  # the check reads no pixels: a file is a study here
+    from gateway_synth import make_study
+
+    make_study(tmp_path / "s", classes=("FLAIR",), n_slices=3)  # the check indexes the study
     entry = _entry({**STROKE, "region": "frontal lobe", "hemisphere": "left hemisphere"})
     path = tmp_path / "m.yaml"
     path.write_text(yaml.safe_dump({"name": "t", "cases": [entry]}))
