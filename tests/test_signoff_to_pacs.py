@@ -337,3 +337,32 @@ def test_a_case_whose_study_is_in_no_pacs_signs_off_and_says_nothing_was_sent(
         pacs = r.json()["pacs"]
         assert pacs["status"] == "not_in_pacs" and "Nothing was sent" in pacs["message"]
         assert r.json()["signed_off_at"]
+
+
+def test_a_pacs_that_fails_leaves_the_sign_off_recorded_and_says_so_until_it_is_sent(
+    setup: Setup,
+) -> None:
+    s = setup
+    g = gateway_case(s, "normal-1")
+    # the same gateway data, its Orthanc gone (a closed port)
+    down = build_context(s.ctx.settings.data_dir, "http://127.0.0.1:9")
+    down.orthanc.retries = 0  # refused at once: no backoff to wait through in a test
+    auth = bearer(s.ctx, "Dr Down", "Down^Dee")
+    page = f"/review/runs/{g.report}/cases/normal-1"
+    with TestClient(create_app(down)) as c:
+        digest = _accept_rest(c, auth, f"/review/api/runs/{g.report}/cases/normal-1")
+        r = c.post(f"{page}/signoff", headers=auth, data={"digest": digest}, follow_redirects=False)
+        assert r.status_code == 502, r.text[:300]
+        said = _text(r.text)
+        assert "Case signed off" in said and "NOT stored in the PACS" in said, said
+        assert 'id="reissue"' in r.text  # the way to send it, on the page that says why
+    assert _verified(s, g.study_uid) == []
+    # the PACS is back: sending it once stores it, and the button goes
+    html = s.client.get(page, headers=auth).text
+    csrf = re.search(r'<form[^>]*id="reissue".*?name="csrf" value="([^"]*)"', html, re.S)
+    assert csrf is not None
+    r = s.client.post(f"{page}/reissue", headers=auth, data={"csrf": csrf.group(1)},
+                      follow_redirects=False)  # fmt: skip
+    assert r.status_code == 303, _text(r.text)[:500]
+    assert len(_verified(s, g.study_uid)) == 2
+    assert 'id="reissue"' not in s.client.get(page, headers=auth).text
