@@ -11,8 +11,9 @@ write-back does not wait for an upload.
 - An aborted association leaves nothing behind: ``discard`` deletes from Orthanc what its
   instances added (an instance Orthanc already held stays), as the spool quarantines them.
   So does one a crash interrupted: each instance new to Orthanc is journaled in the
-  association's staging folder (``FORWARD_JOURNAL``), and the node's next start deletes what
-  the journal names (``undo_journal``) before it quarantines the folder.
+  association's staging folder (``FORWARD_JOURNAL``: its Orthanc id and its staged file), and
+  the node's next start deletes what the journal names whose staged file is still there (not
+  committed into the spool) before it quarantines the folder.
 
 Studies are found by an opaque key (the node's ``StudyKey.name``: UID and patient).
 """
@@ -69,10 +70,11 @@ class Forwarder:
         study_uid: str,
         sop_uid: str,
         data: bytes,
-        journal: Path | None = None,
+        journal: tuple[Path, Path] | None = None,
     ) -> bool:
         """Queue one instance of an association for Orthanc; False (declined) past the bound.
-        ``journal``: a file that gets the Orthanc id of the instance if it is new there."""
+        ``journal``: (staging folder, staged file): the folder's journal gets the Orthanc id of
+        the instance, if it is new there, with the staged file's name."""
         size = len(data)
         with self._lock:
             if self._in_flight + size > self.max_bytes:
@@ -93,11 +95,12 @@ class Forwarder:
         sop_uid: str,
         size: int,
         fut: Future[tuple[str, bool]],
-        journal: Path | None = None,
+        journal: tuple[Path, Path] | None = None,
     ) -> None:
         failed = fut.exception()
         if failed is None and journal is not None and fut.result()[1]:
-            _journal(journal, fut.result()[0])
+            staging, staged = journal
+            _journal(staging / FORWARD_JOURNAL, fut.result()[0], staged.relative_to(staging))
         with self._lock:
             self._in_flight -= size
             st = self._studies.get(study_uid)
@@ -140,19 +143,24 @@ class Forwarder:
 
     def undo_journal(self, staging: Path) -> int:
         """Delete from Orthanc what an association a crash interrupted added (its staging
-        folder's journal). Returns how many were deleted."""
+        folder's journal): each instance whose staged file is still in the folder, never one
+        committed into the spool (moved out) before the crash. Returns how many were deleted."""
         path = staging / FORWARD_JOURNAL
         try:
             with open(path, "rb") as fh:
-                text = fh.read(_MAX_JOURNAL).decode("ascii", "replace")
+                text = fh.read(_MAX_JOURNAL).decode("utf-8", "replace")
         except OSError:
             return 0
         n = 0
-        for line in dict.fromkeys(text.split()):
-            if len(line) != 44 or line.count("-") != 4:
-                continue  # not an Orthanc id (a torn last line)
+        for line in dict.fromkeys(text.splitlines()):
+            orthanc_id, _, staged = line.partition(" ")
+            if len(orthanc_id) != 44 or orthanc_id.count("-") != 4 or not staged:
+                continue  # not a whole line (a torn last line)
+            file = (staging / staged).resolve()
+            if not file.is_relative_to(staging.resolve()) or not file.is_file():
+                continue  # committed (moved into the spool), or not a staged file of this folder
             try:
-                self._delete(line)
+                self._delete(orthanc_id)
                 n += 1
             except Exception as exc:
                 log.error("an interrupted association's instance stays in Orthanc: %s", exc)
@@ -183,13 +191,14 @@ class Forwarder:
         self._pool.shutdown(wait=True, cancel_futures=False)
 
 
-def _journal(path: Path, orthanc_id: str) -> None:
-    """Append one id (a crash loses at most the line being written: it is skipped as torn)."""
+def _journal(path: Path, orthanc_id: str, staged: Path) -> None:
+    """Append one line: the Orthanc id and the staged file (a crash loses at most the line
+    being written: it is skipped as torn)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     except OSError:  # the staging folder is gone: committed or discarded meanwhile
         return
     try:
-        os.write(fd, f"{orthanc_id}\n".encode("ascii", "replace"))
+        os.write(fd, f"{orthanc_id} {staged.as_posix()}\n".encode())
     finally:
         os.close(fd)

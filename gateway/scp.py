@@ -55,7 +55,7 @@ from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
 from gateway.cache import InvalidUIDError, check_uid
-from gateway.forward import FORWARD_JOURNAL, Forwarder
+from gateway.forward import Forwarder
 from gateway.metrics import METRICS
 from gateway.part10 import InstanceKeys, file_meta_bytes, read_uids
 from gateway.scp_transport import PeerLimits, start_store_server
@@ -372,9 +372,7 @@ class StorageSCP:
                 if self.forwarder is not None:
                     try:
                         # one copy; its journal lets a restart undo what a crash left behind
-                        self.forwarder.submit(
-                            a.id, key.name, sop, meta + body, a.staging / FORWARD_JOURNAL
-                        )
+                        self.forwarder.submit(a.id, key.name, sop, meta + body, (a.staging, dest))
                     except Exception:  # forwarding is best effort: the pipeline uploads it
                         log.exception("forwarding a received instance failed")
         except OSError as exc:
@@ -454,9 +452,10 @@ class StorageSCP:
             log.exception("committing an association's instances failed")
             self._commit_failed(a, f"{type(exc).__name__}: {exc}")
             return
-        shutil.rmtree(a.staging, ignore_errors=True)
         if self.forwarder is not None:
             self.forwarder.commit(a.id)
+        # (a journal line written after this names a file no longer staged: never undone)
+        shutil.rmtree(a.staging, ignore_errors=True)
         with self._lock:
             for key, n in a.studies.items():
                 st = self._studies.setdefault(key, _Study(key=key))

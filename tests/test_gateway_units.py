@@ -507,3 +507,29 @@ def test_a_pid_file_names_our_service_only_while_it_runs_as_ours(tmp_path: Path)
         for p in (orthanc, serve, other):
             p.kill()
             p.wait()
+
+
+def test_a_restart_undoes_only_what_an_interrupted_association_left_staged(tmp_path: Path) -> None:
+    """The forwarder's journal names each instance new to Orthanc with its staged file: a
+    restart deletes those still staged (the association never committed them), never one
+    moved into the spool (a committed association whose staging folder outlived its commit,
+    as when a late journal line kept rmtree from removing it: the demo lost 69 instances)."""
+    from gateway.forward import FORWARD_JOURNAL, Forwarder
+
+    deleted: list[str] = []
+    fwd = Forwarder(lambda data: ("x", True), deleted.append, threads=1)
+    staging = tmp_path / "incoming" / "a1"
+    (staging / "st" / "se").mkdir(parents=True)
+    (staging / "st" / "se" / "0.dcm").write_bytes(b"staged")  # never committed
+    committed, staged = (
+        "0" * 8 + "-" + "-".join(["1" * 8] * 4),
+        "2" * 8 + "-" + "-".join(["3" * 8] * 4),
+    )
+    (staging / FORWARD_JOURNAL).write_text(
+        f"{committed} st/se/1.dcm\n{staged} st/se/0.dcm\n{staged[:20]}\nnot-an-id ../../x\n"
+    )
+    try:
+        assert fwd.undo_journal(staging) == 1
+        assert deleted == [staged]
+    finally:
+        fwd.close()
