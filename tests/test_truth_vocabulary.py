@@ -157,9 +157,9 @@ def test_a_misspelt_group_is_refused_with_did_you_mean() -> None:
 def test_cases_check_refuses_a_misspelt_region_and_passes_the_teams_words(
     tmp_path: Path,
 ) -> None:
-    from gateway.cli import app
-
     from gateway_synth import make_study
+
+    from gateway.cli import app
 
     make_study(tmp_path / "s", classes=("FLAIR",), n_slices=3)  # the check indexes the study
     entry = _entry({**STROKE, "region": "frontal lobe", "hemisphere": "left hemisphere"})

@@ -129,6 +129,7 @@ def open_series(
                 ctx.audit.write(who.token_id, "viewer open", "", "not found")
                 return _error_page(status.HTTP_404_NOT_FOUND, "no study with images of that UID in the PACS")  # fmt: skip
             series = chosen.series_uid
+        assert series is not None
         datasets = ctx.orthanc.series_metadata(study, series)
         orthanc_id = ctx.orthanc.find_series(series) or "unknown"
     except OrthancError as exc:
