@@ -129,7 +129,6 @@ def open_series(
                 ctx.audit.write(who.token_id, "viewer open", "", "not found")
                 return _error_page(status.HTTP_404_NOT_FOUND, "no study with images of that UID in the PACS")  # fmt: skip
             series = chosen.series_uid
-        assert series is not None
         datasets = ctx.orthanc.series_metadata(study, series)
         orthanc_id = ctx.orthanc.find_series(series) or "unknown"
     except OrthancError as exc:
@@ -147,6 +146,7 @@ def open_series(
         ctx.audit.write(who.token_id, "viewer open", "", "not found")
         return _error_page(status.HTTP_404_NOT_FOUND, "no such series in the PACS")
     ctx.audit.write(who.token_id, "viewer open", f"series={orthanc_id}", "ok")
+    assert series is not None  # given, or chosen above
     return RedirectResponse(viewer_url(study, series, sop, whole_study), status.HTTP_303_SEE_OTHER)
 
 
