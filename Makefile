@@ -33,9 +33,13 @@ $(VIEWER): viewer/package.json viewer/package-lock.json
 	cd viewer && npm ci --no-audit --no-fund --ignore-scripts
 	@touch $@
 
+# Two workers, each test module on one of them (its module and session fixtures with it):
+# most tests wait on Orthanc, dcmtk, Chromium or a model server, not on a core.
+# PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/neurosandbox demo $(DEMO_ARGS)

@@ -47,7 +47,12 @@ def _stock_rsp(sop_class: str | None, msg_id: int, status: int, sop: str | None)
     [
         (MR, 1, 0x0000, "1.2.3.4"),  # even-length UIDs
         (MR + "1", 65535, 0xA700, "1.2.3.45"),  # odd lengths are NUL-padded
-        ("1.2.840.10008.5.1.4.1.1.2", 7, 0xC000, generate_uid()),
+        (
+            "1.2.840.10008.5.1.4.1.1.2",
+            7,
+            0xC000,
+            "1.2.826.0.1.3680043.8.498.59026990456331612222356652437946249709",
+        ),
         (None, 3, 0xA900, None),  # no UIDs: elements omitted, as pynetdicom does
     ],
 )
