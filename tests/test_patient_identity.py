@@ -241,3 +241,27 @@ def test_the_instance_cache_serves_each_study_its_own_pixels_under_reused_sop_ui
     sent_b = {pydicom.dcmread(p).SOPInstanceUID: pydicom.dcmread(p).PixelData for p in b_files}
     assert got["NSBX-CACHE-B"] == sent_b
     assert got["NSBX-CACHE-A"] != got["NSBX-CACHE-B"]
+
+
+def test_a_study_stored_in_orthanc_beside_another_patients_under_its_uid_is_held(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """The Orthanc-triggered path (a StableStudy event): two patients' studies stored in the
+    PACS directly under one StudyInstanceUID. Orthanc keeps them apart (PatientID and UID);
+    the sandbox evaluates neither as the study of that UID."""
+    a = make_study(tmp_path / "a", classes=("FLAIR",), n_slices=3, patient_id="NSBX-PACS-A")
+    b = make_study(tmp_path / "b", classes=("FLAIR",), n_slices=3, patient_id="NSBX-PACS-B",
+                   study_uid=a.study_uid)  # fmt: skip
+    gw = _gateway(orthanc_server, tmp_path / "data")
+    try:
+        for p in [*a.files, *b.files]:
+            gw.ctx.orthanc.upload(p)
+        sid = gw.ctx.orthanc.find_study_of(a.study_uid, "NSBX-PACS-B")
+        assert sid is not None
+        gw.pipeline.on_stable(sid)
+        [run] = _runs(gw, a.study_uid, 1)
+        assert run.status is RunStatus.HELD, run
+        assert "NSBX-PACS-A" in (run.error or "") and "NSBX-PACS-B" in (run.error or "")
+        assert _srs(gw.ctx.orthanc, a.study_uid) == {}
+    finally:
+        gw.stop()
