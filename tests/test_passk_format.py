@@ -138,3 +138,22 @@ def test_the_summary_page_shows_unscored_counts_and_thin_evidence() -> None:
     assert "2 unscored; 2 patients, fewer than 10" in leaderboard  # accuracy
     assert "1 unscored; 2 patients, fewer than 10" in leaderboard  # pass@1, strict accuracy
     assert "fewer than 10" in html[html.index('id="breakdowns"') :]
+
+
+def test_a_figure_does_not_count_as_unscored_what_it_does_not_apply_to() -> None:
+    """Read answers of another task (a classification answer has no differential rank): not
+    unscored. The demo's leaderboard said '(25 unscored)' beside ranked top-5 for its 25 read
+    classification answers."""
+    from evaluation.answers import ClassificationAnswer
+
+    case = _case(1)
+    said = ClassificationAnswer(modality="CT", diagnosis_name="normal")
+    samples = _samples(case, [True, False])
+    for i in range(3):
+        samples.append(
+            make_scored_sample(case, TaskFamily.CLASSIFICATION, "m", OK, said, "",
+                               sample_index=i, bertscore=False, task="classification")
+        )  # fmt: skip
+    row = summarise(samples, ks=(1,), n_boot=50).leaderboard[0]
+    assert row.ranked_pass_at["1"].n == 2
+    assert row.ranked_pass_at["1"].unscored == 0

@@ -135,9 +135,17 @@ class RunSummary(BaseModel):
 def _mean(
     samples: Sequence[ScoredSample], get: Callable[[ScoredSample], float | None], **boot: int
 ) -> Estimate:
-    pairs = [(v, s.patient_id) for s in samples if (v := get(s)) is not None]
+    pairs, unscored = [], 0
+    for s in samples:
+        if (v := get(s)) is not None:
+            pairs.append((v, s.patient_id))
+        elif s.status is not ParseStatus.OK:
+            # no usable answer (a failed call; a format failure or refusal the figure cannot
+            # count as wrong): unscored. A read answer the figure does not apply to (a
+            # classification answer for the differential's rank) is not counted at all.
+            unscored += 1
     est = bootstrap_mean([v for v, _ in pairs], [c for _, c in pairs], **boot)
-    return est.model_copy(update={"unscored": len(samples) - len(pairs)})
+    return est.model_copy(update={"unscored": unscored})
 
 
 def _units(samples: Sequence[ScoredSample]) -> dict[tuple[str, str], list[ScoredSample]]:
