@@ -103,7 +103,9 @@ def test_idle_connections_from_one_address_cannot_keep_a_sender_out(
         t0 = time.monotonic()
         assert store(scp.port, study.files) == 0  # the first attempt
         took = time.monotonic() - t0
-        assert took < ARTIM_S  # not after the idle connections timed out
+        # the first attempt got in (the old node refused it: every slot held); the bound is
+        # loose, storescu itself is slow beside another test worker on 2 cores
+        assert took < ARTIM_S + MARGIN_S
         # The node closed every idle connection (EOF or reset), half a PDU or none.
         for s in socks:
             s.settimeout(max(0.1, t0 + ARTIM_S + MARGIN_S - time.monotonic()))
