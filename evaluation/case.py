@@ -436,3 +436,8 @@ class Case(BaseModel):
     turns: list[Turn] = Field(default_factory=list)
     provenance: Provenance
     root: str | None = Field(default=None, exclude=True)  # folder the case was loaded from
+
+    def is_of_patient(self, patient_id: str) -> bool:
+        """The one rule for a registered case and an arriving study: the case names no
+        patient, or this PatientID (a UID is not an identity)."""
+        return not self.patient_id or self.patient_id == patient_id

@@ -77,7 +77,7 @@ class CaseGatherer:
         case = registered.get(study.study_uid)
         if case is None or len(case.provenance.study_uids) < 2:
             return False
-        if case.patient_id and case.patient_id != study.key.patient_id:
+        if not case.is_of_patient(study.key.patient_id):
             return False
         self._gather(case.case_id, list(case.provenance.study_uids), study, final=False)
         return True

@@ -38,7 +38,8 @@ from typing import Protocol, runtime_checkable
 
 import pydicom
 
-from dicom import IndexResult, MixedPatientsError, index_path, one_patient
+from dicom import IndexResult, MixedPatientsError, PatientKey, index_path, one_patient
+from evaluation import Case as EvalCase
 from evaluation import Printer, case_registry
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
@@ -553,10 +554,9 @@ class StudyPipeline:
         route = job.route or self.router.route(facts)
         if route is None:
             return self._skip(job, SkipKind.NOT_ROUTED, facts)
-        for k in self._keys(job):  # every study of a case: one patient, alone under its UID
-            self._check_identity(k, index)
+        patient = self._check_identity(self._keys(job), index)
         if job.case_other_patients:
-            who = one_patient(index).describe()
+            who = patient.describe()
             raise StudyHeldError(
                 f"the studies of case {job.case_id} name more than one patient ({who}; "
                 f"{'; '.join(job.case_other_patients[:5])}): the case is held",
@@ -658,13 +658,20 @@ class StudyPipeline:
 
     # ----------------------------------------------------------------- identity
 
-    def _check_identity(self, key: StudyKey, index: IndexResult) -> None:
-        """Raise ``StudyHeldError`` unless the study is one patient's, the patient of its key,
-        alone under its UID, and the registered case of its UID (if any) is this patient's."""
+    def _check_identity(self, keys: list[StudyKey], index: IndexResult) -> PatientKey:
+        """The one patient of the studies (a case's may be several); ``StudyHeldError``
+        unless their index names one patient, the patient of each key, each alone under its
+        UID, and the registered case of each UID (if any) is this patient's."""
         try:
             patient = one_patient(index)
         except MixedPatientsError as exc:
             raise StudyHeldError(str(exc), exc.identities) from None
+        cases = case_registry(self.cases)[0] if self.cases is not None else {}
+        for key in keys:
+            self._check_key(key, patient, cases.get(key.study_uid))
+        return patient
+
+    def _check_key(self, key: StudyKey, patient: PatientKey, case: EvalCase | None) -> None:
         if patient.patient_id != key.patient_id:
             raise StudyHeldError(
                 f"the instances name {patient.describe()}, the study is filed under "
@@ -679,16 +686,13 @@ class StudyPipeline:
                 "sender fixes the UIDs",
                 [patient.describe(), *others],
             )
-        if self.cases is not None:
-            cases, _problems = case_registry(self.cases)
-            case = cases.get(key.study_uid)
-            if case is not None and case.patient_id and case.patient_id != patient.patient_id:
-                raise StudyHeldError(
-                    f"StudyInstanceUID {key.study_uid} is registered as case {case.case_id} of "
-                    f"patient {case.patient_id}, but arrived for {patient.describe()}: not "
-                    "evaluated as that case",
-                    [patient.describe(), f"case {case.case_id}: ID {case.patient_id}"],
-                )
+        if case is not None and not case.is_of_patient(patient.patient_id):
+            raise StudyHeldError(
+                f"StudyInstanceUID {key.study_uid} is registered as case {case.case_id} of "
+                f"patient {case.patient_id}, but arrived for {patient.describe()}: not "
+                "evaluated as that case",
+                [patient.describe(), f"case {case.case_id}: ID {case.patient_id}"],
+            )
 
     def _sharing_uid(self, key: StudyKey) -> list[str]:
         """The other patients whose study has this UID: in the spool, and in Orthanc."""

@@ -12,41 +12,24 @@ from pathlib import Path
 
 import pydicom
 import pytest
-import yaml
+from gateway_inproc import finished_runs, rules_file, start_gateway
 from gateway_process import send
 from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 
 from evaluation import RunData
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.runs import RunRecord, RunStatus
-from gateway.serve import Gateway, build_gateway
+from gateway.serve import Gateway
 
 pytestmark = pytest.mark.integration
 QUIET = 1.0
 
 
 def _gateway(orthanc_server: OrthancServer, tmp: Path, suite: Path, wait_s: float) -> Gateway:
-    ep = orthanc_server.endpoints
-    rules = tmp / "rules.yaml"
-    rules.write_text(
-        yaml.safe_dump({"rules": [{"name": "r", "evaluate": {"tasks": ["differential"]}}]})
+    routing = rules_file(tmp / "rules.yaml", ["differential"], "r")
+    return start_gateway(
+        orthanc_server, tmp / "data", routing, QUIET, cases=suite, case_wait_s=wait_s
     )
-    settings = orthanc_server.settings.model_copy(
-        update={
-            "data_dir": tmp / "data",
-            "study_quiet_s": QUIET,
-            "routing_file": rules,
-            "orthanc_url": ep.orthanc_url,
-            "orthanc_password_file": Path(ep.password_file or ""),
-            "cases": suite,
-            "case_wait_s": wait_s,
-        }
-    )
-    gw = build_gateway(settings)
-    gw.pipeline.evaluator = DefaultEvaluator(settings)
-    gw.start()
-    return gw
 
 
 def _register(suite: Path, case_id: str, study_uids: list[str], patient_id: str | None) -> Path:
@@ -63,15 +46,8 @@ def _register(suite: Path, case_id: str, study_uids: list[str], patient_id: str 
     return suite
 
 
-def _finished(gw: Gateway, n: int, timeout_s: float = 60) -> list[RunRecord]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        runs = gw.ctx.runs.list()
-        done = [r for r in runs if r.status not in (RunStatus.QUEUED, RunStatus.RUNNING)]
-        if len(done) >= n and gw.pipeline.wait_idle(1):
-            return done
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {n} finished runs: {gw.ctx.runs.list()}")
+def _finished(gw: Gateway, n: int) -> list[RunRecord]:
+    return finished_runs(gw, n, timeout_s=60)
 
 
 def test_a_case_of_two_studies_sent_together_is_one_run_on_both(

@@ -8,14 +8,13 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+from gateway_inproc import finished_runs, rules_file, start_gateway
 from gateway_process import send
 from gateway_synth import SynthStudy, make_study
 from orthanc_fixture import OrthancServer
 
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.runs import RunRecord, RunStatus
-from gateway.serve import Gateway, build_gateway
+from gateway.serve import Gateway
 from gateway.study_key import StudyKey
 
 pytestmark = pytest.mark.integration
@@ -23,26 +22,11 @@ QUIET = 1.5
 
 
 def _rules(path: Path, tasks: list[str]) -> Path:
-    rule = {"name": f"rule-{'-'.join(tasks)}", "evaluate": {"tasks": tasks}}
-    path.write_text(yaml.safe_dump({"rules": [rule]}))
-    return path
+    return rules_file(path, tasks)
 
 
 def _gateway(orthanc_server: OrthancServer, data: Path, routing: Path) -> Gateway:
-    ep = orthanc_server.endpoints
-    settings = orthanc_server.settings.model_copy(
-        update={
-            "data_dir": data,
-            "study_quiet_s": QUIET,
-            "routing_file": routing,
-            "orthanc_url": ep.orthanc_url,
-            "orthanc_password_file": Path(ep.password_file or ""),
-        }
-    )
-    gw = build_gateway(settings)
-    gw.pipeline.evaluator = DefaultEvaluator(settings)
-    gw.start()
-    return gw
+    return start_gateway(orthanc_server, data, routing, QUIET)
 
 
 def _key(study: SynthStudy) -> StudyKey:
@@ -69,14 +53,7 @@ def _evaluated_once(
 
 def _finished(gw: Gateway, study_uid: str, n: int, timeout_s: float = 90) -> list[RunRecord]:
     """The study's runs once ``n`` of them have finished (newest first)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        runs = gw.ctx.runs.list(study_uid=study_uid)
-        done = [r for r in runs if r.status not in (RunStatus.QUEUED, RunStatus.RUNNING)]
-        if len(done) >= n:
-            return done
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {n} finished runs: {gw.ctx.runs.list(study_uid=study_uid)}")
+    return finished_runs(gw, n, study_uid, timeout_s)
 
 
 def _offered_again(gw: Gateway, study: SynthStudy, timeout_s: float = 60) -> None:

@@ -10,57 +10,31 @@ from __future__ import annotations
 
 import io
 import json
-import time
 from pathlib import Path
 
 import pydicom
 import pytest
-import yaml
+from gateway_inproc import finished_runs, rules_file, start_gateway
 from gateway_process import send
 from gateway_synth import SynthStudy, make_study
 from orthanc_fixture import OrthancServer
 
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.orthanc import OrthancClient
 from gateway.routing import Route
 from gateway.runs import RunRecord, RunStatus
-from gateway.serve import Gateway, build_gateway
+from gateway.serve import Gateway
 
 pytestmark = pytest.mark.integration
 QUIET = 1.0
 
 
 def _gateway(orthanc_server: OrthancServer, data: Path, **extra: object) -> Gateway:
-    ep = orthanc_server.endpoints
-    rules = data.parent / "rules.yaml"
-    rule = {"name": "r", "evaluate": {"tasks": ["differential"]}}
-    rules.write_text(yaml.safe_dump({"rules": [rule]}))
-    settings = orthanc_server.settings.model_copy(
-        update={
-            "data_dir": data,
-            "study_quiet_s": QUIET,
-            "routing_file": rules,
-            "orthanc_url": ep.orthanc_url,
-            "orthanc_password_file": Path(ep.password_file or ""),
-            **extra,
-        }
-    )
-    gw = build_gateway(settings)
-    gw.pipeline.evaluator = DefaultEvaluator(settings)  # in process: fast, same code
-    gw.start()
-    return gw
+    routing = rules_file(data.parent / "rules.yaml", ["differential"], "r")
+    return start_gateway(orthanc_server, data, routing, QUIET, **extra)
 
 
-def _runs(gw: Gateway, study_uid: str, n: int, timeout_s: float = 90) -> list[RunRecord]:
-    """The study's runs once ``n`` of them have finished (newest first)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        runs = gw.ctx.runs.list(study_uid=study_uid)
-        done = [r for r in runs if r.status not in (RunStatus.QUEUED, RunStatus.RUNNING)]
-        if len(done) >= n and gw.pipeline.wait_idle(1):
-            return done
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {n} finished runs: {gw.ctx.runs.list(study_uid=study_uid)}")
+def _runs(gw: Gateway, study_uid: str, n: int) -> list[RunRecord]:
+    return finished_runs(gw, n, study_uid)
 
 
 def _srs(client: OrthancClient, study_uid: str) -> dict[str, list[pydicom.Dataset]]:

@@ -54,7 +54,7 @@ def registered_case(
     found = cases.get(study_uid)
     if found is None or found.root is None:
         return None, problems
-    if patient_id is not None and found.patient_id and found.patient_id != patient_id:
+    if patient_id is not None and not found.is_of_patient(patient_id):
         problems.append(
             f"{found.case_id}: registered for this StudyInstanceUID but another patient's: not used"
         )
