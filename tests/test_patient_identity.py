@@ -239,3 +239,36 @@ def test_a_study_stored_in_orthanc_beside_another_patients_under_its_uid_is_held
         assert _srs(gw.ctx.orthanc, a.study_uid) == {}
     finally:
         gw.stop()
+
+
+@pytest.mark.corpus
+def test_a_real_scanner_series_whose_files_name_two_patients_is_held(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """The same rule on a real study (BRAINIX, as a scanner wrote it): every other FLAIR file
+    re-labelled with another PatientID, as a bad merge of two exports leaves them. The study is
+    held naming both IDs; no SR is written."""
+    from conftest import corpus_path
+
+    src = sorted((corpus_path() / "brainix" / "BRAINIX" / "DICOM" / "FLAIR").glob("*.dcm"))
+    assert src, "BRAINIX FLAIR missing"
+    out = tmp_path / "flair"
+    out.mkdir()
+    for i, p in enumerate(src):
+        ds = pydicom.dcmread(p)
+        if i % 2:
+            ds.PatientID = "OTHER-PATIENT-7"
+        ds.save_as(out / p.name)
+    first = pydicom.dcmread(src[0], stop_before_pixels=True)
+    gw = _gateway(orthanc_server, tmp_path / "data")
+    try:
+        send(gw.scp.port, sorted(out.glob("*.dcm")))
+        runs = _runs(gw, str(first.StudyInstanceUID), 2)
+        assert {r.status for r in runs} == {RunStatus.HELD}, runs
+        assert all(
+            str(first.PatientID) in (r.error or "") and "OTHER-PATIENT-7" in (r.error or "")
+            for r in runs
+        )
+        assert _srs(gw.ctx.orthanc, str(first.StudyInstanceUID)) == {}
+    finally:
+        gw.stop()
