@@ -13,6 +13,7 @@ this user, or is writable by others, is ignored.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import marshal
@@ -170,12 +171,17 @@ def _decode(source: str, value: Any) -> ReadResult:
         frames = []
         for row in value[1]:
             row = list(row)
-            row[_PATIENT] = PatientKey.model_construct(
-                **dict(zip(_KEY, row[_PATIENT], strict=True))
-            )
+            row[_PATIENT] = _patient(tuple(row[_PATIENT]))
             frames.append(FrameHeader(*row))
         return source, frames, None
     return source, None, FileError(path=source, kind=value[1], message=value[2])
 
 
-_KEY = ("patient_id", "issuer", "name", "birth_date")
+@functools.lru_cache(maxsize=256)
+def _patient(values: tuple[str, ...]) -> PatientKey:
+    """One key object for the frames that name the same patient (a fresh read shares one too,
+    so the index finds a series' patients by object, not by hashing each frame's)."""
+    patient_id, issuer, name, birth_date = values
+    return PatientKey.model_construct(
+        patient_id=patient_id, issuer=issuer, name=name, birth_date=birth_date
+    )
