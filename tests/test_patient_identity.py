@@ -254,12 +254,16 @@ def test_a_real_scanner_series_whose_files_name_two_patients_is_held(
     assert src, "BRAINIX FLAIR missing"
     out = tmp_path / "flair"
     out.mkdir()
+    # under a StudyInstanceUID of its own: the session's PACS must not end up holding another
+    # patient under the real BRAINIX study's UID (the other tests send that study as it is)
+    study_uid = pydicom.uid.generate_uid()
     for i, p in enumerate(src):
         ds = pydicom.dcmread(p)
+        ds.StudyInstanceUID = study_uid
         if i % 2:
             ds.PatientID = "OTHER-PATIENT-7"
         ds.save_as(out / p.name)
-    first = pydicom.dcmread(src[0], stop_before_pixels=True)
+    first = pydicom.dcmread(out / src[0].name, stop_before_pixels=True)
     gw = _gateway(orthanc_server, tmp_path / "data")
     try:
         send(gw.scp.port, sorted(out.glob("*.dcm")))
