@@ -149,11 +149,11 @@ def run_ours(
 ) -> tuple[float, float]:
     """Wall time of one run, and the CPU it took (the run's process and its litellm workers)."""
     from evaluation.datasets import DatasetSpec, load_dataset
+    from evaluation.log.store import RunStore
     from evaluation.modelio import GenerateConfig
     from evaluation.models import create_model, resolve_specs
     from evaluation.runconfig import RunConfig
     from evaluation.runner import Runner
-    from evaluation.store import RunStore
 
     specs = resolve_specs(
         ["openai/gpt-4o"], api_base=url, concurrency=concurrency, processes=processes

@@ -210,9 +210,9 @@ from .sharing import find_case as find_case
 from .sharing import load_shared_case as load_shared_case
 from .sharing import share_case as share_case
 from .sharing import write_case_manifest as write_case_manifest
-from .store import STORE_FILE as STORE_FILE
-from .store import RunStore as RunStore
-from .store_rows import CallErrors as CallErrors
+from .log import STORE_FILE as STORE_FILE
+from .log import RunStore as RunStore
+from .log import CallErrors as CallErrors
 from .tasks import Ablation as Ablation
 from .units import RunStats as RunStats
 from .warmup import warm_up as warm_up

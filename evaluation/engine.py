@@ -19,12 +19,12 @@ from pathlib import Path
 from evaluation.case import Case
 from evaluation.datasets import Dataset, load_dataset
 from evaluation.errors import DatasetError, StoreError
+from evaluation.log.records import RunRow
+from evaluation.log.store import STORE_FILE, RunStore
 from evaluation.prompts import default_prompts
 from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
 from evaluation.scoring_bridge import RescoreCounts, rescore_run, scoring_snapshot
-from evaluation.store import STORE_FILE, RunStore
-from evaluation.store_rows import RunRow
 from evaluation.units import RunStats
 
 log = logging.getLogger(__name__)

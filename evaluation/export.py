@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.errors import StoreError
-from evaluation.store import RunStore, sample_id
+from evaluation.log.store import RunStore, sample_id
 
 
 def records(store: RunStore) -> Iterator[dict[str, Any]]:

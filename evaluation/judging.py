@@ -45,9 +45,9 @@ async def judge_run(
 ) -> JudgeSummary:
     """Ask ``spec`` about every undecided diagnosis pair of the run; store the verdicts."""
     from evaluation.engine import load_config, open_dataset
+    from evaluation.log.store import RunStore
     from evaluation.scoring.judge import EquivalenceJudge, unknown_pairs
     from evaluation.scoring.judge_cache import JudgeCache, JudgeVerdict
-    from evaluation.store import RunStore
 
     config, _ = load_config(run_dir)
     dataset = open_dataset(config, cache_dir)

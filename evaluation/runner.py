@@ -17,10 +17,19 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
+from evaluation.call_keys import cache_key, prompt_hash, request_record
 from evaluation.case import Case, TaskFamily
 from evaluation.coverage import SkippedCase
 from evaluation.datasets import Dataset, ImageStore
 from evaluation.errors import StoreError
+from evaluation.log.store import RunStore
+from evaluation.log.writes import (
+    failure_statements,
+    request_statements,
+    response_statements,
+    sample_statements,
+    score_statements,
+)
 from evaluation.modelio import (
     GenerateConfig,
     ImagePart,
@@ -34,18 +43,9 @@ from evaluation.models.context import RequestContext, current_request
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.phi import GateResult, PHIGate, audit_record
 from evaluation.prompts import PromptSet, default_prompts, inert
-from evaluation.requests import cache_key, prompt_hash, request_record
 from evaluation.runconfig import RunConfig
 from evaluation.scores import ParseStatus
 from evaluation.scoring_bridge import ScoringBridge, parsed_record, total_output
-from evaluation.store import RunStore
-from evaluation.store_writes import (
-    failure_statements,
-    request_statements,
-    response_statements,
-    sample_statements,
-    score_statements,
-)
 from evaluation.tasks import Turns, build_turns, plan_tasks
 from evaluation.units import Call, RunStats, Unit, shown_case
 

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from evaluation.case import Case, TaskFamily
+from evaluation.log.store import RunStore, sample_id
 from evaluation.modelio import ModelOutput
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.prompts import PromptSet, default_prompts
 from evaluation.scores import ErrorLabel, ParseStatus, Score
-from evaluation.store import RunStore, sample_id
 from evaluation.units import shown_case
 
 log = logging.getLogger(__name__)

@@ -99,9 +99,9 @@ def test_runs_show_and_the_checklist_say_why_an_answer_has_no_valid_format(
 ) -> None:
     from engine_helpers import phantom_subset
 
+    from evaluation.log.store import STORE_FILE
     from evaluation.reports import build_checklist
     from evaluation.reports.storeread import run_from_store
-    from evaluation.store import STORE_FILE
 
     run = _run_other_shape(
         phantom_subset(phantom_suite, ("stroke",), tmp_path / "suite"), tmp_path, monkeypatch

@@ -22,11 +22,11 @@ from evaluation.datasets import DatasetSpec
 from evaluation.engine import open_dataset, rescore, resume_run, start_run
 from evaluation.errors import StoreError
 from evaluation.export import export_run
+from evaluation.log.store import RunStore, sample_id
 from evaluation.modelio import GenerateConfig
 from evaluation.models import resolve_specs
 from evaluation.phi import PHIPolicy
 from evaluation.runconfig import RunConfig
-from evaluation.store import RunStore, sample_id
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 GEN = GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=500, timeout_s=10)
@@ -416,7 +416,7 @@ def test_run_with_litellm_worker_processes(tmp_path: Path) -> None:
 
 def test_the_run_store_hands_back_typed_rows(tmp_path: Path) -> None:
     """Rows of the run store are records (RunRow, SampleRow, StoreCounts), never dicts."""
-    from evaluation.store_rows import RunRow, SampleRow, StoreCounts
+    from evaluation.log.records import RunRow, SampleRow, StoreCounts
 
     data, answers = write_nmb(tmp_path / "data", 2)
     config = _config(

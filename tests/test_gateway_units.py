@@ -22,9 +22,9 @@ from pydicom.uid import generate_uid
 from evaluation import ReportContent, report_blocks
 from evaluation.answers import Answer, ClassificationAnswer, DifferentialItem, Finding
 from evaluation.case import TaskFamily
+from evaluation.log.store import RunStore
 from evaluation.reports import load_run
 from evaluation.scores import ParseStatus
-from evaluation.store import RunStore
 from gateway.auth import Role, TokenStore
 from gateway.cache import (
     CacheKey,
@@ -34,12 +34,12 @@ from gateway.cache import (
     atomic_writer,
     check_uid,
 )
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.metrics import Metrics
 from gateway.part10 import file_meta_bytes, read_uids
 from gateway.routing import CLINICAL, Route, Router, RoutingError, StudyFacts
 from gateway.settings import Settings
 from gateway.sr import ReportBuildError, Verifier, build_pdf, build_sr
+from gateway.study_run import DefaultEvaluator
 
 # --------------------------------------------------------------------------- routing
 

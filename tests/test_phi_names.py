@@ -33,11 +33,11 @@ from evaluation.case import Case, Provenance, StudyIdentity, TaskFamily
 from evaluation.datasets import DatasetSpec
 from evaluation.ehr import identifying_terms
 from evaluation.engine import start_run
+from evaluation.log.store import RunStore
 from evaluation.modelio import GenerateConfig, Message, TextPart
 from evaluation.phi import PHIGate, PHIPolicy, scrub_text
 from evaluation.runconfig import RunConfig
 from evaluation.scoring.rubric import DIMENSIONS
-from evaluation.store import RunStore
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 

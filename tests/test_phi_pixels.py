@@ -20,13 +20,13 @@ from openai_server import OpenAIServer
 from PIL import Image, ImageDraw, ImageFont
 
 from evaluation.case import Case, StudyIdentity, TaskFamily
+from evaluation.log.store import RunStore
 from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.phi import PHIGate, PHIPolicy, scrub_text
 from evaluation.phi_pixels import PixelReason, PixelScreen, TextMatcher
-from evaluation.store import RunStore
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.routing import Route
 from gateway.settings import Settings
+from gateway.study_run import DefaultEvaluator
 
 REMOTE = "https://api.openai.com/v1"
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf"

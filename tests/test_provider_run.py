@@ -17,9 +17,9 @@ from providers.harness import FAMILIES, expected_cost
 from evaluation.case import TaskFamily
 from evaluation.datasets import DatasetSpec
 from evaluation.engine import start_run
+from evaluation.log.store import RunStore
 from evaluation.modelio import GenerateConfig
 from evaluation.runconfig import RunConfig
-from evaluation.store import RunStore
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 GEN = GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=500, timeout_s=30)

@@ -100,7 +100,7 @@ def test_eval_scores_with_another_bertscore_model_and_layer_by_local_path(
         res = cli.invoke(app, [*base, "--api-base", server.url, "--out", str(tmp_path / "run"),
                                "--bertscore-model", str(other), "--bertscore-layer", "3"])  # fmt: skip
         assert res.exit_code == 0, res.output
-    from evaluation.store import RunStore
+    from evaluation.log.store import RunStore
 
     store = RunStore(tmp_path / "run")
     try:

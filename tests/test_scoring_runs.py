@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from evaluation.datasets import DatasetSpec
 from evaluation.engine import start_run
+from evaluation.log.store import RunStore
 from evaluation.modelio import GenerateConfig
 from evaluation.reports.agreement import review_stats
 from evaluation.reports.checklist import answer_key
@@ -25,7 +26,6 @@ from evaluation.reports.loader import load_run
 from evaluation.reports.reviews import Action, ReviewEvent, ReviewStore
 from evaluation.runconfig import RunConfig
 from evaluation.scoring.rubric import PAPER_BAR
-from evaluation.store import RunStore
 from gateway.cli import app
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

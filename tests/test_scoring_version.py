@@ -103,7 +103,7 @@ def test_runs_record_show_and_refuse_to_compare_mixed_versions_until_rescored(
     from engine_helpers import run_phantoms
     from typer.testing import CliRunner
 
-    from evaluation.store import RunStore
+    from evaluation.log.store import RunStore
     from gateway.cli import app
 
     models = ["reference/text-prior", "reference/image-rules"]

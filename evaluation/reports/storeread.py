@@ -15,19 +15,19 @@ from typing import TYPE_CHECKING, Any
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import TaskFamily
+from evaluation.log.records import SampleRow
 from evaluation.reports.rundata import RunData, SampleResult, SentRequest
 from evaluation.scores import ParseStatus
 from evaluation.scoring.scored import ScoredSample, case_modality
-from evaluation.store_rows import SampleRow
 
 if TYPE_CHECKING:
     from evaluation.datasets import Dataset
-    from evaluation.store import RunStore
+    from evaluation.log.store import RunStore
 
 
 def find_store(rundir: Path) -> Path | None:
     """The engine's store in ``rundir``, if there is one."""
-    from evaluation.store import STORE_FILE
+    from evaluation.log.store import STORE_FILE
 
     path = Path(rundir) / STORE_FILE
     return path if path.is_file() else None
@@ -95,7 +95,7 @@ def run_from_store(
     run), instead of reopening it as the run recorded it.
     """
     from evaluation.engine import load_config, open_dataset
-    from evaluation.store import RunStore
+    from evaluation.log.store import RunStore
 
     rundir = store_file.parent
     config, row = load_config(rundir)

@@ -32,11 +32,8 @@ from typing import Any
 from evaluation.case import Case
 from evaluation.coverage import CaseCoverage, SkippedCase
 from evaluation.errors import StoreError
-from evaluation.modelio import ModelOutput
-from evaluation.phi import AuditRecord
-from evaluation.scores import ErrorLabel, Score
-from evaluation.store_rows import CallErrors, RunRow, SampleRow, StoreCounts
-from evaluation.store_writes import (
+from evaluation.log.records import CallErrors, RunRow, SampleRow, StoreCounts
+from evaluation.log.writes import (
     GroupCommitter,
     Statements,
     failure_statements,
@@ -47,6 +44,9 @@ from evaluation.store_writes import (
     sample_statements,
     score_statements,
 )
+from evaluation.modelio import ModelOutput
+from evaluation.phi import AuditRecord
+from evaluation.scores import ErrorLabel, Score
 
 STORE_VERSION = 1
 STORE_FILE = "run.sqlite"
