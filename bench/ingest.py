@@ -211,13 +211,14 @@ def latency(folder: Path, work: Path, quiet: float, reps: int) -> tuple[float, f
     nothing but the reference model's evaluation (the study's index and the evaluation in its
     worker process, as the pipeline runs them)."""
     from dicom import index_path
-    from gateway.default_evaluator import DefaultEvaluator, ProcessEvaluator
     from gateway.orthanc import OrthancClient
     from gateway.pacs_local import LocalPacs
     from gateway.pacs_local import free_port as fp
     from gateway.routing import Router, StudyFacts
     from gateway.serve import build_gateway, configure_logging
     from gateway.settings import Settings
+    from gateway.study_run import DefaultEvaluator
+    from gateway.workers import ProcessEvaluator
 
     configure_logging()
     base = Settings(

@@ -97,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from dicom import index_path
     from evaluation import TaskFamily
-    from gateway.default_evaluator import DefaultEvaluator
     from gateway.routing import Route
     from gateway.settings import Settings
+    from gateway.study_run import DefaultEvaluator
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

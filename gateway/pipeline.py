@@ -2,12 +2,12 @@
 
 The evaluation itself sits behind the narrow ``Evaluator`` protocol: a study folder, its one
 index and a ``Route`` in, an ``EvaluationResult`` (the run as its store records it,
-``RunData``, and the study's facts) out. ``gateway.default_evaluator.DefaultEvaluator``, the
+``RunData``, and the study's facts) out. ``gateway.study_run.DefaultEvaluator``, the
 built-in one, runs the evaluation engine in the run folder, whose run store is the run's one
 record (the gateway's status notes included, ``gateway.runs``); the service runs it through
 ``ProcessEvaluator`` (a worker process per evaluation, started ahead while idle, stopped at
 the run deadline: the run fails with the reason and the next study goes on). The pipeline
-writes the run's report bundle (``gateway.run_report``; Chromium prints its checklist while
+writes the run's report bundle (``gateway.runs.report``; Chromium prints its checklist while
 the upload settles and the SRs are built): the checklist PDF goes back to PACS with one
 UNVERIFIED SR per model (``gateway.writeback``), and the bundle goes to the review pages
 (``<reports dir>/<run id>``).
@@ -44,18 +44,18 @@ from evaluation import Printer, case_registry
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.case_studies import CaseGatherer, CaseStudies
-from gateway.default_evaluator import EvaluationAbandonedError, EvaluationWorkerError
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient
-from gateway.results import EvaluationResult
 from gateway.routing import Route, Router, StudyFacts
-from gateway.run_report import publish, write_checklist
 from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
+from gateway.runs.report import publish, write_checklist
+from gateway.runs.results import EvaluationResult
 from gateway.scp import FailedStudy, ReceivedStudy, uid_key
 from gateway.spool import read_received_info
 from gateway.sr import series_uid_for
 from gateway.study_key import StudyKey
+from gateway.workers import EvaluationAbandonedError, EvaluationWorkerError
 from gateway.writeback import build_unverified, checklist_pdf, evidence, save_evidence, store
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,6 @@ from gateway.api import GatewayContext, create_app
 from gateway.api.middleware import ConcurrencyLimit
 from gateway.cache import InstanceCache
 from gateway.case_studies import CaseGatherer
-from gateway.default_evaluator import DefaultEvaluator, ProcessEvaluator
 from gateway.follower import ChangesFollower
 from gateway.forward import Forwarder
 from gateway.http_guard import ConnectionLimits, guarded_protocol
@@ -38,6 +37,8 @@ from gateway.routing import Router
 from gateway.scp import StorageSCP, uid_key
 from gateway.scp_transport import PeerLimits
 from gateway.settings import Settings
+from gateway.study_run import DefaultEvaluator
+from gateway.workers import ProcessEvaluator
 
 log = logging.getLogger(__name__)
 

@@ -56,7 +56,7 @@ class Settings(BaseSettings):
     gateway_sender_hosts: list[str] = []
     follow_changes: bool = False  # also evaluate StableStudy events from Orthanc's /changes
     # registered cases (a suite folder): a received study one names is evaluated as that case
-    # (its EHR, note, ground truth, turns); see gateway/default_evaluator.py
+    # (its EHR, note, ground truth, turns); see gateway/study_run.py
     cases: Path | None = None
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
     # an evaluation's worker process is stopped after this long; the run fails, the queue goes on

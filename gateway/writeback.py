@@ -14,7 +14,7 @@ case both come here:
   PDF;
 - ``store``: every object built before the first is stored; each stored in Orthanc, in order.
 
-``gateway.reissue`` builds the VERIFIED objects of a signed-off case from the recorded evidence
+``gateway.review.reissue`` builds the VERIFIED objects of a signed-off case from the recorded evidence
 and stores them through ``store`` too.
 """
 

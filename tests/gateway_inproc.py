@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 from orthanc_fixture import OrthancServer
 
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.runs import RunRecord, RunStatus
 from gateway.serve import Gateway, build_gateway
+from gateway.study_run import DefaultEvaluator
 
 
 def rules_file(path: Path, tasks: list[str], name: str | None = None) -> Path:

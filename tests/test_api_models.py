@@ -28,10 +28,10 @@ from evaluation.models.spec import BUILTIN
 from gateway.api import GatewayContext, create_app
 from gateway.auth import Role
 from gateway.cache import InstanceCache
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.orthanc import StudySummary
 from gateway.pipeline import StudyPipeline
 from gateway.routing import REFERENCE_MODELS, Router
+from gateway.study_run import DefaultEvaluator
 
 STUDY = "0123abcd-0123abcd-0123abcd-0123abcd-0123abcd"
 URL = f"/studies/{STUDY}/evaluations"

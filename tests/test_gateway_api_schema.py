@@ -18,12 +18,12 @@ from gateway.api import GatewayContext, create_app
 from gateway.audit import AuditLog
 from gateway.auth import Role, TokenStore
 from gateway.cache import InstanceCache
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.orthanc import OrthancClient
 from gateway.pipeline import StudyPipeline
 from gateway.routing import Router
 from gateway.runs import StudyRunStore
 from gateway.settings import Settings
+from gateway.study_run import DefaultEvaluator
 
 pytestmark = pytest.mark.integration
 TOKEN: dict[str, str] = {}

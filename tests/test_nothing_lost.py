@@ -48,13 +48,13 @@ from orthanc_fixture import OrthancServer
 from pynetdicom import AE
 from pynetdicom.sop_class import MRImageStorage  # type: ignore[attr-defined]
 
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.orthanc import OrthancClient
 from gateway.pacs_local import free_port
-from gateway.review_queue import failed_rows
+from gateway.review.queue import failed_rows
 from gateway.runs import RunRecord, RunStatus, StudyRunStore
 from gateway.serve import Gateway, build_gateway
 from gateway.settings import Settings
+from gateway.study_run import DefaultEvaluator
 
 pytestmark = pytest.mark.integration
 QUIET = 1.0

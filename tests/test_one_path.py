@@ -21,11 +21,11 @@ from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 
 from evaluation import RUNDATA_FILE, STORE_FILE, RunStore, load_run
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.runs import GATEWAY_NOTE, RunRecord, RunStatus
 from gateway.serve import Gateway, build_gateway
 from gateway.sr import series_uid_for
 from gateway.study_key import StudyKey
+from gateway.study_run import DefaultEvaluator
 from gateway.writeback import load_evidence
 
 pytestmark = pytest.mark.integration

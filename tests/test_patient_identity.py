@@ -85,7 +85,7 @@ def test_two_patients_under_one_study_uid_in_one_association_are_held_never_one_
             assert any("NSBX-ID-B" in i for i in r.identities)
             assert not r.sr_sop_uids and r.pdf_sop_uid is None
         assert _srs(gw.ctx.orthanc, a.study_uid) == {}
-        from gateway.review_queue import CaseStatus, failed_rows
+        from gateway.review.queue import CaseStatus, failed_rows
 
         rows = [row for row in failed_rows(gw.ctx.runs) if row.study_uid == a.study_uid]
         assert [row.status for row in rows] == [CaseStatus.HELD, CaseStatus.HELD]

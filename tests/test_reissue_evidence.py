@@ -361,7 +361,7 @@ def test_a_case_naming_two_studies_takes_the_evidence_of_the_one_written_back(
     """A registered case may name a baseline and a follow-up study; the gateway evaluates and
     writes back to the one it received (the follow-up here): its evidence is the case's."""
     from evaluation import Case, Provenance
-    from gateway.reissue import ReissueError, _recorded_headers
+    from gateway.review.reissue import ReissueError, _recorded_headers
 
     headers = _headers(tmp_path)
     received = str(headers[0].StudyInstanceUID)

@@ -20,12 +20,12 @@ from typer.testing import CliRunner
 from evaluation import RUNDATA_FILE, case_slug, load_run
 from evaluation.reports.model import CaseChecklist
 from gateway.cli import app
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.pacs_local import free_port
 from gateway.runs import RunStatus
 from gateway.serve import Gateway, build_gateway
 from gateway.settings import Settings
 from gateway.study_key import StudyKey
+from gateway.study_run import DefaultEvaluator
 
 pytestmark = pytest.mark.integration
 

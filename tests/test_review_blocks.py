@@ -231,8 +231,8 @@ def test_a_correction_keeps_the_clinicians_text_the_site_it_does_not_change_and_
     else the model gave (sequence, signal, size) is kept."""
     from types import SimpleNamespace
 
-    from gateway.review_actions import CaseUnderReview, ItemVerdict, record_verdicts
-    from gateway.review_auth import Reviewer
+    from gateway.review.actions import CaseUnderReview, ItemVerdict, record_verdicts
+    from gateway.review.auth import Reviewer
 
     block = _block()
     store = ReviewStore(tmp_path / "reviews.sqlite")

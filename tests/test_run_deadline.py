@@ -27,14 +27,10 @@ from orthanc_fixture import OrthancServer
 
 from dicom import IndexResult
 from gateway.auth import Role, TokenStore
-from gateway.default_evaluator import (
-    EvaluationAbandonedError,
-    EvaluationWorkerError,
-    ProcessEvaluator,
-)
 from gateway.pipeline import failure_text
-from gateway.results import EvaluationResult
 from gateway.routing import Route
+from gateway.runs.results import EvaluationResult
+from gateway.workers import EvaluationAbandonedError, EvaluationWorkerError, ProcessEvaluator
 
 QUIET = 1.5
 DEADLINE = 45.0  # s: a worker imports ~6 s, litellm ~7 s more (busy 2 cores); B needs ~15 s

@@ -123,7 +123,7 @@ def _record(runs: object, status: object, **changes: object) -> str:
 
 
 def test_the_queue_lists_a_study_no_rule_selects_but_not_the_normal_skips(tmp_path: Path) -> None:
-    from gateway.review_queue import CaseStatus, failed_rows
+    from gateway.review.queue import CaseStatus, failed_rows
     from gateway.runs import RunStatus, SkipKind, StudyRunStore
 
     runs = StudyRunStore(tmp_path)
@@ -173,7 +173,7 @@ def _runs_of(gw: Gateway, study_uid: str, n: int, routed: bool = False) -> list[
 def test_a_study_no_rule_selects_is_in_the_queue_and_the_demo_takes_one_sent_from_orthanc(
     demo_gateway: Gateway, tmp_path: Path
 ) -> None:
-    from gateway.review_queue import CaseStatus, failed_rows
+    from gateway.review.queue import CaseStatus, failed_rows
     from gateway.runs import RunStatus, SkipKind
 
     gw = demo_gateway

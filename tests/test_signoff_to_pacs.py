@@ -27,7 +27,7 @@ from review_server import bearer, build_context, instances
 from evaluation.reports import write_report
 from evaluation.reports.rundata import RunData
 from gateway.api import GatewayContext, create_app
-from gateway.reissue import stored_srs
+from gateway.review.reissue import stored_srs
 from gateway.writeback import build_unverified, save_evidence, store
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from evaluation import TaskFamily, load_run
 from evaluation.reports.checklist import build_checklist
 from evaluation.reports.html import render_checklist
 from gateway.cli import app
-from gateway.default_evaluator import DefaultEvaluator
 from gateway.routing import Route
 from gateway.settings import Settings
+from gateway.study_run import DefaultEvaluator
 
 _spec = importlib.util.spec_from_file_location(
     "many_series", Path(__file__).parents[1] / "bench" / "many_series.py"

@@ -38,8 +38,7 @@ from gateway.api.deps import Ctx
 from gateway.auth import Role
 from gateway.cache import InvalidUIDError
 from gateway.orthanc import OrthancError
-from gateway.reissue import ReissueError
-from gateway.review_actions import (
+from gateway.review.actions import (
     MAX_BATCH,
     CaseUnderReview,
     ItemVerdict,
@@ -60,7 +59,7 @@ from gateway.review_actions import (
     sign_off,
     where_to,
 )
-from gateway.review_auth import (
+from gateway.review.auth import (
     COOKIE_PATH,
     LOGIN_COOKIE,
     SESSION_COOKIE,
@@ -68,8 +67,9 @@ from gateway.review_auth import (
     csrf_ok,
     identify,
 )
-from gateway.review_queue import CaseStatus, queue
-from gateway.review_service import ReportNotFoundError, ReviewService
+from gateway.review.queue import CaseStatus, queue
+from gateway.review.reissue import ReissueError
+from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.viewer import PLANES, viewer_open_url
 
 BASE = "/review"

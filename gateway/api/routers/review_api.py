@@ -1,6 +1,6 @@
 """The review as JSON: the same actions as the review pages (block item verdicts, corrections,
 comments, diagnosis, error-category override, accept-all-remaining, two-step sign-off that
-sends the VERIFIED report to the PACS, adjudication, sending again), with the same roles, audit and rules (gateway.review_actions), so a team
+sends the VERIFIED report to the PACS, adjudication, sending again), with the same roles, audit and rules (gateway.review.actions), so a team
 can import reviews made elsewhere. A bearer token, or the review session cookie with the
 session's CSRF token in the ``X-CSRF-Token`` header."""
 
@@ -28,8 +28,7 @@ from evaluation import (
 from gateway.api.deps import Ctx, ErrorBody, errors
 from gateway.api.routers.review import Report, Slug, service, signed_in
 from gateway.orthanc import OrthancError
-from gateway.reissue import ReissueError
-from gateway.review_actions import (
+from gateway.review.actions import (
     MAX_BATCH,
     CaseUnderReview,
     ItemVerdict,
@@ -46,8 +45,9 @@ from gateway.review_actions import (
     reissue,
     sign_off,
 )
-from gateway.review_auth import Reviewer, csrf_ok
-from gateway.review_service import ReportNotFoundError, ReviewService
+from gateway.review.auth import Reviewer, csrf_ok
+from gateway.review.reissue import ReissueError
+from gateway.review.service import ReportNotFoundError, ReviewService
 
 router = APIRouter(prefix="/review/api", tags=["review (JSON)"])
 Short = Annotated[str, Field(max_length=400)]

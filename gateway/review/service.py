@@ -23,7 +23,7 @@ from evaluation import (
     load_run,
 )
 from gateway.report_versions import ReportVersions
-from gateway.review_auth import SessionStore
+from gateway.review.auth import SessionStore
 from gateway.runs import StudyRunStore
 from gateway.settings import Settings
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from evaluation import Case, ParseStatus, RunData, Superseded, format_reason, missing_items
-from gateway.review_actions import CaseUnderReview, open_cases
-from gateway.review_auth import Reviewer
-from gateway.review_service import ReportNotFoundError, ReviewService
+from gateway.review.actions import CaseUnderReview, open_cases
+from gateway.review.auth import Reviewer
+from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
 
 MAX_FAILED = 50  # failed gateway runs listed (the newest)

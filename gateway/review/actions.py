@@ -43,7 +43,8 @@ from evaluation import (
 )
 from gateway.auth import Role
 from gateway.orthanc import OrthancClient, OrthancError
-from gateway.reissue import (
+from gateway.review.auth import Reviewer
+from gateway.review.reissue import (
     Destination,
     NotInPacsError,
     Reissued,
@@ -51,10 +52,9 @@ from gateway.reissue import (
     destination,
     reissue_case,
 )
-from gateway.review_auth import Reviewer
-from gateway.review_service import ReportNotFoundError, ReviewService
-from gateway.run_report import gateway_info
+from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.runs import RunRecord
+from gateway.runs.report import gateway_info
 
 MAX_BATCH = 500
 

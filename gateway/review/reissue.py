@@ -31,7 +31,7 @@ from pydicom.dataset import Dataset
 from dicom import display_name
 from evaluation import Case, PdfError, RunData, Verification, pdf_bytes, render_verified
 from gateway.orthanc import OrthancClient, OrthancError, StudySummary
-from gateway.run_report import gateway_info
+from gateway.runs.report import gateway_info
 from gateway.sr import (
     ReportBuildError,
     Verifier,
