@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 # A session-wide real Orthanc (fixture ``orthanc_server``) for the gateway tests; a small
-# phantom suite (fixture ``phantom_suite``) for the phantom tests.
-pytest_plugins = ["orthanc_fixture", "phantom_fixture"]
+# phantom suite (fixture ``phantom_suite``) for the phantom tests; a session-wide PostgreSQL
+# (fixture ``pg_url``, ``pg_server.fresh_pg_database``) for the store on PostgreSQL.
+pytest_plugins = ["orthanc_fixture", "phantom_fixture", "pg_server"]
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dicom"
 
