@@ -331,7 +331,7 @@ _CLEANED_DESCRIPTORS = frozenset({"SeriesDescription", "StudyDescription", "Prot
 
 # UI attributes that name a class, syntax or coding scheme, not an instance: they identify
 # nothing about the patient and must stay intact for the object to be decodable.
-_NON_INSTANCE_UID_KEYWORDS = frozenset(
+NON_INSTANCE_UID_KEYWORDS = frozenset(
     {
         "TransferSyntaxUID",
         "ReferencedTransferSyntaxUIDInFile",
@@ -342,7 +342,7 @@ _NON_INSTANCE_UID_KEYWORDS = frozenset(
 )
 # Well-known UIDs defined by the standard itself (classes, syntaxes, well-known frames of
 # reference) carry no patient information.
-_DICOM_ROOT = "1.2.840.10008."
+DICOM_ROOT = "1.2.840.10008."
 
 # Free-text VRs: values we keep are still scrubbed of the patient's name/ID as a second line of
 # defence, because the basic profile cannot list every place a technologist may type a name.
@@ -368,7 +368,7 @@ _CODES: dict[str, str] = {
     "113107": "Retain Longitudinal Temporal Information Modified Dates Option",
 }
 
-_DUMMY_TEXT = "ANONYMIZED"
+DUMMY_TEXT = "ANONYMIZED"
 _DA_RE = re.compile(r"^(\d{4})\.?(\d{2})\.?(\d{2})$")
 _DT_RE = re.compile(r"^(\d{8})(\d{0,6}(?:\.\d{1,6})?)([+-]\d{4})?$")
 
@@ -420,7 +420,7 @@ def _empty_audit() -> dict[str, Any]:
     }
 
 
-def _as_list(value: Any) -> list[Any]:
+def as_list(value: Any) -> list[Any]:
     """Values of an element as a list, whatever its VM."""
     if value is None:
         return []
@@ -505,7 +505,7 @@ def _name_terms(values: Iterable[Any]) -> set[str]:
 _PATIENT_NAME_KEYWORDS = frozenset({"PatientName", "OtherPatientNames", "PatientBirthName"})
 
 
-def _walk(ds: Dataset) -> Iterator[tuple[Dataset, Any]]:
+def walk_elements(ds: Dataset) -> Iterator[tuple[Dataset, Any]]:
     """Every (dataset, element) of `ds`, its file meta and every nested item, iteratively."""
     stack: list[Dataset] = [ds]
     meta = getattr(ds, "file_meta", None)
@@ -516,7 +516,7 @@ def _walk(ds: Dataset) -> Iterator[tuple[Dataset, Any]]:
         for elem in current:
             yield current, elem
             if elem.VR == "SQ":
-                stack.extend(i for i in _as_list(elem.value) if isinstance(i, Dataset))
+                stack.extend(i for i in as_list(elem.value) if isinstance(i, Dataset))
 
 
 def _other_person_names(root: Dataset) -> list[Any]:
@@ -524,11 +524,11 @@ def _other_person_names(root: Dataset) -> list[Any]:
     bounded the depth already)."""
     return [
         v
-        for _parent, elem in _walk(root)
+        for _parent, elem in walk_elements(root)
         if elem.VR == "PN"
         and elem.keyword not in _PATIENT_NAME_KEYWORDS
         and not BaseTag(elem.tag).is_private
-        for v in _as_list(elem.value)
+        for v in as_list(elem.value)
     ]
 
 
@@ -689,12 +689,12 @@ class Deidentifier:
         """Case-insensitive pattern matching the patient's name components and identifiers."""
         names: list[Any] = []
         for keyword in ("PatientName", "OtherPatientNames", "PatientBirthName"):
-            names.extend(_as_list(ds.get(keyword)))
+            names.extend(as_list(ds.get(keyword)))
         terms = _name_terms(names)
-        ids: list[Any] = [*_as_list(ds.get("PatientID")), *_as_list(ds.get("OtherPatientIDs"))]
-        for item in _as_list(ds.get("OtherPatientIDsSequence")):
+        ids: list[Any] = [*as_list(ds.get("PatientID")), *as_list(ds.get("OtherPatientIDs"))]
+        for item in as_list(ds.get("OtherPatientIDsSequence")):
             if isinstance(item, Dataset):
-                ids.extend(_as_list(item.get("PatientID")))
+                ids.extend(as_list(item.get("PatientID")))
         terms.update(s for s in (str(v).strip() for v in ids) if len(s) >= _MIN_TERM_LEN)
         # Every other person the object names (referring, performing, operators, observers in
         # nested items): whole words only, and 3+ letters, so "Rao" never cuts "paraorbital".
@@ -734,7 +734,7 @@ class Deidentifier:
         if action is not None:
             return action
         if vr == "UI":
-            if "ClassUID" in keyword or keyword in _NON_INSTANCE_UID_KEYWORDS:
+            if "ClassUID" in keyword or keyword in NON_INSTANCE_UID_KEYWORDS:
                 return "K"
             # Unlisted instance UIDs still embed scanner serials and timestamps.
             return "U"
@@ -780,7 +780,7 @@ class Deidentifier:
             elif action == "D":
                 self._replace_dummy(ds, btag, keyword, elem)
             elif action == "U":
-                values = _as_list(elem.value)
+                values = as_list(elem.value)
                 _set_values(elem, [self._map_one_uid(str(v)) for v in values])
                 if values:
                     sets["uids_remapped"].add(keyword)
@@ -789,14 +789,14 @@ class Deidentifier:
             elif action == "C":
                 self._clean_element(elem, keyword)
             elif elem.VR == "SQ":
-                children.extend(i for i in _as_list(elem.value) if isinstance(i, Dataset))
+                children.extend(i for i in as_list(elem.value) if isinstance(i, Dataset))
             elif elem.VR in _TEXT_VRS and keyword not in _NEVER_SCRUBBED and not is_file_meta:
                 self._clean_element(elem, keyword)
         return children
 
     def _map_one_uid(self, uid: str) -> str:
         """Remap an instance UID, leaving standard well-known UIDs alone."""
-        return uid if uid.startswith(_DICOM_ROOT) else self.map_uid(uid)
+        return uid if uid.startswith(DICOM_ROOT) else self.map_uid(uid)
 
     def _replace_dummy(self, ds: Dataset, tag: BaseTag, keyword: str, elem: DataElement) -> None:
         """D action: pseudonym for the patient, a fixed dummy by VR otherwise."""
@@ -808,7 +808,7 @@ class Deidentifier:
             self._sets["removed"].add(keyword)
             return
         elif elem.VR in ("PN", "LO", "SH", "ST", "LT", "UT", "UC", "CS", "AE"):
-            elem.value = _DUMMY_TEXT
+            elem.value = DUMMY_TEXT
         elif elem.VR in ("IS", "DS", "US", "SS", "UL", "SL", "FL", "FD", "UV", "SV"):
             elem.value = 0
         else:
@@ -817,7 +817,7 @@ class Deidentifier:
 
     def _temporal(self, elem: DataElement, keyword: str) -> None:
         """Shift dates by the patient's offset (keep_dates) or empty them; times ride along."""
-        values = _as_list(elem.value)
+        values = as_list(elem.value)
         if not values:
             return
         if not self.policy.keep_dates:
@@ -841,7 +841,7 @@ class Deidentifier:
 
     def _clean_element(self, elem: DataElement, keyword: str) -> None:
         """Scrub the patient's name/ID out of each string value of a text element."""
-        values = _as_list(elem.value)
+        values = as_list(elem.value)
         cleaned = [self._clean_text(v) if isinstance(v, str) else v for v in values]
         if cleaned != values:
             _set_values(elem, cleaned)
@@ -884,7 +884,7 @@ class Deidentifier:
             current = nested.pop()
             for elem in current:
                 if elem.VR == "SQ":
-                    for item in _as_list(elem.value):
+                    for item in as_list(elem.value):
                         if isinstance(item, Dataset):
                             if "SpecificCharacterSet" in item:
                                 del item.SpecificCharacterSet  # inherit UTF-8 from the top

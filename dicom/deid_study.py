@@ -30,15 +30,15 @@ from pydicom.errors import InvalidDicomError
 from pydicom.valuerep import PersonName
 
 from dicom.deid import (
-    _DICOM_ROOT,
-    _DUMMY_TEXT,
-    _NON_INSTANCE_UID_KEYWORDS,
+    DICOM_ROOT,
+    DUMMY_TEXT,
+    NON_INSTANCE_UID_KEYWORDS,
     BurnedInAnnotationError,
     Deidentifier,
     DeidPolicy,
-    _as_list,
-    _walk,
+    as_list,
     burned_in_reason,
+    walk_elements,
 )
 from dicom.errors import ImagingError
 from dicom.headers import DEFAULT_MEMORY_CAP
@@ -106,14 +106,14 @@ def _is_instance_uid(keyword: str, value: str) -> bool:
     """A UID that names an instance (remapped by the profile), not a class or syntax."""
     return bool(value) and not (
         "ClassUID" in keyword
-        or keyword in _NON_INSTANCE_UID_KEYWORDS
-        or value.startswith(_DICOM_ROOT)
+        or keyword in NON_INSTANCE_UID_KEYWORDS
+        or value.startswith(DICOM_ROOT)
     )
 
 
 def _values(value: Any) -> list[Any]:
     """Values of an element as a list, an empty string as none."""
-    return [] if value == "" else _as_list(value)
+    return [] if value == "" else as_list(value)
 
 
 class SourceIdentifiers(BaseModel):
@@ -134,7 +134,7 @@ class SourceIdentifiers(BaseModel):
     def add(self, ds: Dataset) -> None:
         """Collect the identifiers of one source dataset (private elements are not read)."""
         self._text_rx = None
-        for _parent, elem in _walk(ds):
+        for _parent, elem in walk_elements(ds):
             if elem.tag.is_private:
                 continue
             keyword = elem.keyword or ""
@@ -587,9 +587,9 @@ def _check_dataset(ds: Dataset, study: DeidentifiedStudy) -> list[str]:
         "SOPInstanceUID"
     ):
         problems.append("MediaStorageSOPInstanceUID differs from SOPInstanceUID")
-    allowed_names = {"", study.pseudonym, _DUMMY_TEXT}
+    allowed_names = {"", study.pseudonym, DUMMY_TEXT}
     found: set[str] = set()
-    for _parent, elem in _walk(ds):
+    for _parent, elem in walk_elements(ds):
         keyword = elem.keyword or str(elem.tag)
         if elem.tag.is_private:
             found.add(f"private tag {elem.tag} is present")

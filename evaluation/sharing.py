@@ -40,11 +40,11 @@ from pydantic import BaseModel, Field
 from evaluation.case import Case, Provenance
 from evaluation.datasets import DatasetSpec, detect_kind, load_dataset
 from evaluation.datasets.suite import (
-    _inside,
-    _manifest_case,
-    _raw_label,
-    _read_manifest,
+    inside_folder,
     load_case_dir,
+    manifest_case,
+    raw_label,
+    read_manifest,
     suite_case_dirs,
 )
 from evaluation.ehr import PERSON_RESOURCES, long_enough, patient_age, resources
@@ -141,19 +141,19 @@ def find_case(path: Path, case_id: str, cache_dir: Path, kind: str = "auto") -> 
             ids.append(case.case_id)
             if case.case_id == case_id:
                 if case.study_path:
-                    case.study_path = str(_inside(folder, case.study_path, "study_path"))
+                    case.study_path = str(inside_folder(folder, case.study_path, "study_path"))
                 return case
     elif kind == "manifest":
-        data = _read_manifest(path)
+        data = read_manifest(path)
         if not isinstance(data, dict) or not isinstance(data.get("cases"), list):
             raise DatasetError(f"{path}: a manifest is a mapping with a 'cases' list")
         for n, entry in enumerate(data["cases"]):
             if not isinstance(entry, dict):
                 continue
-            entry_id = _raw_label(entry, n)
+            entry_id = raw_label(entry, n)
             ids.append(entry_id)
             if entry_id == case_id:
-                case = _manifest_case(entry, path.parent, cache_dir, n)
+                case = manifest_case(entry, path.parent, cache_dir, n)
                 case.root = str(path.parent)
                 return case
     else:

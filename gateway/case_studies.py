@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from evaluation import case_registry
+from evaluation.datasets import case_registry
 from gateway.scp import ReceivedStudy, uid_key
 from gateway.spool import read_received_info
 from gateway.study_key import StudyKey

@@ -40,7 +40,8 @@ import pydicom
 
 from dicom import IndexResult, MixedPatientsError, PatientKey, index_path, one_patient
 from evaluation import Case as EvalCase
-from evaluation import Printer, case_registry
+from evaluation.datasets import case_registry
+from evaluation.reports import Printer
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
 from gateway.case_studies import CaseGatherer, CaseStudies

@@ -29,14 +29,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dicom import CLINICAL_CLASSES, IndexResult, SequenceClass
-from evaluation import (
-    BUILTIN,
-    REPLAY,
-    ModelConfigError,
-    TaskFamily,
-    first_error,
-    load_models_file,
-)
+from evaluation import ModelConfigError, TaskFamily, first_error
+from evaluation.models import BUILTIN, REPLAY, load_models_file
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pynetdicom import _config as pynetdicom_config
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
-from evaluation import Printer
+from evaluation.reports import Printer
 from gateway.api import GatewayContext, create_app
 from gateway.api.middleware import ConcurrencyLimit
 from gateway.cache import InstanceCache

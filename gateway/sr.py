@@ -5,7 +5,7 @@ Both carry the source study's patient and study modules. What a model reported g
 does, its IOD having no flag); what a clinician verified goes into the "(VERIFIED)" series, the
 SR naming the UNVERIFIED one as predecessor and the clinicians as Verifying Observers. A
 re-evaluation adds a new instance (a new version) next to the old one. The content of every SR
-is a ``ReportContent``: a model's review block (evaluation.reports.block), as the model gave it
+is a ``ReportContent``: a model's review block (evaluation.review.sr_content), as the model gave it
 or as the clinician verified it.
 """
 
@@ -46,7 +46,8 @@ from pydicom.uid import UID, ExplicitVRLittleEndian, generate_uid
 from pydicom.valuerep import DA, TM
 
 from dicom import PersonNameError, checked_attributes, person_name
-from evaluation import DifferentialItem, Finding, ReportContent, diagnosis_concept, site_of
+from evaluation import DifferentialItem, Finding
+from evaluation.review import ReportContent, diagnosis_concept, site_of
 
 ENCAPSULATED_PDF_STORAGE = "1.2.840.10008.5.1.4.1.1.104.1"
 MANUFACTURER = "NeuroSandbox"
@@ -83,7 +84,7 @@ _LATERALITY = {  # CID 244; a midline site has none
     "right": codes.SCT.Right,
     "bilateral": codes.SCT.Bilateral,
 }
-# How the SR names the groups of a block's items (evaluation.reports.block item ids)
+# How the SR names the groups of a block's items (evaluation.review.sr_content item ids)
 _GROUP_NAMES = {"finding": "finding", "dx": "differential", "final": "diagnosis"}
 # Attributes highdicom reads from the first evidence dataset; missing ones become empty.
 _PATIENT_STUDY = (

@@ -31,24 +31,22 @@ import shutil
 from pathlib import Path
 
 from dicom import IndexResult, index_path, one_patient
+from evaluation import Case as EvalCase
 from evaluation import (
-    STORE_FILE,
     Dataset,
     DatasetSpec,
     GenerateConfig,
     ImageRef,
     Provenance,
-    RenderPlan,
     RunConfig,
     TaskFamily,
     dataset_hash,
-    registered_case,
-    render_study,
-    run_from_store,
     start_run,
-    warm_up,
 )
-from evaluation import Case as EvalCase
+from evaluation.datasets import RenderPlan, registered_case, render_study
+from evaluation.log import STORE_FILE
+from evaluation.models import warm_up
+from evaluation.reports import run_from_store
 from gateway.routing import Route
 from gateway.runs.results import EvaluationResult
 from gateway.settings import Settings

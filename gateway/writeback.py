@@ -32,7 +32,8 @@ from pydicom.sequence import Sequence as DicomSequence
 from pydicom.valuerep import BYTES_VR, VR
 
 from dicom import FileTooLargeError, IndexResult, NotRegularFileError, read_regular
-from evaluation import RunData, report_blocks, unverified_content
+from evaluation.log import RunData
+from evaluation.review import report_blocks, unverified_content
 from gateway.cache import InvalidUIDError, atomic_writer, check_uid
 from gateway.orthanc import OrthancClient
 from gateway.sr import build_pdf, build_sr, encode, header_warnings, model_of

@@ -13,8 +13,8 @@ from scoring_cases import ms_case, normal_case, stroke_case
 from dicom.render import RenderOptions, render_path
 from evaluation.answers import Answer, DifferentialItem, Finding, SequenceIdentified
 from evaluation.case import Case, ImageRef, TaskFamily
+from evaluation.log.rundata import RunData, SampleResult
 from evaluation.modelio import ModelOutput
-from evaluation.reports.rundata import RunData, SampleResult
 from evaluation.scores import ParseStatus
 from evaluation.scoring import make_scored_sample
 

@@ -22,8 +22,8 @@ import pytest
 from fastapi.testclient import TestClient
 from review_server import build_context
 
-from evaluation import ModelConfigError, resolve_specs
-from evaluation.models import replay
+from evaluation import ModelConfigError
+from evaluation.models import replay, resolve_specs
 from evaluation.models.spec import BUILTIN
 from gateway.api import GatewayContext, create_app
 from gateway.auth import Role
@@ -239,7 +239,7 @@ def test_a_replay_file_over_the_size_cap_is_refused(
 def test_a_models_file_error_names_the_entry_and_the_field_as_people_write_them(
     tmp_path: Path,
 ) -> None:
-    from evaluation import load_models_file
+    from evaluation.models import load_models_file
 
     path = tmp_path / "models.yaml"
     path.write_text(

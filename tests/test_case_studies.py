@@ -17,7 +17,7 @@ from gateway_process import send
 from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 
-from evaluation import RunData
+from evaluation.log import RunData
 from gateway.runs import RunRecord, RunStatus
 from gateway.serve import Gateway
 

@@ -11,9 +11,9 @@ from test_scoring_taxonomy import GOLDEN
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case, DiseaseGroup, TaskFamily
+from evaluation.log.rundata import SampleResult
 from evaluation.reports.checklist import build_checklist
-from evaluation.reports.model import AnswerChecklist, FlagKind, Mark
-from evaluation.reports.rundata import SampleResult
+from evaluation.reports.checklist_view import AnswerChecklist, FlagKind, Mark
 from evaluation.scores import ParseStatus
 from evaluation.scoring import make_scored_sample
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evaluation import generate_suite
+from evaluation.datasets import generate_suite
 from gateway.cli.demo import _studies
 
 

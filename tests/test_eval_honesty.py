@@ -23,8 +23,9 @@ from openai_server import Fault as ServerFault
 from openai_server import OpenAIServer, Script
 from typer.testing import CliRunner
 
-from evaluation import CaseCoverage, RunStore
+from evaluation import CaseCoverage
 from evaluation.datasets import DatasetSpec, load_dataset
+from evaluation.log import RunStore
 from gateway.cli import app
 from gateway.pacs_local import free_port
 

@@ -21,7 +21,7 @@ from pydicom.tag import BaseTag
 
 from dicom.headers import scan
 from dicom.headers.fast import clear_caches, read_frames_fast
-from dicom.headers.frame import _f, _floats, _i, _s
+from dicom.headers.frame import as_float, as_floats, as_int, as_text
 from dicom.headers.read import read_frames
 from dicom.headers.scanned import _plain_value
 from dicom.index import build_series
@@ -285,9 +285,9 @@ def test_files_scan_alike_with_and_without_templates(corpus: Path, tmp_path: Pat
 def test_plain_numbers_read_as_pydicom_reads_them(vr: str, values: list[bytes]) -> None:
     tag = {"DS": 0x00200032, "IS": 0x00200013, "UI": 0x00080018}[vr]
     views: dict[str, tuple[Callable[[object], object], ...]] = {
-        "DS": (_f, lambda v: _floats(v, 3), lambda v: _floats(v, 2)),
-        "IS": (_i, _f),
-        "UI": (lambda v: _s(v, 64), _s),
+        "DS": (as_float, lambda v: as_floats(v, 3), lambda v: as_floats(v, 2)),
+        "IS": (as_int, as_float),
+        "UI": (lambda v: as_text(v, 64), as_text),
     }
     checked = 0
     for value in values:

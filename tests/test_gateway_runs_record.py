@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from evaluation import STORE_FILE, RunStore
+from evaluation.log import STORE_FILE, RunStore
 from gateway.cli import app
 from gateway.routing import Route
 from gateway.runs import GATEWAY_NOTE, RunNotFoundError, RunRecord, RunStatus, StudyRunStore

@@ -19,11 +19,11 @@ from highdicom.sr import Comprehensive3DSR
 from openai_server import OpenAIServer
 from pydicom.uid import generate_uid
 
-from evaluation import ReportContent, report_blocks
 from evaluation.answers import Answer, ClassificationAnswer, DifferentialItem, Finding
 from evaluation.case import TaskFamily
 from evaluation.log.store import RunStore
 from evaluation.reports import load_run
+from evaluation.review import ReportContent, report_blocks
 from evaluation.scores import ParseStatus
 from gateway.auth import Role, TokenStore
 from gateway.cache import (

@@ -14,8 +14,8 @@ from pathlib import Path
 from engine_helpers import brain_png
 from openai_server import OpenAIServer
 
+from evaluation import Case as EvalCase
 from evaluation import (
-    STORE_FILE,
     Dataset,
     DatasetSpec,
     GenerateConfig,
@@ -24,10 +24,10 @@ from evaluation import (
     RunConfig,
     TaskFamily,
     dataset_hash,
-    run_from_store,
     start_run,
 )
-from evaluation import Case as EvalCase
+from evaluation.log import STORE_FILE
+from evaluation.reports import run_from_store
 from evaluation.reports.checklist import build_checklist
 from evaluation.reports.html import render_checklist
 from gateway.settings import Settings

@@ -74,10 +74,10 @@ def test_a_failed_call_leaves_every_figure_but_json_validity() -> None:
 
 
 def test_the_summary_page_shows_them_named_apart() -> None:
-    from evaluation.reports.agreement import ReviewStats
     from evaluation.reports.html import render_summary
     from evaluation.reports.published import neural_medbench
     from evaluation.reports.summary import SummaryReport
+    from evaluation.review.agreement import ReviewStats
 
     rows = [bench_labels(r["truth"], r["response"]) for r in ROWS]
     summary = summarise([], n_boot=20).model_copy(

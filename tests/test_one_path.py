@@ -20,7 +20,8 @@ from gateway_process import send
 from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 
-from evaluation import RUNDATA_FILE, STORE_FILE, RunStore, load_run
+from evaluation.log import STORE_FILE, RunStore
+from evaluation.reports import RUNDATA_FILE, load_run
 from gateway.runs import GATEWAY_NOTE, RunRecord, RunStatus
 from gateway.serve import Gateway, build_gateway
 from gateway.sr import series_uid_for

@@ -114,10 +114,10 @@ def test_runs_show_prints_the_unscored_count_and_thin_evidence() -> None:
 
 
 def test_the_summary_page_shows_unscored_counts_and_thin_evidence() -> None:
-    from evaluation.reports.agreement import ReviewStats
     from evaluation.reports.html import render_summary
     from evaluation.reports.published import neural_medbench
     from evaluation.reports.summary import SummaryReport
+    from evaluation.review.agreement import ReviewStats
 
     samples = _samples(_case(1), [True, CALL, FORMAT]) + _samples(_case(2), [False])
     summ = summarise(samples, ks=(1,), n_boot=50)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from guard import procs
 
-from evaluation import Printer
+from evaluation.reports import Printer
 from evaluation.reports.pdf import print_pdfs
 
 PAGE = "<html><body><h1>Checklist {n}</h1><p>UNVERIFIED</p></body></html>"

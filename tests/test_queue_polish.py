@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from report_fixtures import BAD, GOOD, build_run
 from review_server import build_context
 
-from evaluation import RunData
+from evaluation.log import RunData
 from evaluation.reports import write_report
 from evaluation.scores import ParseStatus
 from gateway.api import create_app

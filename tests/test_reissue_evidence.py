@@ -27,10 +27,11 @@ from report_fixtures import GOOD, build_run
 from review_server import bearer, build_context, instances
 
 from dicom import index_path
-from evaluation import RunData, report_blocks, unverified_content
 from evaluation.answers import DifferentialItem
+from evaluation.log import RunData
 from evaluation.reports import write_report
-from evaluation.reports.block import ReportContent
+from evaluation.review import report_blocks, unverified_content
+from evaluation.review.sr_content import ReportContent
 from gateway.api import GatewayContext, create_app
 from gateway.sr import build_sr, series_uid_for
 from gateway.writeback import (

@@ -17,8 +17,8 @@ from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 from typer.testing import CliRunner
 
-from evaluation import RUNDATA_FILE, case_slug, load_run
-from evaluation.reports.model import CaseChecklist
+from evaluation.reports import RUNDATA_FILE, case_slug, load_run
+from evaluation.reports.checklist_view import CaseChecklist
 from gateway.cli import app
 from gateway.pacs_local import free_port
 from gateway.runs import RunStatus

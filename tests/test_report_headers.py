@@ -13,8 +13,8 @@ import pytest
 from dciodvfy import assert_dciodvfy_clean
 from gateway_synth import make_study
 
-from evaluation import ReportContent
 from evaluation.answers import Finding
+from evaluation.review import ReportContent
 from gateway.sr import build_pdf, build_sr, header_warnings
 
 PDF = b"%PDF-1.4\n1 0 obj << /Type /Catalog >> endobj\ntrailer << /Root 1 0 R >>\n%%EOF\n"

@@ -16,12 +16,14 @@ import pytest
 from report_fixtures import BAD, GOOD, XSS_MODEL, build_run, dump
 from typer.testing import CliRunner
 
-from evaluation.reports.agreement import review_stats
+from evaluation.log.rundata import RunData
 from evaluation.reports.checklist import answer_key, build_checklist
+from evaluation.reports.checklist_view import SCHEMA_FILE, FlagKind, Mark, checklist_schema
 from evaluation.reports.html import render_checklist
 from evaluation.reports.loader import RunLoadError, load_run
-from evaluation.reports.model import SCHEMA_FILE, FlagKind, Mark, checklist_schema
-from evaluation.reports.reviews import (
+from evaluation.reports.summary import build_summary, case_slug
+from evaluation.review.agreement import review_stats
+from evaluation.review.review_log import (
     Action,
     ReviewError,
     ReviewEvent,
@@ -29,8 +31,6 @@ from evaluation.reports.reviews import (
     Verdict,
     export_csv,
 )
-from evaluation.reports.rundata import RunData
-from evaluation.reports.summary import build_summary, case_slug
 from evaluation.scores import ErrorCategory
 from gateway.cli import app
 
@@ -106,7 +106,7 @@ def test_the_case_record_is_not_shown_as_what_the_model_saw(run: RunData) -> Non
 
 def test_schema_file_is_current_and_checklists_validate(run: RunData) -> None:
     schema = json.loads(SCHEMA_FILE.read_text())
-    assert schema == checklist_schema(), "run evaluation.reports.model.write_schema()"
+    assert schema == checklist_schema(), "run evaluation.reports.checklist_view.write_schema()"
     for case in run.cases:
         jsonschema.validate(json.loads(_checklist(run, case.case_id).model_dump_json()), schema)
 

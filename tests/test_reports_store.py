@@ -13,7 +13,7 @@ from evaluation.datasets import DatasetSpec
 from evaluation.engine import start_run
 from evaluation.modelio import GenerateConfig
 from evaluation.reports import load_run, write_report
-from evaluation.reports.model import FlagKind
+from evaluation.reports.checklist_view import FlagKind
 from evaluation.runconfig import RunConfig
 from evaluation.scores import ParseStatus
 

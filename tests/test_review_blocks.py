@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 from scoring_cases import ms_case
 
-from evaluation import (
+from evaluation.answers import Answer, DifferentialItem, Finding
+from evaluation.case import TaskFamily
+from evaluation.log.rundata import SampleResult
+from evaluation.review import (
     Action,
     ItemKind,
     Outcome,
@@ -24,10 +27,7 @@ from evaluation import (
     report_blocks,
     review_preview,
 )
-from evaluation.answers import Answer, DifferentialItem, Finding
-from evaluation.case import TaskFamily
-from evaluation.reports.block import ReportBlock, report_block
-from evaluation.reports.rundata import SampleResult
+from evaluation.review.sr_content import ReportBlock, report_block
 from evaluation.scores import ParseStatus
 from evaluation.scoring import make_scored_sample
 from gateway.auth import Role

@@ -20,8 +20,8 @@ from orthanc_fixture import OrthancServer
 from report_fixtures import BAD, GOOD, XSS_MODEL, build_run
 from review_server import bearer, build_context, instances
 
-from evaluation import report_blocks, unverified_content
 from evaluation.reports import write_report
+from evaluation.review import report_blocks, unverified_content
 from gateway.api import GatewayContext, create_app
 from gateway.auth import Role
 from gateway.sr import build_sr, load_sr

@@ -22,8 +22,8 @@ from orthanc_fixture import OrthancServer
 from report_fixtures import BAD, GOOD, build_run
 from review_server import bearer, build_context, instances, running
 
+from evaluation.log.rundata import RunData
 from evaluation.reports import write_report
-from evaluation.reports.rundata import RunData
 from gateway.api import GatewayContext, create_app
 from gateway.auth import Role, TokenStore
 from gateway.runs import RunRecord, RunStatus, StudyRunStore

@@ -20,10 +20,10 @@ from evaluation.datasets import DatasetSpec
 from evaluation.engine import start_run
 from evaluation.log.store import RunStore
 from evaluation.modelio import GenerateConfig
-from evaluation.reports.agreement import review_stats
 from evaluation.reports.checklist import answer_key
 from evaluation.reports.loader import load_run
-from evaluation.reports.reviews import Action, ReviewEvent, ReviewStore
+from evaluation.review.agreement import review_stats
+from evaluation.review.review_log import Action, ReviewEvent, ReviewStore
 from evaluation.runconfig import RunConfig
 from evaluation.scoring.rubric import PAPER_BAR
 from gateway.cli import app

@@ -24,8 +24,8 @@ from orthanc_fixture import OrthancServer
 from report_fixtures import BAD, GOOD, build_run
 from review_server import bearer, build_context, instances
 
+from evaluation.log.rundata import RunData
 from evaluation.reports import write_report
-from evaluation.reports.rundata import RunData
 from gateway.api import GatewayContext, create_app
 from gateway.review.reissue import stored_srs
 from gateway.writeback import build_unverified, save_evidence, store

@@ -12,7 +12,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dicom import NotShownReason, SeriesNotShown, UnshownSeries
-from evaluation import TaskFamily, load_run
+from evaluation import TaskFamily
+from evaluation.reports import load_run
 from evaluation.reports.checklist import build_checklist
 from evaluation.reports.html import render_checklist
 from gateway.cli import app
@@ -84,8 +85,8 @@ def test_every_series_not_shown_is_recorded_listed_and_counted(tmp_path: Path) -
 
 
 def test_the_page_lists_a_bounded_number_per_reason_and_says_how_many_more() -> None:
+    from evaluation.reports.checklist_view import CaseChecklist
     from evaluation.reports.html import MAX_NOT_SHOWN_ROWS
-    from evaluation.reports.model import CaseChecklist
 
     record = SeriesNotShown(n_series=MAX_NOT_SHOWN_ROWS + 258, n_shown=8, limit=8)
     for k in range(MAX_NOT_SHOWN_ROWS + 250):

@@ -146,7 +146,7 @@ def pixel_data(
     return start, length
 
 
-def _f(value: Any) -> float | None:
+def as_float(value: Any) -> float | None:
     try:
         if value is None or value == "":
             return None
@@ -158,18 +158,18 @@ def _f(value: Any) -> float | None:
         return None
 
 
-def _i(value: Any) -> int | None:
-    f = _f(value)
+def as_int(value: Any) -> int | None:
+    f = as_float(value)
     return int(f) if f is not None else None
 
 
-def _s(value: Any, limit: int = 256) -> str:
+def as_text(value: Any, limit: int = 256) -> str:
     if value is None:
         return ""
     return str(value)[:limit]
 
 
-def _cs(value: Any) -> tuple[str, ...]:
+def as_code_strings(value: Any) -> tuple[str, ...]:
     if value is None or value == "":
         return ()
     if isinstance(value, str):
@@ -177,7 +177,7 @@ def _cs(value: Any) -> tuple[str, ...]:
     return tuple(str(v).strip().upper() for v in value if str(v).strip())
 
 
-def _floats(value: Any, n: int) -> tuple[float, ...] | None:
+def as_floats(value: Any, n: int) -> tuple[float, ...] | None:
     if value is None:
         return None
     try:
@@ -189,7 +189,7 @@ def _floats(value: Any, n: int) -> tuple[float, ...] | None:
     return out
 
 
-def _first_item(ds: Dataset | None, keyword: str) -> Dataset | None:
+def first_item(ds: Dataset | None, keyword: str) -> Dataset | None:
     if ds is None:
         return None
     seq = ds.get(keyword)
@@ -201,10 +201,10 @@ def _first_item(ds: Dataset | None, keyword: str) -> Dataset | None:
         return None
 
 
-def _group_value(frame: Dataset | None, shared: Dataset | None, seq: str, attr: str) -> Any:
+def group_value(frame: Dataset | None, shared: Dataset | None, seq: str, attr: str) -> Any:
     """An attribute from a functional group macro: per-frame first, then shared."""
     for groups in (frame, shared):
-        item = _first_item(groups, seq)
+        item = first_item(groups, seq)
         if item is not None and attr in item:
             return item.get(attr)
     return None
@@ -221,11 +221,11 @@ def contrast_agent_or_none(text: str) -> str | None:
 
 
 def _contrast_agent(ds: Dataset | ScannedDataset) -> str | None:
-    agent = contrast_agent_or_none(_s(ds.get("ContrastBolusAgent")))
+    agent = contrast_agent_or_none(as_text(ds.get("ContrastBolusAgent")))
     if agent:
         return agent
     for item in ds.get("ContrastBolusAgentSequence") or []:
-        meaning = _s(item.get("CodeMeaning")).strip()
+        meaning = as_text(item.get("CodeMeaning")).strip()
         if meaning:
             return meaning
     return None
@@ -235,33 +235,33 @@ def _vendor_diffusion(
     ds: Dataset | ScannedDataset,
 ) -> tuple[float | None, tuple[float, ...] | None]:
     """b-value and gradient direction from standard or vendor private tags (classic objects)."""
-    b = _f(ds.get("DiffusionBValue"))
-    direction = _floats(ds.get("DiffusionGradientOrientation"), 3)
-    manufacturer = _s(ds.get("Manufacturer")).upper()
+    b = as_float(ds.get("DiffusionBValue"))
+    direction = as_floats(ds.get("DiffusionGradientOrientation"), 3)
+    manufacturer = as_text(ds.get("Manufacturer")).upper()
     if b is None and "SIEMENS" in manufacturer:
         elem = ds.get((0x0019, 0x100C))
         if elem is not None:
-            b = _f(elem.value)
+            b = as_float(elem.value)
             d = ds.get((0x0019, 0x100E))
-            direction = _floats(d.value, 3) if d is not None else None
-        elif "DIFFUSION" in _cs(ds.get("ImageType")):
-            seq_name = _s(ds.get("SequenceName"))
+            direction = as_floats(d.value, 3) if d is not None else None
+        elif "DIFFUSION" in as_code_strings(ds.get("ImageType")):
+            seq_name = as_text(ds.get("SequenceName"))
             if "_b" in seq_name:
-                b = _f(seq_name.split("_b", 1)[1].rstrip("t#0123456789") or None)
+                b = as_float(seq_name.split("_b", 1)[1].rstrip("t#0123456789") or None)
     if b is None and "GE" in manufacturer:
         elem = ds.get((0x0043, 0x1039))
         if elem is not None:
-            b_raw = _f(elem.value)
+            b_raw = as_float(elem.value)
             if b_raw is not None:
                 # GE encodes the b-value in the first slop_int, sometimes offset by 1e9.
                 b = float(b_raw % 1_000_000_000) if b_raw >= 1e9 else b_raw
                 parts = [ds.get((0x0019, t)) for t in (0x10BB, 0x10BC, 0x10BD)]
                 if all(p is not None for p in parts):
-                    direction = _floats([p.value for p in parts if p is not None], 3)
+                    direction = as_floats([p.value for p in parts if p is not None], 3)
     if b is None and "PHILIPS" in manufacturer:
         elem = ds.get((0x2001, 0x1003))
         if elem is not None:
-            b = _f(elem.value)
+            b = as_float(elem.value)
     if is_uih(manufacturer):
         # UIH (dcm2niix's UIH/README.md): (0065,1009) FD is the b-value the sequence applied
         # ((0065,100A) the one chosen in the UI), (0065,1037) FD the gradient direction. As in
@@ -291,7 +291,7 @@ def _fd(value: Any, n: int) -> tuple[float, ...] | None:
         value = struct.unpack(f"<{n}d", value)
     elif n == 1 and not isinstance(value, list | tuple | pydicom.multival.MultiValue):
         value = [value]
-    return _floats(value, n)
+    return as_floats(value, n)
 
 
 # Elements whose values usually change from file to file within a series, in three tiers.
@@ -340,31 +340,33 @@ def set_unique_fields(
 ) -> None:
     fh.path = path
     fh.pixel_offset = pixel_offset
-    fh.sop_instance_uid = _s(ds.get("SOPInstanceUID"), 64)
-    fh.position = _floats(ds.get("ImagePositionPatient"), 3)
-    fh.instance_number = _i(ds.get("InstanceNumber"))
+    fh.sop_instance_uid = as_text(ds.get("SOPInstanceUID"), 64)
+    fh.position = as_floats(ds.get("ImagePositionPatient"), 3)
+    fh.instance_number = as_int(ds.get("InstanceNumber"))
 
 
 def set_volume_fields(fh: FrameHeader, ds: Dataset | ScannedDataset) -> None:
     """The VOLUME_FIELDS, from VOLUME_* elements (and series elements)."""
-    fh.acquisition_number = _i(ds.get("AcquisitionNumber"))
-    fh.temporal_index = _i(ds.get("TemporalPositionIdentifier"))
+    fh.acquisition_number = as_int(ds.get("AcquisitionNumber"))
+    fh.temporal_index = as_int(ds.get("TemporalPositionIdentifier"))
     fh.rescale_slope, fh.rescale_intercept = rescale(
         fh, ds.get("RescaleSlope"), ds.get("RescaleIntercept"), ds.get("RescaleType")
     )
-    fh.sequence_name = _s(ds.get("SequenceName") or ds.get("PulseSequenceName"), 64)
+    fh.sequence_name = as_text(ds.get("SequenceName") or ds.get("PulseSequenceName"), 64)
     fh.b_value, fh.direction = _vendor_diffusion(ds)
 
 
 def window_of(ds: Dataset | ScannedDataset) -> tuple[float, float] | None:
     """The file's first VOI window (center, width), from the WINDOW_KEYWORDS elements; None
     when there is none or it cannot be one (a display hint: the renderer derives its own)."""
-    return usable_window(_f(ds.get("WindowCenter")), _f(ds.get("WindowWidth")))
+    return usable_window(as_float(ds.get("WindowCenter")), as_float(ds.get("WindowWidth")))
 
 
 def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> FrameHeader:
     """A classic frame header from all but the FILE and VOLUME elements (placeholders)."""
-    sop_class = _s(ds.get("SOPClassUID") or getattr(ds.file_meta, "MediaStorageSOPClassUID", ""))
+    sop_class = as_text(
+        ds.get("SOPClassUID") or getattr(ds.file_meta, "MediaStorageSOPClassUID", "")
+    )
     has_pixels = "Rows" in ds or "Columns" in ds
     name = UID(sop_class).name if sop_class else "unknown SOP class"
     if sop_class.startswith(_NON_IMAGE_SOP_PREFIXES):
@@ -376,16 +378,16 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
             )
         raise NonImageError(f"{path}: {name} object holds no image")
 
-    rows = _i(ds.get("Rows"))
-    cols = _i(ds.get("Columns"))
+    rows = as_int(ds.get("Rows"))
+    cols = as_int(ds.get("Columns"))
     if not rows or not cols or rows <= 0 or cols <= 0:
         raise InvalidImageError(
             f"{path}: invalid image size (Rows={ds.get('Rows')!r}, Columns={ds.get('Columns')!r})"
         )
-    spp = _i(ds.get("SamplesPerPixel")) or 1
+    spp = as_int(ds.get("SamplesPerPixel")) or 1
     bits = integer(path, "BitsAllocated", ds.get("BitsAllocated"))
     bits = 16 if bits is None else bits
-    n_frames = _i(ds.get("NumberOfFrames")) or 1
+    n_frames = as_int(ds.get("NumberOfFrames")) or 1
     if spp not in (1, 3) or n_frames < 1:
         raise InvalidImageError(
             f"{path}: unsupported pixel layout (SamplesPerPixel={spp}, BitsAllocated={bits}, "
@@ -395,7 +397,7 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
     bits_stored = bits if bits_stored is None else bits_stored
     pixel_representation = integer(path, "PixelRepresentation", ds.get("PixelRepresentation"))
     pixel_representation = pixel_representation or 0
-    photometric = _s(ds.get("PhotometricInterpretation"), 32).strip().upper()
+    photometric = as_text(ds.get("PhotometricInterpretation"), 32).strip().upper()
     check_layout(
         path,
         samples=spp,
@@ -413,21 +415,21 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
             f"decode, over the {memory_cap / 2**30:.1f} GiB memory cap; refused before allocation"
         )
 
-    ts = _s(getattr(ds.file_meta, "TransferSyntaxUID", "")) or "1.2.840.10008.1.2"
-    image_type = _cs(ds.get("ImageType"))
+    ts = as_text(getattr(ds.file_meta, "TransferSyntaxUID", "")) or "1.2.840.10008.1.2"
+    image_type = as_code_strings(ds.get("ImageType"))
 
     base = FrameHeader(
         path=path,
         frame=None,
         sop_instance_uid="",
         sop_class_uid=sop_class,
-        study_uid=_s(ds.get("StudyInstanceUID"), 64),
-        series_uid=_s(ds.get("SeriesInstanceUID"), 64),
-        series_number=_i(ds.get("SeriesNumber")),
-        description=_s(ds.get("SeriesDescription")),
-        protocol=_s(ds.get("ProtocolName")),
-        modality=_s(ds.get("Modality"), 16).upper(),
-        manufacturer=_s(ds.get("Manufacturer"), 64),
+        study_uid=as_text(ds.get("StudyInstanceUID"), 64),
+        series_uid=as_text(ds.get("SeriesInstanceUID"), 64),
+        series_number=as_int(ds.get("SeriesNumber")),
+        description=as_text(ds.get("SeriesDescription")),
+        protocol=as_text(ds.get("ProtocolName")),
+        modality=as_text(ds.get("Modality"), 16).upper(),
+        manufacturer=as_text(ds.get("Manufacturer"), 64),
         image_type=image_type,
         frame_type=(),
         rows=rows,
@@ -438,23 +440,23 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
         bits_stored=bits_stored,
         pixel_representation=pixel_representation,
         number_of_frames=n_frames,
-        pixel_spacing=_floats(ds.get("PixelSpacing"), 2),
-        orientation=_floats(ds.get("ImageOrientationPatient"), 6),
+        pixel_spacing=as_floats(ds.get("PixelSpacing"), 2),
+        orientation=as_floats(ds.get("ImageOrientationPatient"), 6),
         position=None,
-        slice_thickness=_f(ds.get("SliceThickness")),
-        spacing_between_slices=_f(ds.get("SpacingBetweenSlices")),
-        echo_number=_i(ds.get("EchoNumbers")),
-        echo_time=_f(ds.get("EchoTime")),
-        repetition_time=_f(ds.get("RepetitionTime")),
-        inversion_time=_f(ds.get("InversionTime")),
-        flip_angle=_f(ds.get("FlipAngle")),
-        scanning_sequence=_cs(ds.get("ScanningSequence")),
-        sequence_variant=_cs(ds.get("SequenceVariant")),
-        scan_options=_cs(ds.get("ScanOptions")),
+        slice_thickness=as_float(ds.get("SliceThickness")),
+        spacing_between_slices=as_float(ds.get("SpacingBetweenSlices")),
+        echo_number=as_int(ds.get("EchoNumbers")),
+        echo_time=as_float(ds.get("EchoTime")),
+        repetition_time=as_float(ds.get("RepetitionTime")),
+        inversion_time=as_float(ds.get("InversionTime")),
+        flip_angle=as_float(ds.get("FlipAngle")),
+        scanning_sequence=as_code_strings(ds.get("ScanningSequence")),
+        sequence_variant=as_code_strings(ds.get("SequenceVariant")),
+        scan_options=as_code_strings(ds.get("ScanOptions")),
         sequence_name="",
-        mr_acquisition_type=_s(ds.get("MRAcquisitionType"), 8).upper(),
-        echo_pulse_sequence=_s(ds.get("EchoPulseSequence"), 16).upper(),
-        inversion_recovery=_s(ds.get("InversionRecovery")).upper() == "YES",
+        mr_acquisition_type=as_text(ds.get("MRAcquisitionType"), 8).upper(),
+        echo_pulse_sequence=as_text(ds.get("EchoPulseSequence"), 16).upper(),
+        inversion_recovery=as_text(ds.get("InversionRecovery")).upper() == "YES",
         b_value=None,
         direction=None,
         contrast_agent=_contrast_agent(ds),
@@ -464,16 +466,16 @@ def series_fields(path: str, ds: Dataset | ScannedDataset, memory_cap: int) -> F
         acquisition_number=None,
         instance_number=None,
         transfer_syntax=ts,
-        burned_in_annotation=_s(ds.get("BurnedInAnnotation")).upper() == "YES",
+        burned_in_annotation=as_text(ds.get("BurnedInAnnotation")).upper() == "YES",
         pixel_offset=None,
         patient=PatientKey.of(
-            _s(ds.get("PatientID"), 64),
-            _s(ds.get("IssuerOfPatientID"), 64),
-            _s(ds.get("PatientName"), 324),
-            _s(ds.get("PatientBirthDate"), 8),
+            as_text(ds.get("PatientID"), 64),
+            as_text(ds.get("IssuerOfPatientID"), 64),
+            as_text(ds.get("PatientName"), 324),
+            as_text(ds.get("PatientBirthDate"), 8),
         ),
     )
-    po = _cs(ds.get("PatientOrientation"))
+    po = as_code_strings(ds.get("PatientOrientation"))
     if len(po) == 2:
         base.extras["patient_orientation"] = po
     return base

@@ -15,7 +15,16 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence
 
-from dicom.headers.frame import FrameHeader, _cs, _f, _first_item, _floats, _group_value, _i, _s
+from dicom.headers.frame import (
+    FrameHeader,
+    as_code_strings,
+    as_float,
+    as_floats,
+    as_int,
+    as_text,
+    first_item,
+    group_value,
+)
 from dicom.headers.pixel_rules import rescale, usable_window
 
 
@@ -29,7 +38,7 @@ def mosaic_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
 
 def _mosaic_tiles(ds: Dataset) -> tuple[int, tuple[float, float, float]] | None:
     """Number of slices in a Siemens mosaic and the slice normal, from the CSA image header."""
-    if "MOSAIC" not in _cs(ds.get("ImageType")):
+    if "MOSAIC" not in as_code_strings(ds.get("ImageType")):
         return None
     import warnings
 
@@ -76,35 +85,35 @@ def _uih_grid(base: FrameHeader, ds: Dataset) -> tuple[int, list[tuple[float, ..
         return None
     if 0x50 not in block or 0x51 not in block:
         return None
-    n = _i(block[0x50].value)
+    n = as_int(block[0x50].value)
     items = block[0x51].value
     if not n or n < 1 or not isinstance(items, Sequence) or len(items) != n:
         return None
     across = math.ceil(math.sqrt(n))
     if base.cols % across or base.rows % math.ceil(n / across):
         return None
-    positions = [_floats(item.get("ImagePositionPatient"), 3) for item in items]
+    positions = [as_floats(item.get("ImagePositionPatient"), 3) for item in items]
     if any(p is None for p in positions):
         return None
     return n, [p for p in positions if p is not None]
 
 
 def enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
-    shared = _first_item(ds, "SharedFunctionalGroupsSequence")
+    shared = first_item(ds, "SharedFunctionalGroupsSequence")
     per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
     frames: list[FrameHeader] = []
     for i in range(base.number_of_frames):
         fg = per_frame[i] if i < len(per_frame) else None
 
         def gv(seq: str, attr: str, _fg: Dataset | None = fg) -> Any:
-            return _group_value(_fg, shared, seq, attr)
+            return group_value(_fg, shared, seq, attr)
 
         fr = replace(base, frame=i, extras=dict(base.extras))
-        fr.position = _floats(gv("PlanePositionSequence", "ImagePositionPatient"), 3)
-        fr.orientation = _floats(gv("PlaneOrientationSequence", "ImageOrientationPatient"), 6)
-        fr.pixel_spacing = _floats(gv("PixelMeasuresSequence", "PixelSpacing"), 2)
-        fr.slice_thickness = _f(gv("PixelMeasuresSequence", "SliceThickness"))
-        sbs = _f(gv("PixelMeasuresSequence", "SpacingBetweenSlices"))
+        fr.position = as_floats(gv("PlanePositionSequence", "ImagePositionPatient"), 3)
+        fr.orientation = as_floats(gv("PlaneOrientationSequence", "ImageOrientationPatient"), 6)
+        fr.pixel_spacing = as_floats(gv("PixelMeasuresSequence", "PixelSpacing"), 2)
+        fr.slice_thickness = as_float(gv("PixelMeasuresSequence", "SliceThickness"))
+        sbs = as_float(gv("PixelMeasuresSequence", "SpacingBetweenSlices"))
         fr.spacing_between_slices = sbs if sbs is not None else base.spacing_between_slices
         fr.rescale_slope, fr.rescale_intercept = rescale(
             fr,
@@ -114,37 +123,37 @@ def enhanced_frames(base: FrameHeader, ds: Dataset) -> list[FrameHeader]:
             default=(base.rescale_slope, base.rescale_intercept),
             where=f"frame {i + 1}: ",
         )
-        te = _f(gv("MREchoSequence", "EffectiveEchoTime"))
+        te = as_float(gv("MREchoSequence", "EffectiveEchoTime"))
         fr.echo_time = te if te is not None else base.echo_time
-        tr = _f(gv("MRTimingAndRelatedParametersSequence", "RepetitionTime"))
+        tr = as_float(gv("MRTimingAndRelatedParametersSequence", "RepetitionTime"))
         fr.repetition_time = tr if tr is not None else base.repetition_time
-        fa = _f(gv("MRTimingAndRelatedParametersSequence", "FlipAngle"))
+        fa = as_float(gv("MRTimingAndRelatedParametersSequence", "FlipAngle"))
         fr.flip_angle = fa if fa is not None else base.flip_angle
-        ti = _f(gv("MRModifierSequence", "InversionTimes"))
+        ti = as_float(gv("MRModifierSequence", "InversionTimes"))
         fr.inversion_time = ti if ti is not None else base.inversion_time
-        ft = _cs(
+        ft = as_code_strings(
             gv("MRImageFrameTypeSequence", "FrameType")
             or gv("CTImageFrameTypeSequence", "FrameType")
         )
         fr.frame_type = ft
-        b = _f(gv("MRDiffusionSequence", "DiffusionBValue"))
+        b = as_float(gv("MRDiffusionSequence", "DiffusionBValue"))
         if b is not None:
             fr.b_value = b
-            grad = _first_item(
-                _first_item(fg, "MRDiffusionSequence"), "DiffusionGradientDirectionSequence"
+            grad = first_item(
+                first_item(fg, "MRDiffusionSequence"), "DiffusionGradientDirectionSequence"
             )
             fr.direction = (
-                _floats(grad.get("DiffusionGradientOrientation"), 3) if grad is not None else None
+                as_floats(grad.get("DiffusionGradientOrientation"), 3) if grad is not None else None
             )
-        tpi = _i(gv("FrameContentSequence", "TemporalPositionIndex"))
+        tpi = as_int(gv("FrameContentSequence", "TemporalPositionIndex"))
         if tpi is not None:
             fr.temporal_index = tpi
         stack_id = gv("FrameContentSequence", "StackID")
         if stack_id is not None:
-            fr.extras["stack_id"] = _s(stack_id, 16)
+            fr.extras["stack_id"] = as_text(stack_id, 16)
         window = usable_window(
-            _f(gv("FrameVOILUTSequence", "WindowCenter")),
-            _f(gv("FrameVOILUTSequence", "WindowWidth")),
+            as_float(gv("FrameVOILUTSequence", "WindowCenter")),
+            as_float(gv("FrameVOILUTSequence", "WindowWidth")),
         )
         if window is not None:
             fr.window = window

@@ -27,7 +27,7 @@ from dicom.headers.frame import (
     DEFAULT_MEMORY_CAP,
     DEFER_SIZE,
     FrameHeader,
-    _s,
+    as_text,
     pixel_data,
     series_fields,
     set_file_fields,
@@ -92,7 +92,7 @@ def _read_pydicom(
                     path,
                     pos,
                     fp.read(12),
-                    _s(getattr(ds.file_meta, "TransferSyntaxUID", "") or ""),
+                    as_text(getattr(ds.file_meta, "TransferSyntaxUID", "") or ""),
                     os.fstat(fp.fileno()).st_size if plain else None,
                 )
             # Touch the elements the index needs now, so that a malformed value fails here.

@@ -30,14 +30,30 @@ from evaluation.errors import DatasetError
 DatasetKind = Literal["auto", "suite", "manifest", "neural-medbench", "neurovlm", "memory"]
 
 __all__ = [
+    "GENERATOR_VERSION",
+    "AnatomyError",
     "ColumnMap",
     "Dataset",
     "DatasetSpec",
     "ImageStore",
+    "ManifestCheck",
+    "ManifestProblem",
     "RenderPlan",
+    "SharedCase",
+    "SuiteManifest",
+    "case_registry",
+    "check_manifest",
     "dataset_hash",
     "detect_kind",
+    "find_case",
+    "generate_suite",
     "load_dataset",
+    "load_shared_case",
+    "manifest_schema",
+    "registered_case",
+    "render_study",
+    "share_case",
+    "write_case_manifest",
 ]
 
 
@@ -182,3 +198,34 @@ class ImageStore:
             _, old = self._cache.popitem(last=False)
             self._size -= len(old)
         return data
+
+
+# Names of the face that live in modules with heavier imports: loaded on first use.
+_LAZY = {
+    "AnatomyError": "evaluation.datasets.phantoms.anatomy",
+    "GENERATOR_VERSION": "evaluation.datasets.phantoms.series",
+    "ManifestCheck": "evaluation.datasets.suite",
+    "ManifestProblem": "evaluation.datasets.manifest",
+    "RenderPlan": "evaluation.datasets.rendering",
+    "SharedCase": "evaluation.sharing",
+    "SuiteManifest": "evaluation.datasets.phantoms.suite",
+    "case_registry": "evaluation.datasets.registry",
+    "check_manifest": "evaluation.datasets.suite",
+    "find_case": "evaluation.sharing",
+    "generate_suite": "evaluation.datasets.phantoms.suite",
+    "load_shared_case": "evaluation.sharing",
+    "manifest_schema": "evaluation.datasets.manifest",
+    "registered_case": "evaluation.datasets.registry",
+    "render_study": "evaluation.datasets.rendering",
+    "share_case": "evaluation.sharing",
+    "write_case_manifest": "evaluation.sharing",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

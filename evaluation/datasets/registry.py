@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from evaluation.case import Case
-from evaluation.datasets.suite import _read_json, load_case_dir, suite_case_dirs
+from evaluation.datasets.suite import load_case_dir, read_json, suite_case_dirs
 from evaluation.errors import DatasetError
 
 
@@ -29,7 +29,7 @@ def case_registry(path: Path) -> tuple[dict[str, Case], list[str]]:
     problems: list[str] = []
     for folder in suite_case_dirs(path):
         try:
-            case = Case.model_validate(_read_json(folder / "case.json"))
+            case = Case.model_validate(read_json(folder / "case.json"))
         except (OSError, DatasetError, ValidationError) as exc:
             problems.append(f"{folder.name}: not a valid case ({exc})"[:500])
             continue

@@ -39,7 +39,7 @@ MAX_JSON_BYTES = 20 * 1024 * 1024
 MAX_NOTE_BYTES = 1024 * 1024
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     if path.stat().st_size > MAX_JSON_BYTES:
         raise DatasetError(f"{path} is larger than {MAX_JSON_BYTES >> 20} MiB")
     try:
@@ -54,7 +54,7 @@ def _read_note(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def _inside(base: Path, rel: str, what: str) -> Path:
+def inside_folder(base: Path, rel: str, what: str) -> Path:
     """Resolve a relative path from a dataset file, refusing escapes via '..'."""
     p = Path(rel)
     if p.is_absolute():
@@ -78,7 +78,7 @@ def suite_case_dirs(suite: Path) -> list[Path]:
     """Case folders of a suite, in the order suite.json gives (else sorted by name)."""
     meta = suite / "suite.json"
     if meta.exists():
-        data = _read_json(meta)
+        data = read_json(meta)
         listed = data.get("cases") if isinstance(data, dict) else None
         if isinstance(listed, list) and listed:
             dirs = []
@@ -89,7 +89,7 @@ def suite_case_dirs(suite: Path) -> list[Path]:
                     name = entry
                 if not isinstance(name, str):
                     raise DatasetError(f"{meta}: case entry {entry!r} has no folder name")
-                dirs.append(_inside(suite, name, "case folder"))
+                dirs.append(inside_folder(suite, name, "case folder"))
             return dirs
     return sorted(p.parent for p in suite.glob("*/case.json"))
 
@@ -97,7 +97,7 @@ def suite_case_dirs(suite: Path) -> list[Path]:
 def suite_name(suite: Path) -> str:
     meta = suite / "suite.json"
     if meta.exists():
-        data = _read_json(meta)
+        data = read_json(meta)
         if isinstance(data, dict) and isinstance(data.get("name"), str):
             return str(data["name"])
     return suite.name
@@ -111,19 +111,19 @@ def load_case_dir(
     if not path.exists():
         raise DatasetError(f"no case.json in {folder}")
     try:
-        case = Case.model_validate(_read_json(path))
+        case = Case.model_validate(read_json(path))
     except ValidationError as exc:
         raise DatasetError(f"{path}: not a valid case: {first_error(exc, 'the case')}") from exc
     case.root = str(folder)
     if case.ehr is None and (folder / "ehr.json").exists():
-        case.ehr = _read_json(folder / "ehr.json")
+        case.ehr = read_json(folder / "ehr.json")
     if not case.note and (folder / "note.txt").exists():
         case.note = _read_note(folder / "note.txt")
     warnings: list[str] = []
     for img in case.images:  # images given with the case: make paths absolute
-        img.path = str(_inside(folder, img.path, "image path"))
+        img.path = str(inside_folder(folder, img.path, "image path"))
     if render and case.study_path and not case.images:
-        study = _inside(folder, case.study_path, "study_path")
+        study = inside_folder(folder, case.study_path, "study_path")
         rendered = render_study(study, case, cache_dir, plan)
         case.images = rendered.images
         warnings.extend(f"{case.case_id}: {w}" for w in rendered.warnings)
@@ -248,7 +248,7 @@ def _file_problems(
 
     def existing(rel: str, field: str) -> Path | None:
         try:
-            full = _inside(base, rel, field)
+            full = inside_folder(base, rel, field)
         except DatasetError as exc:
             problem(field, str(exc))
             return None
@@ -270,7 +270,7 @@ def _file_problems(
         ehr = existing(ehr_ref, "ehr")
         if ehr is not None:
             try:
-                read = _read_json(ehr)
+                read = read_json(ehr)
             except (DatasetError, OSError) as exc:
                 problem("ehr", str(exc))
             else:
@@ -319,7 +319,7 @@ def _manifest_problems(
     return parsed, sorted(problems, key=lambda p: -1 if p.case is None else p.case), records
 
 
-def _read_manifest(path: Path) -> Any:
+def read_manifest(path: Path) -> Any:
     if not path.is_file():
         raise DatasetError(f"{path}: not found")
     try:
@@ -347,7 +347,7 @@ def check_manifest(path: Path) -> ManifestCheck:
     """Check a case manifest without loading its studies: every field (by the loader's rule),
     every local study, record and note file, and the case ids."""
     try:
-        data = _read_manifest(path)
+        data = read_manifest(path)
     except DatasetError as exc:
         return ManifestCheck(
             manifest=str(path), problems=[ManifestProblem(path="", message=str(exc))]
@@ -382,7 +382,7 @@ def load_manifest(
     skipped (a SkippedCase) with every problem named by its path; a problem of the manifest
     itself raises."""
     base = path.parent
-    data = _read_manifest(path)
+    data = read_manifest(path)
     parsed, problems, records = _manifest_problems(data, base)
     top = [str(p) for p in problems if p.case is None]
     if top:
@@ -391,7 +391,7 @@ def load_manifest(
     warnings: LoadNotes = []
     for n, entry in enumerate(parsed.cases):
         mine = [str(p) for p in problems if p.case == n]
-        label = entry.label(n) if entry is not None else _raw_label(data["cases"][n], n)
+        label = entry.label(n) if entry is not None else raw_label(data["cases"][n], n)
         reason = "; ".join(mine)
         if entry is not None and not mine:
             try:
@@ -411,13 +411,13 @@ def load_manifest(
     return parsed.name or path.stem, cases, warnings
 
 
-def _raw_label(entry: Any, n: int) -> str:
+def raw_label(entry: Any, n: int) -> str:
     """The id of a case that did not validate, as far as it can be read (``case_label``'s rule)."""
     fields = entry if isinstance(entry, dict) else {}
     return case_label(fields.get("case_id"), fields.get("id"), n)
 
 
-def _manifest_case(entry: Any, base: Path, cache_dir: Path, n: int) -> Case:
+def manifest_case(entry: Any, base: Path, cache_dir: Path, n: int) -> Case:
     """The ``n``-th (0-based) case of a manifest in folder `base`, its study not rendered;
     DatasetError naming every bad field and missing file by its path."""
     try:
@@ -439,17 +439,17 @@ def _build_case(
     uids: list[str] = []
     local = _local_study(entry.study)
     if local is not None:
-        study_path = str(_inside(base, local[0], "study"))
+        study_path = str(inside_folder(base, local[0], "study"))
     elif isinstance(entry.study, OrthancStudy):
         server = entry.study.server()
         study_path = str(_orthanc_study(server, cache_dir))
         source, uids = "orthanc", [str(server.study_uid)]
     ehr = entry.ehr
     if isinstance(entry.ehr, str):
-        ehr = record if record is not None else _read_json(_inside(base, entry.ehr, "ehr"))
+        ehr = record if record is not None else read_json(inside_folder(base, entry.ehr, "ehr"))
     note = entry.note or ""
     if _note_file(note):
-        note = _read_note(_inside(base, note, "note"))
+        note = _read_note(inside_folder(base, note, "note"))
     return Case(
         case_id=entry.label(n),
         patient_id=entry.patient_id or None,

@@ -23,9 +23,12 @@ from evaluation.models.spec import (
 __all__ = [
     "BUILTIN",
     "ModelSpec",
+    "check_model",
+    "cost_text",
     "create_model",
     "load_models_file",
     "resolve_specs",
+    "warm_up",
 ]
 
 
@@ -54,3 +57,20 @@ def create_model(spec: ModelSpec) -> ModelAdapter:
         inline = profile_for(spec).provider in PREPARE_INLINE
         return LiteLLMAdapter(spec, pool=CallPool(spec.processes, prepare_inline=inline))
     return LiteLLMAdapter(spec)
+
+
+# Names of the face that live in modules with heavier imports: loaded on first use.
+_LAZY = {
+    "check_model": "evaluation.models.check",
+    "cost_text": "evaluation.models.cost",
+    "warm_up": "evaluation.warmup",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -1,19 +1,31 @@
-# The public face: the one list of its names, each imported on first use (lazy_loader);
-# type checkers read this stub. Nothing outside the package imports past it.
-from .block import answer_key as answer_key
+# The reports' public face: checklists, the run summary, HTML and PDF, the report bundle; each
+# name imported on first use (lazy_loader).
 from .bundle import ReportIndex as ReportIndex
+from .bundle import bundle_images as bundle_images
+from .bundle import load_checklist as load_checklist
+from .bundle import load_checklists as load_checklists
 from .bundle import write_report as write_report
 from .checklist import build_checklist as build_checklist
+from .checklist_view import CaseChecklist as CaseChecklist
+from .checklist_view import checklist_schema as checklist_schema
+from .html import ImageLoader as ImageLoader
+from .html import ReviewView as ReviewView
+from .html import csp as csp
+from .html import render_checklist as render_checklist
+from .html import render_page as render_page
+from .html import render_signoff as render_signoff
+from .html import render_summary as render_summary
+from .html import render_verified as render_verified
+from .loader import RUNDATA_FILE as RUNDATA_FILE
 from .loader import RunLoadError as RunLoadError
 from .loader import load_run as load_run
 from .loader import save_run as save_run
-from .model import CaseChecklist as CaseChecklist
-from .model import checklist_schema as checklist_schema
 from .pdf import PdfError as PdfError
+from .pdf import Printer as Printer
 from .pdf import html_to_pdf as html_to_pdf
-from .reviews import ReviewEvent as ReviewEvent
-from .reviews import ReviewStore as ReviewStore
-from .rundata import RunData as RunData
-from .rundata import SampleResult as SampleResult
+from .pdf import pdf_bytes as pdf_bytes
+from .plots import all_plots as all_plots
+from .storeread import run_from_store as run_from_store
 from .summary import SummaryReport as SummaryReport
 from .summary import build_summary as build_summary
+from .summary import case_slug as case_slug

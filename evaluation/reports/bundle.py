@@ -19,15 +19,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from evaluation.log.rundata import RunData
 from evaluation.reports.checklist import build_checklist, image_path
+from evaluation.reports.checklist_view import CaseChecklist, checklist_schema
 from evaluation.reports.html import ImageLoader, render_checklist, render_summary
 from evaluation.reports.loader import RUNDATA_FILE, save_run
-from evaluation.reports.model import CaseChecklist, checklist_schema
 from evaluation.reports.pdf import PdfError, Printer, html_file_to_pdf, print_pdfs
 from evaluation.reports.plots import all_plots
-from evaluation.reports.reviews import CaseReview
-from evaluation.reports.rundata import RunData
 from evaluation.reports.summary import SummaryReport, build_summary, case_slug
+from evaluation.review.review_log import CaseReview
 
 _SHA = frozenset("0123456789abcdef")
 

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
 from dicom import NotShownReason, SeriesNotShown, UnshownSeries
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
-from evaluation.reports.block import answer_key, report_blocks, review_order
-from evaluation.reports.flags import answer_flags
-from evaluation.reports.model import (
+from evaluation.log.rundata import FULL_INPUT, SampleResult, SentRequest
+from evaluation.reports.checklist_view import (
     AnswerChecklist,
     CaseChecklist,
     DifferentialRow,
@@ -33,7 +31,8 @@ from evaluation.reports.model import (
     TruthSummary,
     UsageRow,
 )
-from evaluation.reports.rundata import FULL_INPUT, SampleResult, SentRequest
+from evaluation.reports.flags import answer_flags
+from evaluation.review.sr_content import answer_key, report_blocks, reviewed_samples
 from evaluation.scores import Score
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lesions import LesionMatchResult
@@ -412,19 +411,6 @@ def _model_saw(
         if label not in item.answers:
             item.answers.append(label)
     return list(items.values())
-
-
-def reviewed_samples(samples: list[SampleResult]) -> list[tuple[SampleResult, list[SampleResult]]]:
-    """Per (model, family, ablation): the answer a clinician reviews (the first sample, last
-    turn) and all samples of that group, in a stable order."""
-    groups: dict[tuple[str, str, str], list[SampleResult]] = defaultdict(list)
-    for s in samples:
-        groups[(s.scored.model, s.scored.family.value, s.ablation)].append(s)
-    out = []
-    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2] != FULL_INPUT, k[2])):
-        group = sorted(groups[key], key=review_order)
-        out.append((group[0], group))
-    return out
 
 
 def build_checklist(

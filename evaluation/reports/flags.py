@@ -8,9 +8,9 @@ marks only supply the detail (which lesion, which finding).
 from __future__ import annotations
 
 from evaluation.case import Case
+from evaluation.log.rundata import SampleResult
 from evaluation.parsing import format_reason
-from evaluation.reports.model import AnswerChecklist, Flag, FlagKind, Mark
-from evaluation.reports.rundata import SampleResult
+from evaluation.reports.checklist_view import AnswerChecklist, Flag, FlagKind, Mark
 from evaluation.scores import ParseStatus
 from evaluation.scoring.truth import is_normal_control
 

@@ -24,13 +24,13 @@ from PIL import Image
 
 from dicom import display_name
 from evaluation.answers import Finding
+from evaluation.log.rundata import RunData
 from evaluation.models.cost import cost_text
-from evaluation.reports.block import BlockItem, ItemKind
-from evaluation.reports.model import FLAG_TITLES, CaseChecklist, ImageItem
-from evaluation.reports.reviews import CaseReview, Superseded
-from evaluation.reports.rundata import RunData
+from evaluation.reports.checklist_view import FLAG_TITLES, CaseChecklist, ImageItem
 from evaluation.reports.summary import SummaryReport
-from evaluation.reports.verify import Decision, Verification, VerifiedBlock, decision, decisions
+from evaluation.review.review_log import CaseReview, Superseded
+from evaluation.review.sr_content import BlockItem, ItemKind
+from evaluation.review.verify import Decision, Verification, VerifiedBlock, decision, decisions
 from evaluation.scores import ErrorCategory
 from evaluation.scoring.anatomy import sequence_class
 from evaluation.scoring.taxonomy import RULE_LEGEND

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from evaluation.reports.rundata import RunData
+from evaluation.log.rundata import RunData
 
 RUNDATA_FILE = "rundata.json"
 MAX_RUNDATA_BYTES = 512 * 1024 * 1024

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import TaskFamily
 from evaluation.log.records import SampleRow
-from evaluation.reports.rundata import RunData, SampleResult, SentRequest
+from evaluation.log.rundata import RunData, SampleResult, SentRequest
 from evaluation.scores import ParseStatus
 from evaluation.scoring.scored import ScoredSample, case_modality
 

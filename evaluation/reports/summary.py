@@ -12,12 +12,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from evaluation.coverage import CaseCoverage
-from evaluation.reports.agreement import ReviewStats, apply_overrides, review_stats
+from evaluation.log.rundata import FULL_INPUT, RunData
 from evaluation.reports.checklist import answer_label, build_checklist
-from evaluation.reports.model import CaseChecklist
+from evaluation.reports.checklist_view import CaseChecklist
 from evaluation.reports.published import PublishedBenchmark, neural_medbench
-from evaluation.reports.reviews import CaseReview
-from evaluation.reports.rundata import FULL_INPUT, RunData
+from evaluation.review.agreement import ReviewStats, apply_overrides, review_stats
+from evaluation.review.review_log import CaseReview
 from evaluation.scoring import RunSummary, summarise
 from evaluation.scoring.stats import DEFAULT_BOOT, Estimate, bootstrap_mean
 

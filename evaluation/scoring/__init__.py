@@ -16,8 +16,10 @@ from evaluation.scoring.sample import score_sample
 from evaluation.scoring.scored import ScoredSample, make_scored_sample
 from evaluation.scoring.summary import RunSummary, summarise
 from evaluation.scoring.taxonomy import classify_error, effective_error, override_error
+from evaluation.scoring.version import SCORING_VERSION, version_name
 
 __all__ = [
+    "SCORING_VERSION",
     "EquivalenceJudge",
     "JudgeCache",
     "Lexicon",
@@ -40,4 +42,5 @@ __all__ = [
     "score_sample",
     "summarise",
     "unknown_pairs",
+    "version_name",
 ]

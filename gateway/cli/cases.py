@@ -31,7 +31,7 @@ def cases_check(
     """Name every bad field of a case manifest with its path (cases[1].tasks[0]) and every
     study, record or note file it names that is not there. Reads no pixel data and fetches
     nothing from Orthanc. Exit code 0: every case is fine; 1: any problem."""
-    from evaluation import check_manifest
+    from evaluation.datasets import check_manifest
 
     report = check_manifest(manifest)
     if as_json:
@@ -87,6 +87,6 @@ def cases_schema(
         schema = answer_schema("classification" if classification else "answer")
         typer.echo(json.dumps(schema, indent=2))
         return
-    from evaluation import manifest_schema
+    from evaluation.datasets import manifest_schema
 
     typer.echo(json.dumps(manifest_schema(), indent=2, sort_keys=True))

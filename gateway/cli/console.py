@@ -14,7 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from evaluation import CallErrors, CaseCoverage, RunStats, SkippedCase
+    from evaluation import CaseCoverage, RunStats, SkippedCase
+    from evaluation.log import CallErrors
 
 
 def cli_console(*, stderr: bool = False) -> Console:
@@ -169,7 +170,7 @@ class ProgressBar:
         self._listed = False
 
     def __call__(self, s: RunStats) -> None:
-        from evaluation import cost_text
+        from evaluation.models import cost_text
 
         if not self._listed:
             self._listed = True
@@ -199,7 +200,7 @@ def csv_list(values: list[str] | None) -> list[str]:
 
 def print_run(stats: RunStats, run_dir: Path) -> RunOutcome:
     """The counts of this session, then the run as ``runs show`` shows it; what it came to."""
-    from evaluation import cost_text
+    from evaluation.models import cost_text
 
     note(
         f"{stats.units_done}/{stats.units_total} samples; {stats.calls} calls, {stats.cached} reused, "
@@ -234,7 +235,8 @@ class RunOutcome(NamedTuple):
 def show_run(run_dir: Path) -> RunOutcome:
     """A run's status, counts per model and leaderboard, then the cases it evaluated out of the
     dataset's (and the skipped ones, with why), and the reasons its samples failed."""
-    from evaluation import RunStore, ScoringUnavailable, summary
+    from evaluation import ScoringUnavailable, summary
+    from evaluation.log import RunStore
 
     store = RunStore(run_dir)
     try:
@@ -290,7 +292,7 @@ def show_run(run_dir: Path) -> RunOutcome:
 
 
 def _scoring_versions(held: dict[str | None, int], run_dir: Path) -> None:
-    from evaluation import SCORING_VERSION, version_name
+    from evaluation.scoring import SCORING_VERSION, version_name
 
     names = {version_name(v): n for v, n in held.items()}
     if len(names) > 1:
@@ -330,7 +332,7 @@ def pass_at_cell(row: Any, k: int) -> str:
 
 
 def print_leaderboard(summ: Any) -> None:
-    from evaluation import cost_text
+    from evaluation.models import cost_text
 
     table = Table(title="leaderboard (bootstrap 95% CI over patients)")
     for col in ("model", "scored", "accuracy", "pass@1", "ranked top-5", "lesions P/R", "cost"):

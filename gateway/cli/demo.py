@@ -62,7 +62,7 @@ def _done(t0: float, text: str = "") -> None:
 def _suite(out: Path, cases: int, seed: int) -> Path:
     import shutil
 
-    from evaluation import GENERATOR_VERSION, SuiteManifest, generate_suite
+    from evaluation.datasets import GENERATOR_VERSION, SuiteManifest, generate_suite
 
     suite = out / "suite"
     manifest = suite / "suite.json"
@@ -88,7 +88,7 @@ def _studies(suite: Path) -> list[tuple[str, str, Path]]:
     """(case id, its first StudyInstanceUID, DICOM folder) of every case of the suite, once
     each (a case may name two studies: both are sent, the first is waited for), from the
     registry the gateway is given."""
-    from evaluation import case_registry
+    from evaluation.datasets import case_registry
 
     cases, _problems = case_registry(suite)
     unique = {c.case_id: c for c in cases.values()}
@@ -282,7 +282,8 @@ def _wait_runs(
 
 def _merged(store: Any, runs: dict[str, str]) -> Any:
     """One run of every case: the gateway runs' report bundles (``rundata.json``) together."""
-    from evaluation import RunData, load_run
+    from evaluation.log import RunData
+    from evaluation.reports import load_run
 
     parts = [load_run(store.report_path(run_id, "json")) for _case, run_id in sorted(runs.items())]
     first = parts[0]
@@ -301,7 +302,7 @@ def _merged(store: Any, runs: dict[str, str]) -> Any:
 
 def _print_leaderboard(report_dir: Path) -> None:
     """The leaderboard of the report just written (or reused): its summary.json."""
-    from evaluation import SummaryReport
+    from evaluation.reports import SummaryReport
     from gateway.cli.console import print_leaderboard
 
     report = SummaryReport.model_validate_json((report_dir / "summary.json").read_text())
@@ -343,7 +344,7 @@ def run_demo(
     settings: Settings, out: Path, cases: int, seed: int, samples: int, keep: bool, extra: list[str]
 ) -> Path:
     """Run every step; returns the report folder."""
-    from evaluation import ReportIndex, write_report
+    from evaluation.reports import ReportIndex, write_report
     from gateway.orthanc import OrthancClient
     from gateway.pacs_local import orthanc_password
     from gateway.runs import StudyRunStore

@@ -143,7 +143,8 @@ def export_case_command(
     Every file is read back and searched for the source's identifiers, and the manifest is loaded, before the bundle appears. Exit 1, with nothing written, when a check fails; exit 2 on bad arguments.
     """
     from dicom import DeidPolicy, ImagingError, deidentify_study
-    from evaluation import EvaluationError, find_case
+    from evaluation import EvaluationError
+    from evaluation.datasets import find_case
     from gateway.settings import get_settings
 
     settings = get_settings()
@@ -222,7 +223,8 @@ def _compose(
 ) -> ExportReport:
     """Write the record, note, ground truth and manifest beside the study; check everything."""
     from dicom import verify_deidentified_study
-    from evaluation import EvaluationError, load_shared_case, share_case, write_case_manifest
+    from evaluation import EvaluationError
+    from evaluation.datasets import load_shared_case, share_case, write_case_manifest
 
     shared = share_case(
         source,

@@ -46,7 +46,8 @@ def models_check(
 
     Each line is ok, info, WARN (a run works, with less: no JSON mode, an unknown price) or FAIL;
     the command exits 1 exactly when a line says FAIL (with --strict, warnings are failures)."""
-    from evaluation import ModelConfigError, check_model, load_models_file, resolve_specs
+    from evaluation import ModelConfigError
+    from evaluation.models import check_model, load_models_file, resolve_specs
     from gateway.settings import get_settings
 
     settings = get_settings()

@@ -30,7 +30,7 @@ def phantoms_command(
     ] = None,
 ) -> None:
     """Generate synthetic neuro MRI/CT cases with lesions, EHR, planted PHI and exact ground truth."""
-    from evaluation import AnatomyError, generate_suite
+    from evaluation.datasets import AnatomyError, generate_suite
 
     try:
         picks = [int(v) for v in only.split(",")] if only else None

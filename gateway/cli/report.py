@@ -36,7 +36,8 @@ def report_command(
 
     The summary says how many of the dataset's cases the run evaluated and lists the skipped
     ones with why; so does this command."""
-    from evaluation import ReviewStore, RunLoadError, case_slug, load_run, write_report
+    from evaluation.reports import RunLoadError, case_slug, load_run, write_report
+    from evaluation.review import ReviewStore
     from gateway.settings import get_settings
 
     settings = get_settings()

@@ -53,7 +53,7 @@ def runs_list(
 ) -> None:
     """List the runs under a folder (default: the runs folder, and the gateway's runs in
     DATA_DIR/runs): id, status, dataset, models, samples."""
-    from evaluation import STORE_FILE, RunStore
+    from evaluation.log import STORE_FILE, RunStore
     from gateway.settings import get_settings
 
     settings = get_settings()
@@ -128,7 +128,8 @@ def runs_show(
     """Status, counts per model and the leaderboard of a run, the cases it evaluated out of the
     dataset's (and why any were skipped), why samples failed (per model) and the retries; with
     clinician reviews, how well the rubric grader agrees with them."""
-    from evaluation import RunStore, ScoringUnavailable, summary
+    from evaluation import ScoringUnavailable, summary
+    from evaluation.log import RunStore
 
     try:
         log = _review_log(reviews)
@@ -189,7 +190,8 @@ def _review_log(reviews: Path | None) -> Path | None:
 
 def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
     """The run's ReviewStats, or None when there is no log or it holds nothing on this run."""
-    from evaluation import ReviewStore, load_run, review_stats
+    from evaluation.reports import load_run
+    from evaluation.review import ReviewStore, review_stats
 
     if log is None:
         return None
@@ -201,7 +203,7 @@ def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
 
 def _show_calibration(run_dir: Path, log: Path | None) -> None:
     """Review progress and the grader's Pearson r with the clinicians' ratings, if any."""
-    from evaluation import RunStore
+    from evaluation.log import RunStore
 
     if log is None:
         return
@@ -252,7 +254,8 @@ def runs_compare(
     as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
 ) -> None:
     """Two models on the cases both answered: McNemar and a paired bootstrap (by patient)."""
-    from evaluation import RunStore, compare
+    from evaluation import compare
+    from evaluation.log import RunStore
 
     try:
         family = TaskFamily(task) if task else None
@@ -389,7 +392,8 @@ def runs_judge(
     apart in the summary. Strings carrying the patient's identifiers never go to an untrusted
     endpoint.
     """
-    from evaluation import judge_run, rescore, resolve_specs
+    from evaluation import judge_run, rescore
+    from evaluation.models import resolve_specs
     from gateway.settings import get_settings
 
     settings = get_settings()
@@ -427,7 +431,8 @@ def runs_export(
     out: Annotated[Path, typer.Option("--out", help="output file: .jsonl or .parquet")],
 ) -> None:
     """One record per case x task x model x sample, with the answer and its scores."""
-    from evaluation import RunStore, export_run
+    from evaluation import export_run
+    from evaluation.log import RunStore
 
     try:
         store = RunStore(run_dir)

@@ -16,23 +16,22 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
-from evaluation import (
+from evaluation import ErrorCategory
+from evaluation.log import RunData
+from evaluation.reports import RunLoadError, case_slug
+from evaluation.review import (
     Action,
     BlockItem,
     CaseReview,
     Decision,
-    ErrorCategory,
     ItemKind,
     ReportBlock,
     ReviewError,
     ReviewEvent,
-    RunData,
-    RunLoadError,
     Superseded,
     Verdict,
     Verification,
     VerifiedBlock,
-    case_slug,
     case_verification,
     decision,
     digest,

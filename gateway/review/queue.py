@@ -13,7 +13,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from evaluation import Case, ParseStatus, RunData, Superseded, format_reason, missing_items
+from evaluation import Case, ParseStatus, format_reason
+from evaluation.log import RunData
+from evaluation.review import Superseded, missing_items
 from gateway.review.actions import CaseUnderReview, open_cases
 from gateway.review.auth import Reviewer
 from gateway.review.service import ReportNotFoundError, ReviewService

@@ -29,7 +29,10 @@ from pathlib import Path
 from pydicom.dataset import Dataset
 
 from dicom import display_name
-from evaluation import Case, PdfError, RunData, Verification, pdf_bytes, render_verified
+from evaluation import Case
+from evaluation.log import RunData
+from evaluation.reports import PdfError, pdf_bytes, render_verified
+from evaluation.review import Verification
 from gateway.orthanc import OrthancClient, OrthancError, StudySummary
 from gateway.runs.report import gateway_info
 from gateway.sr import (

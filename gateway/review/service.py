@@ -6,12 +6,11 @@ import re
 import threading
 from pathlib import Path
 
-from evaluation import (
+from evaluation.log import RunData
+from evaluation.reports import (
     RUNDATA_FILE,
     CaseChecklist,
     ImageLoader,
-    ReviewStore,
-    RunData,
     RunLoadError,
     SummaryReport,
     all_plots,
@@ -22,6 +21,7 @@ from evaluation import (
     load_checklists,
     load_run,
 )
+from evaluation.review import ReviewStore
 from gateway.report_versions import ReportVersions
 from gateway.review.auth import SessionStore
 from gateway.runs import StudyRunStore

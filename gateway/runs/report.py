@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evaluation import (
+from evaluation.log import RunData
+from evaluation.reports import (
     RUNDATA_FILE,
     CaseChecklist,
     Printer,
-    RunData,
     case_slug,
     save_run,
     write_report,

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from evaluation import ImageRef, RunData
+from evaluation import ImageRef
+from evaluation.log import RunData
 
 
 class EvaluationResult(BaseModel):

@@ -32,7 +32,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from evaluation import RUNDATA_FILE, STORE_FILE, EvaluationError, RunStore
+from evaluation import EvaluationError
+from evaluation.log import STORE_FILE, RunStore
+from evaluation.reports import RUNDATA_FILE
 from gateway.cache import atomic_writer
 from gateway.routing import Route
 from gateway.study_key import StudyKey

@@ -15,24 +15,26 @@ from fastapi import APIRouter, Form, HTTPException, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from evaluation import (
-    Action,
+from evaluation import ErrorCategory
+from evaluation.reports import (
     CaseChecklist,
-    ErrorCategory,
     ImageLoader,
     PdfError,
-    ReviewError,
     ReviewView,
-    Superseded,
-    Verdict,
     csp,
-    export_csv,
-    export_json,
-    missing_items,
     pdf_bytes,
     render_checklist,
     render_page,
     render_summary,
+)
+from evaluation.review import (
+    Action,
+    ReviewError,
+    Superseded,
+    Verdict,
+    export_csv,
+    export_json,
+    missing_items,
 )
 from gateway.api.deps import Ctx
 from gateway.auth import Role

@@ -12,10 +12,10 @@ from typing import Annotated, TypeVar
 from fastapi import APIRouter, HTTPException, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from evaluation import (
+from evaluation import ErrorCategory
+from evaluation.review import (
     Action,
     Decision,
-    ErrorCategory,
     ReportBlock,
     ReviewError,
     Verdict,

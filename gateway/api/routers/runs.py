@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import FileResponse, Response
 
-from evaluation import ImageRef, RunLoadError, csp, load_run
+from evaluation import ImageRef
+from evaluation.reports import RunLoadError, csp, load_run
 from gateway.api.deps import Ctx, Token, errors
 from gateway.runs import RunNotFoundError, RunRecord
 

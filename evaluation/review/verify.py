@@ -20,8 +20,8 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from dicom import display_name
-from evaluation.reports.block import BlockItem, ItemKind, ReportBlock, ReportContent, _put
-from evaluation.reports.reviews import CaseReview, ItemState, Verdict
+from evaluation.review.review_log import CaseReview, ItemState, Verdict
+from evaluation.review.sr_content import BlockItem, ItemKind, ReportBlock, ReportContent, put_item
 from evaluation.scores import ErrorCategory
 
 
@@ -150,7 +150,7 @@ def verified_block(
             )
         )
         if outcome is not Outcome.DROPPED:
-            _put(out.content, it, text if outcome is Outcome.CORRECTED else None)
+            put_item(out.content, it, text if outcome is Outcome.CORRECTED else None)
     out.content.comments = list(comments)
     return out
 

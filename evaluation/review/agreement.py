@@ -8,9 +8,9 @@ from itertools import combinations
 
 from pydantic import BaseModel, Field
 
-from evaluation.reports.checklist import answer_key, reviewed_samples
-from evaluation.reports.reviews import CaseReview, Verdict, signed_off
-from evaluation.reports.rundata import RunData, SampleResult
+from evaluation.log.rundata import RunData, SampleResult
+from evaluation.review.review_log import CaseReview, Verdict, signed_off
+from evaluation.review.sr_content import answer_key, reviewed_samples
 from evaluation.scores import ErrorLabel, Score
 from evaluation.scoring import grader_calibration
 from evaluation.scoring.scored import ScoredSample

@@ -149,7 +149,7 @@ class CaseReview(BaseModel):
     ratings: dict[str, float] = Field(default_factory=dict)  # answer -> 0..5
     comments: list[tuple[str, str]] = Field(default_factory=list)  # (at, text)
     signed_off_at: str | None = None
-    signed_digest: str = ""  # what the sign-off confirmed (reports.verify.digest)
+    signed_digest: str = ""  # what the sign-off confirmed (review.verify.digest)
     passed_over: str = ""  # the newer report version the sign-off knowingly passed over
     last_id: int = 0  # the reviewer's latest event in the log
     reissued: list[str] = Field(default_factory=list)  # SOP Instance UIDs

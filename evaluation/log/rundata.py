@@ -41,7 +41,7 @@ class SentMessage(BaseModel):
 
 class SentRequest(BaseModel):
     """What one model call sent, as the run store recorded it before the call
-    (``evaluation.requests.request_record``: after the PHI gate, exactly what left)."""
+    (``evaluation.call_keys.request_record``: after the PHI gate, exactly what left)."""
 
     messages: list[SentMessage] = Field(default_factory=list)
 

@@ -19,8 +19,8 @@ from pydantic import BaseModel, Field
 
 from dicom import SeriesNotShown
 from evaluation.case import StudyIdentity
-from evaluation.reports.block import ReportBlock
-from evaluation.reports.rundata import SentMessage
+from evaluation.log.rundata import SentMessage
+from evaluation.review.sr_content import ReportBlock
 from evaluation.scores import ErrorCategory, ParseStatus
 
 # 2: review blocks (what goes into each model's SR); 3: hospital identity, image series;
@@ -269,7 +269,7 @@ class CaseChecklist(BaseModel):
     model_saw_recorded: bool = False
     truth: TruthSummary | None = None
     answers: list[AnswerChecklist] = Field(default_factory=list)
-    # one per model: exactly what goes into its SR, each item reviewed once (reports.block)
+    # one per model: exactly what goes into its SR, each item reviewed once (review.sr_content)
     blocks: list[ReportBlock] = Field(default_factory=list)
     flags: list[Flag] = Field(default_factory=list)  # union over answers, one per kind
     verification: Literal["UNVERIFIED"] = "UNVERIFIED"  # until a clinician signs off

@@ -17,6 +17,7 @@ merge (``BlockItem.content`` -> :class:`ReportContent`).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from enum import StrEnum
 
@@ -24,8 +25,8 @@ from pydantic import BaseModel, Field
 
 from evaluation.answers import Answer, DifferentialItem, Finding
 from evaluation.case import TaskFamily
-from evaluation.reports.coding import corrected_finding
-from evaluation.reports.rundata import FULL_INPUT, SampleResult
+from evaluation.log.rundata import FULL_INPUT, SampleResult
+from evaluation.review.coding import corrected_finding
 from evaluation.scores import ErrorLabel
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lexicon import default_lexicon
@@ -291,11 +292,11 @@ def unverified_content(block: ReportBlock) -> ReportContent:
     """The block as the model gave it: every item (the UNVERIFIED SR)."""
     content = ReportContent()
     for it in block.items:
-        _put(content, it, None)
+        put_item(content, it, None)
     return content
 
 
-def _put(content: ReportContent, it: BlockItem, corrected: str | None) -> None:
+def put_item(content: ReportContent, it: BlockItem, corrected: str | None) -> None:
     """Add one kept item to an SR's content (``corrected``: the reviewer's text)."""
     if it.kind is ItemKind.FINDING and it.finding is not None:
         # a corrected finding is the clinician's text, at the site it names, else the model's
@@ -315,3 +316,16 @@ def _put(content: ReportContent, it: BlockItem, corrected: str | None) -> None:
         content.item_ids.append(it.item_id)
     elif it.kind is ItemKind.ERROR:
         content.error_categories.append(corrected or it.text)
+
+
+def reviewed_samples(samples: list[SampleResult]) -> list[tuple[SampleResult, list[SampleResult]]]:
+    """Per (model, family, ablation): the answer a clinician reviews (the first sample, last
+    turn) and all samples of that group, in a stable order."""
+    groups: dict[tuple[str, str, str], list[SampleResult]] = defaultdict(list)
+    for s in samples:
+        groups[(s.scored.model, s.scored.family.value, s.ablation)].append(s)
+    out = []
+    for key in sorted(groups, key=lambda k: (k[0], k[1], k[2] != FULL_INPUT, k[2])):
+        group = sorted(groups[key], key=review_order)
+        out.append((group[0], group))
+    return out
