@@ -19,8 +19,13 @@ temp folder. Timing starts when the calls start (imports, dataset loading exclud
 inspect_ai 0.3.285's OpenAI provider needs openai>=3.4, which litellm (openai<3) excludes from
 the project venv, so the peer runs in its own venv: --peer-python, else .venv/peer-inspect
 (created on first use with pip: inspect_ai==0.3.285 and openai>=3.4).
+Store: SQLite by default (one run.sqlite per run, as `neurosandbox eval` writes it);
+--database-url URL puts the runs' rows in that PostgreSQL database instead, keyed by run id, as
+NEUROSANDBOX_DATABASE_URL does; --postgres starts a throwaway PostgreSQL (gateway/pg_local.py,
+the tests' server, but with fsync on as a real install has it) and uses that, and also prints the
+server's CPU per call (its postmaster and backends), which SQLite spends inside our process.
 Run: .venv/bin/python bench/engine.py [--reps 3] [--processes 2] [--no-peer] [--no-ceiling]
-     [--tasks 200 --samples 5 --latency 0.2]
+     [--tasks 200 --samples 5 --latency 0.2] [--postgres | --database-url URL]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import io
 import json
 import os
@@ -146,10 +152,11 @@ def run_ours(
     concurrency: int,
     work: Path,
     processes: int = 0,
+    database_url: str | None = None,
 ) -> tuple[float, float]:
-    """Wall time of one run, and the CPU it took (the run's process and its litellm workers)."""
+    """Wall time of one run, and the CPU it took (the run's process and its litellm workers);
+    its rows in ``database_url`` (PostgreSQL) when given, else in the run folder's SQLite."""
     from evaluation.datasets import DatasetSpec, load_dataset
-    from evaluation.log.store import RunStore
     from evaluation.modelio import GenerateConfig
     from evaluation.models import create_model, resolve_specs
     from evaluation.runconfig import RunConfig
@@ -168,7 +175,7 @@ def run_ours(
     )
     dataset = load_dataset(config.dataset, work / "cache")
     run = Path(tempfile.mkdtemp(dir=work))
-    store = RunStore(run, create=True)
+    store = open_run_store(run, config.run_id, database_url)
     store.init_run(config.run_id, config.model_dump(mode="json"), dataset_name="bench", dataset_kind=dataset.kind,
                    dataset_hash=dataset.hash, prompt_version="", code_version="", packages={})  # fmt: skip
     adapters = {s.name: create_model(s) for s in specs}  # ours, so workers outlive the run
@@ -188,6 +195,52 @@ def run_ours(
     if stats.errors or stats.calls != len(dataset.cases) * samples:
         raise SystemExit(f"benchmark: our run was not clean: {stats}")
     return wall, cpu
+
+
+def store_opener_missing() -> str | None:
+    """Why the store cannot be opened on PostgreSQL yet (None when it can)."""
+    import evaluation.log
+
+    if not hasattr(evaluation.log, "open_store"):
+        return (
+            "--postgres/--database-url: the run store does not speak PostgreSQL yet "
+            "(evaluation.log.open_store(run_dir, run_id=..., database_url=...) has not landed; "
+            "issue 36). Run without them to measure the SQLite store."
+        )
+    return None
+
+
+def open_run_store(run: Path, run_id: str, database_url: str | None) -> Any:
+    """The run's store: SQLite in ``run`` (today's default), or ``database_url``'s database."""
+    if database_url is None:
+        from evaluation.log.store import RunStore
+
+        return RunStore(run, create=True)
+    missing = store_opener_missing()
+    if missing:
+        raise SystemExit(missing)
+    from evaluation.log import open_store  # type: ignore[attr-defined]
+
+    return open_store(run, run_id=run_id, database_url=database_url, create=True)
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid``, of its live children and of its children already reaped (Linux
+    /proc): a PostgreSQL server's postmaster and backends."""
+    total = 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid):
+            total += _cpu_of(int(stat.parent.name))
+    return total
 
 
 def _alone_child(spec: dict[str, Any], start: Any, results: Any) -> None:
@@ -347,7 +400,33 @@ def main() -> int:
     )
     parser.add_argument("--no-peer", action="store_true", help="skip the inspect_ai peer")
     parser.add_argument("--no-ceiling", action="store_true", help="skip the litellm-alone ceiling")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--database-url",
+        default=None,
+        help="the store's rows in this PostgreSQL database (postgresql+psycopg://...)",
+    )
+    where.add_argument(
+        "--postgres", action="store_true", help="start a throwaway PostgreSQL and use it"
+    )
     args = parser.parse_args()
+    if args.database_url or args.postgres:
+        missing = store_opener_missing()
+        if missing:
+            parser.error(missing)
+    with contextlib.ExitStack() as stack:
+        pg = None
+        if args.postgres:
+            from gateway.pg_local import LocalPostgres
+
+            pg = LocalPostgres(fsync=True)  # a real install's durability, not the tests' server
+            pg.start()
+            stack.callback(pg.stop)
+            args.database_url = pg.url
+        return bench(args, pg.pid if pg else None)
+
+
+def bench(args: argparse.Namespace, pg_pid: int | None) -> int:
     py = None if args.no_peer else peer_python(args.peer_python)
     import litellm  # noqa: F401  (import cost outside the timing)
 
@@ -356,20 +435,25 @@ def main() -> int:
     calls = args.tasks * args.samples
     ideal = calls * args.latency / args.concurrency
     ours, cpus, server_cpus, alone, alone_cpus, peer = [], [], [], [], [], []
+    db_cpus: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data, answers = write_dataset(work, args.tasks)
         server, url = start_server(args.latency)
         try:
-            run_ours(data, answers, url, 1, args.concurrency, work, args.processes)  # warm-up
+            db = args.database_url
+            run_ours(data, answers, url, 1, args.concurrency, work, args.processes, db)  # warm-up
             for rep in range(args.reps):
                 before, server_cpu = server_calls(url), _cpu_of(server.pid)
+                db_cpu = _tree_cpu(pg_pid) if pg_pid else 0.0
                 wall, cpu = run_ours(
-                    data, answers, url, args.samples, args.concurrency, work, args.processes
+                    data, answers, url, args.samples, args.concurrency, work, args.processes, db
                 )
                 ours.append(wall)
                 cpus.append(cpu)
                 server_cpus.append(_cpu_of(server.pid) - server_cpu)
+                if pg_pid:
+                    db_cpus.append(_tree_cpu(pg_pid) - db_cpu)
                 assert server_calls(url) - before == calls
                 if not args.no_ceiling:
                     wall, cpu = run_litellm_alone(
@@ -397,6 +481,16 @@ def main() -> int:
         f"ours: litellm calls {'in ' + str(args.processes) + ' worker process(es)' if args.processes else 'in-process'}; load average at end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
     )
     print(
+        "store: "
+        + (
+            "SQLite, one run.sqlite per run"
+            if not args.database_url
+            else "PostgreSQL, a throwaway server with fsync on (gateway/pg_local.py)"
+            if pg_pid
+            else "PostgreSQL at --database-url"
+        )
+    )
+    print(
         f"workload: {args.tasks} tasks x {args.samples} samples = {calls} calls, latency {args.latency * 1000:.0f} ms, concurrency {args.concurrency}"
     )
     print(f"ideal time {ideal:.2f} s; ours (median of {args.reps}) {mine:.2f} s")
@@ -405,6 +499,11 @@ def main() -> int:
         + (" (run's process and litellm workers)" if args.processes else "")
         + f"; the test server's {statistics.median(server_cpus) / calls * 1000:.1f} ms"
     )
+    if db_cpus:
+        print(
+            f"the PostgreSQL server's CPU per call (median; postmaster and backends): "
+            f"{statistics.median(db_cpus) / calls * 1000:.1f} ms"
+        )
     print(f"efficiency = ideal / ours = {ideal / mine:.3f}   (goal >= 0.9)")
     if alone:
         bare = statistics.median(alone)
