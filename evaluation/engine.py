@@ -20,7 +20,7 @@ from evaluation.case import Case
 from evaluation.datasets import Dataset, load_dataset
 from evaluation.errors import DatasetError, StoreError
 from evaluation.log.records import RunRow
-from evaluation.log.store import STORE_FILE, RunStore
+from evaluation.log.store import RunStore, store_exists
 from evaluation.prompts import default_prompts
 from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
@@ -49,7 +49,7 @@ async def start_run(
     score: bool = True,
 ) -> RunStats:
     """Create the run folder and store, record the configuration, and run every unit."""
-    if (run_dir / STORE_FILE).exists() and _holds_run(run_dir):
+    if store_exists(run_dir) and _holds_run(run_dir):
         raise StoreError(f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`")
     dataset = dataset or open_dataset(config, cache_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

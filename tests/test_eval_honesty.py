@@ -21,6 +21,7 @@ from engine_helpers import brain_png, cli_env, data_uri, neurosandbox_bin
 from gateway_synth import make_study
 from openai_server import Fault as ServerFault
 from openai_server import OpenAIServer, Script
+from store_legacy import make_legacy
 from typer.testing import CliRunner
 
 from evaluation import CaseCoverage
@@ -240,8 +241,8 @@ def test_a_store_from_before_skipped_cases_were_recorded_opens_and_says_so(tmp_p
     code, out = _eval(tmp_path, manifest, run, "--no-bertscore")
     assert code == 0, out
     # Make it a store of the previous layout: no skipped-case table, no case count.
+    make_legacy(run / "run.sqlite", drop=("skipped_cases",))
     db = sqlite3.connect(run / "run.sqlite")
-    db.execute("DROP TABLE skipped_cases")
     db.execute("DELETE FROM meta WHERE key != 'store_version'")
     db.commit()
     db.close()

@@ -1,11 +1,25 @@
 # The run log's public face: the one list of its names, each imported on first use (lazy_loader).
+from .db import SchemaOutOfDateError as SchemaOutOfDateError
+from .db import SchemaStatus as SchemaStatus
+from .db import schema_status as schema_status
+from .db import upgrade as upgrade
+from .db import upgrade_run_log as upgrade_run_log
+from .records import FINAL_STATUSES as FINAL_STATUSES
 from .records import CallErrors as CallErrors
+from .records import EvidenceRef as EvidenceRef
+from .records import GatewayRun as GatewayRun
+from .records import RouteRecord as RouteRecord
 from .records import RunRow as RunRow
+from .records import RunStatus as RunStatus
 from .records import SampleRow as SampleRow
+from .records import SkipKind as SkipKind
 from .records import StoreCounts as StoreCounts
+from .records import WriteBack as WriteBack
 from .rundata import FULL_INPUT as FULL_INPUT
 from .rundata import RunData as RunData
 from .rundata import SampleResult as SampleResult
 from .store import STORE_FILE as STORE_FILE
 from .store import RunStore as RunStore
+from .store import open_store as open_store
+from .store import store_exists as store_exists
 from .writes import sample_id as sample_id

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -93,3 +94,120 @@ class StoreCounts(BaseModel):
         out = self.model_dump(exclude={"by_status"})
         out.update({f"samples_{s}": n for s, n in self.by_status.items()})
         return out
+
+
+# --------------------------------------------------------------------------- the gateway's run
+
+
+class RunStatus(StrEnum):
+    """Where a gateway run stands."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    # not evaluated, on purpose: the study names more than one patient, or is registered as
+    # a case of another patient; the reason and the identities say which
+    HELD = "held"
+    # the gateway stopped (killed, crashed) while this run was queued or running
+    INTERRUPTED = "interrupted"
+
+
+class SkipKind(StrEnum):
+    """Why a run was skipped; its text is the run's ``error``."""
+
+    # a study no routing rule selects: never evaluated, listed in the review queue
+    NOT_ROUTED = "no routing rule selects this study"
+    # the same study again (normal: nothing new to evaluate)
+    UNCHANGED = "no new instances since the last evaluation by this rule"
+    RESTARTED = "evaluated before the gateway restarted"
+
+
+FINAL_STATUSES = frozenset(
+    {RunStatus.DONE, RunStatus.FAILED, RunStatus.SKIPPED, RunStatus.HELD, RunStatus.INTERRUPTED}
+)
+
+
+class RouteRecord(BaseModel):
+    """The routing rule that selected a study and what it runs (the gateway builds it from its
+    ``Route``; evaluation does not import the gateway)."""
+
+    rule: str
+    models: list[str] = Field(default_factory=list)
+    tasks: list[str] = Field(default_factory=list)  # TaskFamily values
+    series_classes: list[str] = Field(default_factory=list)
+
+
+class WriteBack(BaseModel):
+    """One object the gateway writes back to the PACS for a run."""
+
+    kind: str  # "sr" | "pdf" | "verified-sr" | ...
+    sop_instance_uid: str
+    model: str | None = None  # the model an SR reports on
+    at: str | None = None  # when it was stored (None: still pending)
+
+
+class EvidenceRef(BaseModel):
+    """One instance the SR's evidence names; ``header``: the kept first header of its series
+    (DICOM JSON, without pixel data or long values), None for a plain reference."""
+
+    series_uid: str
+    sop_instance_uid: str
+    sop_class_uid: str
+    header: str | None = None
+
+
+class GatewayRun(BaseModel):
+    """The gateway's part of a run: how it started, where it stands, what was written back,
+    the study's facts the run evaluated and the SR's evidence (one record, one row)."""
+
+    run_id: str
+    trigger: str  # dicom | orthanc | api
+    status: RunStatus = RunStatus.QUEUED
+    stage: str = "queued"
+    progress: float = 0.0
+    study_uid: str | None = None
+    study_key: str | None = None  # the UID with its patient (the gateway's StudyKey name)
+    orthanc_study_id: str | None = None
+    route: RouteRecord | None = None
+    requested_by: str | None = None  # token id (never the token)
+    n_instances: int = 0
+    version: int | None = None  # the report version of the study this run wrote
+    sr_sop_uids: dict[str, str] = Field(default_factory=dict)  # model -> SR SOP Instance UID
+    pdf_sop_uid: str | None = None
+    created_at: str = Field(default_factory=lambda: _now_s())
+    started_at: str | None = None
+    finished_at: str | None = None
+    error: str | None = None  # a failed or held run's reason
+    skip: SkipKind | None = None
+    # a held run: every patient identity involved (for the reviewer; never sent to a model)
+    identities: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    timings_s: dict[str, float] = Field(default_factory=dict)  # stage -> seconds since start
+    writebacks_pending: list[WriteBack] = Field(default_factory=list)
+    writebacks_done: list[WriteBack] = Field(default_factory=list)
+    # the study as this run evaluated it (the gateway's StudyState facts of the run)
+    evaluated_digest: str | None = None  # the instances and the rule evaluated
+    evaluated_instances: str | None = None  # the instances alone
+    uploaded: list[str] = Field(default_factory=list)  # SOP Instance UIDs stored in the PACS
+    sr_paths: list[str] = Field(default_factory=list)  # local copies of this run's SRs
+    evidence: list[EvidenceRef] = Field(default_factory=list)
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL_STATUSES
+
+    @property
+    def held(self) -> bool:
+        return self.status is RunStatus.HELD
+
+
+# The columns ``RunStore.set_gateway_stage`` may change beside stage and progress.
+STAGE_FIELDS = frozenset({"status", "started_at", "finished_at", "error", "timings_s"})
+
+
+def _now_s() -> str:
+    import datetime as dt
+
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

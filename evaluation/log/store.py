@@ -1,23 +1,23 @@
-"""The run store: one SQLite file (WAL) per run, the single source of truth of the run.
+"""The run store: the single source of truth of a run, on SQLite (one file per run, WAL, the
+default) or PostgreSQL (one database for every run of an install, rows keyed by run id).
 
-Tables: ``run`` (config, dataset hash, code and package versions, status), ``requests`` (every
-model call: cache key, case, task, model, sample, turn, image hashes, prompt hash, the request
-without image bytes), ``responses`` (raw text and the ModelOutput, committed as soon as the call
-returns and before anything parses or scores it), ``failures`` (calls that failed after their
-retries; resume tries them again), ``samples`` (parse status and parsed answer per case x task x
-model x sample), ``scores`` and ``error_labels``, ``audit`` (every outbound payload) and
-``cases`` (each case as the scorers see it: ground truth and image hashes, no image bytes, so a
-run can be re-scored from its folder alone), ``skipped_cases`` (every case of the dataset the run
-does not evaluate, and why; with ``meta.cases_evaluated`` the "n of m cases evaluated"),
-``notes`` (what the program that started the run keeps about it: the gateway's trigger, stage,
-progress and write-back, so its run has one record; a store may hold notes before its run).
+Tables (``evaluation.log.schema``): ``run`` (config, dataset hash, code and package versions,
+status), ``requests`` (every model call: cache key, case, task, model, sample, turn, image
+hashes, prompt hash, the request without image bytes), ``responses`` (raw text and the
+ModelOutput, committed as soon as the call returns and before anything parses or scores it),
+``failures`` (calls that failed after their retries; resume tries them again), ``samples``
+(parse status and parsed answer per case x task x model x sample), ``scores`` and
+``error_labels``, ``audit`` (every outbound payload), ``cases`` (each case as the scorers see
+it, so a run can be re-scored from its store alone), ``skipped_cases`` (with
+``meta.cases_evaluated`` the "n of m cases evaluated"), ``notes`` (what the program that started
+the run keeps about it), ``gateway_runs`` (the gateway's ``GatewayRun``).
 
-Older stores are brought up to date when opened (columns and tables added since; their rows read
-as "not recorded"); a store opened read-only is read as it is.
+Older SQLite stores are brought up to date when opened (``evaluation.log.db``); one opened
+read-only is read as it is. A PostgreSQL database is migrated by ``neurosandbox db upgrade``.
 
-Every write is its own committed transaction, so a ``kill -9`` loses at most the call that was
-in flight. ``synchronous=NORMAL`` survives a killed process (the commit is in the WAL); pass
-``durable=True`` for ``FULL`` (also survives power loss, at an fsync per commit).
+Every write is its own committed transaction (or one group-commit batch), so a ``kill -9`` loses
+at most the calls in flight. SQLite ``synchronous=NORMAL`` survives a killed process (the commit
+is in the WAL); ``durable=True`` for ``FULL`` (also survives power loss, an fsync per commit).
 """
 
 from __future__ import annotations
@@ -29,13 +29,27 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 from evaluation.case import Case
 from evaluation.coverage import CaseCoverage, SkippedCase
 from evaluation.errors import StoreError
-from evaluation.log.records import CallErrors, RunRow, SampleRow, StoreCounts
+from evaluation.log import db as db_
+from evaluation.log import schema as t_
+from evaluation.log.records import (
+    STAGE_FIELDS,
+    CallErrors,
+    GatewayRun,
+    RouteRecord,
+    RunRow,
+    RunStatus,
+    SampleRow,
+    StoreCounts,
+)
 from evaluation.log.writes import (
     GroupCommitter,
     Statements,
+    compiled,
     failure_statements,
     now,
     request_statements,
@@ -48,213 +62,256 @@ from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
 from evaluation.scores import ErrorLabel, Score
 
-STORE_VERSION = 1
+STORE_VERSION = 2  # 1: before Alembic (code of then refuses a store of this layout)
 STORE_FILE = "run.sqlite"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS run (
-    run_id TEXT PRIMARY KEY,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    status TEXT NOT NULL,
-    config_json TEXT NOT NULL,
-    dataset_name TEXT,
-    dataset_kind TEXT,
-    dataset_hash TEXT NOT NULL,
-    prompt_version TEXT,
-    code_version TEXT,
-    packages_json TEXT
-);
-CREATE TABLE IF NOT EXISTS requests (
-    cache_key TEXT PRIMARY KEY,
-    case_id TEXT NOT NULL,
-    task TEXT NOT NULL,
-    family TEXT NOT NULL,
-    model TEXT NOT NULL,
-    sample INTEGER NOT NULL,
-    turn INTEGER NOT NULL,
-    image_hashes TEXT NOT NULL,
-    prompt_hash TEXT NOT NULL,
-    request_json TEXT NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS responses (
-    cache_key TEXT PRIMARY KEY REFERENCES requests(cache_key),
-    model TEXT NOT NULL,
-    text TEXT NOT NULL,
-    output_json TEXT NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS failures (
-    id INTEGER PRIMARY KEY,
-    cache_key TEXT NOT NULL,
-    model TEXT NOT NULL,
-    error TEXT NOT NULL,
-    output_json TEXT NOT NULL,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS samples (
-    sample_id TEXT PRIMARY KEY,
-    case_id TEXT NOT NULL,
-    task TEXT NOT NULL,
-    family TEXT NOT NULL,
-    model TEXT NOT NULL,
-    sample INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    turns_json TEXT NOT NULL,
-    parsed_json TEXT,
-    parse_error TEXT,
-    image_hashes TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS scores (
-    sample_id TEXT NOT NULL REFERENCES samples(sample_id),
-    scorer TEXT NOT NULL,
-    value REAL,
-    explanation TEXT NOT NULL,
-    details_json TEXT NOT NULL,
-    scored_at TEXT NOT NULL,
-    scoring_version TEXT,
-    PRIMARY KEY (sample_id, scorer)
-);
-CREATE TABLE IF NOT EXISTS error_labels (
-    sample_id TEXT PRIMARY KEY REFERENCES samples(sample_id),
-    label_json TEXT NOT NULL,
-    scored_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS scored_samples (
-    sample_id TEXT PRIMARY KEY REFERENCES samples(sample_id),
-    scored_json TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS audit (
-    id INTEGER PRIMARY KEY,
-    time TEXT NOT NULL,
-    model TEXT NOT NULL,
-    endpoint TEXT NOT NULL,
-    case_id TEXT NOT NULL,
-    cache_key TEXT NOT NULL,
-    remote INTEGER NOT NULL,
-    deidentified INTEGER NOT NULL,
-    record_json TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS cases (
-    case_id TEXT PRIMARY KEY,
-    case_json TEXT NOT NULL,
-    recorded_at TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS samples_model ON samples(model);
-CREATE INDEX IF NOT EXISTS failures_key ON failures(cache_key);
-"""
-# Added after version 1 stores existed: created on opening (see RunStore._migrate).
-_SKIPPED_CASES = """
-CREATE TABLE IF NOT EXISTS skipped_cases (
-    n INTEGER PRIMARY KEY,
-    entry TEXT NOT NULL,
-    position INTEGER,
-    case_id TEXT,
-    reason TEXT NOT NULL,
-    recorded_at TEXT NOT NULL
-)
-"""
-# What the program that started the run records about it, by key (the gateway: its trigger,
-# stage, progress and write-back, ``gateway``); a store can hold notes before its run starts.
-_NOTES = """
-CREATE TABLE IF NOT EXISTS notes (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-)
-"""
+# With PostgreSQL the run folder keeps its images and exports, and this file naming its run id.
+PG_MARKER = "run.db.json"
 _CASES_EVALUATED = "cases_evaluated"  # meta key: set once a run recorded its coverage
+_SQL: dict[str, dict[str, str]] = {}  # dialect -> compiled write statements
+_SQL_LOCK = threading.Lock()
+
+
+def _sql_for(dialect: sa.Dialect) -> dict[str, str]:
+    with _SQL_LOCK:
+        if dialect.name not in _SQL:
+            _SQL[dialect.name] = compiled(dialect)
+        return _SQL[dialect.name]
+
+
+def store_exists(run_dir: Path, database_url: str | None = None) -> bool:
+    """Whether ``run_dir`` holds a run store (its file, or its PostgreSQL marker)."""
+    return (Path(run_dir) / (PG_MARKER if db_.is_postgres(database_url) else STORE_FILE)).is_file()
+
+
+def open_store(
+    run_dir: Path,
+    *,
+    run_id: str | None = None,
+    database_url: str | None = None,
+    create: bool = False,
+    durable: bool = False,
+    read_only: bool = False,
+) -> RunStore:
+    """The store of the run in ``run_dir``: its ``run.sqlite`` (``database_url`` None), or its
+    rows in the PostgreSQL database at ``database_url`` (the run id: ``run_id``, else the one
+    the folder's marker names, else the folder's name). ``read_only``: never written (nor
+    migrated: a SQLite file of an older layout is read as it is)."""
+    return RunStore(
+        run_dir,
+        create=create,
+        durable=durable,
+        run_id=run_id,
+        database_url=database_url,
+        read_only=read_only,
+    )
 
 
 class RunStore:
-    """One run's SQLite file. Thread-safe (one connection, one lock); writes commit at once."""
+    """One run's rows. Thread-safe (one connection, one lock); writes commit at once."""
 
-    def __init__(self, path: Path, *, create: bool = False, durable: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        create: bool = False,
+        durable: bool = False,
+        run_id: str | None = None,
+        database_url: str | None = None,
+        read_only: bool = False,
+    ) -> None:
         path = Path(path)
+        self._lock = threading.RLock()
+        self._committer: GroupCommitter | None = None
+        self._engine: sa.Engine | None = None
+        self.read_only = read_only
+        if db_.is_postgres(database_url):
+            assert database_url is not None
+            self._open_postgres(path, database_url, run_id, create)
+        else:
+            self._open_sqlite(path, run_id, create and not read_only, durable)
+        self._sql = _sql_for(self._conn.dialect)
+        if not self.read_only and self._one(self._meta_value("store_version")) is None:
+            self._tx([("meta_keep", {"key": "store_version", "value": str(STORE_VERSION)})])
+
+    # ------------------------------------------------------------------ opening
+
+    def _open_sqlite(self, path: Path, run_id: str | None, create: bool, durable: bool) -> None:
         if path.is_dir() or path.suffix != ".sqlite":
             path = path / STORE_FILE
         if not path.exists() and not create:
             raise StoreError(f"no run store at {path} (is this a run folder?)")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._lock = threading.RLock()
-        self._committer: GroupCommitter | None = None
+        self.run_dir = path.parent
+        self.database_url: str | None = None
         try:
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
-            self._db.execute("PRAGMA busy_timeout=10000")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
+            self._engine = db_.sqlite_engine(path, durable=durable, read_only=self.read_only)
+            self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            self._raw: Any = self._conn.connection.driver_connection
+            revision = db_.current_revision(self._conn)
+            empty = revision is None and not sa.inspect(self._conn).has_table("run")
+            if empty and self.read_only:
+                raise StoreError(f"{path}: an empty file, not a run store")
+            if empty:
+                with self._lock:
+                    self._raw.execute("BEGIN IMMEDIATE")
+                    try:
+                        if db_.current_revision(self._conn) is None:  # not another process
+                            db_.create(self._conn)
+                    except BaseException:
+                        self._raw.execute("ROLLBACK")
+                        raise
+                    self._raw.execute("COMMIT")
+                revision = t_.HEAD
+        except (sa.exc.DatabaseError, sqlite3.DatabaseError) as exc:
+            self._dispose()
             raise StoreError(f"{path}: not a usable run store: {exc}") from exc
-        self._migrate()
-        version = self._one("SELECT value FROM meta WHERE key='store_version'")
-        if version is None:
-            # OR IGNORE: another process may be creating the same store right now
-            self._exec(
-                "INSERT OR IGNORE INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),)
-            )
-        elif int(version[0]) != STORE_VERSION:
-            raise StoreError(f"{path}: store version {version[0]}, this code reads {STORE_VERSION}")
+        bound = run_id or self._bound_id(revision) or path.parent.name
+        if revision != t_.HEAD and self.read_only:
+            if revision is None:
+                db_.legacy_views(self._raw, bound)
+        elif revision != t_.HEAD:
+            try:
+                db_.upgrade(f"sqlite:///{path}", run_id=bound)
+            except (sa.exc.OperationalError, sqlite3.OperationalError) as exc:
+                if "readonly" not in str(exc).replace("-", "").lower():
+                    self._dispose()
+                    raise StoreError(f"{path}: could not upgrade the run store: {exc}") from exc
+                self.read_only = True  # read it as it is
+                if revision is None:
+                    db_.legacy_views(self._raw, bound)
+        self.run_id = bound
 
-    def _migrate(self) -> None:
-        """Columns and tables added since a store was created (the store version stays 1: code
-        that predates them reads a newer store as before). Old rows read as "not recorded"."""
-        cols = {r[1] for r in self._all("PRAGMA table_info(scores)")}
-        self._versioned = "scoring_version" in cols or self._try_write(
-            "ALTER TABLE scores ADD COLUMN scoring_version TEXT"
-        )
-        tables = {r[0] for r in self._all("SELECT name FROM sqlite_master WHERE type='table'")}
-        self._has_skipped = "skipped_cases" in tables or self._try_write(_SKIPPED_CASES)
-        self._has_notes = "notes" in tables or self._try_write(_NOTES)
+    def _bound_id(self, revision: str | None) -> str | None:
+        """The run id an existing SQLite file holds (its run, else its meta rows)."""
+        if revision is None or revision == db_.LEGACY:
+            row = self._conn.exec_driver_sql("SELECT run_id FROM run LIMIT 1").first()
+            return str(row[0]) if row else None
+        for sql in (
+            "SELECT run_id FROM run LIMIT 1",
+            "SELECT run_id FROM meta WHERE key='store_version' LIMIT 1",
+        ):
+            row = self._conn.exec_driver_sql(sql).first()
+            if row:
+                return str(row[0])
+        return None
 
-    def _try_write(self, sql: str) -> bool:
-        """Run a migration statement; False when the file is read-only (read it as it is)."""
+    def _open_postgres(self, path: Path, url: str, run_id: str | None, create: bool) -> None:
+        run_dir = path.parent if path.suffix == ".sqlite" else path
+        marker = run_dir / PG_MARKER
+        if run_id is None and marker.is_file():
+            try:
+                run_id = str(json.loads(marker.read_text())["run_id"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise StoreError(f"{marker}: not a run store marker ({exc})") from exc
+        if not marker.is_file() and not create:
+            raise StoreError(f"no run store for {run_dir} (is this a run folder?)")
+        self.run_dir = run_dir
+        self.path = marker
+        self.database_url = url
+        self.run_id = run_id or run_dir.name
+        engine = db_.postgres_engine(url)
         try:
-            self._exec(sql)
-        except sqlite3.OperationalError as exc:
-            if "readonly" not in str(exc).replace("-", "").lower():
-                raise
-            return False
-        return True
+            self._conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        except sa.exc.OperationalError as exc:
+            raise StoreError(f"database {db_.safe_url(url)} not reachable: {exc.orig}") from exc
+        self._raw = self._conn.connection.driver_connection
+        revision = db_.current_revision(self._conn)
+        if revision is None and create:
+            self._conn.close()
+            db_.upgrade(url)  # an empty database: the whole schema
+            self._conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            self._raw = self._conn.connection.driver_connection
+        elif revision != t_.HEAD:
+            self._conn.close()
+            raise db_.SchemaOutOfDateError(
+                f"the run log at {db_.safe_url(url)} is at schema {revision or 'none'}, this "
+                f"code needs {t_.HEAD}: run `neurosandbox db upgrade`"
+            )
+        if create and not marker.is_file():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self._write_marker()
+
+    def _write_marker(self) -> None:
+        if self.database_url is not None:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"run_id": self.run_id, "engine": "postgresql"}))
+            tmp.replace(self.path)
 
     # ------------------------------------------------------------------ plumbing
 
-    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> None:
-        with self._lock:
-            self._db.execute(sql, args)
+    def _params(self, args: dict[str, Any]) -> dict[str, Any]:
+        return {**args, "run_id": self.run_id}
 
     def _tx(self, statements: Statements) -> None:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            cur = self._raw.cursor()
+            cur.execute(self._begin())
             try:
-                for sql, args in statements:
-                    self._db.execute(sql, args)
+                for name, args in statements:
+                    cur.execute(self._sql[name], self._params(args))
             except BaseException:
-                self._db.execute("ROLLBACK")
+                cur.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
+            cur.execute("COMMIT")
 
-    def _one(self, sql: str, args: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
-        with self._lock:
-            row: tuple[Any, ...] | None = self._db.execute(sql, args).fetchone()
-            return row
+    def _begin(self) -> str:
+        return "BEGIN IMMEDIATE" if self.database_url is None else "BEGIN"
 
-    def _all(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def run_batch(self, records: list[Statements]) -> list[BaseException | None]:
+        """Commit ``records`` in one transaction, each in its own savepoint so that one bad
+        record fails alone; the error (or None) of each. Used by the group committer."""
+        if len(records) == 1:
+            try:
+                self._tx(records[0])
+            except Exception as exc:  # this record fails: nothing of it is kept
+                return [exc]
+            return [None]
+        results: list[BaseException | None] = []
+        sql = self._sql
         with self._lock:
-            return list(self._db.execute(sql, args).fetchall())
+            cur = self._raw.cursor()
+            cur.execute(self._begin())
+            try:
+                for n, statements in enumerate(records):
+                    cur.execute(f"SAVEPOINT r{n}")
+                    try:
+                        for name, args in statements:
+                            cur.execute(sql[name], self._params(args))
+                    except Exception as exc:  # this record fails, the others are kept
+                        cur.execute(f"ROLLBACK TO SAVEPOINT r{n}")
+                        results.append(exc)
+                    else:
+                        results.append(None)
+                    cur.execute(f"RELEASE SAVEPOINT r{n}")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+        return results
+
+    def _rows(self, stmt: sa.Executable) -> list[sa.Row[Any]]:
+        with self._lock:
+            return list(self._conn.execute(stmt).fetchall())
+
+    def _one(self, stmt: sa.Executable) -> sa.Row[Any] | None:
+        with self._lock:
+            return self._conn.execute(stmt).first()
+
+    def _mine(self, table: sa.Table) -> Any:
+        return table.c.run_id == self.run_id
+
+    def _meta_value(self, key: str) -> sa.Select[Any]:
+        return sa.select(t_.meta.c.value).where(self._mine(t_.meta), t_.meta.c.key == key)
 
     @property
     def lock(self) -> threading.RLock:
         return self._lock
 
     @property
-    def connection(self) -> sqlite3.Connection:
-        return self._db
+    def connection(self) -> Any:
+        """The driver's connection (sqlite3 or psycopg), for tests and inspection."""
+        return self._raw
 
     def committer(self) -> GroupCommitter:
         """The group-commit writer (started on first use, stopped by ``close``)."""
@@ -268,12 +325,20 @@ class RunStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _dispose(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
     def close(self) -> None:
         if self._committer is not None:
             self._committer.close()
             self._committer = None
         with self._lock:
-            self._db.close()
+            conn = getattr(self, "_conn", None)
+            if conn is not None:
+                conn.close()
+            self._dispose()
 
     # ------------------------------------------------------------------ run
 
@@ -289,66 +354,147 @@ class RunStore:
         code_version: str,
         packages: dict[str, str],
     ) -> None:
-        if self._one("SELECT run_id FROM run") is not None:
+        if self.has_run():
             raise StoreError(f"{self.path} already holds a run: use `runs resume`")
+        if run_id != self.run_id:
+            self._rebind(run_id)
         t = now()
-        self._exec(
-            "INSERT INTO run VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                run_id,
-                t,
-                t,
-                "running",
-                json.dumps(config),
-                dataset_name,
-                dataset_kind,
-                dataset_hash,
-                prompt_version,
-                code_version,
-                json.dumps(packages),
-            ),
-        )
+        row = {
+            "created_at": t,
+            "updated_at": t,
+            "status": "running",
+            "config_json": json.dumps(config),
+            "dataset_name": dataset_name,
+            "dataset_kind": dataset_kind,
+            "dataset_hash": dataset_hash,
+            "prompt_version": prompt_version,
+            "code_version": code_version,
+            "packages_json": json.dumps(packages),
+        }
+        self._tx([("run", row)])
+
+    def _rebind(self, run_id: str) -> None:
+        """Key what the store holds so far (notes, meta) by the run's own id."""
+        with self._lock:
+            cur = self._raw.cursor()
+            cur.execute(self._begin())
+            try:
+                for table in (t_.meta, t_.notes, t_.gateway_runs):
+                    stmt = (
+                        sa.update(table)
+                        .where(table.c.run_id == self.run_id)
+                        .values(run_id=run_id)
+                        .compile(dialect=self._conn.dialect)
+                    )
+                    cur.execute(str(stmt), stmt.params)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+        self.run_id = run_id
+        self._write_marker()
 
     def has_run(self) -> bool:
         """Whether a run was started in this store (a store may hold only notes so far)."""
-        return self._one("SELECT run_id FROM run") is not None
+        return self._one(sa.select(t_.run.c.run_id).where(self._mine(t_.run))) is not None
 
     def set_note(self, key: str, value: str) -> None:
         """Record (or replace) what the caller keeps about the run under ``key``."""
-        if not self._has_notes:
+        if self.read_only:
             raise StoreError(f"{self.path}: a read-only store of an older version takes no notes")
-        self._exec(
-            "INSERT INTO notes VALUES (?,?,?) ON CONFLICT(key) DO UPDATE SET "
-            "value=excluded.value, updated_at=excluded.updated_at",
-            (key, value, now()),
-        )
+        self._tx([("note", {"key": key, "value": value, "updated_at": now()})])
 
     def note(self, key: str) -> str | None:
         """What was recorded under ``key``; None when nothing was (or the store predates notes)."""
-        if not self._has_notes:
-            return None
-        row = self._one("SELECT value FROM notes WHERE key=?", (key,))
+        n = t_.notes
+        row = self._one(sa.select(n.c.value).where(self._mine(n), n.c.key == key))
         return str(row[0]) if row is not None else None
 
-    def run_row(self) -> RunRow:
+    # ------------------------------------------------------------------ the gateway's run
+
+    _GATEWAY_COLUMNS = ("status", "stage", "progress", "started_at", "finished_at", "error")
+
+    def put_gateway_run(self, run: GatewayRun) -> None:
+        """Record (or replace) the gateway's run, whole."""
+        if run.run_id != self.run_id:
+            raise StoreError(f"gateway run {run.run_id} put in the store of run {self.run_id}")
+        rest = run.model_dump_json(exclude={"evidence", "timings_s", *self._GATEWAY_COLUMNS})
+        row = {c: getattr(run, c) for c in self._GATEWAY_COLUMNS}
+        row["status"] = run.status.value
+        row |= {
+            "study_uid": run.study_uid,
+            "patient_id": None,
+            "timings_json": json.dumps(run.timings_s),
+            "record_json": rest,
+            "evidence_json": json.dumps([e.model_dump() for e in run.evidence])
+            if run.evidence
+            else None,
+            "updated_at": now(),
+        }
+        self._tx([("gateway_run", row)])
+
+    def set_gateway_stage(self, stage: str, progress: float, **fields: Any) -> None:
+        """One small UPDATE: the run's stage and progress, and any of ``STAGE_FIELDS``
+        (status, started_at, finished_at, error, timings_s). Raises StoreError when no gateway
+        run is recorded."""
+        unknown = set(fields) - STAGE_FIELDS
+        if unknown:
+            raise StoreError(
+                f"set_gateway_stage cannot set {sorted(unknown)}: {sorted(STAGE_FIELDS)}"
+            )
+        values: dict[str, Any] = {"stage": stage, "progress": float(progress), "updated_at": now()}
+        for k, v in fields.items():
+            if k == "timings_s":
+                values["timings_json"] = json.dumps(v)
+            else:
+                values[k] = v.value if isinstance(v, RunStatus) else v
+        g = t_.gateway_runs
         with self._lock:
-            cur = self._db.execute("SELECT * FROM run")
-            row = cur.fetchone()
-            names = [d[0] for d in cur.description]
+            n = self._conn.execute(sa.update(g).where(self._mine(g)).values(values)).rowcount
+        if not n:
+            raise StoreError(f"{self.path}: no gateway run recorded for run {self.run_id}")
+
+    def gateway_run(self) -> GatewayRun | None:
+        """The gateway's run (None: none recorded). A store of before the table reads the
+        record the gateway kept as its ``gateway`` note."""
+        g = t_.gateway_runs
+        row = self._one(sa.select(g).where(self._mine(g)))
+        if row is None:
+            return self._gateway_run_from_note()
+        m = row._mapping
+        data = json.loads(m["record_json"])
+        data |= {c: m[c] for c in self._GATEWAY_COLUMNS}
+        data["timings_s"] = json.loads(m["timings_json"])
+        data["evidence"] = json.loads(m["evidence_json"]) if m["evidence_json"] else []
+        return GatewayRun.model_validate(data)
+
+    def _gateway_run_from_note(self) -> GatewayRun | None:
+        text = self.note("gateway")
+        if text is None:
+            return None
+        data = json.loads(text)
+        if isinstance(data.get("sr_sop_uids"), list):  # the note kept no model names
+            data["sr_sop_uids"] = {f"#{n + 1}": u for n, u in enumerate(data["sr_sop_uids"])}
+        if isinstance(data.get("route"), dict):
+            data["route"] = RouteRecord.model_validate(data["route"])
+        return GatewayRun.model_validate(data)
+
+    def run_row(self) -> RunRow:
+        row = self._one(sa.select(t_.run).where(self._mine(t_.run)))
         if row is None:
             raise StoreError(f"{self.path}: no run recorded")
-        out = dict(zip(names, row, strict=True))
+        out = dict(row._mapping)
         out["config"] = json.loads(out.pop("config_json"))
         out["packages"] = json.loads(out.pop("packages_json") or "{}")
         return RunRow.model_validate(out)
 
     def set_status(self, status: str) -> None:
-        self._exec("UPDATE run SET status=?, updated_at=?", (status, now()))
+        self._tx([("status", {"status": status, "updated_at": now()})])
 
     # ------------------------------------------------------------------ writes
 
     def commit(self, statements: Statements) -> None:
-        """Run statements in one committed transaction (see ``store_writer`` for group commit)."""
+        """Run statements in one committed transaction (see ``committer`` for group commit)."""
         self._tx(statements)
 
     def record_request(self, cache_key: str, **kw: Any) -> None:
@@ -370,35 +516,51 @@ class RunStore:
 
         A snapshot is never replaced: it is the truth the run was scored against.
         """
+        have = set(self._case_ids())
         t = now()
-        rows = [(c.case_id, c.model_dump_json(), t) for c in cases]
-        with self._lock:
-            before = self._db.total_changes
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany("INSERT OR IGNORE INTO cases VALUES (?,?,?)", rows)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-            return self._db.total_changes - before
+        new = [c for c in cases if c.case_id not in have]
+        statements: Statements = []
+        for c in new:
+            uids = c.provenance.study_uids
+            patient = c.patient_id or None
+            statements.append(
+                (
+                    "case",
+                    {
+                        "case_id": c.case_id,
+                        "case_json": c.model_dump_json(),
+                        "recorded_at": t,
+                        "patient_id": patient,
+                        "study_uids": json.dumps(uids) if uids else None,
+                    },
+                )
+            )
+        if statements:
+            self._tx(statements)
+        return len({c.case_id for c in new})
+
+    def _case_ids(self) -> list[str]:
+        return [r[0] for r in self._rows(sa.select(t_.cases.c.case_id).where(self._mine(t_.cases)))]
 
     def record_coverage(self, evaluated: int, skipped: list[SkippedCase]) -> None:
         """How many cases the run evaluates and the ones it skipped (replacing what a previous
         start or resume recorded: the dataset as loaded now is what the run evaluates)."""
         t = now()
-        statements: Statements = [("DELETE FROM skipped_cases", ())]
+        statements: Statements = [("delete_skipped", {})]
         statements += [
             (
-                "INSERT INTO skipped_cases (entry, position, case_id, reason, recorded_at) "
-                "VALUES (?,?,?,?,?)",
-                (s.entry, s.position, s.case_id, s.reason, t),
+                "skipped",
+                {
+                    "entry": s.entry,
+                    "position": s.position,
+                    "case_id": s.case_id,
+                    "reason": s.reason,
+                    "recorded_at": t,
+                },
             )
             for s in skipped
         ]
-        statements.append(
-            ("INSERT OR REPLACE INTO meta VALUES (?, ?)", (_CASES_EVALUATED, str(evaluated)))
-        )
+        statements.append(("meta", {"key": _CASES_EVALUATED, "value": str(evaluated)}))
         self._tx(statements)
 
     def record_scores(
@@ -412,33 +574,101 @@ class RunStore:
         """Scores and error label of a sample, replacing earlier ones (one transaction)."""
         self._tx(score_statements(sid, scores, label, scored_json, scoring_version))
 
+    def erase_cases(self, case_ids: list[str]) -> int:
+        """Delete every row of these cases (their calls, answers, scores, audit, snapshots);
+        the number of rows deleted. For erasure: nothing of the cases is left in the run."""
+        ids = sorted(set(case_ids))
+        if not ids or self.read_only:
+            return 0
+        s = t_.samples
+        sids = sa.select(s.c.sample_id).where(self._mine(s), s.c.case_id.in_(ids))
+        keys = sa.select(t_.requests.c.cache_key).where(
+            self._mine(t_.requests), t_.requests.c.case_id.in_(ids)
+        )
+        stmts: list[sa.Executable] = []
+        for table in (t_.scores, t_.error_labels, t_.scored_samples):
+            stmts.append(sa.delete(table).where(self._mine(table), table.c.sample_id.in_(sids)))
+        for table in (t_.responses, t_.failures):
+            stmts.append(sa.delete(table).where(self._mine(table), table.c.cache_key.in_(keys)))
+        for table in (t_.audit, t_.samples, t_.requests, t_.cases, t_.skipped_cases):
+            stmts.append(sa.delete(table).where(self._mine(table), table.c.case_id.in_(ids)))
+        n = 0
+        with self._lock:
+            self._conn.exec_driver_sql(self._begin())
+            try:
+                for stmt in stmts:
+                    n += self._conn.execute(stmt).rowcount or 0
+            except BaseException:
+                self._conn.exec_driver_sql("ROLLBACK")
+                raise
+            self._conn.exec_driver_sql("COMMIT")
+        return n
+
+    def case_ids_of(
+        self, *, patient_id: str | None = None, study_uid: str | None = None
+    ) -> list[str]:
+        """The run's cases of this patient or study (as their snapshots recorded them)."""
+        c = t_.cases
+        rows = self._rows(
+            sa.select(c.c.case_id, c.c.patient_id, c.c.study_uids, c.c.case_json).where(
+                self._mine(c)
+            )
+        )
+        out = []
+        for cid, patient, uids, case_json in rows:
+            if patient is None and uids is None:  # recorded before these were kept
+                snap = Case.model_validate_json(case_json)
+                patient = snap.patient_id
+                uid_list = snap.provenance.study_uids
+            else:
+                uid_list = json.loads(uids) if uids else []
+            if (patient_id is not None and patient == patient_id) or (
+                study_uid is not None and study_uid in uid_list
+            ):
+                out.append(str(cid))
+        return out
+
     # ------------------------------------------------------------------ reads
 
     def responses(self) -> dict[str, ModelOutput]:
         """Every stored response by cache key (what resume and rescore reuse)."""
+        r = t_.responses
         return {
             k: ModelOutput.model_validate_json(v)
-            for k, v in self._all("SELECT cache_key, output_json FROM responses")
+            for k, v in self._rows(sa.select(r.c.cache_key, r.c.output_json).where(self._mine(r)))
+        }
+
+    def requests(self) -> dict[str, str]:
+        """Every stored request's JSON by cache key (the request as sent, without image bytes)."""
+        r = t_.requests
+        return {
+            str(k): str(v)
+            for k, v in self._rows(sa.select(r.c.cache_key, r.c.request_json).where(self._mine(r)))
         }
 
     def samples(self) -> list[SampleRow]:
-        with self._lock:
-            cur = self._db.execute("SELECT * FROM samples ORDER BY case_id, task, model, sample")
-            names = [d[0] for d in cur.description]
-            rows = cur.fetchall()
+        s = t_.samples
+        rows = self._rows(
+            sa.select(s).where(self._mine(s)).order_by(s.c.case_id, s.c.task, s.c.model, s.c.sample)
+        )
         out = []
         for row in rows:
-            r = dict(zip(names, row, strict=True))
+            r = dict(row._mapping)
+            r.pop("run_id")
             r["turns"] = json.loads(r.pop("turns_json"))
-            r["parsed"] = json.loads(r.pop("parsed_json")) if r["parsed_json"] else None
+            parsed = r.pop("parsed_json")
+            r["parsed"] = json.loads(parsed) if parsed else None
             r["image_hashes"] = json.loads(r["image_hashes"])
             out.append(SampleRow.model_validate(r))
         return out
 
     def scores(self) -> dict[str, list[Score]]:
+        s = t_.scores
         out: dict[str, list[Score]] = {}
-        for sid, scorer, value, expl, details in self._all(
-            "SELECT sample_id, scorer, value, explanation, details_json FROM scores"
+        for sid, scorer, value, expl, details in self._rows(
+            sa.select(s.c.sample_id, s.c.scorer, s.c.value, s.c.explanation, s.c.details_json)
+            .where(self._mine(s))
+            .order_by(s.c.sample_id, s.c.scorer)
         ):
             out.setdefault(sid, []).append(
                 Score(scorer=scorer, value=value, explanation=expl, details=json.loads(details))
@@ -447,54 +677,80 @@ class RunStore:
 
     def scoring_versions(self) -> dict[str | None, int]:
         """Scored samples per scoring version (None: scored before versions were recorded)."""
-        if not self._versioned:
-            n = self._one("SELECT COUNT(DISTINCT sample_id) FROM scores")
-            return {None: n[0]} if n and n[0] else {}
+        s = t_.scores
         return {
-            v: n
-            for v, n in self._all(
-                "SELECT scoring_version, COUNT(DISTINCT sample_id) FROM scores "
-                "GROUP BY scoring_version ORDER BY scoring_version"
+            v: int(n)
+            for v, n in self._rows(
+                sa.select(s.c.scoring_version, sa.func.count(sa.distinct(s.c.sample_id)))
+                .where(self._mine(s))
+                .group_by(s.c.scoring_version)
+                .order_by(s.c.scoring_version)
             )
         }
 
     def sample_scoring_versions(self) -> dict[str, str | None]:
         """The scoring version of every scored sample."""
-        if not self._versioned:
-            return dict.fromkeys(r[0] for r in self._all("SELECT DISTINCT sample_id FROM scores"))
-        return dict(
-            self._all("SELECT sample_id, MAX(scoring_version) FROM scores GROUP BY sample_id")
-        )
+        s = t_.scores
+        return {
+            str(sid): v
+            for sid, v in self._rows(
+                sa.select(s.c.sample_id, sa.func.max(s.c.scoring_version))
+                .where(self._mine(s))
+                .group_by(s.c.sample_id)
+            )
+        }
 
     def error_labels(self) -> dict[str, ErrorLabel]:
+        e = t_.error_labels
         return {
             sid: ErrorLabel.model_validate_json(j)
-            for sid, j in self._all("SELECT sample_id, label_json FROM error_labels")
+            for sid, j in self._rows(sa.select(e.c.sample_id, e.c.label_json).where(self._mine(e)))
         }
 
     def cases(self) -> dict[str, Case]:
         """The run's case snapshots by case id (empty for runs recorded before snapshots)."""
+        c = t_.cases
         return {
             cid: Case.model_validate_json(j)
-            for cid, j in self._all("SELECT case_id, case_json FROM cases ORDER BY case_id")
+            for cid, j in self._rows(
+                sa.select(c.c.case_id, c.c.case_json).where(self._mine(c)).order_by(c.c.case_id)
+            )
         }
 
     def scored_samples(self) -> list[str]:
         """ScoredSample JSON of every scored sample (what summaries are built from)."""
+        s = t_.scored_samples
         return [
-            j for (j,) in self._all("SELECT scored_json FROM scored_samples ORDER BY sample_id")
+            j
+            for (j,) in self._rows(
+                sa.select(s.c.scored_json).where(self._mine(s)).order_by(s.c.sample_id)
+            )
         ]
+
+    def scored_by_sample(self) -> dict[str, str]:
+        """ScoredSample JSON by sample id."""
+        s = t_.scored_samples
+        return {
+            str(k): str(v)
+            for k, v in self._rows(sa.select(s.c.sample_id, s.c.scored_json).where(self._mine(s)))
+        }
 
     def coverage(self) -> CaseCoverage:
         """The cases evaluated out of those the dataset lists, and every skipped one with why.
 
         A run stored before this was recorded: ``recorded`` is False and ``evaluated`` counts the
         cases its samples answer."""
-        evaluated = self._one("SELECT value FROM meta WHERE key=?", (_CASES_EVALUATED,))
-        if evaluated is None or not self._has_skipped:
-            n = self._one("SELECT COUNT(DISTINCT case_id) FROM samples")
+        evaluated = self._one(self._meta_value(_CASES_EVALUATED))
+        if evaluated is None:
+            s = t_.samples
+            n = self._one(sa.select(sa.func.count(sa.distinct(s.c.case_id))).where(self._mine(s)))
             return CaseCoverage(evaluated=int(n[0]) if n else 0, recorded=False)
-        rows = self._all("SELECT entry, position, case_id, reason FROM skipped_cases ORDER BY n")
+        k = t_.skipped_cases
+        rows = self._rows(
+            sa.select(k.c.entry, k.c.position, k.c.case_id, k.c.reason)
+            .where(self._mine(k))
+            .order_by(k.c.n)
+        )
         skipped = [SkippedCase(entry=e, position=p, case_id=c, reason=r) for e, p, c, r in rows]
         return CaseCoverage(evaluated=int(evaluated[0]), skipped=skipped)
 
@@ -504,15 +760,20 @@ class RunStore:
         failures': ``retries()``, or the result of it a caller already holds). Models without a
         failed sample are left out."""
         retries = self.retries() if retries is None else retries
+        s = t_.samples
+        failed = sa.and_(self._mine(s), s.c.status == "error")
         groups: list[CallErrors] = []
-        for model, n, distinct in self._all(
-            "SELECT model, COUNT(*), COUNT(DISTINCT parse_error) FROM samples "
-            "WHERE status='error' GROUP BY model ORDER BY model"
+        for model, n, distinct in self._rows(
+            sa.select(s.c.model, sa.func.count(), sa.func.count(sa.distinct(s.c.parse_error)))
+            .where(failed)
+            .group_by(s.c.model)
+            .order_by(s.c.model)
         ):
             first = self._one(
-                "SELECT parse_error FROM samples WHERE status='error' AND model=? "
-                "ORDER BY updated_at, sample_id LIMIT 1",
-                (model,),
+                sa.select(s.c.parse_error)
+                .where(failed, s.c.model == model)
+                .order_by(s.c.updated_at, s.c.sample_id)
+                .limit(1)
             )
             groups.append(
                 CallErrors(
@@ -529,24 +790,32 @@ class RunStore:
         """Retries per model: the extra attempts its calls took, answered or failed in the end
         (each call's ``ModelOutput.retries``)."""
         out: dict[str, int] = {}
-        for table in ("responses", "failures"):
-            for model, n in self._all(
-                f"SELECT model, SUM(COALESCE(json_extract(output_json, '$.retries'), 0)) "
-                f"FROM {table} GROUP BY model"
+        for table in (t_.responses, t_.failures):
+            for model, output_json in self._rows(
+                sa.select(table.c.model, table.c.output_json).where(self._mine(table))
             ):
+                n = json.loads(output_json).get("retries") or 0
                 if n:
                     out[model] = out.get(model, 0) + int(n)
         return out
 
     def counts(self) -> StoreCounts:
-        keys = ("requests", "responses", "failures", "samples", "scores", "audit")
-        tables = {k: int(self._one(f"SELECT COUNT(*) FROM {k}")[0]) for k in keys}  # type: ignore[index]
+        tables = {
+            t.name: int(
+                self._one(sa.select(sa.func.count()).select_from(t).where(self._mine(t)))[0]  # type: ignore[index]
+            )
+            for t in (t_.requests, t_.responses, t_.failures, t_.samples, t_.scores, t_.audit)
+        }
+        s = t_.samples
         by_status = {
             str(status): int(n)
-            for status, n in self._all("SELECT status, COUNT(*) FROM samples GROUP BY status")
+            for status, n in self._rows(
+                sa.select(s.c.status, sa.func.count()).where(self._mine(s)).group_by(s.c.status)
+            )
         }
         return StoreCounts(**tables, by_status=by_status)
 
     def audit(self) -> Iterator[AuditRecord]:
-        for (j,) in self._all("SELECT record_json FROM audit ORDER BY id"):
+        a = t_.audit
+        for (j,) in self._rows(sa.select(a.c.record_json).where(self._mine(a)).order_by(a.c.id)):
             yield AuditRecord.model_validate_json(j)

@@ -1,10 +1,14 @@
 """Writes to the run store: the statements of each record, and group commit off the event loop.
 
+A record's statements are ``(name, parameters)`` pairs: ``name`` one of ``SQL``'s statements,
+SQLAlchemy Core constructs of the schema compiled once per dialect (SQLite or PostgreSQL) when a
+store opens; the store adds its ``run_id`` to the parameters.
+
 ``GroupCommitter`` owns the store's connection from one writer thread. The runner hands it the
 statements of a record and awaits the commit: whatever arrived while the previous transaction
 was being written goes into the next one (group commit, no timer), each record in its own
 savepoint so that one bad record fails alone. The await returns only once the transaction is
-committed, so "stored before scored" holds, while SQLite's I/O runs outside the event loop.
+committed, so "stored before scored" holds, while the database's I/O runs outside the event loop.
 """
 
 from __future__ import annotations
@@ -13,28 +17,26 @@ import asyncio
 import datetime as dt
 import json
 import queue
-import sqlite3
-import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+
+from evaluation.log import schema as t_
 from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
 from evaluation.scores import ErrorLabel, Score
 
-
-class CommitTarget(Protocol):
-    """What the writer thread needs of a store (evaluation.store.RunStore has both)."""
-
-    @property
-    def lock(self) -> threading.RLock: ...
-
-    @property
-    def connection(self) -> sqlite3.Connection: ...
-
-
-Statements = list[tuple[str, tuple[Any, ...]]]
+Statements = list[tuple[str, dict[str, Any]]]
 _STOP = object()
 MAX_BATCH = 256
+
+
+class CommitTarget(Protocol):
+    """What the writer thread needs of a store (evaluation.log.store.RunStore has it)."""
+
+    def run_batch(self, records: list[Statements]) -> list[BaseException | None]: ...
 
 
 def now() -> str:
@@ -45,10 +47,69 @@ def sample_id(case_id: str, task: str, model: str, sample: int) -> str:
     return json.dumps([case_id, task, model, sample], separators=(",", ":"))
 
 
+def _cols(table: sa.Table, *skip: str) -> dict[str, Any]:
+    return {c.name: sa.bindparam(c.name) for c in table.columns if c.name not in skip}
+
+
+def _key(table: sa.Table, *cols: str) -> Any:
+    return sa.and_(*(table.c[c] == sa.bindparam(c) for c in cols))
+
+
+def _statements(dialect: str) -> dict[str, sa.Executable]:
+    """Every write the store makes, as Core statements of the schema for ``dialect``."""
+    ins: Callable[[sa.Table], Any] = (postgresql if dialect == "postgresql" else sqlite).insert
+
+    def upsert(table: sa.Table, *skip: str) -> Any:
+        stmt = ins(table).values(_cols(table, *skip))
+        pk = [c.name for c in table.primary_key.columns]
+        rest = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in pk}
+        return stmt.on_conflict_do_update(index_elements=pk, set_=rest)
+
+    def keep(table: sa.Table) -> Any:
+        stmt = ins(table).values(_cols(table))
+        pk = [c.name for c in table.primary_key.columns]
+        return stmt.on_conflict_do_nothing(index_elements=pk)
+
+    rid = ("run_id",)
+    return {
+        "request": keep(t_.requests),
+        "audit": sa.insert(t_.audit).values(_cols(t_.audit, "id")),
+        "response": upsert(t_.responses),
+        "failure": sa.insert(t_.failures).values(_cols(t_.failures, "id")),
+        "sample": upsert(t_.samples),
+        "delete_scores": sa.delete(t_.scores).where(_key(t_.scores, *rid, "sample_id")),
+        "delete_label": sa.delete(t_.error_labels).where(_key(t_.error_labels, *rid, "sample_id")),
+        "delete_scored": sa.delete(t_.scored_samples).where(
+            _key(t_.scored_samples, *rid, "sample_id")
+        ),
+        "scored": sa.insert(t_.scored_samples).values(_cols(t_.scored_samples)),
+        "score": upsert(t_.scores),
+        "label": sa.insert(t_.error_labels).values(_cols(t_.error_labels)),
+        "case": keep(t_.cases),
+        "delete_skipped": sa.delete(t_.skipped_cases).where(_key(t_.skipped_cases, *rid)),
+        "skipped": sa.insert(t_.skipped_cases).values(_cols(t_.skipped_cases, "n")),
+        "meta": upsert(t_.meta),
+        "meta_keep": keep(t_.meta),
+        "note": upsert(t_.notes),
+        "status": sa.update(t_.run)
+        .where(_key(t_.run, *rid))
+        .values(status=sa.bindparam("status"), updated_at=sa.bindparam("updated_at")),
+        "run": sa.insert(t_.run).values(_cols(t_.run)),
+        "gateway_run": upsert(t_.gateway_runs),
+    }
+
+
+def compiled(dialect: sa.Dialect) -> dict[str, str]:
+    """The write statements as SQL text of ``dialect`` (named parameters), compiled once."""
+    return {k: str(v.compile(dialect=dialect)) for k, v in _statements(dialect.name).items()}
+
+
 class GroupCommitter:
     """Commits statement groups from one writer thread; ``submit`` awaits the commit."""
 
     def __init__(self, store: CommitTarget) -> None:
+        import threading
+
         self._store = store
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="store-writer", daemon=True)
@@ -86,23 +147,8 @@ class GroupCommitter:
                 return
 
     def _commit(self, batch: list[Any]) -> None:
-        results: list[BaseException | None] = []
         try:
-            with self._store.lock:
-                db = self._store.connection
-                db.execute("BEGIN IMMEDIATE")
-                for n, (statements, _, _) in enumerate(batch):
-                    db.execute(f"SAVEPOINT r{n}")
-                    try:
-                        for sql, args in statements:
-                            db.execute(sql, args)
-                    except Exception as exc:  # this record fails, the others are kept
-                        db.execute(f"ROLLBACK TO r{n}")
-                        results.append(exc)
-                    else:
-                        results.append(None)
-                    db.execute(f"RELEASE r{n}")
-                db.execute("COMMIT")
+            results = self._store.run_batch([statements for statements, _, _ in batch])
             self.transactions += 1
         except Exception as exc:  # the commit itself failed: every record of the batch fails
             results = [exc] * len(batch)
@@ -139,34 +185,33 @@ def request_statements(
     """The request (kept once per key) and the audit summary of this sending of it."""
     return [
         (
-            "INSERT OR IGNORE INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-            (
-                cache_key,
-                case_id,
-                task,
-                family,
-                model,
-                sample,
-                turn,
-                json.dumps(image_hashes),
-                prompt_hash,
-                json.dumps(request),
-                now(),
-            ),
+            "request",
+            {
+                "cache_key": cache_key,
+                "case_id": case_id,
+                "task": task,
+                "family": family,
+                "model": model,
+                "sample": sample,
+                "turn": turn,
+                "image_hashes": json.dumps(image_hashes),
+                "prompt_hash": prompt_hash,
+                "request_json": json.dumps(request),
+                "created_at": now(),
+            },
         ),
         (
-            "INSERT INTO audit (time, model, endpoint, case_id, cache_key, remote, "
-            "deidentified, record_json) VALUES (?,?,?,?,?,?,?,?)",
-            (
-                audit.time,
-                audit.model,
-                audit.endpoint,
-                audit.case_id,
-                audit.cache_key,
-                int(audit.remote),
-                int(audit.deidentified),
-                audit.model_dump_json(),
-            ),
+            "audit",
+            {
+                "time": audit.time,
+                "model": audit.model,
+                "endpoint": audit.endpoint,
+                "case_id": audit.case_id,
+                "cache_key": audit.cache_key,
+                "remote": int(audit.remote),
+                "deidentified": int(audit.deidentified),
+                "record_json": audit.model_dump_json(),
+            },
         ),
     ]
 
@@ -174,8 +219,14 @@ def request_statements(
 def response_statements(cache_key: str, model: str, output: ModelOutput) -> Statements:
     return [
         (
-            "INSERT OR REPLACE INTO responses VALUES (?,?,?,?,?)",
-            (cache_key, model, output.text, output.model_dump_json(), now()),
+            "response",
+            {
+                "cache_key": cache_key,
+                "model": model,
+                "text": output.text,
+                "output_json": output.model_dump_json(),
+                "created_at": now(),
+            },
         )
     ]
 
@@ -183,9 +234,14 @@ def response_statements(cache_key: str, model: str, output: ModelOutput) -> Stat
 def failure_statements(cache_key: str, model: str, output: ModelOutput) -> Statements:
     return [
         (
-            "INSERT INTO failures (cache_key, model, error, output_json, created_at) "
-            "VALUES (?,?,?,?,?)",
-            (cache_key, model, output.error or "", output.model_dump_json(), now()),
+            "failure",
+            {
+                "cache_key": cache_key,
+                "model": model,
+                "error": output.error or "",
+                "output_json": output.model_dump_json(),
+                "created_at": now(),
+            },
         )
     ]
 
@@ -204,21 +260,21 @@ def sample_statements(
     image_hashes: list[str],
 ) -> tuple[str, Statements]:
     sid = sample_id(case_id, task, model, sample)
-    row = (
-        sid,
-        case_id,
-        task,
-        family,
-        model,
-        sample,
-        status,
-        json.dumps(turns),
-        json.dumps(parsed) if parsed is not None else None,
-        parse_error,
-        json.dumps(image_hashes),
-        now(),
-    )
-    return sid, [("INSERT OR REPLACE INTO samples VALUES (?,?,?,?,?,?,?,?,?,?,?,?)", row)]
+    row = {
+        "sample_id": sid,
+        "case_id": case_id,
+        "task": task,
+        "family": family,
+        "model": model,
+        "sample": sample,
+        "status": status,
+        "turns_json": json.dumps(turns),
+        "parsed_json": json.dumps(parsed) if parsed is not None else None,
+        "parse_error": parse_error,
+        "image_hashes": json.dumps(image_hashes),
+        "updated_at": now(),
+    }
+    return sid, [("sample", row)]
 
 
 def score_statements(
@@ -229,23 +285,31 @@ def score_statements(
     scoring_version: str | None = None,
 ) -> Statements:
     t = now()
+    key = {"sample_id": sid}
     statements: Statements = [
-        ("DELETE FROM scores WHERE sample_id=?", (sid,)),
-        ("DELETE FROM error_labels WHERE sample_id=?", (sid,)),
-        ("DELETE FROM scored_samples WHERE sample_id=?", (sid,)),
+        ("delete_scores", key),
+        ("delete_label", key),
+        ("delete_scored", key),
     ]
     if scored_json is not None:
-        statements.append(("INSERT INTO scored_samples VALUES (?,?)", (sid, scored_json)))
+        statements.append(("scored", {"sample_id": sid, "scored_json": scored_json}))
     for s in scores:
         statements.append(
             (
-                "INSERT OR REPLACE INTO scores (sample_id, scorer, value, explanation, "
-                "details_json, scored_at, scoring_version) VALUES (?,?,?,?,?,?,?)",
-                (sid, s.scorer, s.value, s.explanation, json.dumps(s.details), t, scoring_version),
+                "score",
+                {
+                    "sample_id": sid,
+                    "scorer": s.scorer,
+                    "value": s.value,
+                    "explanation": s.explanation,
+                    "details_json": json.dumps(s.details),
+                    "scored_at": t,
+                    "scoring_version": scoring_version,
+                },
             )
         )
     if label is not None:
         statements.append(
-            ("INSERT INTO error_labels VALUES (?,?,?)", (sid, label.model_dump_json(), t))
+            ("label", {"sample_id": sid, "label_json": label.model_dump_json(), "scored_at": t})
         )
     return statements

@@ -9,7 +9,6 @@ store; nothing calls a model or re-scores.
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,24 +30,6 @@ def find_store(rundir: Path) -> Path | None:
 
     path = Path(rundir) / STORE_FILE
     return path if path.is_file() else None
-
-
-def _scored_json(store_file: Path) -> dict[str, str]:
-    """sample_id -> ScoredSample JSON (read-only; the store's public API does not key these)."""
-    db = sqlite3.connect(f"{store_file.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        return dict(db.execute("SELECT sample_id, scored_json FROM scored_samples").fetchall())
-    finally:
-        db.close()
-
-
-def _requests_json(store_file: Path) -> dict[str, str]:
-    """cache_key -> the stored request JSON (read-only, as ``_scored_json``)."""
-    db = sqlite3.connect(f"{store_file.resolve().as_uri()}?mode=ro", uri=True)
-    try:
-        return dict(db.execute("SELECT cache_key, request_json FROM requests").fetchall())
-    finally:
-        db.close()
 
 
 def _sent(
@@ -106,14 +87,14 @@ def run_from_store(
         rows = store.samples()
         responses = store.responses()
         coverage = store.coverage()
+        scored = store.scored_by_sample()
+        stored_requests = store.requests()
     finally:
         store.close()
     dataset = dataset or open_dataset(config, cache_dir)
     warnings = list(dataset.warnings)
     if dataset.hash != row.dataset_hash:
         warnings.append("the dataset changed since the run; the report shows today's truth")
-    scored = _scored_json(store_file)
-    stored_requests = _requests_json(store_file)
     requests: dict[str, SentRequest] = {}
     cases = {c.case_id: c for c in dataset.cases}
     samples: list[SampleResult] = []
