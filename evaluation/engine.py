@@ -20,7 +20,7 @@ from evaluation.case import Case
 from evaluation.datasets import Dataset, load_dataset
 from evaluation.errors import DatasetError, StoreError
 from evaluation.log.records import RunRow
-from evaluation.log.store import RunStore, store_exists
+from evaluation.log.store import open_store, store_exists
 from evaluation.prompts import default_prompts
 from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
@@ -47,14 +47,22 @@ async def start_run(
     dataset: Dataset | None = None,
     on_progress: Progress | None = None,
     score: bool = True,
+    database_url: str | None = None,
 ) -> RunStats:
-    """Create the run folder and store, record the configuration, and run every unit."""
-    if store_exists(run_dir) and _holds_run(run_dir):
+    """Create the run folder and store, record the configuration, and run every unit.
+    ``database_url``: the PostgreSQL run log (None: the folder's own run.sqlite)."""
+    if store_exists(run_dir, database_url) and _holds_run(run_dir, database_url):
         raise StoreError(f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`")
     dataset = dataset or open_dataset(config, cache_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # a store holding only notes (the gateway's record of a queued run) gets its run now
-    store = RunStore(run_dir, create=True, durable=config.durable)
+    store = open_store(
+        run_dir,
+        run_id=config.run_id,
+        create=True,
+        durable=config.durable,
+        database_url=database_url,
+    )
     try:
         prompts = default_prompts()
         store.init_run(
@@ -77,13 +85,13 @@ async def start_run(
         store.close()
 
 
-def _holds_run(run_dir: Path) -> bool:
-    with RunStore(run_dir) as store:
+def _holds_run(run_dir: Path, database_url: str | None = None) -> bool:
+    with open_store(run_dir, database_url=database_url) as store:
         return store.has_run()
 
 
-def load_config(run_dir: Path) -> tuple[RunConfig, RunRow]:
-    store = RunStore(run_dir)
+def load_config(run_dir: Path, database_url: str | None = None) -> tuple[RunConfig, RunRow]:
+    store = open_store(run_dir, database_url=database_url)
     try:
         row = store.run_row()
     finally:
@@ -99,9 +107,10 @@ async def resume_run(
     on_progress: Progress | None = None,
     allow_changed_dataset: bool = False,
     score: bool = True,
+    database_url: str | None = None,
 ) -> RunStats:
     """Continue a run: stored responses are reused, missing and failed calls are made."""
-    config, row = load_config(run_dir)
+    config, row = load_config(run_dir, database_url)
     if api_base:
         for spec in config.models:
             if spec.kind == "litellm":
@@ -112,7 +121,7 @@ async def resume_run(
             f"the dataset changed since the run started (hash {row.dataset_hash[:12]} -> "
             f"{dataset.hash[:12]}); resume would mix two datasets"
         )
-    store = RunStore(run_dir, durable=config.durable)
+    store = open_store(run_dir, durable=config.durable, database_url=database_url)
     try:
         # Runs recorded before snapshots, or cases new to a changed dataset; kept ones stay.
         store.record_cases([scoring_snapshot(c) for c in dataset.cases])
@@ -123,15 +132,19 @@ async def resume_run(
 
 
 def rescore(
-    run_dir: Path, *, cache_dir: Path | None = None, bertscore: bool | None = None
+    run_dir: Path,
+    *,
+    cache_dir: Path | None = None,
+    bertscore: bool | None = None,
+    database_url: str | None = None,
 ) -> RescoreCounts:
     """Re-parse and re-score every stored response (never calls a model).
 
     Cases come from the run's own snapshots; the dataset on disk is read only for cases a run
     recorded before snapshots existed, and to warn when it no longer matches the run.
     """
-    config, row = load_config(run_dir)
-    store = RunStore(run_dir)
+    config, row = load_config(run_dir, database_url)
+    store = open_store(run_dir, database_url=database_url)
     try:
         snapshots = store.cases()
     finally:
@@ -149,7 +162,7 @@ def rescore(
                 f"{verdicts}: not a judge verdict file ({exc}); move it away "
                 "to rescore without the judge"
             ) from exc
-    store = RunStore(run_dir)
+    store = open_store(run_dir, database_url=database_url)
     try:
         return rescore_run(
             store,

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     # registered cases (a suite folder): a received study one names is evaluated as that case
     # (its EHR, note, ground truth, turns); see gateway/study_run.py
     cases: Path | None = None
+    # the run log in PostgreSQL (postgresql+psycopg://...) for every run of the install;
+    # None: one run.sqlite per run folder. Read here only, passed to evaluation.log.
+    database_url: str | None = None
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
     # an evaluation's worker process is stopped after this long; the run fails, the queue goes on
     run_deadline_s: Annotated[float, Field(gt=0)] = 3600.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from gateway.cli.cases import cases_app
+from gateway.cli.db import db_app
 from gateway.cli.demo import demo_command
 from gateway.cli.eval import eval_command
 from gateway.cli.export import export_case_command
@@ -40,6 +41,7 @@ app.command("export-case")(export_case_command)
 app.add_typer(runs_app, name="runs")
 app.add_typer(models_app, name="models")
 app.add_typer(cases_app, name="cases")
+app.add_typer(db_app, name="db")
 
 
 def main() -> None:  # pragma: no cover

@@ -17,6 +17,20 @@ def serve_command() -> None:
             check_free(*listen)
     except PortUnavailableError as exc:
         raise fail(str(exc), 2) from None
+    if settings.database_url:  # never serve on a run log of an older schema
+        from evaluation import EvaluationError
+        from evaluation.log import schema_status
+
+        try:
+            st = schema_status(settings.database_url)
+        except EvaluationError as exc:
+            raise fail(str(exc), 2) from None
+        if not st.up_to_date:
+            raise fail(
+                f"the run log at {st.url} is at schema {st.current or 'none'}, this gateway "
+                f"needs {st.head}: run `neurosandbox db upgrade` first",
+                2,
+            )
 
     from gateway.routing import RoutingError
     from gateway.serve import serve
