@@ -45,9 +45,11 @@ CREATE TABLE IF NOT EXISTS review_events (
 CREATE INDEX IF NOT EXISTS review_events_case ON review_events (run_id, case_id);
 CREATE TRIGGER IF NOT EXISTS review_events_no_update BEFORE UPDATE ON review_events
 BEGIN SELECT RAISE(ABORT, 'review_events is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS review_events_no_delete BEFORE DELETE ON review_events
-BEGIN SELECT RAISE(ABORT, 'review_events is append-only'); END;
 """
+# Rows are never deleted, except by erasure (``ReviewStore.erase``), which lifts this for once
+_NO_DELETE = """CREATE TRIGGER IF NOT EXISTS review_events_no_delete BEFORE DELETE ON review_events
+BEGIN SELECT RAISE(ABORT, 'review_events is append-only'); END;"""
+_SCHEMA += _NO_DELETE
 COLUMNS = (
     "id",
     "at",
@@ -336,6 +338,38 @@ class ReviewStore:
             db.row_factory = sqlite3.Row
             rows = db.execute(sql + " ORDER BY id", args).fetchall()
         return [ReviewEvent.model_validate(dict(r)) for r in rows]
+
+    def erase(self, run_ids: Iterable[str], case_ids: Iterable[str] | None = None) -> int:
+        """Erasure (``neurosandbox purge``), the one exception to append-only: delete every
+        event of these runs (of these cases of them only, when given), then rewrite the file,
+        so that nothing of them is left in free pages or the write-ahead log. Returns how many
+        events were deleted."""
+        runs, where = sorted(set(run_ids)), "run_id IN ({})"
+        args = list(runs)
+        if case_ids is not None:
+            cases = sorted(set(case_ids))
+            where, args = where + " AND case_id IN ({})", [*runs, *cases]
+            if not cases:
+                return 0
+        if not runs:
+            return 0
+        marks = [",".join("?" * len(a)) for a in (runs, args[len(runs) :]) if a]
+        with self._lock, self._connect() as db:
+            db.execute("PRAGMA secure_delete=ON")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("DROP TRIGGER IF EXISTS review_events_no_delete")
+                sql = "DELETE FROM review_events WHERE " + where.format(*marks)
+                n = db.execute(sql, args).rowcount
+                db.execute(_NO_DELETE)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+            if n:
+                db.execute("VACUUM")
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return n
 
     def reviews(self, run_id: str, case_id: str | None = None) -> list[CaseReview]:
         return list(fold(self.events(run_id, case_id)).values())
