@@ -33,6 +33,7 @@ from gateway.http_guard import ConnectionLimits, guarded_protocol
 from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
 from gateway.ports import bind_listening, check_free, serve_ports, unavailable
+from gateway.purge import Places, Purger, RetentionTimer
 from gateway.routing import Router
 from gateway.scp import StorageSCP, uid_key
 from gateway.scp_transport import PeerLimits
@@ -88,6 +89,7 @@ class Gateway:
     scp: StorageSCP
     pipeline: StudyPipeline
     follower: ChangesFollower | None
+    retention: RetentionTimer | None = None  # NEUROSANDBOX_RETENTION_DAYS: purge, then daily
     _stopped: bool = False
 
     def start(self) -> None:
@@ -95,11 +97,15 @@ class Gateway:
         self.scp.start()
         if self.follower is not None:
             self.follower.start()
+        if self.retention is not None:
+            self.retention.start()
 
     def stop(self) -> None:
         if self._stopped:
             return
         self._stopped = True
+        if self.retention is not None:
+            self.retention.stop()
         self.scp.stop()
         if self.follower is not None:
             self.follower.stop()
@@ -166,7 +172,11 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         if settings.follow_changes
         else None
     )
-    return Gateway(ctx=ctx, scp=scp, pipeline=pipeline, follower=follower)
+    retention = None
+    if settings.retention_days is not None:
+        purger = Purger(Places.from_settings(settings), audit=ctx.audit, runs=ctx.runs)
+        retention = RetentionTimer(purger, settings.retention_days)
+    return Gateway(ctx=ctx, scp=scp, pipeline=pipeline, follower=follower, retention=retention)
 
 
 def api_server_config(app: ASGIApp, settings: Settings, port: int) -> uvicorn.Config:

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
     api_max_connections_per_client: Annotated[int, Field(ge=1)] = 16
     api_max_connections: Annotated[int, Field(ge=1)] = 256
     api_max_requests: Annotated[int, Field(ge=1)] = 64
+    # runs and study data (spool, state, cache, reports, their review events) older than this
+    # many days are purged at start and then daily (gateway/purge.py); None keeps them
+    retention_days: Annotated[int, Field(gt=0)] | None = None
     audit_max_bytes: int = 16 << 20  # the audit log rotates past this size...
     audit_backups: int = 5  # ...keeping this many older files (audit.jsonl.1 ... .N)
 

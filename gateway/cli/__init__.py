@@ -17,6 +17,7 @@ from gateway.cli.imaging import inspect, render
 from gateway.cli.models import models_app
 from gateway.cli.pacs import pacs_app
 from gateway.cli.phantoms import phantoms_command
+from gateway.cli.purge import purge_command
 from gateway.cli.report import report_command
 from gateway.cli.runs import runs_app
 from gateway.cli.serve import serve_command
@@ -41,6 +42,7 @@ app.command("export-case")(export_case_command)
 app.add_typer(runs_app, name="runs")
 app.add_typer(models_app, name="models")
 app.add_typer(cases_app, name="cases")
+app.command("purge")(purge_command)
 app.add_typer(db_app, name="db")
 
 
