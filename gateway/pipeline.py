@@ -650,6 +650,7 @@ class StudyPipeline:
             RunStatus.DONE,
             version=version,
             sr_sop_uids=list(sr_uids.values()),
+            unverified_sr=sr_uids,
             pdf_sop_uid=pdf_uid,
             warnings=warnings,
             timings_s=dict(job.timings),

@@ -2,6 +2,7 @@
 # name imported on first use (lazy_loader).
 from .bundle import ReportIndex as ReportIndex
 from .bundle import bundle_images as bundle_images
+from .bundle import case_images as case_images
 from .bundle import load_checklist as load_checklist
 from .bundle import load_checklists as load_checklists
 from .bundle import write_report as write_report

@@ -11,6 +11,7 @@ Layout (what ``neurosandbox report`` writes and the gateway's review pages read)
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from evaluation.log.rundata import RunData
-from evaluation.reports.checklist import build_checklist, image_path
+from evaluation.reports.checklist import MAX_IMAGE_BYTES, build_checklist, image_path
 from evaluation.reports.checklist_view import CaseChecklist, checklist_schema
 from evaluation.reports.html import ImageLoader, render_checklist, render_summary
 from evaluation.reports.loader import RUNDATA_FILE, save_run
@@ -59,6 +60,33 @@ def bundle_images(out: Path) -> ImageLoaderFactory:
 
 
 ImageLoaderFactory = Callable[[CaseChecklist], ImageLoader]
+
+
+def case_images(run: RunData) -> ImageLoaderFactory:
+    """Image loaders for checklists built from ``run`` (not read from a bundle): each image
+    read where the run keeps it, and only while the file still hashes as the checklist found
+    it (``file_sha256``)."""
+
+    def factory(cl: CaseChecklist) -> ImageLoader:
+        case = run.case(cl.case_id)
+        root = run.case_roots.get(case.case_id)
+
+        def load(index: int) -> bytes | None:
+            img = next((i for i in cl.images if i.index == index), None)
+            if img is None or img.file_sha256 is None:
+                return None
+            path = image_path(case, img.path, root)
+            try:
+                if not path.is_file() or path.stat().st_size > MAX_IMAGE_BYTES:
+                    return None
+                data = path.read_bytes()
+            except OSError:
+                return None
+            return data if hashlib.sha256(data).hexdigest() == img.file_sha256 else None
+
+        return load
+
+    return factory
 
 
 def load_checklist(out: Path, slug: str) -> CaseChecklist:

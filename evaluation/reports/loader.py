@@ -1,4 +1,5 @@
-"""Read a run into ``RunData``: a report bundle's ``rundata.json``, or the engine's run store.
+"""Read a run into ``RunData``: from the engine's run store (the run log), or, for a report
+handed in without one, a report bundle's ``rundata.json`` (an export of the log).
 
 This is the one module that knows the run store's layout; everything else takes ``RunData``.
 """
@@ -39,17 +40,23 @@ def _read_rundata(path: Path) -> RunData:
 
 
 def load_run(rundir: Path) -> RunData:
-    """The run in ``rundir``: a ``rundata.json`` (file or folder holding one), else the store."""
+    """The run in ``rundir``: its run store (the run log, the run's source) when the folder has
+    one, else a ``rundata.json`` (the file given, or the one in the folder).
+
+    A ``rundata.json`` is an export (a report bundle's, ``runs export``): it is read only when
+    it is all there is, a report the user hands in (an old folder, a bundle copied from another
+    machine); beside a store it is ignored, because a ``rescore`` since it was written changed
+    the store, not it."""
     rundir = Path(rundir)
     if rundir.is_file() and rundir.suffix == ".json":
         return _read_rundata(rundir)
-    if (rundir / RUNDATA_FILE).is_file():
-        return _read_rundata(rundir / RUNDATA_FILE)
     from evaluation.reports.storeread import find_store, run_from_store
 
     store = find_store(rundir)
     if store is not None:
         return run_from_store(store)
+    if (rundir / RUNDATA_FILE).is_file():
+        return _read_rundata(rundir / RUNDATA_FILE)
     raise RunLoadError(
         f"{rundir}: no {RUNDATA_FILE} and no evaluation run store found; "
         "give the folder of a run (`neurosandbox eval ... --out RUNDIR`) or of a report"

@@ -281,11 +281,11 @@ def _wait_runs(
 
 
 def _merged(store: Any, runs: dict[str, str]) -> Any:
-    """One run of every case: the gateway runs' report bundles (``rundata.json``) together."""
+    """One run of every case: the gateway runs, read from their run logs, together."""
     from evaluation.log import RunData
-    from evaluation.reports import load_run
+    from gateway.runs.reading import read_run
 
-    parts = [load_run(store.report_path(run_id, "json")) for _case, run_id in sorted(runs.items())]
+    parts = [read_run(store, run_id) for _case, run_id in sorted(runs.items())]
     first = parts[0]
     digest = hashlib.sha256("\n".join(sorted(runs.values())).encode()).hexdigest()[:8]
     return RunData(

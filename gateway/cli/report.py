@@ -14,7 +14,9 @@ console = cli_console(stderr=True)
 
 
 def report_command(
-    rundir: Annotated[Path, typer.Argument(help="a run folder (or its rundata.json)")],
+    rundir: Annotated[
+        Path, typer.Argument(help="a run folder (or a rundata.json exported from one)")
+    ],
     out: Annotated[
         Path | None,
         typer.Option(
@@ -35,7 +37,10 @@ def report_command(
     """Write per-case checklists (JSON, HTML, PDF) and the run summary (JSON, HTML, PDF).
 
     The summary says how many of the dataset's cases the run evaluated and lists the skipped
-    ones with why; so does this command."""
+    ones with why; so does this command. The run is read from its run store; a folder holding
+    only a ``rundata.json`` (an older report, a bundle from elsewhere) is read from that export,
+    as handed in. Written into the reports folder, a run that is not one of the gateway's is
+    shown by the review pages as written here (write it again after a ``rescore``)."""
     from evaluation.reports import RunLoadError, case_slug, load_run, write_report
     from evaluation.review import ReviewStore
     from gateway.settings import get_settings

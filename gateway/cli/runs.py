@@ -204,6 +204,7 @@ def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
 def _show_calibration(run_dir: Path, log: Path | None) -> None:
     """Review progress and the grader's Pearson r with the clinicians' ratings, if any."""
     from evaluation.log import RunStore
+    from evaluation.scoring import CalibrationDetails
 
     if log is None:
         return
@@ -229,9 +230,10 @@ def _show_calibration(run_dir: Path, log: Path | None) -> None:
         console.print("grader calibration: no clinician ratings on signed-off cases yet")
         return
     line = escape(g.explanation)
-    if g.value is not None and (ci := g.details.get("ci95")):
+    cal = g.detail_as(CalibrationDetails)
+    if g.value is not None and cal is not None and (ci := cal.ci95) is not None:
         line += f", 95% CI [{ci[0]:.2f}, {ci[1]:.2f}]"
-    verdict = g.details.get("meets_paper_bar")
+    verdict = cal.meets_paper_bar if cal is not None else None
     if verdict is not None:
         line += ": [green]meets the bar[/green]" if verdict else ": [red]below the bar[/red]"
     cli_console().print(line)
@@ -368,10 +370,46 @@ def runs_rescore(
 
 
 def _print_rescore(counts: Any, run_dir: Path) -> None:
-    """The counts of a rescore, what it changed (scoring version, scores, labels), the run."""
+    """The counts of a rescore, what it changed (scoring version, scores, labels), the run;
+    a gateway run's report bundle is written again from the rescored log."""
     console.print(", ".join(f"{k} {v}" for k, v in counts.items()))
     console.print(escape(counts.message()))
+    _republish(run_dir)
     show_run(run_dir)
+
+
+def _republish(run_dir: Path) -> None:
+    """A gateway run (``DATA_DIR/runs/<run id>``): its published report bundle written again
+    from its run log. (The review pages and the API read the log itself: they show the new
+    scores either way; the bundle is what a download or a copy holds.)"""
+    from evaluation.log import RunStore
+    from gateway.runs import RunNotFoundError, StudyRunStore, record_of
+    from gateway.runs.report import republish
+    from gateway.settings import get_settings
+
+    run_dir = run_dir.resolve()
+    if run_dir.parent.name != "runs":
+        return
+    try:
+        with RunStore(run_dir) as store:
+            if record_of(store) is None:  # a run of `neurosandbox eval`
+                return
+    except (EvaluationError, ValueError, OSError):
+        return
+    data = run_dir.parent.parent
+    settings = get_settings()
+    same = settings.data_dir.resolve() == data
+    runs = StudyRunStore(data, settings.reports_root if same else data / "reports")
+    try:
+        folder = republish(runs, run_dir.name)
+    except (RunNotFoundError, EvaluationError, OSError) as exc:
+        console.print(f"[yellow]report bundle not rebuilt: {escape(str(exc))}[/yellow]")
+        return
+    if folder is not None:
+        console.print(
+            f"report bundle rebuilt from the run log: {escape(str(folder))} (its checklist "
+            "PDF stays the one written back to PACS, with the scores of then)"
+        )
 
 
 @runs_app.command("judge")

@@ -53,7 +53,7 @@ from gateway.review.reissue import (
 )
 from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.runs import RunRecord
-from gateway.runs.report import gateway_info
+from gateway.runs.reading import gateway_info
 
 MAX_BATCH = 500
 

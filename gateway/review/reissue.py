@@ -34,7 +34,7 @@ from evaluation.log import RunData
 from evaluation.reports import PdfError, pdf_bytes, render_verified
 from evaluation.review import Verification
 from gateway.orthanc import OrthancClient, OrthancError, StudySummary
-from gateway.runs.report import gateway_info
+from gateway.runs.reading import gateway_info
 from gateway.sr import (
     ReportBuildError,
     Verifier,

@@ -4,8 +4,15 @@ and re-issued as a VERIFIED SR.
 
 The bundle is written inside the run folder first; its case checklist, printed by Chromium, is
 the Encapsulated PDF that goes back to PACS. Once the write-back succeeded, the UNVERIFIED SRs
-stored are recorded in the bundle's ``rundata.json`` (re-issue names them as predecessors) and
-the folder is moved, atomically, to ``<reports root>/<run id>``.
+stored are written into the bundle's ``rundata.json`` too and the folder is moved, atomically,
+to ``<reports root>/<run id>``.
+
+The bundle is an export: nothing of the gateway reads it back as the run (the review pages,
+re-issue and the API read the run log, ``gateway.runs.reading``; the UNVERIFIED SRs are in the
+run's record). ``republish`` writes it again from the log (``runs rescore`` does, so a download
+shows the new scores); the checklist PDF in it stays the one written back to PACS. (The
+evidence file, ``evidence.json``, is still kept in the bundle and read by re-issue until the
+run log holds the evidence.)
 """
 
 from __future__ import annotations
@@ -25,8 +32,11 @@ from evaluation.reports import (
     save_run,
     write_report,
 )
+from gateway.runs.reading import GATEWAY_KEY, gateway_info, read_run
+from gateway.runs.store import StudyRunStore
+from gateway.writeback import EVIDENCE_FILE
 
-GATEWAY_KEY = "gateway"  # RunData.config entry written by the gateway
+__all__ = ["Checklist", "gateway_info", "publish", "republish", "write_checklist"]
 
 
 @dataclass
@@ -72,12 +82,6 @@ def _missing_images(checklist_json: Path) -> list[str]:
     ]
 
 
-def gateway_info(run: RunData) -> dict[str, Any]:
-    """What the gateway recorded about a run (empty for runs of `neurosandbox eval`)."""
-    info = run.config.get(GATEWAY_KEY)
-    return info if isinstance(info, dict) else {}
-
-
 def publish(checklist: Checklist, root: Path, name: str, info: dict[str, Any]) -> Path:
     """Record ``info`` in the bundle, then move it to ``root/name`` (replacing an older one)."""
     run = checklist.run.model_copy(update={"config": {**checklist.run.config, GATEWAY_KEY: info}})
@@ -92,4 +96,39 @@ def publish(checklist: Checklist, root: Path, name: str, info: dict[str, Any]) -
         shutil.rmtree(final)
     os.replace(tmp, final)
     checklist.folder = final
+    return final
+
+
+STALE_PDF_NOTE = "PDF-IS-AS-WRITTEN-BACK.txt"
+
+
+def republish(runs: StudyRunStore, run_id: str) -> Path | None:
+    """Write the published bundle of a gateway run again from its run log (after ``rescore``):
+    ``rundata.json`` and the checklist (JSON, HTML). Returns the folder; None when the run was
+    never published (not evaluated, or its bundle was removed). The checklist PDF is not
+    printed again: it stays the copy of the one written back to PACS (a note in the bundle
+    says its scores may be older), and the evidence file is kept."""
+    final = runs.report_folder(run_id)
+    if not final.is_dir():
+        return None
+    run = read_run(runs, run_id)
+    tmp = final.with_name(f".{final.name}.rebuild")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write_report(run, tmp, pdf=False, workers=1, summary=False)
+    kept = [p for p in final.glob("cases/*.pdf") if not p.name.startswith(".")]
+    if (final / EVIDENCE_FILE).is_file():
+        shutil.copyfile(final / EVIDENCE_FILE, tmp / EVIDENCE_FILE)
+    for pdf in kept:
+        shutil.copyfile(pdf, tmp / "cases" / pdf.name)
+    if kept:
+        (tmp / STALE_PDF_NOTE).write_text(
+            "The checklist PDF here is the one written back to PACS when the run finished. "
+            "The run was rescored since: the JSON and HTML show the scores of its log now, "
+            "the PDF those of the write-back.\n"
+        )
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
     return final

@@ -89,6 +89,7 @@ class RunRecord(BaseModel):
     version: int | None = None
     sr_sop_uids: list[str] = Field(default_factory=list)
     pdf_sop_uid: str | None = None
+    unverified_sr: dict[str, str] = Field(default_factory=dict)  # model -> its SR's SOP UID
     created_at: str = Field(default_factory=now_iso)
     started_at: str | None = None
     finished_at: str | None = None

@@ -10,9 +10,11 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from fastapi.responses import FileResponse, Response
 
 from evaluation import ImageRef
-from evaluation.reports import RunLoadError, csp, load_run
+from evaluation.log import RunData
+from evaluation.reports import csp
 from gateway.api.deps import Ctx, Token, errors
-from gateway.runs import RunNotFoundError, RunRecord
+from gateway.runs import RunNotFoundError, RunRecord, RunStatus
+from gateway.runs.reading import read_run
 
 router = APIRouter(prefix="/runs", tags=["runs"], responses=errors(400, 401, 404, 413))
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="run id")]
@@ -42,34 +44,44 @@ def get_run(ctx: Ctx, _t: Token, run_id: RunId) -> RunRecord:
 @router.get(
     "/{run_id}/report.{fmt}",
     summary="The run's report: JSON (the run's RunData), the checklist as HTML or PDF",
-    description="All three come from the run's report bundle: `report.json` is its "
-    "`rundata.json` (the cases, and per model and task the answer, raw reply and scores: the "
-    "one result type `neurosandbox report` reads too), `report.html` and `report.pdf` the "
-    "study's checklist page and its print (the PDF written back to PACS). Reviewers sign it off "
-    "at `/review/runs/{run_id}`.",
+    description="`report.json` is the run as its run log holds it now (the cases, and per "
+    "model and task the answer, raw reply and scores: the one result type `neurosandbox report` "
+    "reads too; a `runs rescore` shows at once). `report.html` and `report.pdf` are the study's "
+    "checklist page and its print from the run's published report bundle, an export of the log "
+    "(rebuilt by `runs rescore`; the PDF stays the one written back to PACS). Reviewers sign it "
+    "off at `/review/runs/{run_id}`.",
     responses={200: {"content": {m: {} for m in MEDIA.values()}}},
     response_class=Response,
 )
 def get_report(ctx: Ctx, _t: Token, run_id: RunId, fmt: Literal["json", "html", "pdf"]) -> Response:
-    try:
-        path = ctx.runs.report_path(run_id, fmt)
-    except RunNotFoundError:
-        raise _missing("report (the run has not finished, or was skipped)") from None
     # The checklist holds model and DICOM text: no scripts, its own stylesheet, data: images.
     headers = {
         "Content-Security-Policy": csp("'none'") + "; frame-ancestors 'none'",
         "X-Content-Type-Options": "nosniff",
     }
+    if fmt == "json":
+        return Response(_run(ctx, run_id).model_dump_json(), media_type=MEDIA[fmt], headers=headers)
+    try:
+        path = ctx.runs.report_path(run_id, fmt)
+    except RunNotFoundError:
+        raise _missing("report (the run has not finished, or was skipped)") from None
     return FileResponse(path, media_type=MEDIA[fmt], headers=headers)
+
+
+def _run(ctx: Ctx, run_id: str) -> RunData:
+    """The run, from its log, once evaluated and written back (its report is then complete)."""
+    try:
+        if ctx.runs.get(run_id).status is not RunStatus.DONE:
+            raise RunNotFoundError(run_id)
+        return read_run(ctx.runs, run_id)
+    except RunNotFoundError:
+        raise _missing("report (the run has not finished, or was skipped)") from None
 
 
 @router.get("/{run_id}/images", response_model=list[ImageRef], summary="Images shown to the models")
 def list_images(ctx: Ctx, _t: Token, run_id: RunId) -> list[ImageRef]:
-    try:
-        run = load_run(ctx.runs.report_path(run_id, "json"))
-        folder = ctx.runs.run_dir(run_id) / "images"
-    except (RunNotFoundError, RunLoadError):
-        raise _missing("report") from None
+    run = _run(ctx, run_id)
+    folder = ctx.runs.run_dir(run_id) / "images"
     # The images the models were shown, as the run records them; served from the run folder
     # as images/<name> by the route below.
     out = []
