@@ -8,6 +8,7 @@ analysis) and ``replay:PATH`` (answers from a file). Any other name is a litellm
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from evaluation.modelio import ModelAdapter
 from evaluation.models.spec import (
@@ -67,7 +68,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
