@@ -33,9 +33,8 @@ from evaluation.reports.checklist_view import (
 )
 from evaluation.reports.flags import answer_flags
 from evaluation.review.sr_content import answer_key, report_blocks, reviewed_samples
-from evaluation.scores import Score
+from evaluation.scores import LesionDetails, LesionMatchResult, RankDetails, RubricDetails, Score
 from evaluation.scoring import anatomy as A
-from evaluation.scoring.lesions import LesionMatchResult
 from evaluation.scoring.recognition import resolve_image
 from evaluation.scoring.rubric import grader_counted
 from evaluation.scoring.sample import final_diagnosis
@@ -196,9 +195,8 @@ def _sequences(case: Case, s: SampleResult) -> list[SequenceItem]:
 
 def _lesion_match(s: SampleResult) -> LesionMatchResult | None:
     sc = s.scored.score("lesion_f1")
-    if sc is None or "match" not in sc.details:
-        return None
-    return LesionMatchResult.model_validate(sc.details["match"])
+    d = sc.detail_as(LesionDetails) if sc is not None else None
+    return d.match if d is not None else None
 
 
 def _findings(case: Case, ans: Answer, match: LesionMatchResult | None) -> list[FindingItem]:
@@ -262,8 +260,9 @@ def _lesions(case: Case, match: LesionMatchResult | None) -> list[LesionItem]:
 
 def _differential(s: SampleResult, ans: Answer) -> list[DifferentialRow]:
     sc = s.scored.score("differential_rank")
-    rank = sc.details.get("rank") if sc is not None else None
-    levels: list[str] = list(sc.details.get("levels", [])) if sc is not None else []
+    ranked = sc.detail_as(RankDetails) if sc is not None else None
+    rank = ranked.rank if ranked is not None else None
+    levels: list[str] = list(ranked.levels) if ranked is not None else []
     rows, n = [], 0
     for i, d in enumerate(ans.differential, start=1):
         level = None
@@ -294,19 +293,19 @@ def _verdict(value: float | None) -> Mark:
 
 def _graders(rubric: Score | None) -> list[GraderRow]:
     """Each rubric grader's verdict (the jury's median is the rubric score)."""
-    if rubric is None:
+    jury = rubric.detail_as(RubricDetails) if rubric is not None else None
+    if jury is None:
         return []
     rows = []
-    for name, entry in sorted((rubric.details.get("graders") or {}).items()):
-        canary = entry.get("canary") or {}
+    for name, entry in sorted(jury.graders.items()):
         rows.append(
             GraderRow(
                 grader=name,
-                mean=entry.get("mean"),
-                scores=entry.get("scores") or {},
+                mean=entry.mean,
+                scores=dict(entry.scores),
                 counted=grader_counted(entry),
-                canary=canary.get("passed"),
-                note=str(entry.get("why", "")),
+                canary=entry.canary.passed if entry.canary is not None else None,
+                note=entry.why or "",
             )
         )
     return rows

@@ -6,6 +6,7 @@ is async (``grade``); ``rubric_from_outputs`` rebuilds it from stored grader rep
 ``summarise`` and ``compare``.
 """
 
+from evaluation.scores import CalibrationDetails
 from evaluation.scoring.compare import PairedComparison, compare
 from evaluation.scoring.judge import EquivalenceJudge, unknown_pairs
 from evaluation.scoring.judge_cache import JudgeCache
@@ -20,6 +21,7 @@ from evaluation.scoring.version import SCORING_VERSION, version_name
 
 __all__ = [
     "SCORING_VERSION",
+    "CalibrationDetails",
     "EquivalenceJudge",
     "JudgeCache",
     "Lexicon",

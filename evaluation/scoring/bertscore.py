@@ -16,7 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from evaluation.scores import Score
+from evaluation.scores import BertScoreDetails, Score
 
 DEFAULT_LAYER = 6
 _SCORERS: dict[tuple[str, int], Any] = {}
@@ -82,14 +82,14 @@ def bertscore_many(
         raise ValueError(f"{len(candidates)} candidates but {len(references)} references")
     path = Path(model_path) if model_path else default_model_path()
     layers = num_layers or DEFAULT_LAYER
-    base = {
-        "model_path": str(path),
-        "model_name": path.name if model_path else "sentence-transformers/all-MiniLM-L6-v2",
-        "num_layers": layers,
-        "idf": False,
-        "rescale_with_baseline": False,
-        "versions": dict(_versions()),  # a copy: the cached one stays as it is
-    }
+    base = BertScoreDetails(
+        model_path=str(path),
+        model_name=path.name if model_path else "sentence-transformers/all-MiniLM-L6-v2",
+        num_layers=layers,
+        idf=False,
+        rescale_with_baseline=False,
+        versions=dict(_versions()),  # a copy: the cached one stays as it is
+    )
     todo = [
         i
         for i, (c, r) in enumerate(zip(candidates, references, strict=True))
@@ -100,7 +100,7 @@ def bertscore_many(
             scorer="bertscore",
             value=0.0 if references[i].strip() else None,
             explanation="empty rationale" if references[i].strip() else "no reference rationale",
-            details=dict(base),
+            details=base.model_copy(deep=True),
         )
         for i in range(len(candidates))
     ]
@@ -112,12 +112,10 @@ def bertscore_many(
                 scorer="bertscore",
                 value=float(f[j]),
                 explanation=f"BERTScore F1 {float(f[j]):.3f} (layer {layers})",
-                details={
-                    **base,
-                    "precision": float(p[j]),
-                    "recall": float(r[j]),
-                    "hash": scorer.hash,
-                },
+                details=base.model_copy(
+                    update={"precision": float(p[j]), "recall": float(r[j]), "hash": scorer.hash},
+                    deep=True,
+                ),
             )
     return out
 

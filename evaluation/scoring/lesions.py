@@ -49,11 +49,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, Field
 from scipy.optimize import linear_sum_assignment
 
 from evaluation.answers import Finding
 from evaluation.case import Case, Enhancement, Hemisphere, LesionTruth, TaskFamily
+from evaluation.scores import FindingMatch, LesionMatchResult, LesionOutcome, ReadFinding
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.truth import is_normal_control
 
@@ -73,62 +73,6 @@ _IMPOSSIBLE = 1e6
 # a stated size is read off a few slices: a size error weighs less than a wrong signal,
 # sequence or enhancement when two findings compete for one lesion
 _ERROR_COST = {"enhancement": 1.0, "size": 0.5}
-
-
-class ReadFinding(BaseModel):
-    """What scoring understood of one finding."""
-
-    side: str | None = None
-    regions: list[str] = Field(default_factory=list)
-    sequence: str | None = None
-    direction: str | None = None
-    enhancement: str | None = None
-    size_mm: float | None = None
-
-    @property
-    def has_attributes(self) -> bool:
-        return bool(self.sequence or self.direction or self.enhancement)
-
-
-class FindingMatch(BaseModel):
-    index: int
-    status: Literal["matched", "redundant", "near", "hallucinated", "unlocalised", "negative"]
-    read: ReadFinding
-    lesions: list[str] = Field(default_factory=list)  # lesions it detects, or restates
-    near: dict[str, list[str]] = Field(default_factory=dict)  # lesion id -> near kinds
-    description_errors: list[str] = Field(default_factory=list)
-
-
-class LesionOutcome(BaseModel):
-    lesion_id: str
-    status: Literal["detected", "near", "missed"]
-    finding: int | None = None  # index of its best finding
-    near_kinds: list[str] = Field(default_factory=list)
-    findings: list[int] = Field(default_factory=list)  # best finding first, then restatements
-    description_errors: list[str] = Field(default_factory=list)
-
-
-class LesionMatchResult(BaseModel):
-    findings: list[FindingMatch]
-    lesions: list[LesionOutcome]
-    normal_control: bool
-    n_positive: int
-    n_matched: int
-    n_redundant: int = 0
-    n_hallucinated: int
-    n_detected: int
-    n_near: int
-    n_missed: int
-    precision: float | None
-    recall: float | None
-    f1: float | None
-    recall_location: float | None  # lesions found in the right place, signal/sequence aside
-    hallucination_rate: float | None
-    missed_rate: float | None
-    normal_false_positive: bool | None
-    images_shown: int | None = None  # images the request carried (None: not recorded)
-    # why missed lesions do not count against this answer ("" when they do)
-    missed_not_counted: str = ""
 
 
 def read_finding(f: Finding) -> ReadFinding:

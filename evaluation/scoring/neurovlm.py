@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 
 from evaluation.answers import ClassificationAnswer
 from evaluation.case import NEUROVLM_SUBTYPES, Case, DiseaseGroup, NeuroVLMLabels, neurovlm_subtype
-from evaluation.scores import ParseStatus, Score
+from evaluation.scores import FieldDetails, FlagsDetails, ParseStatus, Score
 from evaluation.scoring.lexicon import Lexicon, default_lexicon
 from evaluation.scoring.neurovlm_bench import bench_labels
 from evaluation.scoring.stats import Estimate, cluster_resamples, percentile_interval, wilson
@@ -171,7 +171,7 @@ def _bench_score(case: Case, truth: NeuroVLMTruth, status: ParseStatus, text: st
             if not read.call_error
             else "a failed call (left out of the benchmark's figures)"
         ),
-        details=read.model_dump(mode="json"),
+        details=read,
     )
 
 
@@ -189,7 +189,9 @@ def classification_scores(
     if status is not ParseStatus.OK or parsed is None:
         return scores + [Score(scorer=n, value=None, explanation="unscored") for n in names]
 
-    def field(name: str, stated: str | None, true: str | None) -> Score:
+    def field(
+        name: str, stated: str | None, true: str | None, confidence: float | None = None
+    ) -> Score:
         if true is None:
             return Score(scorer=name, value=None, explanation="truth unknown")
         ok = stated is not None and stated.strip().lower() == true.strip().lower()
@@ -197,11 +199,14 @@ def classification_scores(
             scorer=name,
             value=float(ok),
             explanation=f"stated {stated!r}, truth {true!r}",
-            details={"stated": stated, "truth": true, "abstained": stated is None},
+            details=FieldDetails(
+                stated=stated, truth=true, abstained=stated is None, confidence=confidence
+            ),
         )
 
-    main = field("classification_correct", parsed.diagnosis_name, truth.cls)
-    main.details["confidence"] = parsed.diagnosis_confidence
+    main = field(
+        "classification_correct", parsed.diagnosis_name, truth.cls, parsed.diagnosis_confidence
+    )
     flags = safety_flags(parsed, text, truth)
     return [
         *scores,
@@ -216,7 +221,7 @@ def classification_scores(
             scorer="safety_flags",
             value=float(len(flags)),
             explanation="; ".join(flags) or "none",
-            details={"flags": flags},
+            details=FlagsDetails(flags=flags),
         ),
     ]
 

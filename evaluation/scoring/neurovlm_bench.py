@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
+from evaluation.scores import BenchLabels
+
 UNDETERMINED = "undetermined"
 # task -> (the answer's field, the label table's column)
 TASKS: dict[str, tuple[str, str]] = {
@@ -166,16 +168,6 @@ def read_confidence(value: Any) -> float:
     except (TypeError, ValueError):
         return 0.0
     return 0.0 if c != c else min(1.0, max(0.0, c))
-
-
-class BenchLabels(BaseModel):
-    """One answer read the benchmark's way: each field's truth and answer label."""
-
-    truth: dict[str, str]  # task -> label ("undetermined" where the truth is unknown)
-    known: list[str]  # tasks whose truth is known (the only ones scored)
-    predicted: dict[str, str]  # task -> label ("undetermined": abstained)
-    confidence: float = 0.0
-    call_error: bool = False  # a failed call: left out of every figure but json_valid
 
 
 def bench_labels(

@@ -7,7 +7,7 @@ import re
 
 from evaluation.answers import Answer
 from evaluation.case import Case, ImageRef
-from evaluation.scores import Score
+from evaluation.scores import Misidentified, Score, SequenceDetails
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.text import normalise
 
@@ -65,7 +65,7 @@ def _sequences(pairs: list[tuple[str, ImageRef | None]], shown: list[ImageRef]) 
     per_image = [(text, img) for text, img in pairs if img is not None and img.series_class]
     if per_image:
         wrong = [
-            {"image": img.label, "stated": text, "header": img.series_class}
+            Misidentified(image=img.label, stated=text, header=img.series_class)
             for text, img in per_image
             if not A.same_sequence(A.sequence_class(text), img.series_class)
         ]
@@ -74,7 +74,7 @@ def _sequences(pairs: list[tuple[str, ImageRef | None]], shown: list[ImageRef]) 
             scorer="sequence_recognition",
             value=value,
             explanation=f"{len(per_image) - len(wrong)}/{len(per_image)} images named correctly",
-            details={"mode": "per_image", "misidentified": wrong},
+            details=SequenceDetails(mode="per_image", misidentified=wrong),
         )
     truth = {A.EQUIVALENT_SEQUENCES.get(c, c) for i in shown if (c := i.series_class)}
     stated_raw = {A.sequence_class(t) for t, _ in pairs}
@@ -85,11 +85,11 @@ def _sequences(pairs: list[tuple[str, ImageRef | None]], shown: list[ImageRef]) 
         scorer="sequence_recognition",
         value=value,
         explanation=f"named {sorted(stated)}; header classes {sorted(truth)} (Jaccard)",
-        details={
-            "mode": "set",
-            "misidentified": [{"stated": s} for s in sorted(stated - truth)],
-            "not_named": sorted(truth - stated),
-        },
+        details=SequenceDetails(
+            mode="set",
+            misidentified=[Misidentified(stated=s) for s in sorted(stated - truth)],
+            not_named=sorted(truth - stated),
+        ),
     )
 
 

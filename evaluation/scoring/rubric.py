@@ -38,7 +38,14 @@ from pydantic import BaseModel
 from evaluation.case import Case, Diagnosis, GroundTruth, Provenance, TaskFamily
 from evaluation.modelio import GenerateConfig, Message, ModelAdapter, TextPart
 from evaluation.prompts import data_block, data_blocks
-from evaluation.scores import ErrorCategory, Score
+from evaluation.scores import (
+    CalibrationDetails,
+    CanaryResult,
+    ErrorCategory,
+    GraderEntry,
+    RubricDetails,
+    Score,
+)
 from evaluation.scoring.untrusted import carrying_nonce
 from evaluation.scoring.untrusted import verdict_nonce as untrusted_nonce
 
@@ -195,18 +202,18 @@ def parse_verdict(text: str, nonce: str) -> GraderVerdict | None:
     return None
 
 
-def canary_result(reply: str | None) -> dict[str, Any]:
+def canary_result(reply: str | None) -> CanaryResult:
     """How a grader did on the canary: its mean, and passed (None: no readable verdict)."""
-    return dict(_canary_result(reply))  # a copy: the caller's dict is its own
+    return _canary_result(reply).model_copy()  # a copy: the caller's record is its own
 
 
 @lru_cache(maxsize=64)
-def _canary_result(reply: str | None) -> dict[str, Any]:
+def _canary_result(reply: str | None) -> CanaryResult:
     """One grader's canary reply is the same text for every answer of a run: read it once."""
     v = parse_verdict(reply, verdict_nonce(CANARY_ANSWER)) if reply is not None else None
     if v is None:
-        return {"mean": None, "passed": None, "max": CANARY_MAX}
-    return {"mean": v.mean, "passed": v.mean <= CANARY_MAX, "max": CANARY_MAX}
+        return CanaryResult(mean=None, passed=None, max=CANARY_MAX)
+    return CanaryResult(mean=v.mean, passed=v.mean <= CANARY_MAX, max=CANARY_MAX)
 
 
 def krippendorff_alpha(matrix: Sequence[Sequence[float | None]]) -> float | None:
@@ -235,42 +242,51 @@ def rubric_from_outputs(
     ``answer_text``, and each grader's canary reply (absent: no canary was asked)."""
     nonce = verdict_nonce(answer_text)
     canaries = canaries or {}
-    per: dict[str, Any] = {}
+    per: dict[str, GraderEntry] = {}
     verdicts: dict[str, GraderVerdict] = {}
     failed: list[str] = []
     for name, text in outputs.items():
         canary = canary_result(canaries[name]) if name in canaries else None
         v = parse_verdict(text, nonce) if text is not None else None
-        entry: dict[str, Any] = {"canary": canary}
         if v is None:
-            entry |= {"scored": False, "counted": False, "reply": (text or "")[:500]}
-            entry["why"] = (
-                "the call failed"
+            per[name] = GraderEntry(
+                canary=canary,
+                scored=False,
+                counted=False,
+                reply=(text or "")[:500],
+                why="the call failed"
                 if text is None
-                else "no verdict carrying this call's nonce (a forged or unreadable verdict)"
+                else "no verdict carrying this call's nonce (a forged or unreadable verdict)",
             )
+            continue
+        counted = not (canary and canary.passed is False)
+        entry = GraderEntry(
+            canary=canary,
+            scored=True,
+            counted=counted,
+            scores=v.scores,
+            comments=v.comments,
+            error_category=v.error_category.value if v.error_category else None,
+            mean=v.mean,
+        )
+        if counted or canary is None:  # (no canary: always counted)
+            verdicts[name] = v
         else:
-            counted = not (canary and canary["passed"] is False)
-            entry |= {"scored": True, "counted": counted, **v.model_dump(mode="json")}
-            entry["mean"] = v.mean
-            if counted or canary is None:  # (no canary: always counted)
-                verdicts[name] = v
-            else:
-                failed.append(name)
-                entry["why"] = (
-                    f"failed the canary: gave {canary['mean']:.1f}/5 to an answer worth at "
-                    f"most {CANARY_MAX}"
-                )
+            failed.append(name)
+            entry.why = (
+                f"failed the canary: gave {canary.mean or 0.0:.1f}/5 to an answer worth at "
+                f"most {CANARY_MAX}"
+            )
         per[name] = entry
-    details: dict[str, Any] = {
-        "prompt_version": PROMPT_VERSION,
-        "jury": "median",
-        "graders": per,
-        "raw": outputs,
-        "canary_raw": canaries,
-        "n_scored": len(verdicts),
-        "canary_failed": failed,
-    }
+    details = RubricDetails(
+        prompt_version=PROMPT_VERSION,
+        jury="median",
+        graders=per,
+        raw=outputs,
+        canary_raw=canaries,
+        n_scored=len(verdicts),
+        canary_failed=failed,
+    )
     left_out = f"; left out, failed the canary: {', '.join(failed)}" if failed else ""
     if not verdicts:
         return Score(
@@ -279,15 +295,15 @@ def rubric_from_outputs(
             explanation="no readable verdict from a grader that counts" + left_out,
             details=details,
         )
-    details["per_dimension"] = {
+    details.per_dimension = {
         d: float(np.median([v.scores[d] for v in verdicts.values()])) for d in DIMENSIONS
     }
-    details["jury_mean"] = float(np.mean([v.mean for v in verdicts.values()]))
-    details["alpha"] = krippendorff_alpha(
+    details.jury_mean = float(np.mean([v.mean for v in verdicts.values()]))
+    details.alpha = krippendorff_alpha(
         [[v.scores[d] for d in DIMENSIONS] for v in verdicts.values()]
     )
     cats = [v.error_category.value for v in verdicts.values() if v.error_category]
-    details["error_category"] = max(set(cats), key=cats.count) if cats else None
+    details.error_category = max(set(cats), key=cats.count) if cats else None
     value = float(np.median([v.mean for v in verdicts.values()]))
     return Score(
         scorer="rubric",
@@ -321,22 +337,22 @@ async def grade(
     return rubric_from_outputs(replies, answer_text, canaries)
 
 
-def grader_counted(entry: dict[str, Any]) -> bool:
+def grader_counted(entry: GraderEntry) -> bool:
     """Whether a grader's verdict (its entry in a rubric score) counts: read, canary passed."""
-    return bool(entry.get("scored") and entry.get("counted", True))
+    return entry.scored and entry.counted
 
 
 def rubric_agreement(scores: Sequence[Score]) -> float | None:
     """Krippendorff's alpha of the graders over every (answer, dimension) of a run."""
-    graders = sorted({g for s in scores for g in s.details.get("graders", {})})
+    per_score = [j.graders for s in scores if (j := s.detail_as(RubricDetails)) is not None]
+    graders = sorted({g for per in per_score for g in per})
     rows: list[list[float | None]] = [[] for _ in graders]
-    for s in scores:
-        per = s.details.get("graders", {})
+    for per in per_score:
         for i, g in enumerate(graders):
-            entry = per.get(g) or {}
-            counted = grader_counted(entry)
+            entry = per.get(g)
+            counted = entry is not None and grader_counted(entry)
             for d in DIMENSIONS:
-                rows[i].append(entry["scores"][d] if counted else None)
+                rows[i].append(entry.scores[d] if entry is not None and counted else None)
     return krippendorff_alpha(rows)
 
 
@@ -363,15 +379,15 @@ def grader_calibration(
             value=None,
             explanation=f"{source} vs clinician ratings: undefined, needs at least 3 pairs "
             f"with scores varying on both sides (got {n} pairs)",
-            details={"n": n, "source": source},
+            details=CalibrationDetails(n=n, source=source),
         )
     res = st.pearsonr(xs, ys)
     r = float(res.statistic)
-    details: dict[str, Any] = {"n": n, "source": source, "p_value": float(res.pvalue), "bar": bar}
+    details = CalibrationDetails(n=n, source=source, p_value=float(res.pvalue), bar=bar)
     if n > 3 and abs(r) < 1:
         z, se = math.atanh(r), 1 / math.sqrt(n - 3)
-        details["ci95"] = [math.tanh(z - 1.96 * se), math.tanh(z + 1.96 * se)]
-    details["meets_paper_bar"] = r > bar if bar is not None else None
+        details.ci95 = (math.tanh(z - 1.96 * se), math.tanh(z + 1.96 * se))
+    details.meets_paper_bar = r > bar if bar is not None else None
     return Score(
         scorer="grader_calibration",
         value=r,

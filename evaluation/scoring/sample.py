@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case, TaskFamily
-from evaluation.scores import ParseStatus, Score
+from evaluation.scores import (
+    DiagnosisDetails,
+    KnowledgeDetails,
+    LesionDetails,
+    ParseStatus,
+    RankDetails,
+    Score,
+)
 from evaluation.scoring.judge_cache import JudgeCache
 from evaluation.scoring.lesions import count_missed, match_lesions
 from evaluation.scoring.lexicon import Lexicon, default_lexicon, match_diagnosis
@@ -127,11 +134,9 @@ def _diagnosis_scores(
             scorer="diagnosis_match",
             value=0.0,
             explanation="the answer gives no diagnosis",
-            details={
-                "abstained": True,
-                "truth": gt.final_diagnosis.name,
-                "confidence": ans.confidence,
-            },
+            details=DiagnosisDetails(
+                abstained=True, truth=gt.final_diagnosis.name, confidence=ans.confidence
+            ),
         )
         credit = Score(scorer="diagnosis_credit", value=0.0, explanation="no diagnosis")
     else:
@@ -141,7 +146,9 @@ def _diagnosis_scores(
             scorer="diagnosis_match",
             value=float(m.correct),
             explanation=f"{final!r} vs {gt.final_diagnosis.name!r}: {m.level.value} ({verdict})",
-            details={"abstained": False, "confidence": ans.confidence, **m.model_dump(mode="json")},
+            details=DiagnosisDetails(
+                abstained=False, confidence=ans.confidence, **m.model_dump(mode="json")
+            ),
         )
         credit = Score(scorer="diagnosis_credit", value=m.credit, explanation=m.level.value)
     ranked = ranked_names(ans)
@@ -153,13 +160,13 @@ def _diagnosis_scores(
         explanation=f"truth at rank {rank} of {len(ranked)}"
         if rank
         else "truth not in the differential",
-        details={
-            "rank": rank,
-            "length": len(ranked),
-            "ranked": ranked,
-            "levels": [m.level.value for m in matches],
-            "judge_used": any(m.judge for m in matches),
-        },
+        details=RankDetails(
+            rank=rank,
+            length=len(ranked),
+            ranked=ranked,
+            levels=[m.level.value for m in matches],
+            judge_used=any(m.judge for m in matches),
+        ),
     )
     return [main, credit, diff]
 
@@ -170,7 +177,7 @@ def _lesion_scores(case: Case, family: TaskFamily, ans: Answer, shown: int) -> l
     if res is None:
         return _unscored(names, "no lesion ground truth for this case")
     res = count_missed(res, family, names_normal(final_diagnosis(ans)), shown)
-    detail = {"match": res.model_dump(mode="json")}
+    detail = LesionDetails(match=res)
     summary = (
         f"{res.n_detected}/{len(res.lesions)} lesions found, {res.n_near} misplaced, "
         f"{res.n_missed} missed; {res.n_matched}/{res.n_positive} findings matched, "
@@ -223,7 +230,7 @@ def _knowledge(ans: Answer, lex: Lexicon) -> Score:
         scorer="knowledge_consistency",
         value=0.0 if wrong else 1.0,
         explanation="; ".join(wrong) or f"{checked} stated codes consistent",
-        details={"contradictions": wrong, "checked": checked},
+        details=KnowledgeDetails(contradictions=wrong, checked=checked),
     )
 
 

@@ -23,8 +23,16 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from evaluation.case import TaskFamily
-from evaluation.scores import ParseStatus
-from evaluation.scoring.lesions import LesionMatchResult
+from evaluation.scores import (
+    BenchLabels,
+    DiagnosisDetails,
+    FieldDetails,
+    FlagsDetails,
+    LesionDetails,
+    ParseStatus,
+    RankDetails,
+    RubricDetails,
+)
 from evaluation.scoring.neurovlm import (
     ClassRow,
     NeuroVLMMetrics,
@@ -32,7 +40,7 @@ from evaluation.scoring.neurovlm import (
     calibration,
     neurovlm_metrics,
 )
-from evaluation.scoring.neurovlm_bench import BenchLabels, BenchMetrics, bench_metrics
+from evaluation.scoring.neurovlm_bench import BenchMetrics, bench_metrics
 from evaluation.scoring.passk import DEFAULT_KS, ranked_pass_at_k, sampled_pass_at_k
 from evaluation.scoring.rubric import rubric_agreement
 from evaluation.scoring.scored import ScoredSample
@@ -173,7 +181,8 @@ def _sampled_units(samples: Sequence[ScoredSample], k: int, **boot: int) -> tupl
 
 def _rank(s: ScoredSample) -> int | None:
     sc = s.score("differential_rank")
-    return sc.details.get("rank") if sc is not None and sc.value is not None else None
+    d = sc.detail_as(RankDetails) if sc is not None and sc.value is not None else None
+    return d.rank if d is not None else None
 
 
 def _ranked(samples: Sequence[ScoredSample], k: int, **boot: int) -> Estimate:
@@ -192,8 +201,8 @@ def _lesions(samples: Sequence[ScoredSample], **boot: int) -> LesionSummary | No
     results = []
     for s in samples:
         sc = s.score("lesion_f1")
-        if sc is not None and "match" in sc.details:
-            results.append((s, LesionMatchResult.model_validate(sc.details["match"])))
+        if sc is not None and (d := sc.detail_as(LesionDetails)) is not None:
+            results.append((s, d.match))
     if not results:
         return None
     pos = sum(r.n_positive for _, r in results)
@@ -251,8 +260,9 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
     conf = []
     for s in samples:
         dm = s.score("diagnosis_match") or s.score("classification_correct")
-        if dm is not None and dm.value is not None and dm.details.get("confidence") is not None:
-            conf.append((float(dm.details["confidence"]), bool(dm.value)))
+        said = dm.detail_as(DiagnosisDetails) or dm.detail_as(FieldDetails) if dm else None
+        if dm is not None and dm.value is not None and said and said.confidence is not None:
+            conf.append((float(said.confidence), bool(dm.value)))
     ece, brier, bins = calibration([c for c, _ in conf], [ok for _, ok in conf])
     passes = {k: _sampled_units(samples, k, **boot) for k in ks}
     return LeaderboardRow(
@@ -273,7 +283,12 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
         sampled_pass_left_out={str(k): passes[k][1] for k in ks},
         ranked_pass_at={str(k): _ranked(samples, k, **boot) for k in ks},
         judge_matches=sum(
-            bool((sc := s.score("diagnosis_match")) and sc.details.get("judge")) for s in samples
+            bool(
+                (sc := s.score("diagnosis_match"))
+                and (d := sc.detail_as(DiagnosisDetails))
+                and d.judge
+            )
+            for s in samples
         ),
         lesions=_lesions(lesion_samples, **boot),
         sequence_recognition=_optional(
@@ -285,7 +300,7 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
         rubric=_optional(_mean(samples, lambda s: s.value("rubric"), **boot)),
         rubric_alpha=rubric_agreement(rubric) if rubric else None,
         rubric_canary_failed=sorted(
-            {g for sc in rubric for g in sc.details.get("canary_failed", [])}
+            {g for sc in rubric if (j := sc.detail_as(RubricDetails)) for g in j.canary_failed}
         ),
         ece=ece,
         brier=brier,
@@ -310,17 +325,19 @@ def _neurovlm(samples: list[ScoredSample], **boot: int) -> NeuroVLMMetrics | Non
     flags: dict[str, int] = defaultdict(int)
     for s in cls:
         sc = s.score("classification_correct")
-        if sc is not None and sc.value is not None and sc.details.get("truth"):
+        field = sc.detail_as(FieldDetails) if sc is not None and sc.value is not None else None
+        if field is not None and field.truth:
             rows.append(
                 ClassRow(
-                    truth=sc.details["truth"],
-                    predicted=sc.details.get("stated"),
-                    confidence=sc.details.get("confidence"),
+                    truth=field.truth,
+                    predicted=field.stated,
+                    confidence=field.confidence,
                     cluster=s.patient_id,
                 )
             )
         fl = s.score("safety_flags")
-        for f in fl.details.get("flags", []) if fl is not None else []:
+        raised = fl.detail_as(FlagsDetails) if fl is not None else None
+        for f in raised.flags if raised is not None else []:
             flags[f.split(":", 1)[0]] += 1
     valid = [v for s in cls if (v := s.value("json_valid")) is not None]
     return neurovlm_metrics(
@@ -334,9 +351,11 @@ def _neurovlm(samples: list[ScoredSample], **boot: int) -> NeuroVLMMetrics | Non
 
 def _neurovlm_bench(samples: list[ScoredSample]) -> BenchMetrics | None:
     rows = [
-        BenchLabels.model_validate(sc.details)
+        read
         for s in samples
-        if s.family is TaskFamily.CLASSIFICATION and (sc := s.score("neurovlm_bench")) is not None
+        if s.family is TaskFamily.CLASSIFICATION
+        and (sc := s.score("neurovlm_bench")) is not None
+        and (read := sc.detail_as(BenchLabels)) is not None
     ]
     return bench_metrics(rows) if rows else None
 

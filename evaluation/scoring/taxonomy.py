@@ -47,14 +47,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case, TaskFamily
-from evaluation.scores import ErrorCategory, ErrorLabel, ParseStatus, Score
-from evaluation.scoring.lesions import FindingMatch, LesionMatchResult
+from evaluation.scores import (
+    Details,
+    ErrorCategory,
+    ErrorLabel,
+    FieldDetails,
+    FindingMatch,
+    FlagsDetails,
+    KnowledgeDetails,
+    LesionDetails,
+    LesionMatchResult,
+    ParseStatus,
+    RankDetails,
+    RubricDetails,
+    Score,
+    SequenceDetails,
+)
 from evaluation.scoring.sample import final_diagnosis, images_shown_of
 from evaluation.scoring.truth import is_normal_control, names_normal
+
+D = TypeVar("D", bound=Details)
 
 PAPER_CATEGORIES = frozenset(
     {
@@ -125,6 +141,12 @@ def _value(by: dict[str, Score], name: str) -> float | None:
     return s.value if s is not None else None
 
 
+def _details(by: dict[str, Score], name: str, kind: type[D]) -> D | None:
+    """The ``kind`` details of the score ``name`` (None: no such score, or other details)."""
+    s = by.get(name)
+    return s.detail_as(kind) if s is not None else None
+
+
 def _diagnostic(
     case: Case, family: TaskFamily, ans: Answer, by: dict[str, Score], blind: bool
 ) -> tuple[ErrorLabel | None, bool]:
@@ -132,11 +154,8 @@ def _diagnostic(
     normal_case = gt is not None and is_normal_control(gt)
     pred_normal = names_normal(final_diagnosis(ans))
     lesion_score = by.get("lesion_f1")
-    res = (
-        LesionMatchResult.model_validate(lesion_score.details["match"])
-        if lesion_score is not None and "match" in lesion_score.details
-        else None
-    )
+    lesions = lesion_score.detail_as(LesionDetails) if lesion_score is not None else None
+    res = lesions.match if lesions is not None else None
     # perception is checkable when the lesions an answer omits count, or it reported findings
     usable = res is not None and (not res.missed_not_counted or res.n_positive > 0)
     subs: list[str] = []
@@ -182,7 +201,10 @@ def _diagnostic(
     if not blind:
         seq = by.get("sequence_recognition")
         if seq is not None and seq.value is not None and seq.value < 1:
-            wrong = seq.details.get("misidentified", [])
+            seqs = seq.detail_as(SequenceDetails)
+            wrong = (
+                [m.model_dump(exclude_defaults=True) for m in seqs.misidentified] if seqs else []
+            )
             note("R6", "sequence_misidentification", f"sequences misnamed: {wrong}")
         for name in ("modality_accuracy", "plane_accuracy"):
             v = _value(by, name)
@@ -193,14 +215,16 @@ def _diagnostic(
                     f"{name.split('_')[0]} wrong ({by[name].explanation})",
                 )
     know = by.get("knowledge_consistency")
-    if know is not None and know.value == 0.0:
-        for c in know.details.get("contradictions", []):
+    knows = know.detail_as(KnowledgeDetails) if know is not None else None
+    if know is not None and know.value == 0.0 and knows is not None:
+        for c in knows.contradictions:
             note("R8", "icd10_contradiction", c)
     dm = by.get("diagnosis_match")
     credit = _value(by, "diagnosis_credit")
     if dm is not None and dm.value == 0.0:
         partial = credit is not None and 0.5 <= credit < 1  # broader or same ICD-10 category
-        rank = (by.get("differential_rank") or Score(scorer="", value=None)).details.get("rank")
+        ranks = _details(by, "differential_rank", RankDetails)
+        rank = ranks.rank if ranks is not None else None
         text = dm.explanation + (f"; truth at rank {rank} of the differential" if rank else "")
         note("R9", "partial_diagnosis" if partial else "wrong_diagnosis", text)
         if rank:
@@ -259,10 +283,10 @@ def _classification(by: dict[str, Score], blind: bool) -> tuple[ErrorLabel | Non
     main = by.get("classification_correct")
     if main is None or main.value is None:
         return None, False
-    stated, truth = main.details.get("stated"), main.details.get("truth")
-    flags: list[str] = (by.get("safety_flags") or Score(scorer="", value=None)).details.get(
-        "flags", []
-    )
+    field = main.detail_as(FieldDetails)
+    stated, truth = (field.stated, field.truth) if field is not None else (None, None)
+    flagged = _details(by, "safety_flags", FlagsDetails)
+    flags = flagged.flags if flagged is not None else []
     subtype = [f for f in flags if f.startswith("subtype_inconsistent")]
     codes = [f for f in flags if f.startswith(("icd10_contradicts", "icd10_with_normal"))]
     wrong = {
@@ -303,14 +327,11 @@ def _classification(by: dict[str, Score], blind: bool) -> tuple[ErrorLabel | Non
 def _refine(label: ErrorLabel, rubric: Score | None) -> ErrorLabel:
     if rubric is None or rubric.value is None:
         return label
-    proposed = rubric.details.get("error_category")
-    if not proposed or ErrorCategory(proposed) not in PAPER_CATEGORIES:
+    jury = rubric.detail_as(RubricDetails)
+    proposed = jury.error_category if jury is not None else None
+    if jury is None or not proposed or ErrorCategory(proposed) not in PAPER_CATEGORIES:
         return label
-    graders = [
-        g
-        for g, d in rubric.details.get("graders", {}).items()
-        if d.get("error_category") == proposed
-    ]
+    graders = [g for g, d in jury.graders.items() if d.error_category == proposed]
     return label.model_copy(
         update={
             "category": ErrorCategory(proposed),
