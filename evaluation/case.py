@@ -17,9 +17,11 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationInfo,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
+from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
 from dicom import SeriesNotShown
 
@@ -375,6 +377,79 @@ class NeuroVLMLabels(BaseModel):
     plane: str = ""
 
 
+class _PhantomRecord(BaseModel):
+    """A part of a phantom's provenance. The generator's keys are fields; a key this version
+    does not know (a case.json written by another version) is kept in ``extra``, not lost."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keep_unknown(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = set(cls.model_fields) - {"extra"}
+        unknown = {k: v for k, v in data.items() if k not in known and k != "extra"}
+        if not unknown:
+            return data
+        kept = data.get("extra") if isinstance(data.get("extra"), dict) else {}
+        return {k: v for k, v in data.items() if k in known} | {"extra": {**kept, **unknown}}
+
+    @model_serializer(mode="wrap")
+    def _as_drawn(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """The JSON the generator always wrote: the drawn keys only, the kept ones beside."""
+        out = handler(self)
+        if isinstance(out, dict):
+            extra = out.pop("extra", None) or {}
+            out = {k: v for k, v in out.items() if v is not None}
+            for k, v in extra.items():
+                out.setdefault(k, v)
+        return out
+
+
+class PhantomSeries(_PhantomRecord):
+    """One series the generator acquired: its role in the protocol and what it is."""
+
+    role: str  # the protocol's name for it, e.g. "t2_flair"
+    modality: str  # "MR" or "CT"
+    series_class: str  # the sequence class scoring compares with, e.g. "FLAIR"
+    series_uid: str
+    description: str = ""
+
+
+class PhantomFacts(_PhantomRecord):
+    """What the generator drew for the case (the fields its disease group draws; None else)."""
+
+    side: Literal["left", "right"] | None = None
+    territory: str | None = None  # stroke: "MCA", "ACA", "PCA"
+    branch: str | None = None
+    onset_hours: float | None = None
+    site: str | None = None  # haemorrhage or meningioma site
+    volume_ml: float | None = None
+    primary: str | None = None  # metastases: the primary tumour
+    n_lesions: int | None = None
+    n_active: int | None = None
+
+
+class PhantomLesionFacts(_PhantomRecord):
+    """What the generator drew for one lesion (the fields its kind draws; None else)."""
+
+    placement: str | None = None  # MS plaque: "periventricular", ...
+    active: bool | None = None
+    black_hole: bool | None = None
+    radius_mm: float | None = None
+    intratumoural_haemorrhage: bool | None = None
+    calcified: bool | None = None
+    oedema: bool | None = None
+    site: str | None = None
+    territory: str | None = None
+    branch: str | None = None
+    onset_hours: float | None = None
+    volume_ml: float | None = None
+
+
 class PhantomProvenance(BaseModel):
     """How the phantom generator made a case: its schedule entry, series and drawn facts."""
 
@@ -382,9 +457,9 @@ class PhantomProvenance(BaseModel):
     difficulty: str
     case_index: int
     field_strength_t: float
-    series: list[dict[str, Any]] = Field(default_factory=list)  # uid, class, role per series
-    facts: dict[str, Any] = Field(default_factory=dict)  # territory, onset hours, ...
-    lesion_facts: list[dict[str, Any]] = Field(default_factory=list)
+    series: list[PhantomSeries] = Field(default_factory=list)
+    facts: PhantomFacts = Field(default_factory=PhantomFacts)
+    lesion_facts: list[PhantomLesionFacts] = Field(default_factory=list)
 
 
 class Provenance(BaseModel):

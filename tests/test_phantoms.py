@@ -58,7 +58,7 @@ def test_every_series_is_classified_from_headers_as_the_generator_intended(
     studies: dict[str, Study],
 ) -> None:
     for key, st in studies.items():
-        intended = {s["series_uid"]: s["series_class"] for s in st.case.provenance.phantom.series}
+        intended = {s.series_uid: s.series_class for s in st.case.provenance.phantom.series}
         found = {(s.series_uid, s.series_class.value) for s in st.index.series}
         assert st.index.errors == [], key
         assert {uid for uid, _ in found} == set(intended), key

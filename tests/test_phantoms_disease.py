@@ -99,7 +99,7 @@ def test_aca_and_pca_infarcts_lie_in_their_territories_bright_on_dwi_dark_on_adc
     ):
         st = studies[key]
         les = st.truth.lesions[0]
-        assert st.case.provenance.phantom.facts["territory"] == territory
+        assert st.case.provenance.phantom.facts.territory == territory
         assert f"{les.hemisphere.value} {territory} territory" in st.truth.final_diagnosis.name
         x, y, z = _lesion_points(st).T
         sx = {"right": 1, "left": -1}[les.hemisphere.value]
@@ -128,8 +128,8 @@ def test_hyperacute_infarct_shows_on_dwi_before_flair_and_ct(studies: Studies) -
     early, late = studies["aca-hyperacute"], studies["stroke"]
     assert early.truth.lesions[0].signal["FLAIR"] is Signal.ISO
     assert early.truth.lesions[0].signal["CT"] is Signal.ISODENSE
-    hours = early.case.provenance.phantom.facts["onset_hours"]
-    assert hours < 6 and late.case.provenance.phantom.facts["onset_hours"] > 6
+    hours = early.case.provenance.phantom.facts.onset_hours
+    assert hours < 6 and late.case.provenance.phantom.facts.onset_hours > 6
     _, dwi = mirror_ratio(early, "DWI", b=1000)
     adc, _ = mirror_ratio(early, "ADC")
     _, flair = mirror_ratio(early, "FLAIR")
@@ -281,8 +281,8 @@ def test_ms_plaques_include_t1_black_holes_and_enhancing_plaques(studies: Studie
     st = studies["ms"]
     facts = st.case.provenance.phantom.lesion_facts
     lesions = st.truth.lesions
-    holes = [les for les, f in zip(lesions, facts, strict=True) if f["black_hole"]]
-    active = [les for les, f in zip(lesions, facts, strict=True) if f["active"]]
+    holes = [les for les, f in zip(lesions, facts, strict=True) if f.black_hole]
+    active = [les for les, f in zip(lesions, facts, strict=True) if f.active]
     assert holes and active
     assert {les.id for les in lesions if les.signal["T1"] is Signal.HYPO} == {x.id for x in holes}
     assert {les.id for les in lesions if les.enhancement.value == "nodular"} == {

@@ -154,7 +154,7 @@ def test_the_record_decides_abscess_against_glioblastoma_at_l2(
         if key.endswith("l2"):
             assert gt.difficulty.value == "L2"
             # No diffusion images: restricted diffusion cannot tell them apart here.
-            classes = {s["series_class"] for s in case.provenance.phantom.series}
+            classes = {s.series_class for s in case.provenance.phantom.series}
             assert {"T1C", "T1"} <= classes and not classes & {"DWI", "ADC"}, key
     rationale = cases["abscess-l2"].ground_truth.rationale  # type: ignore[union-attr]
     assert "Fever" in rationale and "CRP" in rationale

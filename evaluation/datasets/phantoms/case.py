@@ -14,11 +14,22 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import nibabel as nib
 import numpy as np
 
-from evaluation.case import Case, GroundTruth, PhantomProvenance, PlantedPHI, Provenance, TaskFamily
+from evaluation.case import (
+    Case,
+    GroundTruth,
+    PhantomFacts,
+    PhantomLesionFacts,
+    PhantomProvenance,
+    PhantomSeries,
+    PlantedPHI,
+    Provenance,
+    TaskFamily,
+)
 from evaluation.datasets.phantoms import truth
 from evaluation.datasets.phantoms.acquire import Acquired, acquire_ct, acquire_diffusion, acquire_mr
 from evaluation.datasets.phantoms.anatomy import get_anatomy
@@ -70,7 +81,7 @@ class GeneratedCase:
     case: Case
     folder: Path
     files: dict[str, str]  # path relative to the case folder -> sha256
-    series: list[dict[str, str]]  # intended class of every series written
+    series: list[PhantomSeries]  # intended class of every series written
 
 
 def _rng(seed: int, index: int, stream: int) -> np.random.Generator:
@@ -182,20 +193,20 @@ def generate_case(out_dir: str | Path, spec_or_index: CaseSpec | int, seed: int)
             when=start if modality == "CT" else mr_start,
             field_t=field_t,
         )
-    series_info = []
+    series_info: list[PhantomSeries] = []
     for n, (modality, acq) in enumerate(acquisitions):
         h = headers[modality]
         sd = SERIES[acq.role]
         t = h.when + dt.timedelta(minutes=3 * n + 2)
         write_series(h, acq, folder / "dicom" / f"{modality}_{sd.number:02d}_{acq.role}", t)
         series_info.append(
-            {
-                "role": acq.role,
-                "modality": modality,
-                "series_class": sd.seq_class,
-                "series_uid": h.series_uid(acq.role),
-                "description": sd.description,
-            }
+            PhantomSeries(
+                role=acq.role,
+                modality=modality,
+                series_class=sd.seq_class,
+                series_uid=h.series_uid(acq.role),
+                description=sd.description,
+            )
         )
 
     # --- mask and measured ground truth -----------------------------------------------------
@@ -205,7 +216,7 @@ def generate_case(out_dir: str | Path, spec_or_index: CaseSpec | int, seed: int)
     if (counts[1:] == 0).any():  # a lesion thinner than half a voxel everywhere
         labels = label_map(mask_scene, len(plan.lesions), threshold=0.3)
     write_mask(folder / "masks" / "lesions.nii.gz", labels, anatomy.affine)
-    acquired_classes = {d["series_class"] for d in series_info}
+    acquired_classes = {d.series_class for d in series_info}
     gt_protos = {
         "T1": protos["t1_3d"],
         "T2": protos["t2"],
@@ -301,8 +312,8 @@ def generate_case(out_dir: str | Path, spec_or_index: CaseSpec | int, seed: int)
                 case_index=spec.index,
                 field_strength_t=field_t,
                 series=series_info,
-                facts=_jsonable(plan.facts),
-                lesion_facts=[_jsonable(les.facts) for les in plan.lesions],
+                facts=drawn(PhantomFacts, plan.facts),
+                lesion_facts=[drawn(PhantomLesionFacts, les.facts) for les in plan.lesions],
             ),
         ),
     )
@@ -317,5 +328,13 @@ def generate_case(out_dir: str | Path, spec_or_index: CaseSpec | int, seed: int)
     return GeneratedCase(case=case, folder=folder, files=files, series=series_info)
 
 
-def _jsonable(d: dict[str, object]) -> dict[str, object]:
-    return json.loads(json.dumps(d, default=str))
+R = TypeVar("R", PhantomFacts, PhantomLesionFacts)
+
+
+def drawn(record: type[R], facts: dict[str, object]) -> R:
+    """The generator's drawn facts as their provenance record. Every key the generator draws is
+    a field of the record: one it does not declare is an error here, not a silent extra."""
+    got = record.model_validate(json.loads(json.dumps(facts, default=str)))
+    if got.extra:
+        raise ValueError(f"{record.__name__} has no field for the drawn facts {sorted(got.extra)}")
+    return got

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from evaluation.case import PhantomSeries
 from evaluation.datasets.phantoms.anatomy import ANATOMY_SOURCE, get_anatomy
 from evaluation.datasets.phantoms.atlas import get_atlas
 from evaluation.datasets.phantoms.case import GeneratedCase, generate_case
@@ -31,7 +32,7 @@ class SuiteCase(BaseModel):
     diagnosis: str
     icd10: str | None = None
     study_uids: list[str] = Field(default_factory=list)
-    series: list[dict[str, str]] = Field(default_factory=list)  # role, modality, class, uid
+    series: list[PhantomSeries] = Field(default_factory=list)  # role, modality, class, uid
     n_lesions: int = 0
     files: dict[str, str] = Field(default_factory=dict)  # relative path -> sha256
 
