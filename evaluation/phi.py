@@ -46,6 +46,7 @@ from pydantic import BaseModel, Field
 from evaluation.case import Case, StudyPerson
 from evaluation.ehr import (
     NOT_NAMES,
+    EHRContext,
     display_terms,
     identifying_terms,
     long_enough,
@@ -56,7 +57,6 @@ from evaluation.errors import PHIError
 from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.phi_pixels import ImageAction, PixelReason, PixelScreen, TextMatcher, pixel_terms
 from evaluation.phi_text import (
-    address_terms,
     is_first_name,
     normalise,
     scrub_addresses,
@@ -649,12 +649,16 @@ class PHIGate:
             self._pixel_matchers[case.case_id] = TextMatcher(terms, rules)
         return self._pixel_matchers[case.case_id]
 
-    def terms_for(self, case: Case) -> list[str]:
-        """What identifies a person in this case: the record's persons (``identifying_terms``),
+    def terms_for(self, case: Case, record: EHRContext | None = None) -> list[str]:
+        """What identifies a person in this case: what its record names (``identifying_terms``:
+        every person, in any element, contact points, addresses, the patient's identifiers),
         every person the study's headers name, in each of their written forms, and the study's
-        identifiers (patient ID, accession number, institution)."""
+        identifiers (patient ID, accession number, institution). ``record``: the case's record
+        when the caller has read it already."""
         if case.case_id not in self._terms:
-            terms = identifying_terms(case.ehr) + address_terms(case.ehr) if case.ehr else []
+            if record is None and case.ehr is not None:
+                record = EHRContext.from_bundle(case.ehr)
+            terms = identifying_terms(record)
             if case.patient_id:
                 terms.append(case.patient_id)
             ident = case.provenance.identity

@@ -1,5 +1,6 @@
 """Free-text PHI shapes for the PHI gate (:mod:`evaluation.phi`): text normalised before matching,
-dates in any written form, addresses, the parts of the record's own address, first names.
+dates in any written form, addresses, first names (the parts of the record's own addresses are
+``evaluation.ehr.address_terms``).
 
 * :func:`normalise` reads text as a person reads it: compatibility forms folded (NFKC: full-width
   and mathematical letters become plain ones), invisible characters removed (zero-width spaces and
@@ -18,9 +19,6 @@ dates in any written form, addresses, the parts of the record's own address, fir
 * :func:`scrub_addresses` redacts what has the shape of an address (house number and street of
   any common street word, continental "Hauptstraße 12" and "via Roma 12", flat numbers, the town
   and postcode written after a street, a US state with its ZIP code) and a place after "lives in".
-* :func:`address_terms` lists every part of the record's own addresses (street with and without
-  its number, town and the words of a compound town name, district, state, postcode with and
-  without its space) for the gate's known-terms pass; the country stays.
 * :func:`is_first_name` says whether a word is a given name (the name list of ``gender-guesser``,
   about 48,000 names of many countries, without the names that are also common English words).
 """
@@ -30,7 +28,6 @@ from __future__ import annotations
 import re
 import unicodedata
 from functools import lru_cache
-from typing import Any
 
 from evaluation.ehr import word_set
 
@@ -373,61 +370,6 @@ def scrub_addresses(text: str) -> tuple[str, int]:
             text, k = pattern.subn(REDACTED, text)
             n += k
     return text, n
-
-
-_PLACE_PARTICLES = word_set("""on upon the le la les sur sous am an im der die das de del della di du en in by under
-    saint st ste sankt san santa new north south east west upper lower great little old port
-    fort mount lake city town bad village""")
-
-
-def _text(value: Any) -> str:
-    return " ".join(value.split())[:200] if isinstance(value, str) else ""
-
-
-def address_terms(bundle: Any) -> list[str]:
-    """Every part of every address in a FHIR record (the Patient's, a contact's, a related
-    person's...): each line with and without its house number, town, the words of a compound
-    town name, district, state, postcode with and without its space. Not the country."""
-    terms: list[str] = []
-    budget = [20_000]
-
-    def walk(node: Any, depth: int) -> None:
-        budget[0] -= 1
-        if budget[0] < 0 or depth > 24:
-            return
-        if isinstance(node, list):
-            for item in node[:500]:
-                walk(item, depth + 1)
-        elif isinstance(node, dict):
-            for key, value in node.items():
-                if key == "address":
-                    for addr in value[:50] if isinstance(value, list) else [value]:
-                        if isinstance(addr, dict):
-                            terms.extend(_address_parts(addr))
-                walk(value, depth + 1)
-
-    walk(bundle, 0)
-    return [t for t in dict.fromkeys(terms) if len(t) >= 3]
-
-
-def _address_parts(addr: dict[str, Any]) -> list[str]:
-    out: list[str] = [_text(addr.get("text"))]
-    given = addr.get("line")
-    lines: list[Any] = given if isinstance(given, list) else []
-    for line in (_text(x) for x in lines[:10]):
-        out.append(line)
-        bare = re.sub(r"^\s*\d+[A-Za-z]?[,\s]+|[,\s]+\d+[A-Za-z]?\s*$", "", line)
-        if bare != line and re.search(r"[^\W\d_]{3}", bare):
-            out.append(bare)  # "Quarry Bank Road" of "14 Quarry Bank Road"
-    for key in ("city", "district", "state"):
-        place = _text(addr.get(key))
-        out.append(place)
-        words = [w for w in re.split(r"[\s\-‐–]+", place) if w]
-        if len(words) > 1:
-            out += [w for w in words if w.lower() not in _PLACE_PARTICLES and len(w) >= 4]
-    post = _text(addr.get("postalCode"))
-    out += [post, post.replace(" ", "")]
-    return [t for t in out if t]
 
 
 # --------------------------------------------------------------------------- first names

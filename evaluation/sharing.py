@@ -15,8 +15,9 @@ folder; this module treats the rest of the case alike:
   remaining free-text string goes through the PHI gate's scrub;
 * the note, question and turn texts, and the ground truth's rationale and key findings go
   through the PHI gate's scrub (:func:`evaluation.phi.scrub_text`) with every identifying term
-  known: the record's own (``PHIGate.terms_for``: every person it names), the names of the
-  organisations, places and devices it holds, and the identifying strings of the study's source
+  known: the record's own (``PHIGate.terms_for``: every person it names, read from the typed
+  record ``evaluation.ehr.EHRContext``), the names of the organisations, places and devices it
+  holds (``EHRContext.entities``), and the identifying strings of the study's source
   headers given by the caller;
 * the ground truth loses its list of planted identifiers (they are identifiers).
 """
@@ -47,7 +48,7 @@ from evaluation.datasets.suite import (
     read_manifest,
     suite_case_dirs,
 )
-from evaluation.ehr import PERSON_RESOURCES, long_enough, patient_age, resources
+from evaluation.ehr import EHRContext, long_enough, resources
 from evaluation.errors import DatasetError
 from evaluation.phi import PHIGate, scrub_text
 
@@ -184,15 +185,10 @@ class _Scrubber:
         return out
 
 
-def _dropped_names(bundle: Any) -> list[str]:
+def _dropped_names(record: EHRContext) -> list[str]:
     """The names of the organisations, places and devices the record holds (the record's people
     are already among ``PHIGate.terms_for``)."""
-    return [
-        r["name"].strip()
-        for r in resources(bundle)
-        if r.get("resourceType") in _DROPPED_TYPES - PERSON_RESOURCES
-        and isinstance(r.get("name"), str)
-    ]
+    return [e.name for e in record.entities if e.kind in _DROPPED_TYPES]
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -224,7 +220,10 @@ def _shift_date(value: str, days: int | None) -> str | None:
 class _RecordCleaner:
     """One pass over a FHIR Bundle (see the module docstring)."""
 
-    def __init__(self, bundle: Any, scrub: _Scrubber, days: int | None, salt: str) -> None:
+    def __init__(
+        self, bundle: Any, record: EHRContext, scrub: _Scrubber, days: int | None, salt: str
+    ) -> None:
+        self.record = record
         self.scrub = scrub
         self.days = days
         self.salt = salt
@@ -246,11 +245,9 @@ class _RecordCleaner:
 
     def bundle(self, bundle: Any) -> dict[str, Any]:
         source = _dict(bundle)
-        age = patient_age(bundle)
-        real_birth = next(
-            (r.get("birthDate") for r in resources(bundle) if r.get("resourceType") == "Patient"),
-            None,
-        )
+        patient = self.record.patient
+        age = patient.age if patient else None
+        real_birth = patient.birth_date if patient else None
         out: dict[str, Any] = {"resourceType": source.get("resourceType", "Bundle")}
         if isinstance(source.get("id"), str):
             out["id"] = _new_id(self.salt, "bundle:" + source["id"])
@@ -286,29 +283,19 @@ class _RecordCleaner:
             k: res[k] for k in ("resourceType", "gender", "active", "deceasedBoolean") if k in res
         }
 
-    def _birth_date(self, bundle: dict[str, Any], age: int | None, real: Any) -> None:
+    def _birth_date(self, bundle: dict[str, Any], age: int | None, real: dt.date | None) -> None:
         """The Patient's birth date: one giving `age` at the (shifted) encounter, never the
         real one (a day earlier when the anniversary falls on it)."""
         patients = [r for r in resources(bundle) if r.get("resourceType") == "Patient"]
-        if not patients:
+        day = EHRContext.from_bundle(bundle).at  # the shifted encounter (else timestamp)
+        if not patients or age is None or day is None:
             return
-        ref = None
-        for r in resources(bundle):
-            if r.get("resourceType") == "Encounter":
-                start = _dict(r.get("period")).get("start")
-                if isinstance(start, str) and _FULL_DATE.match(start):
-                    ref = start
-                    break
-        ref = ref or bundle.get("timestamp")
-        if age is None or not isinstance(ref, str) or not _FULL_DATE.match(ref):
-            return
-        day = dt.date.fromisoformat(ref[:10])
         years = min(age, _OLDEST)
         try:
             born = day.replace(year=day.year - years)
         except ValueError:  # 29 February
             born = day.replace(year=day.year - years, day=28)
-        if isinstance(real, str) and real[:10] == born.isoformat():
+        if real == born:
             born -= dt.timedelta(days=1)
         patients[0]["birthDate"] = born.isoformat()
 
@@ -407,9 +394,10 @@ def share_case(
     the pseudonym the images carry; ``date_shift_days``: the images' date shift, or None when
     their dates were removed (then the record's are too).
     """
-    known = list(PHIGate().terms_for(case))
-    if case.ehr is not None:
-        known.extend(_dropped_names(case.ehr))
+    record = EHRContext.from_bundle(case.ehr) if case.ehr is not None else None
+    known = list(PHIGate().terms_for(case, record))
+    if record is not None:
+        known.extend(_dropped_names(record))
     known.extend(terms)
     unique = sorted(
         {t.strip() for t in known if long_enough(t.strip())}, key=lambda t: (-len(t), t)
@@ -417,8 +405,8 @@ def share_case(
     scrub = _Scrubber(unique)
     removed: dict[str, int] = {}
     ehr: dict[str, Any] | None = None
-    if case.ehr is not None:
-        cleaner = _RecordCleaner(case.ehr, scrub, date_shift_days, salt)
+    if case.ehr is not None and record is not None:
+        cleaner = _RecordCleaner(case.ehr, record, scrub, date_shift_days, salt)
         ehr = cleaner.bundle(case.ehr)
         removed = cleaner.removed
     gt = None

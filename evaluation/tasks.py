@@ -17,7 +17,7 @@ from enum import StrEnum
 from pydantic import BaseModel, Field
 
 from evaluation.case import Case, ImageRef, Question, TaskFamily
-from evaluation.ehr import ehr_text
+from evaluation.ehr import EHRContext
 from evaluation.errors import PromptError
 from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.prompts import PromptSet, to_parts
@@ -155,7 +155,7 @@ def build_turns(
     text = prompts.render(
         TEMPLATES[family],
         images=[{"index": n + 1, "label": r.label} for n, r in enumerate(refs)],
-        ehr=ehr_text(case.ehr) if with_text else "",
+        ehr=EHRContext.from_bundle(case.ehr).text() if with_text and case.ehr else "",
         note=case.note if with_text else "",
         question=question,
         schema=schema,

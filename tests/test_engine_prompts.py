@@ -10,7 +10,7 @@ import pytest
 from engine_helpers import brain_png
 
 from evaluation.case import Case, Diagnosis, GroundTruth, ImageRef, Provenance, TaskFamily, Turn
-from evaluation.ehr import ehr_text, identifying_terms
+from evaluation.ehr import EHRContext, identifying_terms
 from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.parsing import json_candidates, parse_answer
 from evaluation.phi import PHIGate, PHIPolicy, is_trusted, png_text_chunks, scrub_text
@@ -99,7 +99,7 @@ BUNDLE = {
 
 
 def test_ehr_block_has_the_clinical_facts_and_no_identifiers() -> None:
-    text = ehr_text(BUNDLE)
+    text = EHRContext.from_bundle(BUNDLE).text()
     assert "Patient: 43 years, female" in text
     assert "Sudden right arm weakness (emergency)" in text
     assert "Atrial fibrillation [I48.9]" in text and "Appendicitis" not in text
@@ -122,7 +122,7 @@ def test_ehr_block_has_the_clinical_facts_and_no_identifiers() -> None:
     ],
 )
 def test_ehr_block_survives_hostile_bundles(bundle: object) -> None:
-    assert isinstance(ehr_text(bundle), str)
+    assert isinstance(EHRContext.from_bundle(bundle).text(), str)
 
 
 def test_ehr_block_is_bounded() -> None:
@@ -132,7 +132,7 @@ def test_ehr_block_is_bounded() -> None:
             for i in range(300)
         ]
     }
-    text = ehr_text(big)
+    text = EHRContext.from_bundle(big).text()
     assert len(text) <= 4000 and text.endswith("[record truncated]")
     many = {
         "entry": [
@@ -140,7 +140,7 @@ def test_ehr_block_is_bounded() -> None:
             for i in range(50)
         ]
     }
-    assert ehr_text(many).endswith("c39; and 10 more")
+    assert EHRContext.from_bundle(many).text().endswith("c39; and 10 more")
 
 
 def _case(n_images: int = 3, **kw: object) -> tuple[Case, dict[str, bytes]]:
@@ -326,7 +326,7 @@ def test_refusal_text_is_a_refusal_and_hostile_replies_are_bounded() -> None:
 
 
 def test_scrub_removes_identifiers_and_keeps_clinical_numbers() -> None:
-    terms = identifying_terms(BUNDLE)
+    terms = identifying_terms(EHRContext.from_bundle(BUNDLE))
     note = (
         "Patient: Alonso Quixote    DOB: 15/06/1980    MRN: MRN7788123\n"
         "Address: 12 Windmill Lane, La Mancha    Tel: +44 20 7946 0000\n"

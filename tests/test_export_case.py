@@ -282,11 +282,11 @@ def test_phantom_case_exports_verified_loads_renders_and_evaluates(
     assert report["dicom"]["method_codes"] == ["113100", "113105", "113107"]
 
     # The record keeps what a prompt shows: the same age, sex and findings, shifted dates.
-    from evaluation.ehr import ehr_text
+    from evaluation.ehr import EHRContext
 
     original = json.loads((suite / case_id / "ehr.json").read_text())
     shared_ehr = json.loads((bundle / "ehr.json").read_text())
-    assert ehr_text(shared_ehr) == ehr_text(original)
+    assert EHRContext.from_bundle(shared_ehr).text() == EHRContext.from_bundle(original).text()
     assert shared_ehr["timestamp"][:10] != original["timestamp"][:10]
     note = (bundle / "note.txt").read_text()
     assert "[REDACTED]" in note and "relative afferent pupillary defect" in note

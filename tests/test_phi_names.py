@@ -31,7 +31,7 @@ from pydicom.sequence import Sequence
 
 from evaluation.case import Case, Provenance, StudyIdentity, TaskFamily
 from evaluation.datasets import DatasetSpec
-from evaluation.ehr import identifying_terms
+from evaluation.ehr import EHRContext, identifying_terms
 from evaluation.engine import start_run
 from evaluation.log.store import RunStore
 from evaluation.modelio import GenerateConfig, Message, TextPart
@@ -376,14 +376,15 @@ def test_every_person_of_the_fhir_record_gives_terms_not_only_the_patient() -> N
             },
         ],
     }
-    terms = {t.lower() for t in identifying_terms(bundle)}
+    terms = {t.lower() for t in identifying_terms(EHRContext.from_bundle(bundle))}
     for name in ("Quixote", "Panza", "Teresa", "Recio", "Pedro", "Sansón", "Carrasco", "Lorenzo",
                  "Aldonza", "Nicolás", "Barbero", "Ginés", "Pasamonte", "Sanson"):  # fmt: skip
         assert name.lower() in terms, name
     # role, department and title words are not names: the note keeps them
     assert not {"neurology", "dr", "md", "de"} & terms
     text, _ = scrub_text(
-        "Neurology review: Teresa Panza phoned; Dr Recio's letter.", identifying_terms(bundle)
+        "Neurology review: Teresa Panza phoned; Dr Recio's letter.",
+        identifying_terms(EHRContext.from_bundle(bundle)),
     )
     assert "Neurology review" in text and "Panza" not in text and "Recio" not in text
 

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from evaluation.case import Case, Diagnosis, GroundTruth, Provenance, TaskFamily, Turn
-from evaluation.ehr import note_from_bundle
+from evaluation.ehr import EHRContext
 from evaluation.modelio import ImagePart, Message, TextPart
 from evaluation.phi import PHIGate, PHIPolicy
 from evaluation.prompts import data_blocks, default_prompts, outside_data
@@ -43,7 +43,7 @@ BEFORE = "before the rules of this set's commit: 87 scrubbed, 23 LEAKED, 5 PARTI
 
 
 def _case(bundle: dict[str, Any], note: str) -> Case:
-    letter = note_from_bundle(bundle)
+    letter = EHRContext.from_bundle(bundle).note
     return Case(
         case_id="planted-b",
         images=[],
