@@ -1,6 +1,7 @@
 # The public face: the one list of its names, each imported on first use (lazy_loader);
 # type checkers read this stub. Nothing outside the package imports past it.
 from .classify import classify as classify
+from .credentials import credential as credential
 from .deid import Deidentifier as Deidentifier
 from .deid import DeidPolicy as DeidPolicy
 from .deid_study import DeidentifiedStudy as DeidentifiedStudy
@@ -19,6 +20,7 @@ from .errors import SeriesNotFoundError as SeriesNotFoundError
 from .errors import SeriesSelectionError as SeriesSelectionError
 from .geometry import slice_centre as slice_centre
 from .headers.batch import read_headers as read_headers
+from .headers.cache import configure_header_cache as configure_header_cache
 from .headers.frame import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
 from .identity import HeaderIdentity as HeaderIdentity
 from .identity import checked_attributes as checked_attributes

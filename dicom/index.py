@@ -43,8 +43,8 @@ def index_path(
 ) -> IndexResult:
     """Index every DICOM file below ``path`` (file, folder, zip) or a NIfTI file.
 
-    ``cache_dir`` (default: $NEUROSANDBOX_HEADER_CACHE, else none) keeps header reads between
-    runs, keyed by path, size and modification time (dicom.headers.cache).
+    ``cache_dir`` (default: the folder ``configure_header_cache`` set, else none) keeps header
+    reads between runs, keyed by path, size and modification time (dicom.headers.cache).
     ``keep_headers`` (one study, read in this process, no cache): the result also holds the
     first header of each series (``IndexResult.series_headers``, a ``KeptHeaders``), so that
     nothing downstream reads a file's header a second time; beyond ``MAX_KEPT_HEADERS``

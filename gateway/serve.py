@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ from gateway.routing import Router
 from gateway.scp import StorageSCP, uid_key
 from gateway.scp_transport import PeerLimits
 from gateway.settings import Settings
+from gateway.startup import configure_libraries
 from gateway.study_run import DefaultEvaluator
 from gateway.workers import ProcessEvaluator
 
@@ -83,6 +85,12 @@ def configure_logging(level: int = logging.INFO) -> None:
     pynetdicom_config.LOG_RESPONSE_IDENTIFIERS = False
 
 
+def start_worker(settings: Settings) -> None:
+    """First thing in an evaluation worker process (spawned: nothing of ours is set yet)."""
+    configure_logging()
+    configure_libraries(settings)
+
+
 @dataclass
 class Gateway:
     ctx: GatewayContext
@@ -121,12 +129,13 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     The evaluator (default: the engine's) runs in a worker process per study, stopped at the
     run deadline; it must be picklable."""
     ep = resolve_endpoints(settings)
+    configure_libraries(settings)  # the header cache, Chromium (gateway/startup.py)
     ctx = GatewayContext.from_settings(settings)
     data = settings.data_dir
     worker = ProcessEvaluator(
         evaluator or DefaultEvaluator(settings),
         settings.run_deadline_s,
-        init=configure_logging,
+        init=functools.partial(start_worker, settings),
         warm=settings.warm_worker,
     )
     # received instances go to Orthanc as they arrive (an aborted association's are deleted)

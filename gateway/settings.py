@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -106,6 +107,13 @@ class Settings(BaseSettings):
     cache_dir: Path = Path("out/cache")  # rendered studies, dataset images, Orthanc downloads
     runs_dir: Path = Path("out/runs")  # where `runs list` looks
 
+    # Given to the libraries once at start (gateway/startup.py), never read by them
+    header_cache: Path | None = None  # folder of a persistent header cache; unset: off
+    chromium: Path | None = None  # the browser that prints PDFs; unset: Debian's
+    # per-user cache (the phantoms' built head, CACHE/phantoms); unset:
+    # $XDG_CACHE_HOME/neurosandbox, else ~/.cache/neurosandbox
+    cache: Path | None = Field(None, validate_default=True)
+
     @property
     def reports_root(self) -> Path:
         """Where report bundles live for the review pages (REPORTS_DIR, else DATA_DIR/reports)."""
@@ -135,6 +143,23 @@ class Settings(BaseSettings):
         expanded): every path a run stores under it (its folder, its images, its SR copies,
         its report's case root) then reads the same from any working directory."""
         return value.expanduser().resolve()
+
+    @field_validator("header_cache", "chromium", "cache", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        """An empty variable (``NEUROSANDBOX_HEADER_CACHE=``) leaves the setting unset."""
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("cache")
+    @classmethod
+    def _user_cache(cls, value: Path | None) -> Path:
+        """The XDG base directory rule: $XDG_CACHE_HOME/neurosandbox, else ~/.cache/..."""
+        if value is not None:
+            return value.expanduser()
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        return (Path(xdg) if xdg else Path.home() / ".cache") / "neurosandbox"
 
     @field_validator("models", mode="before")
     @classmethod

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dicom.headers.cache import ENV_VAR, HeaderCache
+from dicom.headers.cache import HeaderCache, configure_header_cache
 from dicom.headers.fast import clear_caches
 from dicom.index import index_path
 
@@ -59,8 +59,23 @@ def test_cache_from_other_code_or_other_owner_is_ignored(corpus: Path, tmp_path:
 def test_cache_directory_from_the_environment(
     corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(ENV_VAR, str(tmp_path / "envcache"))
-    index_path(corpus / BRAINIX_T1)
-    files = list((tmp_path / "envcache").iterdir())
-    assert files and all(f.stat().st_mode & 0o077 == 0 for f in files)
-    assert (tmp_path / "envcache").stat().st_mode & 0o077 == 0
+    """NEUROSANDBOX_HEADER_CACHE still works, through the settings the CLI gives the library at
+    start (the library reads no environment)."""
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    monkeypatch.setenv("NEUROSANDBOX_HEADER_CACHE", str(tmp_path / "envcache"))
+    try:
+        result = CliRunner().invoke(app, ["inspect", str(corpus / BRAINIX_T1)])
+        assert result.exit_code == 0, result.output
+        files = list((tmp_path / "envcache").iterdir())
+        assert files and all(f.stat().st_mode & 0o077 == 0 for f in files)
+        assert (tmp_path / "envcache").stat().st_mode & 0o077 == 0
+        # the library itself never looks: unconfigured, a direct read writes no cache
+        configure_header_cache(None)
+        monkeypatch.setenv("NEUROSANDBOX_HEADER_CACHE", str(tmp_path / "other"))
+        index_path(corpus / BRAINIX_T1)
+        assert not (tmp_path / "other").exists()
+    finally:
+        configure_header_cache(None)

@@ -19,7 +19,7 @@ from dicom.errors import (
     NotDicomError,
     TooLargeError,
 )
-from dicom.headers.cache import HeaderCache, cache_dir_from_env
+from dicom.headers.cache import HeaderCache, default_cache_dir
 from dicom.headers.frame import DEFAULT_MEMORY_CAP, FrameHeader
 from dicom.headers.read import read_frames, read_frames_and_header
 from dicom.parallel import idle_cpus
@@ -126,10 +126,11 @@ def read_headers(
 
     Large folders are split into contiguous chunks (siblings stay together, which the fast
     scanner's templates need): this process reads the first, forked workers the others.
-    With a cache directory (or NEUROSANDBOX_HEADER_CACHE), unchanged files are not read again.
+    With a cache directory (or the one ``configure_header_cache`` set), unchanged files are
+    not read again.
     """
     paths = list(sources)
-    root = cache_dir if cache_dir is not None else cache_dir_from_env()
+    root = cache_dir if cache_dir is not None else default_cache_dir()
     cache = HeaderCache(root, memory_cap) if root is not None else None
     cached, todo = cache.lookup(paths) if cache is not None else ({}, paths)
     fresh = _read_all(todo, memory_cap, workers, progress, len(paths))

@@ -1,6 +1,8 @@
 """A persistent cache of header reads, for the second look at the same folder.
 
-Off unless asked for (``index_path(cache_dir=...)`` or ``NEUROSANDBOX_HEADER_CACHE=DIR``).
+Off unless asked for: ``index_path(cache_dir=...)``, or a default folder set once at start by
+``configure_header_cache`` (the CLI and the service pass ``NEUROSANDBOX_HEADER_CACHE`` from the
+settings; nothing here reads the environment).
 One file per input folder holds, for each file, its size and modification time (ns) and the
 frames read from it (or its error). An entry is used only while size and mtime are unchanged,
 and the whole file only if it was written by the same code: the key covers the sources of
@@ -31,7 +33,6 @@ from dicom.headers.frame import FrameHeader
 from dicom.records import FileError, PatientKey
 from dicom.sources import ZIP_SEP
 
-ENV_VAR = "NEUROSANDBOX_HEADER_CACHE"
 _FIELDS = tuple(f.name for f in fields(FrameHeader))
 # The sources whose change invalidates the cache: this subpackage and the file walk.
 _HERE = Path(__file__).resolve().parent
@@ -39,9 +40,19 @@ _CODE = (*sorted(f"headers/{p.name}" for p in _HERE.glob("*.py")), "sources.py")
 ReadResult = tuple[str, list[FrameHeader] | None, FileError | None]
 
 
-def cache_dir_from_env() -> Path | None:
-    value = os.environ.get(ENV_VAR, "").strip()
-    return Path(value) if value else None
+_default_dir: Path | None = None
+
+
+def configure_header_cache(folder: Path | None) -> None:
+    """The cache folder a read uses when its caller passes none (None: no persistent cache).
+    Set once at start by the CLI and the service from the settings (``header_cache``)."""
+    global _default_dir
+    _default_dir = folder
+
+
+def default_cache_dir() -> Path | None:
+    """The folder ``configure_header_cache`` set, if any."""
+    return _default_dir
 
 
 def _code_key(memory_cap: int) -> str:

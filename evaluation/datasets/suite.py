@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
+from dicom import credential
 from evaluation.case import Case, Provenance, TaskFamily
 from evaluation.coverage import LoadNotes, SkippedCase
 from evaluation.datasets.manifest import (
@@ -176,8 +177,8 @@ def _orthanc_study(server: OrthancServer, cache_dir: Path) -> Path:
     )
     if target.exists():
         return target
-    user = os.environ.get(server.username_env or "", "") or server.username
-    password = os.environ.get(server.password_env or "", "")
+    user = credential(server.username_env) or server.username
+    password = credential(server.password_env) or ""
     auth = (str(user), password) if user else None
     try:
         with httpx.Client(base_url=url, auth=auth, timeout=server.timeout_s or 120.0) as c:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
 import time
 from typing import TYPE_CHECKING, Literal
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from PIL import Image
 from pydantic import BaseModel, computed_field
 
+from dicom import credential
 from evaluation.errors import ModelConfigError
 from evaluation.modelio import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 from evaluation.models.spec import ModelSpec
@@ -245,8 +245,9 @@ async def served_models(
     else:
         url = base + "/models"
     headers = {}
-    if spec.api_key_env and os.environ.get(spec.api_key_env):
-        headers["Authorization"] = f"Bearer {os.environ[spec.api_key_env]}"
+    key = credential(spec.api_key_env)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
     try:
         async with (
             httpx.AsyncClient(timeout=timeout_s, follow_redirects=False) as client,

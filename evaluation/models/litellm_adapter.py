@@ -26,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-import os
 import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from dicom import credential
 from evaluation.errors import ModelConfigError
 from evaluation.modelio import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 from evaluation.models.call_pool import CallPool, summarise_response
@@ -100,7 +100,7 @@ class LiteLLMAdapter:
         rng: random.Random | None = None,
         pool: CallPool | None = None,
     ) -> None:
-        if spec.api_key_env and spec.api_key_env not in os.environ:
+        if spec.api_key_env and credential(spec.api_key_env) is None:
             raise ModelConfigError(
                 f"model {spec.name!r}: environment variable {spec.api_key_env} (its API key) is not set"
             )
@@ -137,7 +137,7 @@ class LiteLLMAdapter:
         if s.api_base:
             kw["api_base"] = s.api_base
         if s.api_key_env:
-            kw["api_key"] = os.environ[s.api_key_env]
+            kw["api_key"] = credential(s.api_key_env) or ""
         elif s.api_base:
             kw["api_key"] = "no-key"  # local OpenAI-compatible servers ignore it; SDKs need one
         params: dict[str, Any] = {}

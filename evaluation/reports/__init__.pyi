@@ -23,6 +23,7 @@ from .loader import load_run as load_run
 from .loader import save_run as save_run
 from .pdf import PdfError as PdfError
 from .pdf import Printer as Printer
+from .pdf import configure_chromium as configure_chromium
 from .pdf import html_to_pdf as html_to_pdf
 from .pdf import pdf_bytes as pdf_bytes
 from .plots import all_plots as all_plots

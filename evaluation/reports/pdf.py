@@ -39,12 +39,22 @@ class PdfError(RuntimeError):
     """Chromium is missing, failed, or produced no PDF."""
 
 
+_chromium: Path | None = None
+
+
+def configure_chromium(binary: Path | None) -> None:
+    """The Chromium binary to print with, tried before the Debian package's (None: only
+    those). Set once at start by the CLI and the service from the settings
+    (``NEUROSANDBOX_CHROMIUM``)."""
+    global _chromium
+    _chromium = binary
+
+
 def chromium_path() -> str:
-    """The Chromium binary: NEUROSANDBOX_CHROMIUM, else the Debian package's."""
-    env = os.environ.get("NEUROSANDBOX_CHROMIUM")
-    for cand in (env, *CHROMIUM_CANDIDATES, shutil.which("chromium")):
+    """The Chromium binary: the configured one, else the Debian package's."""
+    for cand in (_chromium, *CHROMIUM_CANDIDATES, shutil.which("chromium")):
         if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return cand
+            return str(cand)
     raise PdfError("Chromium not found: apt-get install chromium (or set NEUROSANDBOX_CHROMIUM)")
 
 

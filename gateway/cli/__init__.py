@@ -29,6 +29,23 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+@app.callback()
+def _start() -> None:
+    """Before any command: the libraries get their start-time settings (gateway/startup.py)."""
+    from pydantic import ValidationError
+
+    from gateway.settings import get_settings
+    from gateway.startup import configure_libraries
+
+    try:
+        settings = get_settings()
+    except ValidationError:
+        return  # a command that reads the settings says what is wrong with them
+    configure_libraries(settings)
+
+
 app.command("inspect")(inspect)
 app.command("render")(render)
 app.command("demo")(demo_command)

@@ -59,7 +59,7 @@ def _done(t0: float, text: str = "") -> None:
     console.print(f"   done in {time.perf_counter() - t0:.1f} s {escape(text)}")
 
 
-def _suite(out: Path, cases: int, seed: int) -> Path:
+def _suite(out: Path, cases: int, seed: int, cache: Path | None) -> Path:
     import shutil
 
     from evaluation.datasets import GENERATOR_VERSION, SuiteManifest, generate_suite
@@ -80,7 +80,7 @@ def _suite(out: Path, cases: int, seed: int) -> Path:
     def progress(done: int, total: int, case_id: str) -> None:
         console.print(f"   [{done}/{total}] {escape(case_id)}")
 
-    generate_suite(suite, cases, seed, progress=progress)
+    generate_suite(suite, cases, seed, progress=progress, cache=cache)
     return suite
 
 
@@ -356,7 +356,7 @@ def run_demo(
     out.mkdir(parents=True, exist_ok=True)
     with _services(settings, keep) as (endpoints, gw):
         t = _step(2, f"phantom suite: {cases} cases, seed {seed}")
-        suite = _suite(out, cases, seed)
+        suite = _suite(out, cases, seed, settings.cache)
         _done(t)
         inputs = state.run_inputs(suite, models, samples)
         routing = _routing(out, models, inputs, endpoints.orthanc_aet)
@@ -467,7 +467,7 @@ def demo_command(
     settings = get_settings()
     extra = (
         [m for m in settings.models if m not in REFERENCE_MODELS]
-        if os.environ.get("NEUROSANDBOX_MODELS")
+        if "models" in settings.model_fields_set  # NEUROSANDBOX_MODELS given
         else []
     )
     try:

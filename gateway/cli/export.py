@@ -142,7 +142,7 @@ def export_case_command(
 
     Every file is read back and searched for the source's identifiers, and the manifest is loaded, before the bundle appears. Exit 1, with nothing written, when a check fails; exit 2 on bad arguments.
     """
-    from dicom import DeidPolicy, ImagingError, deidentify_study
+    from dicom import DeidPolicy, ImagingError, credential, deidentify_study
     from evaluation import EvaluationError
     from evaluation.datasets import find_case
     from gateway.settings import get_settings
@@ -167,7 +167,7 @@ def export_case_command(
         raise fail(str(exc), 2) from None
     if not source.study_path or not Path(source.study_path).exists():
         raise fail(f"case {case} has no DICOM study to export", 2)
-    salt = os.environ.get(salt_env, "")
+    salt = credential(salt_env) or ""
     if not salt.strip():
         salt = secrets.token_hex(32)
         console.print(

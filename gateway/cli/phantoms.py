@@ -31,6 +31,7 @@ def phantoms_command(
 ) -> None:
     """Generate synthetic neuro MRI/CT cases with lesions, EHR, planted PHI and exact ground truth."""
     from evaluation.datasets import AnatomyError, generate_suite
+    from gateway.settings import get_settings
 
     try:
         picks = [int(v) for v in only.split(",")] if only else None
@@ -48,7 +49,9 @@ def phantoms_command(
         last[0] = now
 
     try:
-        manifest = generate_suite(out, cases, seed, progress=progress, only=picks)
+        manifest = generate_suite(
+            out, cases, seed, progress=progress, only=picks, cache=get_settings().cache
+        )
     except (AnatomyError, ValueError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None

@@ -224,12 +224,10 @@ _LOCK = threading.Lock()
 _ANATOMY: Anatomy | None = None
 
 
-def cache_dir() -> Path:
-    """Where the built head is kept between processes (NEUROSANDBOX_CACHE or ~/.cache)."""
-    root = os.environ.get("NEUROSANDBOX_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "neurosandbox"
-    )
-    return Path(root) / "phantoms"
+def cache_dir(root: Path | None = None) -> Path:
+    """Where the built head is kept between processes: ROOT/phantoms, the per-user cache
+    folder the caller passes (the settings' ``cache``), else ~/.cache/neurosandbox/phantoms."""
+    return (root or Path.home() / ".cache" / "neurosandbox") / "phantoms"
 
 
 def _stamp() -> str:
@@ -247,9 +245,11 @@ def _digest(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def cached_arrays(name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Arrays built by ``build``, kept in an .npz under cache_dir() and checked by digest."""
-    path = cache_dir() / f"{name}-v{ANATOMY_VERSION}-{_stamp()}.npz"
+def cached_arrays(
+    name: str, build: Callable[[], dict[str, np.ndarray]], cache: Path | None = None
+) -> dict[str, np.ndarray]:
+    """Arrays built by ``build``, kept in an .npz under cache_dir(cache), checked by digest."""
+    path = cache_dir(cache) / f"{name}-v{ANATOMY_VERSION}-{_stamp()}.npz"
     try:
         with np.load(path) as z:
             arrays = {k: z[k] for k in z.files if k != "_digest"}
@@ -271,8 +271,9 @@ def cached_arrays(name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict
     return arrays
 
 
-def get_anatomy() -> Anatomy:
-    """The process-wide head: from the disk cache when valid, else built (and cached)."""
+def get_anatomy(cache: Path | None = None) -> Anatomy:
+    """The process-wide head: from the disk cache (under ``cache_dir(cache)``) when valid,
+    else built (and cached)."""
     global _ANATOMY
     with _LOCK:
         if _ANATOMY is None:
@@ -281,7 +282,7 @@ def get_anatomy() -> Anatomy:
                 a = build_anatomy()
                 return {"fractions": a.fractions, "affine": a.affine, "brain": a.brain}
 
-            arrays = cached_arrays("anatomy", build)
+            arrays = cached_arrays("anatomy", build, cache)
             _ANATOMY = Anatomy(
                 fractions=arrays["fractions"], affine=arrays["affine"], brain=arrays["brain"]
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from scipy import ndimage
@@ -190,13 +191,14 @@ _LOCK = threading.Lock()
 _ATLAS: Atlas | None = None
 
 
-def get_atlas() -> Atlas:
-    """The process-wide atlas of the phantom head (maps cached on disk like the anatomy)."""
+def get_atlas(cache: Path | None = None) -> Atlas:
+    """The process-wide atlas of the phantom head (maps cached on disk like the anatomy,
+    under ``cache_dir(cache)``)."""
     global _ATLAS
     with _LOCK:
         if _ATLAS is None:
-            anatomy = get_anatomy()
-            maps = cached_arrays("atlas", lambda: _build_maps(anatomy))
+            anatomy = get_anatomy(cache)
+            maps = cached_arrays("atlas", lambda: _build_maps(anatomy), cache)
             _ATLAS = Atlas(
                 anatomy=anatomy,
                 ventricles=maps["ventricles"],

@@ -77,14 +77,17 @@ def generate_suite(
     seed: int,
     progress: ProgressFn | None = None,
     only: list[int] | None = None,
+    cache: Path | None = None,
 ) -> SuiteManifest:
-    """Write ``n_cases`` cases (or the 1-based indices in ``only``) and ``suite.json``."""
+    """Write ``n_cases`` cases (or the 1-based indices in ``only``) and ``suite.json``.
+    ``cache``: the per-user cache folder the built head is kept under (the settings' ``cache``;
+    default ~/.cache/neurosandbox)."""
     if n_cases < 1:
         raise ValueError(f"a suite needs at least one case, got {n_cases}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    get_anatomy()
-    get_atlas()
+    get_anatomy(cache)
+    get_atlas(cache)
     specs = case_specs(n_cases)
     if only:
         bad = [i for i in only if not 1 <= i <= n_cases]

@@ -1,0 +1,22 @@
+"""The one place library code reads an environment variable: a secret the user named.
+
+Configuration is never read here: it comes from the settings object (``gateway.settings``,
+``NEUROSANDBOX_*``) and is passed down, or set once at start through a module's ``configure_*``
+function. A secret is different: the user names the variable that holds it (a model's
+``api_key_env``, a manifest's Orthanc ``username_env``/``password_env``, ``export-case
+--salt-env``) so that the value is never written into a file or a command line. Those names
+are read here and nowhere else (``tests/test_no_env_reads.py`` keeps it so). It lives in the
+bottom layer so that every layer reads secrets the same way.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def credential(env_name: str | None) -> str | None:
+    """The value of the environment variable ``env_name`` names (a secret: never log it);
+    None when no name is given or the variable is not set (an empty value is returned as is)."""
+    if not env_name:
+        return None
+    return os.environ.get(env_name)
