@@ -41,6 +41,7 @@ import pydicom
 from dicom import IndexResult, MixedPatientsError, PatientKey, index_path, one_patient
 from evaluation import Case as EvalCase
 from evaluation.datasets import case_registry
+from evaluation.log import WriteBack
 from evaluation.reports import Printer
 from gateway.audit import AuditLog
 from gateway.cache import InstanceCache, check_uid
@@ -49,15 +50,16 @@ from gateway.forward import Forwarder
 from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient
 from gateway.routing import Route, Router, StudyFacts
-from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
+from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore, now_iso
 from gateway.runs.report import publish, write_checklist
 from gateway.runs.results import EvaluationResult
+from gateway.runs.store import route_record
 from gateway.scp import FailedStudy, ReceivedStudy, uid_key
 from gateway.spool import read_received_info
 from gateway.sr import series_uid_for
 from gateway.study_key import StudyKey
 from gateway.workers import EvaluationAbandonedError, EvaluationWorkerError
-from gateway.writeback import build_unverified, checklist_pdf, evidence, save_evidence, store
+from gateway.writeback import build_unverified, checklist_pdf, evidence, evidence_refs, store
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +206,7 @@ class StudyPipeline:
                 study_uid=job.study_uid,
                 study_key=job.key.name if job.key else None,
                 orthanc_study_id=job.orthanc_id,
-                route=job.route,
+                route=route_record(job.route),
             )
         )
         METRICS.set("runs_in_progress", float(self._queue.qsize() + 1))
@@ -219,8 +221,9 @@ class StudyPipeline:
             return None  # one of a case's studies: evaluated with the others (on_case)
         if study.recovered and not study.revised:
             state = self.runs.study_state(study.key)
+            last = self.runs.last_evaluation(study.key)
             instances = self._instances_digest(sorted(folder.rglob("*.dcm")), state.revisions)
-            if instances in (state.evaluated_instances, state.evaluated_digest):
+            if instances in (last.evaluated_instances, last.evaluated_digest):
                 log.info("study %s: evaluated before the restart", uid_key(study.key.name))
                 return None
         if study.refused_resends:
@@ -250,9 +253,10 @@ class StudyPipeline:
         studies = [p, *cs.others]
         if all(s.recovered and not s.revised for s in studies):
             state = self.runs.study_state(p.key)
+            last = self.runs.last_evaluation(p.key)
             files = sorted(f for s in studies for f in Path(s.folder).rglob("*.dcm"))
             instances = self._instances_digest(files, state.revisions)
-            if instances in (state.evaluated_instances, state.evaluated_digest):
+            if instances in (last.evaluated_instances, last.evaluated_digest):
                 return None
         job = Job(
             run_id=self.runs.new_id(),
@@ -518,7 +522,8 @@ class StudyPipeline:
         route = job.route or self.router.route(facts)
         if route is None:
             return self._skip(job, SkipKind.NOT_ROUTED, facts)
-        if not job.force and state.evaluated_digest == evaluation_digest(digest, route):
+        last = self.runs.last_evaluation(job.key)
+        if not job.force and last.evaluated_digest == evaluation_digest(digest, route):
             return self._skip(job, SkipKind.UNCHANGED)
         self._stage(job, "fetching series", 0.2)
         folder = self.runs.run_dir(job.run_id) / "study"
@@ -564,11 +569,11 @@ class StudyPipeline:
                 [who, *job.case_other_patients[:10]],
             )
         instances, digest = digest, evaluation_digest(digest, route)
-        state = self.runs.study_state(job.key)
-        if not job.force and state.evaluated_digest == digest:
+        last = self.runs.last_evaluation(job.key)
+        if not job.force and last.evaluated_digest == digest:
             return self._skip(job, SkipKind.UNCHANGED)
-        # (a state from before the rule entered the digest holds the instances' digest alone)
-        known = (state.evaluated_instances, state.evaluated_digest)
+        # (a run from before the rule entered the digest holds the instances' digest alone)
+        known = (last.evaluated_instances, last.evaluated_digest)
         if not job.force and job.recovered and instances in known:
             # a restart re-offers the spool: evaluated before, whatever the rule was then
             return self._skip(job, SkipKind.RESTARTED)
@@ -586,7 +591,7 @@ class StudyPipeline:
         if job.revised:
             result.warnings.append(
                 f"{len(job.revised)} instance(s) were re-sent with other content under the same "
-                f"UIDs since version {state.version} and taken as the PACS took them: this "
+                f"UIDs since version {last.version} and taken as the PACS took them: this "
                 "version is evaluated on what the PACS now holds"
             )
         run = result.run  # the run as its store records it: the report bundle's RunData
@@ -600,7 +605,7 @@ class StudyPipeline:
             }
             return "; ".join(sorted(why)) or "no answer"
 
-        version = state.version + 1
+        version = last.version + 1
         self._stage(job, "writing the checklist", 0.6)
         # Chromium prints the checklist while the upload settles and the SRs are built.
         with ThreadPoolExecutor(1, thread_name_prefix="checklist") as printing:
@@ -608,7 +613,7 @@ class StudyPipeline:
             self._stage(job, "waiting for the upload to Orthanc", 0.7)
             self._finish_uploads(job)
             headers = evidence(index, _one_study(index, result.evaluated_series_uids, job.key))
-            previous = [pydicom.dcmread(p) for p in state.sr_paths if Path(p).exists()]
+            previous = [pydicom.dcmread(p) for p in last.sr_paths if Path(p).exists()]
             back = build_unverified(
                 run, route.models, headers, version, result.evaluator, previous, no_answer
             )
@@ -618,15 +623,34 @@ class StudyPipeline:
                 sr.save_as(path, enforce_file_format=True)
                 sr_paths.append(str(path))
             checklist = printed.result()
-        # in the bundle, before anything is stored: what a re-issue attaches its VERIFIED SR to
-        save_evidence(headers, checklist.folder)
         self._stage(job, "writing back SR and PDF", 0.8)
         warnings = [*result.warnings, *checklist.warnings, *back.warnings]
         pdf = checklist_pdf(headers, checklist.pdf, version)
         if pdf is None:
             warnings.append("no checklist PDF written back to PACS: it could not be printed")
+        pending = [
+            *(WriteBack(kind="sr", sop_instance_uid=str(sr.SOPInstanceUID), model=m)
+              for m, sr in back.srs.items()),
+            *([WriteBack(kind="pdf", sop_instance_uid=str(pdf.SOPInstanceUID))] if pdf else []),
+        ]  # fmt: skip
+        # in the run's record, before anything is stored: what is written back, and the
+        # evidence a re-issue attaches its VERIFIED SR to
+        self.runs.update(
+            job.run_id,
+            version=version,
+            evidence=evidence_refs(headers),
+            writebacks_pending=pending,
+            sr_paths=sr_paths or last.sr_paths,
+        )
+        done: list[WriteBack] = []
+
+        def stored(ds: pydicom.Dataset) -> None:
+            uid = str(ds.SOPInstanceUID)
+            done.extend(w.model_copy(update={"at": now_iso()}) for w in pending
+                        if w.sop_instance_uid == uid)  # fmt: skip
+
         # SRs and PDF together: one change of the study in Orthanc (one StableStudy after it)
-        store(self.orthanc, [*back.srs.values(), *([pdf] if pdf is not None else [])])
+        store(self.orthanc, [*back.srs.values(), *([pdf] if pdf is not None else [])], stored)
         sr_uids = {m: str(sr.SOPInstanceUID) for m, sr in back.srs.items()}
         pdf_uid = str(pdf.SOPInstanceUID) if pdf is not None else None
         METRICS.inc("reports_stored_total", len(sr_uids) + (pdf_uid is not None))
@@ -637,24 +661,25 @@ class StudyPipeline:
             "unverified_sr": sr_uids,
             "checklist_pdf": pdf_uid,
         }
-        publish(checklist, self.reports_dir, job.run_id, info)
-        state.version = version
-        state.evaluated_digest, state.evaluated_instances = digest, instances
-        state.sr_paths = sr_paths or state.sr_paths
-        state.last_run_id = job.run_id
-        self.runs.save_study_state(state)
+        publish(checklist, self.reports_dir, job.run_id, info)  # an export of the record
         METRICS.inc("evaluations_total")
         job.timings["done"] = round(time.monotonic() - job.t0, 3)
         self.runs.finish(
             job.run_id,
             RunStatus.DONE,
-            version=version,
-            sr_sop_uids=list(sr_uids.values()),
-            unverified_sr=sr_uids,
+            sr_sop_uids=sr_uids,
             pdf_sop_uid=pdf_uid,
+            writebacks_pending=[],
+            writebacks_done=done,
+            evaluated_digest=digest,
+            evaluated_instances=instances,
             warnings=warnings,
             timings_s=dict(job.timings),
         )
+        # the study's pointer to its newest evaluation, once that run's record says so
+        state = self.runs.study_state(job.key)
+        state.last_run_id = job.run_id
+        self.runs.save_study_state(state)
         self.audit.write("system", "evaluation", f"run:{job.run_id}", "done")
         log.info("study %s: report version %d stored", uid_key(job.key.name), version)
 

@@ -23,6 +23,7 @@ from pynetdicom import _config as pynetdicom_config
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
+from evaluation.log import SchemaOutOfDateError, schema_status
 from evaluation.reports import Printer
 from gateway.api import GatewayContext, create_app
 from gateway.api.middleware import ConcurrencyLimit
@@ -124,10 +125,25 @@ class Gateway:
         log.info("gateway stopped")
 
 
+def check_run_log(settings: Settings) -> None:
+    """The install's PostgreSQL run log (``NEUROSANDBOX_DATABASE_URL``) is at this code's
+    schema, else ``SchemaOutOfDateError`` saying to run ``neurosandbox db upgrade``."""
+    if not settings.database_url:
+        return
+    st = schema_status(settings.database_url)
+    if not st.up_to_date:
+        raise SchemaOutOfDateError(
+            f"the run log at {st.url} is at schema {st.current or 'none'}, this gateway needs "
+            f"{st.head}: run `neurosandbox db upgrade` first"
+        )
+
+
 def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gateway:
     """Wire the parts together from settings (and the local PACS's pacs.json when present).
     The evaluator (default: the engine's) runs in a worker process per study, stopped at the
-    run deadline; it must be picklable."""
+    run deadline; it must be picklable. Refuses (``SchemaOutOfDateError``) a PostgreSQL run
+    log of an older schema, naming the command that migrates it."""
+    check_run_log(settings)
     ep = resolve_endpoints(settings)
     configure_libraries(settings)  # the header cache, Chromium (gateway/startup.py)
     ctx = GatewayContext.from_settings(settings)

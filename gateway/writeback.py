@@ -6,9 +6,12 @@ case both come here:
 - ``evidence``: the SR's evidence from the study's one index (the first header of each
   evaluated series, kept by ``dicom.index_path(keep_headers=True)``, and the SOP Instance UIDs
   the spool and the PACS download name their files by): no file is read again;
-- ``save_evidence`` / ``load_evidence``: that evidence, recorded in the run's report bundle
-  (``evidence.json``), so that the re-issue of a verified case attaches its VERIFIED SR to
-  exactly what the UNVERIFIED one named, without asking the PACS for the headers again;
+- ``evidence_refs`` / ``evidence_headers``: that evidence as the run log records it in the
+  run's ``GatewayRun`` (``EvidenceRef``: the kept first header of each series without pixel
+  data or long values, a plain reference for every other instance), so that the re-issue of a
+  verified case attaches its VERIFIED SR to exactly what the UNVERIFIED one named, without
+  asking the PACS for the headers again; ``load_evidence`` reads the ``evidence.json`` of a
+  bundle written before (``save_evidence``, kept for bundles handed in);
 - ``build_unverified``: one UNVERIFIED Comprehensive 3D SR per model that answered (its review
   block, ``evaluation.unverified_content``); ``checklist_pdf``: the checklist as Encapsulated
   PDF;
@@ -32,7 +35,7 @@ from pydicom.sequence import Sequence as DicomSequence
 from pydicom.valuerep import BYTES_VR, VR
 
 from dicom import FileTooLargeError, IndexResult, NotRegularFileError, read_regular
-from evaluation.log import RunData
+from evaluation.log import EvidenceRef, RunData
 from evaluation.review import report_blocks, unverified_content
 from gateway.cache import InvalidUIDError, atomic_writer, check_uid
 from gateway.orthanc import OrthancClient
@@ -148,10 +151,16 @@ def load_evidence(folder: Path) -> list[Dataset]:
         raise NoEvidenceError(f"{path}: not a non-empty list of DICOM JSON objects")
     if len(data) > MAX_EVIDENCE_ITEMS:
         raise NoEvidenceError(f"{path}: {len(data)} items, over {MAX_EVIDENCE_ITEMS}")
+    return _checked(data, str(path))
+
+
+def _checked(data: list[Any], where: str) -> list[Dataset]:
+    """Recorded evidence items (DICOM JSON objects) as datasets: each must be an instance
+    header of valid UIDs, all of one study, else ``NoEvidenceError``."""
     out: list[Dataset] = []
     for i, item in enumerate(data):
         if not isinstance(item, dict):
-            raise NoEvidenceError(f"{path}: item {i} is not a DICOM JSON object")
+            raise NoEvidenceError(f"{where}: item {i} is not a DICOM JSON object")
         try:
             ds = Dataset.from_json(item)
             for elem in ds.iterall():  # pydicom converts values as they are read: read each now
@@ -163,15 +172,76 @@ def load_evidence(folder: Path) -> list[Dataset]:
                     check_uid(str(ds[kw].value))
         except Exception as exc:  # hostile content: pydicom raises many kinds; refuse it all
             raise NoEvidenceError(
-                f"{path}: item {i} is not a DICOM JSON instance header ({type(exc).__name__}: "
+                f"{where}: item {i} is not a DICOM JSON instance header ({type(exc).__name__}: "
                 f"{str(exc)[:200]})"
             ) from None
         if missing:
-            raise NoEvidenceError(f"{path}: item {i} has no {', '.join(missing)}")
+            raise NoEvidenceError(f"{where}: item {i} has no {', '.join(missing)}")
         if out and str(ds.StudyInstanceUID) != str(out[0].StudyInstanceUID):
-            raise NoEvidenceError(f"{path}: item {i} is of another study than item 0")
+            raise NoEvidenceError(f"{where}: item {i} is of another study than item 0")
         out.append(ds)
     return out
+
+
+def evidence_refs(headers: list[Dataset]) -> list[EvidenceRef]:
+    """The SR's evidence as the run's record keeps it: each series' kept first header (DICOM
+    JSON, without pixel data or values over ``MAX_VALUE_BYTES``), a reference for the rest."""
+    if not headers:
+        raise NoEvidenceError("no source instance to record as the report's evidence")
+    if len(headers) > MAX_EVIDENCE_ITEMS:
+        raise ValueError(
+            f"{len(headers)} evidence instances: more than the {MAX_EVIDENCE_ITEMS} a run records"
+        )
+    out = []
+    for ds in headers:
+        plain = set(ds.dir()) <= set(_EVIDENCE_UIDS)
+        header = (
+            None
+            if plain
+            else json.dumps(
+                _small(ds).to_json_dict(suppress_invalid_tags=True), separators=(",", ":")
+            )
+        )
+        out.append(
+            EvidenceRef(
+                series_uid=str(ds.SeriesInstanceUID),
+                sop_instance_uid=str(ds.SOPInstanceUID),
+                sop_class_uid=str(ds.SOPClassUID),
+                header=header,
+            )
+        )
+    return out
+
+
+def evidence_headers(refs: list[EvidenceRef], where: str) -> list[Dataset]:
+    """The evidence a run recorded (``evidence_refs``) as datasets, checked as
+    ``load_evidence`` checks a file (the record is read back: hostile all the same);
+    ``NoEvidenceError`` when there is none or it does not hold."""
+    if not refs:
+        raise NoEvidenceError(f"{where}: no recorded evidence")
+    if len(refs) > MAX_EVIDENCE_ITEMS:
+        raise NoEvidenceError(f"{where}: {len(refs)} items, over {MAX_EVIDENCE_ITEMS}")
+    study = None
+    items: list[Any] = []
+    for i, r in enumerate(refs):
+        if r.header is not None:
+            try:
+                item = json.loads(r.header)
+            except ValueError:
+                raise NoEvidenceError(f"{where}: item {i}'s header is not JSON") from None
+            if isinstance(item, dict):
+                study = item.get("0020000D", {}).get("Value", [study])[0]
+            items.append(item)
+        else:
+            items.append(
+                {
+                    "00080016": {"vr": "UI", "Value": [r.sop_class_uid]},
+                    "00080018": {"vr": "UI", "Value": [r.sop_instance_uid]},
+                    "0020000E": {"vr": "UI", "Value": [r.series_uid]},
+                    "0020000D": {"vr": "UI", "Value": [study]} if study else {"vr": "UI"},
+                }
+            )
+    return _checked(items, where)
 
 
 @dataclass

@@ -93,14 +93,16 @@ def test_a_restart_with_other_rules_does_not_evaluate_the_spool_again(
 def test_the_first_restart_after_an_upgrade_does_not_evaluate_the_spool_again(
     orthanc_server: OrthancServer, tmp_path: Path
 ) -> None:
-    """A study state written before the route entered the digest (its evaluated_digest was the
+    """A run recorded before the route entered the digest (its evaluated_digest was the
     instances' digest alone, no evaluated_instances): still known as evaluated on a restart."""
     study, data, gw = _evaluated_once(orthanc_server, tmp_path, "NSBX-UPGRADE")
     try:
-        state = gw.ctx.runs.study_state(_key(study))
+        last = gw.ctx.runs.last_evaluation(_key(study))
+        assert last.run_id is not None and last.evaluated_instances
         # as the version before wrote it
-        state.evaluated_digest, state.evaluated_instances = state.evaluated_instances, None
-        gw.ctx.runs.save_study_state(state)
+        gw.ctx.runs.update(
+            last.run_id, evaluated_digest=last.evaluated_instances, evaluated_instances=None
+        )
     finally:
         gw.stop()
     gw = _gateway(orthanc_server, data, _rules(tmp_path / "a.yaml", ["differential"]))

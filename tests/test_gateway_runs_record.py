@@ -1,5 +1,5 @@
-"""A gateway run's one record: the engine's run store in the run folder, holding the gateway's
-part as a note from the moment the study is queued (before, and without, the engine's run)."""
+"""A gateway run's one record: the run log's GatewayRun in the run's store (the run folder's
+run.sqlite), from the moment the study is queued (before, and without, the engine's run)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,14 @@ from typer.testing import CliRunner
 from evaluation.log import STORE_FILE, RunStore
 from gateway.cli import app
 from gateway.routing import Route
-from gateway.runs import GATEWAY_NOTE, RunNotFoundError, RunRecord, RunStatus, StudyRunStore
+from gateway.runs import (
+    GATEWAY_NOTE,
+    RunNotFoundError,
+    RunRecord,
+    RunStatus,
+    StudyRunStore,
+    route_record,
+)
 
 
 def test_a_queued_run_is_recorded_in_its_run_store_and_listed_newest_first(
@@ -23,19 +30,29 @@ def test_a_queued_run_is_recorded_in_its_run_store_and_listed_newest_first(
     assert ids == sorted(ids) and all(len(i) == 32 for i in ids)  # time-ordered
     route = Route(rule="r", models=["reference/image-rules"], tasks=[], series_classes=["FLAIR"])
     for n, run_id in enumerate(ids):
-        runs.create(RunRecord(run_id=run_id, trigger="dicom", study_uid=f"1.2.{n}", route=route))
+        runs.create(
+            RunRecord(
+                run_id=run_id, trigger="dicom", study_uid=f"1.2.{n}", route=route_record(route)
+            )
+        )
     runs.update(ids[1], status=RunStatus.RUNNING, stage="evaluating", progress=0.4)
     runs.finish(ids[2], RunStatus.SKIPPED, error="no routing rule selects this study")
-    # one file per run: the run store, its gateway note the record
+    # one file per run: the run store, its GatewayRun the record (no note)
     for run_id in ids:
         assert sorted(p.name for p in runs.run_dir(run_id).iterdir()) == [STORE_FILE]
     store = RunStore(runs.run_dir(ids[1]))
     try:
         assert not store.has_run()  # the engine has not started it
-        rec = RunRecord.model_validate_json(store.note(GATEWAY_NOTE) or "")
+        assert store.note(GATEWAY_NOTE) is None
+        rec = store.gateway_run()
+        assert rec is not None
     finally:
         store.close()
-    assert rec.status is RunStatus.RUNNING and rec.stage == "evaluating" and rec.route == route
+    assert (
+        rec.status is RunStatus.RUNNING
+        and rec.stage == "evaluating"
+        and rec.route == route_record(route)
+    )
     assert [r.run_id for r in runs.list()] == ids[::-1]
     assert [r.run_id for r in runs.list(study_uid="1.2.0")] == [ids[0]]
     with pytest.raises(RunNotFoundError):

@@ -22,12 +22,11 @@ from orthanc_fixture import OrthancServer
 
 from evaluation.log import STORE_FILE, RunStore
 from evaluation.reports import RUNDATA_FILE, load_run
-from gateway.runs import GATEWAY_NOTE, RunRecord, RunStatus
+from gateway.runs import GATEWAY_NOTE, RunStatus
 from gateway.serve import Gateway, build_gateway
 from gateway.sr import series_uid_for
 from gateway.study_key import StudyKey
 from gateway.study_run import DefaultEvaluator
-from gateway.writeback import load_evidence
 
 pytestmark = pytest.mark.integration
 
@@ -168,8 +167,9 @@ def _one_record(gw: Gateway, study_uid: str) -> None:
     assert records == {STORE_FILE, "config.json", "images", "render"}, records
     store = RunStore(folder)
     try:
-        assert store.has_run() and store.run_row().run_id == rec.run_id
-        noted = RunRecord.model_validate_json(store.note(GATEWAY_NOTE) or "")
+        assert store.has_run() and store.run_log().run_id == rec.run_id
+        noted = store.gateway_run()
+        assert noted is not None and store.note(GATEWAY_NOTE) is None
         answered = {r.model for r in store.samples() if r.status == "ok"}
     finally:
         store.close()
@@ -177,7 +177,7 @@ def _one_record(gw: Gateway, study_uid: str) -> None:
     sid = gw.ctx.orthanc.find_study(study_uid)
     in_pacs = {sop for s in gw.ctx.orthanc.list_series(sid or "", classify=False)
                for sop in (k.sop_uid for k in gw.ctx.orthanc.series_instances(s.orthanc_id))}  # fmt: skip
-    assert {*noted.sr_sop_uids, noted.pdf_sop_uid} <= in_pacs
+    assert {*noted.sr_sop_uids.values(), noted.pdf_sop_uid} <= in_pacs
     # the report (API report.json, the review pages, `neurosandbox report`): the bundle's RunData,
     # the same run as the store's
     report = gw.pipeline.runs.report_path(rec.run_id, "json")
@@ -185,8 +185,10 @@ def _one_record(gw: Gateway, study_uid: str) -> None:
     bundle, stored = load_run(report), load_run(folder)
     assert [s.answer for s in bundle.samples] == [s.answer for s in stored.samples]
     assert {s.scored.model for s in bundle.samples} == answered
-    # the SR's evidence from the one index, recorded for a re-issue (no PACS header read then)
-    evidence = load_evidence(report.parent)
+    # the SR's evidence from the one index, recorded in the run's record for a re-issue (no
+    # PACS header read then); nothing of it in the bundle
+    evidence = gw.pipeline.runs.evidence(rec.run_id)
+    assert not (report.parent / "evidence.json").exists()
     assert {str(d.SOPInstanceUID) for d in evidence} <= in_pacs and evidence[0].PatientID
 
 

@@ -23,3 +23,6 @@ from .store import RunStore as RunStore
 from .store import open_store as open_store
 from .store import store_exists as store_exists
 from .writes import sample_id as sample_id
+from .gateway_index import gateway_run_ids as gateway_run_ids
+from .gateway_index import list_gateway_runs as list_gateway_runs
+from .store import PG_MARKER as PG_MARKER

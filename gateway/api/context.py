@@ -27,7 +27,7 @@ class GatewayContext:
         return cls(
             settings=settings,
             orthanc=OrthancClient.from_settings(settings),
-            runs=StudyRunStore(data, settings.reports_root),
+            runs=StudyRunStore(data, settings.reports_root, settings.database_url),
             audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
             tokens=TokenStore(tokens_file(data)),
         )

@@ -224,7 +224,7 @@ def _current_run(runs: Any, mark: dict[str, Any], case_id: str, orthanc: Any) ->
         return None
     if rec.status is not RunStatus.DONE or not rec.sr_sop_uids or not rec.pdf_sop_uid:
         return None
-    if not all(orthanc.find_instance(uid) for uid in [*rec.sr_sop_uids, rec.pdf_sop_uid]):
+    if not all(orthanc.find_instance(uid) for uid in [*rec.sr_sop_uids.values(), rec.pdf_sop_uid]):
         return None
     return run_id
 
@@ -373,7 +373,7 @@ def run_demo(
         mark_file = out / state.GATEWAY_MARK
         mark = state.read_mark(mark_file, inputs)
         orthanc = OrthancClient.from_settings(settings)
-        store = StudyRunStore(settings.data_dir, settings.reports_root)
+        store = StudyRunStore(settings.data_dir, settings.reports_root, settings.database_url)
         try:
             studies = _studies(suite)
             runs: dict[str, str] = {}

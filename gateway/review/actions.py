@@ -46,13 +46,14 @@ from gateway.review.auth import Reviewer
 from gateway.review.reissue import (
     Destination,
     NotInPacsError,
+    Recorded,
     Reissued,
     ReissueError,
     destination,
     reissue_case,
 )
 from gateway.review.service import ReportNotFoundError, ReviewService
-from gateway.runs import RunRecord
+from gateway.runs import RunNotFoundError, RunRecord
 from gateway.runs.reading import gateway_info
 
 MAX_BATCH = 500
@@ -393,7 +394,8 @@ class Pacs:
 
 def where_to(svc: ReviewService, cu: CaseUnderReview, pacs: Pacs) -> Destination:
     """Where signing the case off sends its VERIFIED report (the sign-off preview says it)."""
-    return destination(pacs.orthanc, cu.run, cu.case_id, svc.folder(cu.report))
+    return destination(pacs.orthanc, cu.run, cu.case_id, svc.folder(cu.report),
+                       recorded=_recorded(svc, cu.report))  # fmt: skip
 
 
 def _passed_note(cu: CaseUnderReview, passed: str) -> str:
@@ -415,6 +417,7 @@ def _send(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
     # the report's bundle: a gateway run's holds the evidence recorded at write-back
     return reissue_case(pacs.orthanc, cu.run, cu.case_id, cu.verification, pacs.organization,
                         on_stored=stored, bundle=svc.folder(cu.report),
+                        recorded=_recorded(svc, cu.report),
                         note=_passed_note(cu, passed))  # fmt: skip
 
 
@@ -539,3 +542,17 @@ def reissue(
         raise ReviewError("Sign the case off before sending it to the PACS.")
     passed = knowingly(cu, passed_over, "re-issue")
     return _send(svc, who, cu, pacs, passed)
+
+
+def _recorded(svc: ReviewService, report: str) -> Recorded:
+    """Reads the SR's evidence the gateway recorded for the run ``report`` (None: a report
+    handed in, not one of the gateway's runs)."""
+    runs = svc.runs
+    if runs is None or not svc.is_gateway_run(report):
+        return None
+    try:
+        if not runs.get(report).evidence:  # recorded none (written back by hand, or before)
+            return None
+    except RunNotFoundError:
+        return None
+    return lambda: runs.evidence(report)

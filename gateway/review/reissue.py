@@ -9,13 +9,14 @@ signing reviewer (and the adjudicating admin) as Verifying Observer. What is ver
 
 What the SR and PDF are attached to (the source instances, the patient and study attributes):
 
-- a bundle written by the gateway's pipeline (the demo's included) records it at write-back,
-  ``evidence.json`` (``gateway.writeback.save_evidence``, from the study's one index): the
+- a gateway run (the demo's included) records it at write-back in its ``GatewayRun``
+  (``evidence``, from the study's one index; ``StudyRunStore.evidence`` reads it back): the
   VERIFIED SR names exactly the instances the UNVERIFIED one did, and the PACS is asked only
-  for the NeuroSandbox SRs already stored (the predecessors), never for source headers. A
-  bundle whose evidence file is unreadable is refused, not re-read from the PACS;
-- a bundle without it (``neurosandbox eval`` + ``report``, or an older gateway) reads the
-  headers of the case's source series from the PACS (``_source_headers``).
+  for the NeuroSandbox SRs already stored (the predecessors), never for source headers.
+  Evidence that does not hold is refused, not re-read from the PACS. A report bundle handed in
+  from an older gateway has it as ``evidence.json`` (read the same way);
+- a run without it (``neurosandbox eval`` + ``report``) reads the headers of the case's source
+  series from the PACS (``_source_headers``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from gateway.sr import (
 from gateway.writeback import EVIDENCE_FILE, NoEvidenceError, load_evidence, store
 
 MAX_SOURCE_HEADERS = 500
+# reads the evidence a gateway run recorded (``StudyRunStore.evidence``); None: not a gateway run
+Recorded = Callable[[], list[Dataset]] | None
 
 
 class ReissueError(RuntimeError):
@@ -102,14 +105,19 @@ def _find_source(orthanc: OrthancClient, case: Case) -> StudySummary:
 
 
 def destination(
-    orthanc: OrthancClient, run: RunData, case_id: str, bundle: Path | None
+    orthanc: OrthancClient,
+    run: RunData,
+    case_id: str,
+    bundle: Path | None,
+    recorded: Recorded = None,
 ) -> Destination:
     """Where a sign-off of the case sends its VERIFIED report, by the rule ``reissue_case``
-    follows: a gateway run's study (its evidence recorded in ``bundle``) is in the PACS, the
-    gateway wrote its UNVERIFIED report there; another run's study only if the PACS has it."""
+    follows: a gateway run's study (its evidence recorded: ``recorded``, or in an old
+    ``bundle``) is in the PACS, the gateway wrote its UNVERIFIED report there; another run's
+    study only if the PACS has it."""
     case = run.case(case_id)
     uids = case.provenance.study_uids
-    if bundle is not None and os.path.lexists(bundle / EVIDENCE_FILE):
+    if recorded is not None or (bundle is not None and os.path.lexists(bundle / EVIDENCE_FILE)):
         return Destination(study_uid=uids[0] if uids else "", in_pacs=True)
     try:
         return Destination(study_uid=_find_source(orthanc, case).study_uid, in_pacs=True)
@@ -135,10 +143,16 @@ def _source_headers(orthanc: OrthancClient, case: Case) -> list[Dataset]:
     return headers
 
 
-def _recorded_headers(bundle: Path, case: Case) -> list[Dataset]:
-    """The evidence recorded in the report bundle at write-back."""
+def _recorded_headers(bundle: Path | None, case: Case, recorded: Recorded = None) -> list[Dataset]:
+    """The evidence recorded at write-back: in the run's record (``recorded`` reads it), else
+    in an old report bundle's ``evidence.json``."""
+    where = "its run's record" if recorded is not None else str(bundle and bundle / EVIDENCE_FILE)
     try:
-        headers = load_evidence(bundle)
+        if recorded is not None:
+            headers = recorded()
+        else:
+            assert bundle is not None
+            headers = load_evidence(bundle)
     except NoEvidenceError as exc:
         raise ReissueError(f"case {case.case_id!r} cannot be re-issued: {exc}") from None
     study_uid = str(headers[0].StudyInstanceUID)
@@ -147,7 +161,7 @@ def _recorded_headers(bundle: Path, case: Case) -> list[Dataset]:
     if case.provenance.study_uids and study_uid not in case.provenance.study_uids:
         names = ", ".join(case.provenance.study_uids)
         raise ReissueError(
-            f"the evidence recorded for case {case.case_id!r} ({bundle / EVIDENCE_FILE}) is of "
+            f"the evidence recorded for case {case.case_id!r} ({where}) is of "
             f"study {study_uid}, not of a study the case names ({names})"
         )
     return headers
@@ -217,11 +231,13 @@ def reissue_case(
     on_stored: Callable[[str], None] = lambda uid: None,
     bundle: Path | None = None,
     note: str = "",
+    recorded: Recorded = None,
 ) -> Reissued:
     """Store one VERIFIED SR per model and the VERIFIED checklist PDF of a verified case. Every
     object is built before the first is stored (one that cannot be built stores none);
     ``on_stored`` hears each SOP Instance UID as it is stored. ``bundle``: the report bundle of
-    ``run``; with an ``evidence.json`` in it, the SR's evidence is the one recorded there.
+    ``run``; ``recorded``: reads the SR's evidence the gateway recorded for the run (else an
+    old bundle's ``evidence.json``; else the PACS is asked for the source headers).
     ``note``: said in every SR and the PDF after the clinicians' comments (a superseded
     report version verified knowingly names the newer version)."""
     if not verification.complete:
@@ -232,8 +248,8 @@ def reissue_case(
         verification = _with_note(verification, note)
     case = run.case(case_id)
     signed = verifiers(verification, organization)
-    if bundle is not None and os.path.lexists(bundle / EVIDENCE_FILE):
-        headers = _recorded_headers(bundle, case)
+    if recorded is not None or (bundle is not None and os.path.lexists(bundle / EVIDENCE_FILE)):
+        headers = _recorded_headers(bundle, case, recorded)
         study_uid = str(headers[0].StudyInstanceUID)
     else:
         headers = _source_headers(orthanc, case)

@@ -13,6 +13,7 @@ from gateway.runs.store import (
     StudyState,
     now_iso,
     record_of,
+    route_record,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "StudyState",
     "now_iso",
     "record_of",
+    "route_record",
 ]

@@ -1,153 +1,183 @@
-"""Gateway runs on disk: one folder per run, ``DATA_DIR/runs/<run id>/``, whose record is the
-evaluation engine's run store (``run.sqlite``): the engine records there the run's
-configuration, every model call, answer and score, and the gateway its own part under the
-note ``gateway`` (``RunRecord``: trigger, status, stage, progress, route, what was written back)
-from the moment the study is queued. Beside it: the rendered images the API serves, the SR
-copies the next version names as predecessors, and (for a study fetched from Orthanc) the
-study. The report of a run is its report bundle in the reports folder (``<reports>/<run id>``,
-``rundata.json``: the one result type the review pages, ``neurosandbox report`` and the API's
-``/runs/{id}/report.json`` read). One state file per study says what was uploaded and
-evaluated and the report version, keyed by the study's UID and patient (``StudyKey``).
+"""Gateway runs: one folder per run, ``DATA_DIR/runs/<run id>/``, and one record per run, the
+run log's ``GatewayRun`` (``evaluation.log``): trigger, status, stage, progress, route, what was
+written back (the SR per model, the PDF; pending and done), the study's facts the run evaluated
+(its digests, the SR copies the next version names as predecessors) and the SR's evidence (what a
+re-issue attaches its VERIFIED SR to). The record lives beside the engine's rows of the run: in
+the run folder's ``run.sqlite`` (the default), or, with ``NEUROSANDBOX_DATABASE_URL``, in the
+install's PostgreSQL run log keyed by run id (the folder then holds a marker naming the run).
+A stage change is one small UPDATE (``set_gateway_stage``); other changes replace the row.
 
-A run that has not finished has a marker file, ``state/active/<run id>`` (the run folder holds
-its record alone); the gateway's next start marks every run still marked as interrupted
-(``mark_interrupted``).
+The folder holds the rendered images the API serves, the SR copies and (for a study fetched
+from Orthanc) the study. The report bundle in the reports folder (``<reports>/<run id>``) is an
+export of the log. One state file per study (``state/studies/``) keeps what spans its runs:
+the instances stored in the PACS, their revisions and stored files, and which run last
+evaluated it (that run's record says what it evaluated).
+
+A run that has not finished has a marker file, ``state/active/<run id>``; the gateway's next
+start marks every run still marked as interrupted (``mark_interrupted``).
 
 Run ids are time-ordered (32 hex digits: nanoseconds, then random), so the newest runs are
-listed without opening every store. Folders of earlier versions (``run.json``) are still read.
+listed without opening every store. Older folders are read, and moved into the record when
+first read: the ``gateway`` note of the run store (``RunRecord`` before), ``run.json`` (before
+the run store), the study state's run facts, the bundle's ``evidence.json`` and
+``rundata.json``'s ``config["gateway"]`` (the SR per model).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import re
 import secrets
 import sqlite3
 import threading
 import time
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from evaluation import EvaluationError
-from evaluation.log import STORE_FILE, RunStore
+from evaluation.log import (
+    FINAL_STATUSES,
+    STORE_FILE,
+    GatewayRun,
+    RouteRecord,
+    RunStatus,
+    RunStore,
+    SchemaOutOfDateError,
+    SkipKind,
+    gateway_run_ids,
+    list_gateway_runs,
+    open_store,
+    store_exists,
+)
 from evaluation.reports import RUNDATA_FILE
 from gateway.cache import atomic_writer
 from gateway.routing import Route
 from gateway.study_key import StudyKey
 
+log = logging.getLogger(__name__)
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+# The gateway's record of a run is the run log's GatewayRun (one record type; the old name kept)
+RunRecord = GatewayRun
+FINAL = FINAL_STATUSES
+RE_EXPORTED = (RunStatus, SkipKind)  # the run log's, under the names the gateway used
 
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-class RunStatus(StrEnum):
-    QUEUED = "queued"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    SKIPPED = "skipped"
-    # not evaluated, on purpose: the study names more than one patient, or is registered as
-    # a case of another patient; the reason and the identities say which
-    HELD = "held"
-    # the gateway stopped (killed, crashed) while this run was queued or running
-    INTERRUPTED = "interrupted"
+def route_record(route: Route | RouteRecord | None) -> RouteRecord | None:
+    """The run log's record of a routing decision."""
+    if route is None or isinstance(route, RouteRecord):
+        return route
+    return RouteRecord.model_validate(route.model_dump(mode="json"))
 
 
-class SkipKind(StrEnum):
-    """Why a run was skipped; its text is the run's ``error``."""
+class Evaluated(BaseModel):
+    """What the last evaluation of a study was: its run, report version, what it evaluated
+    and its SR copies (read from that run's record)."""
 
-    # a study no routing rule selects: never evaluated, listed in the review queue
-    NOT_ROUTED = "no routing rule selects this study"
-    # the same study again (normal: nothing new to evaluate)
-    UNCHANGED = "no new instances since the last evaluation by this rule"
-    RESTARTED = "evaluated before the gateway restarted"
-
-
-FINAL = frozenset(
-    {RunStatus.DONE, RunStatus.FAILED, RunStatus.SKIPPED, RunStatus.HELD, RunStatus.INTERRUPTED}
-)
+    run_id: str | None = None
+    version: int = 0
+    evaluated_digest: str | None = None  # the instances and the rule evaluated
+    evaluated_instances: str | None = None  # the instances alone (sop_digest)
+    sr_paths: list[str] = Field(default_factory=list)
 
 
-class RunRecord(BaseModel):
-    run_id: str
-    trigger: str  # dicom | orthanc | api
-    status: RunStatus = RunStatus.QUEUED
-    stage: str = "queued"
-    progress: float = 0.0
-    study_uid: str | None = None
-    study_key: str | None = None  # StudyKey.name: the UID with its patient
-    orthanc_study_id: str | None = None
-    route: Route | None = None
-    requested_by: str | None = None  # token id (never the token)
-    n_instances: int = 0
-    version: int | None = None
-    sr_sop_uids: list[str] = Field(default_factory=list)
-    pdf_sop_uid: str | None = None
-    unverified_sr: dict[str, str] = Field(default_factory=dict)  # model -> its SR's SOP UID
-    created_at: str = Field(default_factory=now_iso)
-    started_at: str | None = None
-    finished_at: str | None = None
-    error: str | None = None
-    skip: SkipKind | None = None  # a skipped run: why (the error says it in words)
-    # a held run: every patient identity involved (for the reviewer; never sent to a model)
-    identities: list[str] = Field(default_factory=list)
-    warnings: list[str] = Field(default_factory=list)
-    timings_s: dict[str, float] = Field(default_factory=dict)  # stage -> seconds since start
+_LEGACY_STATE = ("version", "evaluated_digest", "evaluated_instances", "sr_paths")
 
 
 class StudyState(BaseModel):
+    """What spans a study's runs: the instances stored in the PACS, their revisions and stored
+    files, and the run that last evaluated it (whose record says what it evaluated)."""
+
     study_uid: str
     key: str | None = None  # StudyKey.name (None: a state written before keys had a patient)
-    version: int = 0
-    evaluated_digest: str | None = None  # the instances and the rule last evaluated
-    evaluated_instances: str | None = None  # the instances alone (sop_digest)
     uploaded: list[str] = Field(default_factory=list)  # SOP Instance UIDs stored in Orthanc
-    sr_paths: list[str] = Field(default_factory=list)  # local copies of the latest SRs
     # SOP UID -> how often it was re-sent with other bytes and taken (the PACS overwrites)
     revisions: dict[str, int] = Field(default_factory=dict)
     # SOP UID -> the PACS's id of its stored file when last seen (Orthanc's attachment UUID)
     files: dict[str, str] = Field(default_factory=dict)
-    last_run_id: str | None = None
+    last_run_id: str | None = None  # the run that last evaluated the study (a DONE run)
+    # a state of before the run log kept its last evaluation's facts here: moved into that
+    # run's record when read (kept here only while that run cannot be read)
+    legacy: Evaluated | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_layout(cls, data: Any) -> Any:
+        if isinstance(data, dict) and any(k in data for k in _LEGACY_STATE):
+            data = dict(data)
+            old = {k: data.pop(k) for k in _LEGACY_STATE if k in data}
+            if data.get("legacy") is None and (old.get("version") or old.get("evaluated_digest")):
+                data["legacy"] = {**old, "run_id": data.get("last_run_id")}
+        return data
 
 
 class RunNotFoundError(KeyError):
     """No run with this id."""
 
 
-GATEWAY_NOTE = "gateway"  # the run store's note holding the gateway's RunRecord
-_LEGACY_RECORD = "run.json"  # where versions before the run store kept the RunRecord
+GATEWAY_NOTE = "gateway"  # the run store's note where versions before GatewayRun kept it
+_LEGACY_RECORD = "run.json"  # where versions before the run store kept it
+_MOVED = "moved to the gateway_runs table"  # the old note, once its record was moved
+_SMALL = frozenset({"stage", "progress", "status", "started_at", "finished_at", "error",
+                    "timings_s"})  # fmt: skip
+MAX_LEGACY_BYTES = 16 << 20  # an old bundle's rundata.json read for its SR per model
 
 
-def record_of(store: RunStore) -> RunRecord | None:
+def record_of(store: RunStore) -> GatewayRun | None:
     """The gateway's record of a run, from its run store (None: none recorded). Raises
-    ``ValueError`` for a record that does not validate."""
-    text = store.note(GATEWAY_NOTE)
-    return RunRecord.model_validate_json(text) if text is not None else None
+    ``ValueError`` for a record that does not validate. (A store of before GatewayRun: the
+    record it kept as its note, not yet moved.)"""
+    note = store.note(GATEWAY_NOTE)
+    if note is not None and note != _MOVED:
+        return _legacy_record(note)
+    return store.gateway_run()
 
 
-def _changed(rec: RunRecord, changes: dict[str, Any]) -> RunRecord:
-    if changes.get("status") is RunStatus.RUNNING and rec.started_at is None:
-        changes = {**changes, "started_at": now_iso()}
-    out = rec.model_copy(update=changes)
-    RunRecord.model_validate(out.model_dump())
-    return out
+def _legacy_record(text: str) -> GatewayRun:
+    """A ``RunRecord`` as versions before the run log wrote it (the SRs a list of UIDs)."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a run record")
+    if isinstance(data.get("sr_sop_uids"), list):
+        data["sr_sop_uids"] = {f"#{n + 1}": u for n, u in enumerate(data["sr_sop_uids"])}
+    data.pop("unverified_sr", None)
+    return GatewayRun.model_validate(data)
+
+
+def _changed(rec: GatewayRun, changes: dict[str, Any]) -> GatewayRun:
+    return GatewayRun.model_validate({**rec.model_dump(), **changes})
+
+
+def _normalised(changes: dict[str, Any]) -> dict[str, Any]:
+    if "route" in changes:
+        changes["route"] = route_record(changes["route"])
+    if changes.get("status") is RunStatus.RUNNING and "started_at" not in changes:
+        changes["started_at"] = now_iso()
+    return changes
 
 
 class StudyRunStore:
-    def __init__(self, root: Path, reports_dir: Path | None = None) -> None:
+    def __init__(
+        self, root: Path, reports_dir: Path | None = None, database_url: str | None = None
+    ) -> None:
         self.root = root
         self.runs_dir = root / "runs"
         self.state_dir = root / "state" / "studies"
         self.active_dir = root / "state" / "active"  # a marker per run not yet finished
         # where the run's report bundle is published (Settings.reports_root)
         self.reports_dir = reports_dir or root / "reports"
-        self._lock = threading.Lock()
+        # the install's PostgreSQL run log (Settings.database_url); None: a run.sqlite per run
+        self.database_url = database_url or None
+        self._lock = threading.RLock()
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
@@ -162,8 +192,25 @@ class StudyRunStore:
         return self.runs_dir / run_id
 
     def store_path(self, run_id: str) -> Path:
-        """The run's record: the engine's run store."""
+        """The engine's store of the run in its folder (``run.sqlite``). With PostgreSQL the
+        gateway's record is in the install's run log (the folder holds ``PG_MARKER``); the
+        engine's rows stay in this file until the readers of a run take the database URL."""
         return self.run_dir(run_id) / STORE_FILE
+
+    def has_store(self, run_id: str) -> bool:
+        """Whether the run has a run store (its file, or its rows in the install's log)."""
+        return store_exists(self.run_dir(run_id), self.database_url)
+
+    def open(self, run_id: str, *, create: bool = False) -> RunStore:
+        """The run's store (the engine's rows and the gateway's record). Raises
+        ``RunNotFoundError`` when there is none."""
+        folder = self.run_dir(run_id)
+        try:
+            return open_store(folder, run_id=run_id, database_url=self.database_url, create=create)
+        except SchemaOutOfDateError:
+            raise  # the install's log needs `neurosandbox db upgrade`: not a missing run
+        except (OSError, EvaluationError, sqlite3.Error):
+            raise RunNotFoundError(run_id) from None
 
     def _write(self, path: Path, text: str) -> None:
         with atomic_writer(path, fsync=False) as fh:
@@ -171,14 +218,14 @@ class StudyRunStore:
 
     # ----------------------------------------------------------------- runs
 
-    def create(self, record: RunRecord) -> RunRecord:
+    def create(self, record: GatewayRun) -> GatewayRun:
         folder = self.run_dir(record.run_id)
         folder.mkdir(parents=True, exist_ok=True)
         if record.status not in FINAL:
             self.active_dir.mkdir(parents=True, exist_ok=True)
             (self.active_dir / record.run_id).touch()
-        with self._lock, RunStore(folder, create=True) as store:
-            store.set_note(GATEWAY_NOTE, record.model_dump_json())
+        with self._lock, self.open(record.run_id, create=True) as store:
+            store.put_gateway_run(record)
         return record
 
     def mark_interrupted(self) -> list[str]:
@@ -203,49 +250,115 @@ class StudyRunStore:
             marker.unlink(missing_ok=True)
         return done
 
-    def get(self, run_id: str) -> RunRecord:
+    def get(self, run_id: str) -> GatewayRun:
+        """The run's record (an older folder's is moved into the run log on this first read)."""
         folder = self.run_dir(run_id)
         try:
-            if (folder / STORE_FILE).is_file():
-                with RunStore(folder) as store:
-                    rec = record_of(store)
+            if self.has_store(run_id):
+                with self.open(run_id) as store:
+                    rec = self._current(store, run_id)
                 if rec is not None:
                     return rec
-            return RunRecord.model_validate_json((folder / _LEGACY_RECORD).read_text())
+            if self.database_url is not None and (folder / STORE_FILE).is_file():
+                # a run of this install from before its PostgreSQL log: read where it is
+                with open_store(folder, run_id=run_id) as store:
+                    rec = self._current(store, run_id)
+                if rec is not None:
+                    return rec
+            return self._with_legacy_facts(
+                _legacy_record((folder / _LEGACY_RECORD).read_text()), moving=False
+            )
         except (OSError, EvaluationError, ValueError, sqlite3.Error):
             # missing, unreadable, or still being created by the pipeline: not (yet) a run
             raise RunNotFoundError(run_id) from None
 
-    def update(self, run_id: str, **changes: Any) -> RunRecord:
-        folder = self.run_dir(run_id)
-        with self._lock:
-            if not (folder / STORE_FILE).is_file():  # a run of an earlier version
-                rec = _changed(self.get(run_id), changes)
-                self._write(folder / _LEGACY_RECORD, rec.model_dump_json(indent=2))
-                return rec
-            try:
-                with RunStore(folder) as store:
-                    old = record_of(store)
-                    if old is None:
-                        raise RunNotFoundError(run_id)
-                    rec = _changed(old, changes)
-                    store.set_note(GATEWAY_NOTE, rec.model_dump_json())
-            except (OSError, EvaluationError, sqlite3.Error):
-                raise RunNotFoundError(run_id) from None
+    def _current(self, store: RunStore, run_id: str) -> GatewayRun | None:
+        """The store's record; one the gateway kept as its note (before GatewayRun) is moved
+        into the record, with the facts an old folder kept elsewhere, on the way."""
+        note = store.note(GATEWAY_NOTE)
+        if note is None or note == _MOVED:
+            return store.gateway_run()
+        rec = self._with_legacy_facts(_legacy_record(note), moving=True)
+        if rec.run_id != run_id:
+            raise ValueError(f"the record of run {rec.run_id} in the folder of {run_id}")
+        if not store.read_only:
+            with self._lock:
+                store.put_gateway_run(rec)
+                store.set_note(GATEWAY_NOTE, _MOVED)
         return rec
 
-    def finish(self, run_id: str, status: RunStatus, **changes: Any) -> RunRecord:
+    def _with_legacy_facts(self, rec: GatewayRun, *, moving: bool) -> GatewayRun:
+        """An old run's record with what its folder kept elsewhere: the SR per model and the
+        evidence (its published bundle), what it evaluated (its study's state)."""
+        changes: dict[str, Any] = {}
+        bundle = self.report_folder(rec.run_id)
+        named = _legacy_sr_models(bundle / RUNDATA_FILE)
+        if named and set(named.values()) >= set(rec.sr_sop_uids.values()):
+            changes["sr_sop_uids"] = named
+        from gateway.writeback import EVIDENCE_FILE, NoEvidenceError, evidence_refs, load_evidence
+
+        if not rec.evidence and (bundle / EVIDENCE_FILE).is_file():
+            try:
+                changes["evidence"] = evidence_refs(load_evidence(bundle))
+            except NoEvidenceError as exc:
+                log.warning("run %s: its old evidence file is not taken: %s", rec.run_id, exc)
+        if rec.study_key and moving:
+            path = self._state_path(rec.study_key)  # the state file is named by the key
+            try:
+                state = StudyState.model_validate_json(path.read_text()) if path.is_file() else None
+            except (ValueError, OSError):
+                state = None
+            old = state.legacy if state is not None else None
+            if old is not None and old.run_id == rec.run_id:
+                changes |= {
+                    "evaluated_digest": old.evaluated_digest,
+                    "evaluated_instances": old.evaluated_instances,
+                    "sr_paths": old.sr_paths,
+                }
+        return _changed(rec, changes) if changes else rec
+
+    def update(self, run_id: str, **changes: Any) -> None:
+        """Change the run's record: a stage, progress, status, time or error change is one
+        small UPDATE of those columns; anything else replaces the record's row."""
+        changes = _normalised(changes)
+        legacy = not self.has_store(run_id) and (self.run_dir(run_id) / _LEGACY_RECORD).is_file()
+        with self._lock:
+            if legacy:  # a run of a version before the run store: its record moves in
+                rec = _changed(self.get(run_id), changes)
+                with self.open(run_id, create=True) as store:
+                    store.put_gateway_run(rec)
+                return
+        try:
+            with self.open(run_id) as store:
+                note = store.note(GATEWAY_NOTE)
+                if note is not None and note != _MOVED:  # an old store's: moved first
+                    self._current(store, run_id)
+                with self._lock:
+                    if set(changes) <= _SMALL and {"stage", "progress"} <= set(changes):
+                        small = dict(changes)
+                        store.set_gateway_stage(small.pop("stage"), small.pop("progress"), **small)
+                        return
+                    old = store.gateway_run()
+                    if old is None:
+                        raise RunNotFoundError(run_id)
+                    store.put_gateway_run(_changed(old, changes))
+        except (OSError, EvaluationError, sqlite3.Error):
+            raise RunNotFoundError(run_id) from None
+
+    def finish(self, run_id: str, status: RunStatus, **changes: Any) -> None:
         if status is RunStatus.DONE:  # else the progress it reached stays
             changes["progress"] = 1.0
-        rec = self.update(
-            run_id, status=status, stage=status.value, finished_at=now_iso(), **changes
-        )
+        elif "progress" not in changes and set(changes) <= _SMALL:
+            changes["progress"] = self.get(run_id).progress
+        self.update(run_id, status=status, stage=status.value, finished_at=now_iso(), **changes)
         (self.active_dir / self.run_dir(run_id).name).unlink(missing_ok=True)
-        return rec
 
     def ids(self, after: str | None = None) -> list[str]:
         """The ids of the runs with a run store, newest first (those made after the run id
-        ``after`` only, when given): run ids are time-ordered, no record is read."""
+        ``after`` only, when given): run ids are time-ordered, no record is read. With
+        PostgreSQL, the install's run log is asked."""
+        if self.database_url is not None:
+            return gateway_run_ids(self.database_url, after)
         found = [
             d.name
             for d in (self.runs_dir.iterdir() if self.runs_dir.is_dir() else ())
@@ -254,8 +367,11 @@ class StudyRunStore:
         ]  # fmt: skip
         return sorted(found, reverse=True)
 
-    def list(self, limit: int = 100, study_uid: str | None = None) -> list[RunRecord]:
-        """The newest runs first (of ``study_uid`` only, when given)."""
+    def list(self, limit: int = 100, study_uid: str | None = None) -> list[GatewayRun]:
+        """The newest runs first (of ``study_uid`` only, when given). With PostgreSQL one query
+        of the install's run log (without the SR's evidence: ``get`` reads a run whole)."""
+        if self.database_url is not None:
+            return list_gateway_runs(self.database_url, limit, study_uid)
         legacy = [
             d
             for d in (self.runs_dir.iterdir() if self.runs_dir.is_dir() else ())
@@ -276,10 +392,17 @@ class StudyRunStore:
                 break
         return out
 
+    def evidence(self, run_id: str) -> list[Any]:
+        """The SR's evidence the run recorded at write-back (DICOM datasets, validated as
+        hostile input; ``NoEvidenceError`` when it recorded none)."""
+        from gateway.writeback import evidence_headers
+
+        return evidence_headers(self.get(run_id).evidence, f"run {run_id}")
+
     def sample_errors(self, run_id: str) -> dict[tuple[str, str], str]:
         """Why a model gave no usable answer (transport, refusal, format), by model and task
         family, from the run store."""
-        with RunStore(self.run_dir(run_id)) as store:
+        with self.open(run_id) as store:
             rows = store.samples()
         return {
             (r.model, r.family): str(r.parse_error)
@@ -313,6 +436,29 @@ class StudyRunStore:
     def _state_path(self, name: str) -> Path:
         return self.state_dir / f"{hashlib.sha256(name.encode()).hexdigest()[:32]}.json"
 
+    def last_evaluation(self, key: StudyKey) -> Evaluated:
+        """What the last evaluation of this study of this patient was, from the record of the
+        run that made it (its version 0, nothing evaluated: never evaluated)."""
+        state = self.study_state(key)
+        rec = None
+        if state.last_run_id is not None:
+            try:
+                rec = self.get(state.last_run_id)
+            except RunNotFoundError:
+                rec = None
+        if rec is not None and (rec.evaluated_digest is not None or state.legacy is None):
+            if state.legacy is not None:  # moved into the run's record: the state forgets it
+                state.legacy = None
+                self.save_study_state(state)
+            return Evaluated(
+                run_id=rec.run_id,
+                version=rec.version or 0,
+                evaluated_digest=rec.evaluated_digest,
+                evaluated_instances=rec.evaluated_instances,
+                sr_paths=list(rec.sr_paths),
+            )
+        return state.legacy or Evaluated()
+
     def study_state(self, key: StudyKey) -> StudyState:
         """What was uploaded and evaluated of this study of this patient. A state written
         before keys had a patient (keyed by the UID alone) is taken over by the first key
@@ -335,3 +481,18 @@ class StudyRunStore:
         name = state.key or state.study_uid
         with self._lock:
             self._write(self._state_path(name), state.model_dump_json(indent=2))
+
+
+def _legacy_sr_models(path: Path) -> dict[str, str]:
+    """The UNVERIFIED SR per model an old bundle's ``rundata.json`` recorded in
+    ``config["gateway"]["unverified_sr"]`` (hostile: anything else gives nothing)."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_LEGACY_BYTES:
+            return {}
+        data = json.loads(path.read_bytes())
+        named = data["config"]["gateway"]["unverified_sr"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if not isinstance(named, dict):
+        return {}
+    return {str(k)[:200]: str(v)[:64] for k, v in named.items() if isinstance(v, str)}

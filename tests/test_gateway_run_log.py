@@ -1,0 +1,206 @@
+"""The gateway's run is the run log's GatewayRun: one record per run (trigger, stage, route,
+status, held with its reason, write-backs pending and done, the SR per model, what the run
+evaluated, the SR's evidence), in the run folder's run.sqlite or, with
+``NEUROSANDBOX_DATABASE_URL``, in the install's PostgreSQL run log keyed by run id.
+
+- a study sent by storescu through the in-process gateway with a PostgreSQL run log: its
+  GatewayRun is a row of ``gateway_runs`` (queried), listing asks the database, the review
+  queue lists the run, and the pipeline's stage changes were small updates (counted);
+- a data folder written by the code before GatewayRun (tests/data/gateway_legacy) is read,
+  and its record moved into the log with the facts the folder kept elsewhere;
+- the gateway refuses a PostgreSQL run log of an older schema, naming the command to run.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from gateway_inproc import finished_runs, rules_file, start_gateway
+from gateway_process import send
+from gateway_synth import make_study
+from orthanc_fixture import OrthancServer
+from pg_server import fresh_pg_database
+from review_server import bearer
+
+from evaluation.log import RunStore, SchemaOutOfDateError, upgrade
+from gateway.api import create_app
+from gateway.runs import GATEWAY_NOTE, RunStatus, StudyRunStore
+from gateway.serve import build_gateway, check_run_log
+from gateway.study_key import StudyKey
+
+LEGACY = Path(__file__).parent / "data" / "gateway_legacy" / "data"
+STUDY = "1.2.826.0.1.3680043.8.498.36001"
+DONE = "0000018f00000000" + "a" * 16
+RUNNING = "0000018f00000001" + "b" * 16
+OLDEST = "0000018e00000000" + "c" * 16
+
+
+def _pg(url: str) -> str:
+    """A libpq URL for psycopg from the SQLAlchemy one."""
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How often the run store's gateway writes are called in this process."""
+    calls: Counter[str] = Counter()
+    for name in ("put_gateway_run", "set_gateway_stage", "set_note"):
+        original = getattr(RunStore, name)
+
+        def wrapper(self: RunStore, *a: object, _o=original, _n=name, **k: object) -> object:
+            calls[_n if _n != "set_note" else f"set_note:{a[0]}"] += 1
+            return _o(self, *a, **k)
+
+        monkeypatch.setattr(RunStore, name, wrapper)
+    return calls
+
+
+@pytest.fixture
+def pg_gateway(
+    orthanc_server: OrthancServer, pg_url: str, tmp_path: Path, counted: Counter[str]
+) -> Iterator[tuple[object, str, Path]]:
+    url = fresh_pg_database(pg_url)
+    upgrade(url)  # `neurosandbox db upgrade`
+    data = tmp_path / "data"
+    routing = rules_file(tmp_path / "rules.yaml", ["differential"], "pg")
+    gw = start_gateway(orthanc_server, data, routing, 1.0, database_url=url)
+    try:
+        yield gw, url, data
+    finally:
+        gw.stop()
+
+
+def test_a_stored_study_is_one_gatewayrun_row_in_postgresql_and_in_the_review_queue(
+    pg_gateway: tuple[object, str, Path], tmp_path: Path, counted: Counter[str]
+) -> None:
+    gw, url, data = pg_gateway
+    study = make_study(tmp_path / "study", classes=("FLAIR",), n_slices=4, patient_id="NSBX-PG-1")
+    send(gw.scp.port, study.files)  # type: ignore[attr-defined]
+    [run] = finished_runs(gw, 1, study.study_uid)  # type: ignore[arg-type]
+    assert run.status is RunStatus.DONE, run
+    with psycopg.connect(_pg(url)) as con:
+        rows = con.execute(
+            "SELECT run_id, status, stage, progress, study_uid, record_json, evidence_json "
+            "FROM gateway_runs"
+        ).fetchall()
+    assert [r[:5] for r in rows] == [(run.run_id, "done", "done", 1.0, study.study_uid)]
+    record = json.loads(rows[0][5])
+    # the SR per model, the write-backs done (none pending), what was evaluated, the route
+    assert set(record["sr_sop_uids"]) == set(run.route.models) and record["pdf_sop_uid"]
+    assert record["writebacks_pending"] == []
+    done = {w["sop_instance_uid"] for w in record["writebacks_done"]}
+    assert done == {*record["sr_sop_uids"].values(), record["pdf_sop_uid"]}
+    assert record["evaluated_digest"] and record["route"]["rule"] == "pg"
+    evidence = json.loads(rows[0][6])
+    assert len(evidence) == 4 and evidence[0]["header"]  # the series' first header, 3 refs
+    # the run folder holds no record of its own: the marker naming the run in the log
+    folder = data / "runs" / run.run_id
+    marker = json.loads((folder / "run.db.json").read_text())
+    assert marker["run_id"] == run.run_id
+    # listing asks the database, not the folders
+    assert gw.ctx.runs.ids() == [run.run_id]  # type: ignore[attr-defined]
+    # the study's state keeps what spans runs, and points at its evaluation
+    runs: StudyRunStore = gw.ctx.runs  # type: ignore[attr-defined]
+    key = StudyKey(study_uid=study.study_uid, patient_id="NSBX-PG-1")
+    assert run.study_key == key.name
+    state_text = runs._state_path(key.name).read_text()
+    assert "evaluated_digest" not in state_text and run.run_id in state_text
+    last = runs.last_evaluation(key)
+    assert last.run_id == run.run_id and last.version == 1
+    # stage changes were small updates; the whole record was written a few times only
+    assert counted["set_gateway_stage"] >= 6, counted
+    assert counted["put_gateway_run"] <= 6, counted
+    assert counted[f"set_note:{GATEWAY_NOTE}"] == 0, counted
+    # the review queue lists it
+    with TestClient(create_app(gw.ctx), base_url="http://testserver") as client:  # type: ignore[attr-defined]
+        client.headers.update(bearer(gw.ctx, "Dr Pg", "Pg^Paula"))  # type: ignore[attr-defined]
+        page = client.get("/review")
+        assert page.status_code == 200
+        assert f'data-run="{run.run_id}"' in page.text
+        api = client.get(f"/runs/{run.run_id}")
+        assert api.status_code == 200 and api.json()["status"] == "done"
+
+
+def test_a_stage_change_is_one_small_update_not_a_rewrite(
+    tmp_path: Path, counted: Counter[str]
+) -> None:
+    runs = StudyRunStore(tmp_path / "data")
+    from gateway.runs import RunRecord
+
+    run_id = runs.new_id()
+    runs.create(RunRecord(run_id=run_id, trigger="dicom", study_uid="1.2.3", warnings=["w" * 5000]))
+    db = runs.store_path(run_id)
+    before = sa.create_engine(f"sqlite:///{db}").connect()
+    try:
+        record = before.exec_driver_sql("SELECT record_json FROM gateway_runs").scalar()
+        for n in range(20):
+            runs.update(run_id, stage=f"stage {n}", progress=n / 20, timings_s={"s": n})
+        runs.update(run_id, status=RunStatus.RUNNING, stage="running", progress=0.99)
+        after = before.exec_driver_sql("SELECT record_json, stage FROM gateway_runs").one()
+    finally:
+        before.close()
+    assert counted["set_gateway_stage"] == 21 and counted["put_gateway_run"] == 1, counted
+    assert after[0] == record and after[1] == "running"  # the record's JSON never rewritten
+    rec = runs.get(run_id)
+    assert rec.status is RunStatus.RUNNING and rec.started_at and rec.timings_s == {"s": 19}
+
+
+def test_a_data_folder_of_the_code_before_gatewayrun_is_read_and_moved_into_the_log(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    shutil.copytree(LEGACY, data)
+    runs = StudyRunStore(data)
+    assert runs.ids() == [RUNNING, DONE]
+    rec = runs.get(DONE)
+    assert rec.status is RunStatus.DONE and rec.version == 1 and rec.route is not None
+    # the SR per model from the old bundle's config["gateway"], the evidence from evidence.json
+    assert rec.sr_sop_uids == {"reference/image-rules": f"{STUDY}.9.1"}
+    assert [e.sop_instance_uid for e in rec.evidence] == [f"{STUDY}.1.{n}" for n in (1, 2, 3)]
+    headers = runs.evidence(DONE)
+    assert str(headers[0].PatientID) == "NSBX-LEGACY-1" and "PatientID" not in headers[1]
+    # what the run evaluated, from the study's old state; the state keeps the study's facts
+    key = StudyKey(study_uid=STUDY, patient_id="NSBX-LEGACY-1")
+    last = runs.last_evaluation(key)
+    assert (last.run_id, last.version, last.evaluated_digest) == (DONE, 1, "d" * 64)
+    assert last.evaluated_instances == "e" * 64 and len(last.sr_paths) == 1
+    state = runs.study_state(key)
+    assert state.legacy is None and state.revisions and state.files and len(state.uploaded) == 3
+    # moved: the store now holds the record as a row, the note says so
+    with RunStore(runs.run_dir(DONE)) as store:
+        row = store.gateway_run()
+        assert row is not None and row.sr_sop_uids == rec.sr_sop_uids and row.evidence
+        assert store.note(GATEWAY_NOTE) != rec.model_dump_json()
+    # a run a killed gateway left running is interrupted at the next start
+    assert runs.mark_interrupted() == [RUNNING]
+    assert runs.get(RUNNING).status is RunStatus.INTERRUPTED
+    # the run of before the run store (run.json) is listed and read, and takes changes
+    assert [r.run_id for r in runs.list()] == [RUNNING, DONE, OLDEST]
+    assert runs.get(OLDEST).status is RunStatus.SKIPPED
+    runs.update(OLDEST, warnings=["read again"])
+    assert runs.get(OLDEST).warnings == ["read again"]
+
+
+def test_the_gateway_refuses_a_postgresql_run_log_of_an_older_schema(
+    orthanc_server: OrthancServer, pg_url: str, tmp_path: Path
+) -> None:
+    url = fresh_pg_database(pg_url)  # empty: never migrated
+    settings = orthanc_server.settings.model_copy(
+        update={"data_dir": tmp_path / "data", "database_url": url}
+    )
+    with pytest.raises(SchemaOutOfDateError, match="neurosandbox db upgrade"):
+        build_gateway(settings)
+    upgrade(url)
+    with psycopg.connect(_pg(url), autocommit=True) as con:
+        con.execute("UPDATE alembic_version SET version_num = '0002_run_keys'")
+    with pytest.raises(SchemaOutOfDateError, match=r"0002_run_keys.*neurosandbox db upgrade"):
+        check_run_log(settings)
+    assert not (tmp_path / "data" / "runs").exists()  # refused before anything was made
