@@ -435,11 +435,11 @@ class _Reader:
 
     def validate(self, n: int, r: dict[str, Any]) -> None:
         try:
-            size = len(json.dumps(r, default=str))
+            dumped = json.dumps(r, default=str, sort_keys=True)
         except (ValueError, TypeError, RecursionError):
             self.issue(f"{r['resourceType'][:40]} (entry {n}): not JSON")
             return
-        problem = spec.validation_problem(r, size)
+        problem = spec.validation_problem(r, dumped)
         if problem:
             self.issue(f"{r['resourceType'][:40]} (entry {n}): {problem}")
 

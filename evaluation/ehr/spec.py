@@ -8,6 +8,7 @@ definition is unknown (a resource type R4B does not define, a path past its elem
 
 from __future__ import annotations
 
+import hashlib
 import typing
 from functools import lru_cache
 from typing import Any
@@ -64,8 +65,23 @@ def reference_types(resource_type: str, path: tuple[str, ...]) -> frozenset[str]
     return frozenset(str(t) for t in types)
 
 
-def validation_problem(resource: dict[str, Any], size: int) -> str | None:
-    """Why ``resource`` is not a valid R4B resource (its first errors), or None when it is."""
+_CHECKED: dict[bytes, str | None] = {}  # sha256 of a resource's JSON -> its problem
+_MAX_CHECKED = 4096
+
+
+def validation_problem(resource: dict[str, Any], dumped: str) -> str | None:
+    """Why ``resource`` (``dumped``: its JSON) is not a valid R4B resource (its first errors), or
+    None when it is. A resource seen before is not validated again (a case's record is read for
+    each of its prompts)."""
+    key = hashlib.sha256(dumped.encode("utf-8", "surrogatepass")).digest()
+    if key not in _CHECKED:
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED[key] = _problem(resource, len(dumped))
+    return _CHECKED[key]
+
+
+def _problem(resource: dict[str, Any], size: int) -> str | None:
     kind = resource.get("resourceType")
     cls = _model(kind) if isinstance(kind, str) else None
     if cls is None:
