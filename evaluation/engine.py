@@ -19,7 +19,7 @@ from pathlib import Path
 from evaluation.case import Case
 from evaluation.datasets import Dataset, load_dataset
 from evaluation.errors import DatasetError, StoreError
-from evaluation.log.records import RunRow
+from evaluation.log.records import RunLog
 from evaluation.log.store import open_store, store_exists
 from evaluation.prompts import default_prompts
 from evaluation.runconfig import RunConfig, code_version, package_versions
@@ -90,10 +90,10 @@ def _holds_run(run_dir: Path, database_url: str | None = None) -> bool:
         return store.has_run()
 
 
-def load_config(run_dir: Path, database_url: str | None = None) -> tuple[RunConfig, RunRow]:
+def load_config(run_dir: Path, database_url: str | None = None) -> tuple[RunConfig, RunLog]:
     store = open_store(run_dir, database_url=database_url)
     try:
-        row = store.run_row()
+        row = store.run_log()
     finally:
         store.close()
     return RunConfig.model_validate(row.config), row
@@ -178,7 +178,7 @@ def rescore(
 
 def _rescore_cases(
     config: RunConfig,
-    row: RunRow,
+    row: RunLog,
     snapshots: dict[str, Case],
     cache_dir: Path | None,
 ) -> dict[str, Case]:

@@ -12,24 +12,19 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.errors import StoreError
-from evaluation.log.store import RunStore, sample_id
+from evaluation.log.store import RunStore
 
 
 def records(store: RunStore) -> Iterator[dict[str, Any]]:
-    run = store.run_row()
-    responses = store.responses()
-    scores = store.scores()
-    labels = store.error_labels()
-    versions = store.sample_scoring_versions()
+    run = store.run_log()
     for row in store.samples():
-        sid = sample_id(row.case_id, row.task, row.model, row.sample)
         turns = []
         totals: dict[str, float] = {}
-
-        graders, canaries = row.grader_replies(responses)
-        for t in row.answer_turns:
-            out = responses.get(t["cache_key"])
-            entry = {**t, "response_text": out.text if out else None}
+        graders, canaries = row.grader_replies()
+        for t in row.turns:
+            entry: dict[str, Any] = t.stored()
+            out = t.output if t.output is not None and not t.output.error else None
+            entry["response_text"] = out.text if out else None
             if out is not None:
                 for name in ("prompt_tokens", "completion_tokens", "cost_usd", "latency_s"):
                     value = getattr(out, name)
@@ -37,9 +32,8 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
                     if value is not None:
                         totals[name] = totals.get(name, 0) + value
             turns.append(entry)
-        parsed = row.parsed or {}
-        answer = parsed.get("answer")
-        label = labels.get(sid)
+        answer = row.parsed.model_dump(mode="json") if row.parsed is not None else None
+        label = row.error_label
         yield {
             "run_id": run.run_id,
             "dataset_hash": run.dataset_hash,
@@ -57,10 +51,10 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
             "grader_replies": graders or None,
             "grader_canary_replies": canaries or None,
             "image_hashes": row.image_hashes,
-            "scores": {s.scorer: s.value for s in scores.get(sid, [])},
-            "score_explanations": {s.scorer: s.explanation for s in scores.get(sid, [])},
+            "scores": {s.scorer: s.value for s in row.scores},
+            "score_explanations": {s.scorer: s.explanation for s in row.scores},
             "error_label": label.model_dump(mode="json") if label else None,
-            "scoring_version": versions.get(sid),
+            "scoring_version": row.scoring_version,
             "prompt_tokens": totals.get("prompt_tokens"),
             "completion_tokens": totals.get("completion_tokens"),
             "cost_usd": totals.get("cost_usd"),

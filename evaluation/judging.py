@@ -42,19 +42,20 @@ async def judge_run(
     *,
     cache_dir: Path | None = None,
     progress: Callable[[int, int], None] | None = None,
+    database_url: str | None = None,
 ) -> JudgeSummary:
     """Ask ``spec`` about every undecided diagnosis pair of the run; store the verdicts."""
     from evaluation.engine import load_config, open_dataset
-    from evaluation.log.store import RunStore
+    from evaluation.log.store import open_store
     from evaluation.scoring.judge import EquivalenceJudge, unknown_pairs
     from evaluation.scoring.judge_cache import JudgeCache, JudgeVerdict
 
-    config, _ = load_config(run_dir)
+    config, _ = load_config(run_dir, database_url)
     dataset = open_dataset(config, cache_dir)
     cases = {c.case_id: c for c in dataset.cases}
-    store = RunStore(run_dir)
+    store = open_store(run_dir, database_url=database_url, read_only=True)
     try:
-        rows = store.samples()
+        rows = store.samples(calls=False, scores=False)
     finally:
         store.close()
     # A judge off the trusted hosts never sees a string that carries the patient's identifiers
@@ -65,12 +66,10 @@ async def judge_run(
     pairs: list[tuple[str, str]] = []
     withheld: set[tuple[str, str]] = set()
     for row in rows:
-        parsed = row.parsed or {}
-        answer = parsed.get("answer")
         case = cases.get(row.case_id)
-        if case is None or not isinstance(answer, dict) or "final_diagnosis" not in answer:
+        if case is None or not isinstance(row.parsed, Answer):
             continue  # classification answers and unparsed replies have no diagnosis strings
-        for pair in unknown_pairs(case, Answer.model_validate(answer)):
+        for pair in unknown_pairs(case, row.parsed):
             if not trusted and scrub_text(pair[0], gate.terms_for(case))[1]:
                 withheld.add(pair)
             else:

@@ -15,13 +15,13 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
-from typing import Any
 
 from evaluation.call_keys import cache_key, prompt_hash, request_record
 from evaluation.case import Case, TaskFamily
 from evaluation.coverage import SkippedCase
 from evaluation.datasets import Dataset, ImageStore
 from evaluation.errors import StoreError
+from evaluation.log.records import GraderCall, SampleTurn
 from evaluation.log.store import RunStore
 from evaluation.log.writes import (
     failure_statements,
@@ -153,7 +153,7 @@ class Runner:
         self._cached = self.store.responses()
         done = {
             (r.case_id, r.task, r.model, r.sample)
-            for r in self.store.samples()
+            for r in self.store.samples(calls=False, scores=False)
             if r.status in _DONE
         }
         units = self.units()
@@ -243,7 +243,7 @@ class Runner:
         turns = self._turns_for(unit)
         adapter = self.adapters[spec.name]
         messages: list[Message] = [turns.system]
-        record: list[dict[str, Any]] = []
+        record: list[SampleTurn] = []
         shown: list[str] = []
         parsed: ParsedAnswer | None = None
         outputs: list[ModelOutput] = []
@@ -253,16 +253,14 @@ class Runner:
             call = Call(case, item.key, item.family.value, spec, s, t)
             key, output = await self._call(call, adapter, messages, cfg)
             if output.error:
-                record.append(
-                    {"turn": t, "cache_key": key, "status": "error", "error": output.error}
-                )
+                record.append(SampleTurn(turn=t, cache_key=key, status="error", error=output.error))
                 await self._record_error(unit, record, shown, output.error)
                 return
             outputs.append(output)
             parsed = parse_answer(
                 output.text, item.family, refusal=output.refusal, prompts=self.prompts
             )
-            record.append({"turn": t, "cache_key": key, "status": parsed.status.value})
+            record.append(SampleTurn(turn=t, cache_key=key, status=parsed.status.value))
             # the model's answer goes back as it would go to a grader: made inert (a chat token
             # in it would open a turn on a server that renders messages through a chat template)
             echo = inert(output.text) or "(no answer)"
@@ -364,7 +362,7 @@ class Runner:
 
     async def _grade(
         self, unit: Unit, case: Case, answer: str
-    ) -> tuple[dict[str, str | None], dict[str, str | None], list[dict[str, Any]]]:
+    ) -> tuple[dict[str, str | None], dict[str, str | None], list[GraderCall]]:
         """Every grader's reply to one answer, and to the canary (asked once per grader per
         run: the same request every time, so later ones are the stored reply); stored like any
         call, so rescoring reuses them."""
@@ -390,14 +388,14 @@ class Runner:
         )
         replies: dict[str, str | None] = {}
         checks: dict[str, str | None] = {}
-        records: list[dict[str, Any]] = []
+        records: list[GraderCall] = []
         for (g, is_canary, _), (key, out) in zip(asks, results, strict=True):
             (checks if is_canary else replies)[g.name] = None if out.error else out.text
-            records.append({"grader": g.name, **({"canary": True} if is_canary else {}), "cache_key": key})  # fmt: skip
+            records.append(GraderCall(grader=g.name, canary=is_canary, cache_key=key))
         return replies, checks, records
 
     async def _record_error(
-        self, unit: Unit, record: list[dict[str, Any]], shown: list[str], error: str
+        self, unit: Unit, record: list[SampleTurn], shown: list[str], error: str
     ) -> None:
         self.stats.errors += 1
         _, statements = sample_statements(
@@ -419,7 +417,7 @@ class Runner:
         unit: Unit,
         parsed: ParsedAnswer,
         output: ModelOutput,
-        record: list[dict[str, Any]],
+        record: list[SampleTurn],
         shown: list[str],
     ) -> None:
         if parsed.status is ParseStatus.FORMAT_FAILURE:
@@ -455,7 +453,7 @@ class Runner:
                 model=unit.spec.name,
                 sample=unit.sample,
                 status=parsed.status.value,
-                turns=record + grader_records,
+                turns=[*record, *grader_records],
                 parsed=parsed_record(parsed),
                 parse_error=parsed.error,
                 image_hashes=shown,

@@ -216,12 +216,8 @@ def rescore_run(
         bertscore_model=bertscore_model,
         bertscore_layer=bertscore_layer,
     )
-    run_id = store.run_row().run_id
-    responses = store.responses()
+    run_id = store.run_log().run_id
     counts = RescoreCounts(rescored=0, unscored=0, missing_case=0, errors=0)
-    before_versions = store.sample_scoring_versions()
-    before_scores = store.scores()
-    before_labels = store.error_labels()
     for row in store.samples():
         if row.status == ParseStatus.ERROR.value:
             counts["errors"] += 1
@@ -231,9 +227,9 @@ def rescore_run(
             counts["missing_case"] += 1
             continue
         family = TaskFamily(row.family)
-        turns = row.answer_turns
-        replies, checks = row.grader_replies(responses)
-        outputs = [responses[t["cache_key"]] for t in turns if t["cache_key"] in responses]
+        turns = row.turns
+        replies, checks = row.grader_replies()
+        outputs = [t.output for t in turns if t.output is not None and not t.output.error]
         if len(outputs) != len(turns) or not outputs:
             counts["errors"] += 1
             continue
@@ -246,7 +242,7 @@ def rescore_run(
             model=row.model,
             sample=row.sample,
             status=parsed.status.value,
-            turns=row.turns,
+            turns=[*row.turns, *row.graders],
             parsed=parsed_record(parsed),
             parse_error=parsed.error,
             image_hashes=row.image_hashes,
@@ -277,10 +273,10 @@ def rescore_run(
         )
         counts["rescored"] += 1
         counts.compare(
-            sid in before_versions,
-            before_versions.get(sid),
-            before_scores.get(sid, []),
-            before_labels.get(sid),
+            bool(row.scores),
+            row.scoring_version,
+            row.scores,
+            row.error_label,
             record,
         )
     return counts

@@ -77,7 +77,7 @@ def test_run_samples_failures_format_failures_then_resume(tmp_path: Path) -> Non
         assert fmt and all(s.value is None for s in fmt)  # unscored, never a wrong answer
         ok = scores[sample_id("nmb-000", "differential#q1", "test-model", 0)]
         assert any(s.scorer == "diagnosis_match" and s.value == 1.0 for s in ok)
-        assert store.run_row().status == "incomplete" and store.counts().failures == 3
+        assert store.run_log().status == "incomplete" and store.counts().failures == 3
         store.close()
         # Resume once the endpoint recovers: only the failed calls are made.
         server.script.faults.clear()
@@ -85,7 +85,7 @@ def test_run_samples_failures_format_failures_then_resume(tmp_path: Path) -> Non
         stats = asyncio.run(resume_run(run))
         assert server.stats.calls - before == 3 and stats.cached == 0
         store = _store(run)
-        assert store.run_row().status == "complete" and store.counts().of_status("error") == 0
+        assert store.run_log().status == "complete" and store.counts().of_status("error") == 0
         store.close()
 
 
@@ -131,8 +131,11 @@ def test_multiturn_conversation_keeps_the_models_earlier_answers(
     assert n_images[0] >= 1 and n_images[2] == 0  # series revealed in turns, none on the last
     store = _store(tmp_path / "run")
     (row,) = store.samples()
-    assert [t["turn"] for t in row.turns] == [1, 2, 3] and row.status == "ok"
-    assert row.parsed["answer"]["final_diagnosis"] == "normal study"
+    assert [t.turn for t in row.turns] == [1, 2, 3] and row.status == "ok"
+    assert row.parsed is not None and row.parsed.final_diagnosis == "normal study"
+    # each turn carries what it sent (the conversation so far) and what came back
+    assert all(t.output is not None and t.output.text for t in row.turns)
+    assert [len(t.request.messages) for t in row.turns if t.request] == [2, 4, 6]
     store.close()
 
 
@@ -279,7 +282,7 @@ def test_reference_models_run_the_phantoms_offline(phantom_suite, tmp_path: Path
     store = _store(tmp_path / "run")
     assert len(store.scored_samples()) == stats.units_total
     answers = {
-        (r.case_id.split("-", 2)[-1], r.model): r.parsed["answer"]
+        (r.case_id.split("-", 2)[-1], r.model): r.parsed.model_dump(mode="json")
         for r in store.samples()
         if r.task == "differential"
     }
@@ -410,13 +413,13 @@ def test_run_with_litellm_worker_processes(tmp_path: Path) -> None:
         assert server.stats.calls == 6
     assert stats.errors == 0 and stats.scored == 6 and stats.cost_usd > 0
     store = _store(tmp_path / "run")
-    assert store.run_row().status == "complete" and len(store.scored_samples()) == 6
+    assert store.run_log().status == "complete" and len(store.scored_samples()) == 6
     store.close()
 
 
 def test_the_run_store_hands_back_typed_rows(tmp_path: Path) -> None:
-    """Rows of the run store are records (RunRow, SampleRow, StoreCounts), never dicts."""
-    from evaluation.log.records import RunRow, SampleRow, StoreCounts
+    """Rows of the run store are records (RunLog, SampleRecord, StoreCounts), never dicts."""
+    from evaluation.log.records import RunLog, SampleRecord, StoreCounts
 
     data, answers = write_nmb(tmp_path / "data", 2)
     config = _config(
@@ -427,12 +430,12 @@ def test_the_run_store_hands_back_typed_rows(tmp_path: Path) -> None:
     run = tmp_path / "run"
     asyncio.run(start_run(config, run))
     store = _store(run)
-    row = store.run_row()
+    row = store.run_log()
     assert (
-        isinstance(row, RunRow) and row.status == "complete" and row.config["run_id"] == row.run_id
+        isinstance(row, RunLog) and row.status == "complete" and row.config["run_id"] == row.run_id
     )
     samples = store.samples()
-    assert samples and all(isinstance(s, SampleRow) for s in samples)
+    assert samples and all(isinstance(s, SampleRecord) for s in samples)
     assert all(isinstance(s.sample, int) and isinstance(s.image_hashes, list) for s in samples)
     counts = store.counts()
     assert isinstance(counts, StoreCounts) and counts.samples == len(samples)

@@ -82,7 +82,7 @@ def test_grader_calibration_correlates_the_rubric_with_clinician_ratings(
         )
         asyncio.run(start_run(config, run))
     store = RunStore(run)
-    run_id = store.run_row().run_id
+    run_id = store.run_log().run_id
     rubric = {
         sid: s.value for sid, ss in store.scores().items() for s in ss if s.scorer == "rubric"
     }

@@ -108,7 +108,7 @@ def test_kill_9_resume_rescore_on_each_engine(tmp_path: Path, database_url: str 
         assert server.stats.calls == calls  # rescoring never calls a model
         assert counts is not None
     with open_store(run, database_url=database_url) as store:
-        row = store.run_row()
+        row = store.run_log()
         samples = store.samples()
         responses = store.responses()
         assert row.run_id == "conf-run" and row.status == "complete"
@@ -173,10 +173,10 @@ def test_a_legacy_run_sqlite_upgrades_when_opened_and_reads_as_it_is_read_only(
     url = f"sqlite:///{run / 'run.sqlite'}"
     assert schema_status(url).current is None
     with open_store(run, read_only=True) as store:  # read as it is: nothing written
-        assert store.run_row().run_id == "old" and store.coverage().recorded is False
+        assert store.run_log().run_id == "old" and store.coverage().recorded is False
     assert schema_status(url).current is None
     with open_store(run) as store:  # opened: upgraded
-        assert store.run_row().run_id == "old"
+        assert store.run_log().run_id == "old"
         gw = store.gateway_run()
         assert gw is not None and gw.trigger == "api" and gw.sr_sop_uids == {"#1": "1.2"}
     assert schema_status(url).up_to_date

@@ -1,18 +1,23 @@
-"""What the run store hands back: typed rows, never dicts (evaluation.store reads them)."""
+"""What the run log hands back: typed records, never dicts (``evaluation.log.store`` reads them)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.coverage import CaseCoverage
+from evaluation.errors import StoreError
 from evaluation.modelio import ModelOutput
+from evaluation.scores import ErrorLabel, Score
 
 
-class RunRow(BaseModel):
-    """The run's own row: identity, status, the config it was started with, its versions."""
+class RunLog(BaseModel):
+    """The run's own record: identity, status, the config it was started with (what resume
+    rebuilds the run from), the dataset's hash, the code, prompt and package versions."""
 
     run_id: str
     created_at: str
@@ -25,10 +30,125 @@ class RunRow(BaseModel):
     code_version: str | None = None
     config: dict[str, Any]  # RunConfig as JSON (what resume rebuilds the run from)
     packages: dict[str, str] = Field(default_factory=dict)
+    # the cases evaluated out of the dataset's, and the skipped ones with why
+    coverage: CaseCoverage = Field(default_factory=lambda: CaseCoverage(evaluated=0))
+    # scored samples per scoring version (None: scored before versions were recorded)
+    scoring_versions: dict[str | None, int] = Field(default_factory=dict)
 
 
-class SampleRow(BaseModel):
-    """One sample: one model's answer to one task of one case, as stored before scoring."""
+MAX_SENT_TEXT = 400_000  # characters of one text part kept (a prompt is far smaller)
+
+
+class SentPart(BaseModel):
+    """One part of a message as sent: its text, or an image by hash and label (no bytes)."""
+
+    type: Literal["text", "image"]
+    text: str = ""
+    truncated: bool = False  # text longer than MAX_SENT_TEXT, cut
+    sha256: str = ""
+    label: str = ""
+
+
+class SentMessage(BaseModel):
+    role: str
+    parts: list[SentPart] = Field(default_factory=list)
+
+
+class SentRequest(BaseModel):
+    """What one model call sent, as the run store recorded it before the call
+    (``evaluation.call_keys.request_record``: after the PHI gate, exactly what left)."""
+
+    messages: list[SentMessage] = Field(default_factory=list)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> SentRequest:
+        """From the stored request JSON (hostile: types checked, text bounded)."""
+        messages = []
+        for m in record.get("messages") or []:
+            parts = []
+            for p in (m.get("content") or []) if isinstance(m, dict) else []:
+                if not isinstance(p, dict):
+                    continue
+                if p.get("type") == "image":
+                    parts.append(
+                        SentPart(
+                            type="image",
+                            sha256=str(p.get("sha256", ""))[:64],
+                            label=str(p.get("label", ""))[:2000],
+                        )
+                    )
+                else:
+                    text = str(p.get("text", ""))
+                    parts.append(
+                        SentPart(
+                            type="text",
+                            text=text[:MAX_SENT_TEXT],
+                            truncated=len(text) > MAX_SENT_TEXT,
+                        )
+                    )
+            if isinstance(m, dict):
+                messages.append(SentMessage(role=str(m.get("role", ""))[:32], parts=parts))
+        return cls(messages=messages)
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
+
+
+class StoredRecordError(StoreError):
+    """A row of the run store that cannot be read back as its record (a file edited or
+    damaged by hand, or written by a program that is not this one): names the run, the sample
+    and the part at fault."""
+
+
+class SampleTurn(BaseModel):
+    """One call of a sample's conversation: what was sent (``request``, as stored before the
+    call), what came back (``output``: the reply, or the failure after its retries; None when
+    nothing was stored), and the answer's parse status after this turn (or ``error``)."""
+
+    turn: int = Field(ge=1)
+    cache_key: str = Field(min_length=1, max_length=200)
+    status: str  # a ParseStatus value
+    error: str | None = None
+    request: SentRequest | None = None
+    output: ModelOutput | None = None
+
+    def stored(self) -> dict[str, Any]:
+        """The part the samples row keeps (the request and output live in their own rows)."""
+        out: dict[str, Any] = {"turn": self.turn, "cache_key": self.cache_key}
+        out["status"] = self.status
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+class GraderCall(BaseModel):
+    """One rubric grader's call about a sample's answer (``canary``: its call on the fixed
+    canary answer, asked once per grader per run), with its request and output as stored."""
+
+    grader: str = Field(min_length=1, max_length=500)
+    cache_key: str = Field(min_length=1, max_length=200)
+    canary: bool = False
+    request: SentRequest | None = None
+    output: ModelOutput | None = None
+
+    @property
+    def reply(self) -> str | None:
+        """The grader's reply (None: the call failed, nothing usable stored)."""
+        if self.output is None or self.output.error:
+            return None
+        return self.output.text
+
+    def stored(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"grader": self.grader}
+        if self.canary:
+            out["canary"] = True
+        out["cache_key"] = self.cache_key
+        return out
+
+
+class SampleRecord(BaseModel):
+    """One sample: one model's answer to one task of one case, typed: its turns (request and
+    output of each call), the parsed answer, the graders' calls, the scores."""
 
     sample_id: str
     case_id: str
@@ -37,32 +157,37 @@ class SampleRow(BaseModel):
     model: str
     sample: int
     status: str  # a ParseStatus value
-    turns: list[dict[str, Any]]  # request/response per turn; grader turns carry "grader"
-    parsed: dict[str, Any] | None = None
+    turns: list[SampleTurn] = Field(default_factory=list)  # the model's conversation, in order
+    graders: list[GraderCall] = Field(default_factory=list)
+    # the answer as parsed (ClassificationAnswer for the classification family); None when the
+    # reply gave none (an error, a refusal, a format failure)
+    parsed: Answer | ClassificationAnswer | None = None
     parse_error: str | None = None
+    missing_fields: list[str] = Field(default_factory=list)
+    repairs: list[str] = Field(default_factory=list)  # what parsing repaired in the reply
     image_hashes: list[str] = Field(default_factory=list)
     updated_at: str
+    scores: list[Score] = Field(default_factory=list)
+    error_label: ErrorLabel | None = None
+    scoring_version: str | None = None
 
     @property
-    def answer_turns(self) -> list[dict[str, Any]]:
-        """The model's own turns (not the graders')."""
-        return [t for t in self.turns if "grader" not in t]
+    def final_output(self) -> ModelOutput | None:
+        """The reply of the last turn (None: that call failed or nothing is stored)."""
+        out = self.turns[-1].output if self.turns else None
+        return out if out is not None and not out.error else None
 
-    def grader_replies(
-        self, responses: Mapping[str, ModelOutput]
-    ) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    def grader_replies(self) -> tuple[dict[str, str | None], dict[str, str | None]]:
         """Each rubric grader's reply to this answer, and its reply to the canary (None: the
         call failed, nothing stored)."""
-
-        def reply(t: dict[str, Any]) -> str | None:
-            out = responses.get(t["cache_key"])
-            return out.text if out is not None else None
-
-        graded = [t for t in self.turns if "grader" in t]
         return (
-            {t["grader"]: reply(t) for t in graded if not t.get("canary")},
-            {t["grader"]: reply(t) for t in graded if t.get("canary")},
+            {g.grader: g.reply for g in self.graders if not g.canary},
+            {g.grader: g.reply for g in self.graders if g.canary},
         )
+
+    def stored_turns(self) -> list[dict[str, Any]]:
+        """The turns and grader calls as the samples row keeps them (``turns_json``)."""
+        return [*(t.stored() for t in self.turns), *(g.stored() for g in self.graders)]
 
 
 class CallErrors(BaseModel):

@@ -7,76 +7,20 @@ bundle keeps (``rundata.json``), so the review pages never need the store itself
 
 from __future__ import annotations
 
-import hashlib
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
 from evaluation.coverage import CaseCoverage
+from evaluation.log.records import SentMessage as SentMessage  # re-exported
+from evaluation.log.records import SentPart as SentPart  # re-exported
+from evaluation.log.records import SentRequest as SentRequest  # re-exported
 from evaluation.scoring.scored import ScoredSample
 
 RUNDATA_VERSION = 1
 FULL_INPUT = "both"  # evaluation.tasks.Ablation.BOTH: images and text, the unablated condition
-
-
-MAX_SENT_TEXT = 400_000  # characters of one text part kept (a prompt is far smaller)
-
-
-class SentPart(BaseModel):
-    """One part of a message as sent: its text, or an image by hash and label (no bytes)."""
-
-    type: Literal["text", "image"]
-    text: str = ""
-    truncated: bool = False  # text longer than MAX_SENT_TEXT, cut
-    sha256: str = ""
-    label: str = ""
-
-
-class SentMessage(BaseModel):
-    role: str
-    parts: list[SentPart] = Field(default_factory=list)
-
-
-class SentRequest(BaseModel):
-    """What one model call sent, as the run store recorded it before the call
-    (``evaluation.call_keys.request_record``: after the PHI gate, exactly what left)."""
-
-    messages: list[SentMessage] = Field(default_factory=list)
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> SentRequest:
-        """From the stored request JSON (hostile: types checked, text bounded)."""
-        messages = []
-        for m in record.get("messages") or []:
-            parts = []
-            for p in (m.get("content") or []) if isinstance(m, dict) else []:
-                if not isinstance(p, dict):
-                    continue
-                if p.get("type") == "image":
-                    parts.append(
-                        SentPart(
-                            type="image",
-                            sha256=str(p.get("sha256", ""))[:64],
-                            label=str(p.get("label", ""))[:2000],
-                        )
-                    )
-                else:
-                    text = str(p.get("text", ""))
-                    parts.append(
-                        SentPart(
-                            type="text",
-                            text=text[:MAX_SENT_TEXT],
-                            truncated=len(text) > MAX_SENT_TEXT,
-                        )
-                    )
-            if isinstance(m, dict):
-                messages.append(SentMessage(role=str(m.get("role", ""))[:32], parts=parts))
-        return cls(messages=messages)
-
-    def digest(self) -> str:
-        return hashlib.sha256(self.model_dump_json().encode()).hexdigest()[:32]
 
 
 class SampleResult(BaseModel):

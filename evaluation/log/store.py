@@ -22,6 +22,7 @@ is in the WAL); ``durable=True`` for ``FULL`` (also survives power loss, an fsyn
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -31,6 +32,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from dicom import atomic_write
+from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
 from evaluation.coverage import CaseCoverage, SkippedCase
 from evaluation.errors import StoreError
@@ -40,11 +43,15 @@ from evaluation.log.records import (
     STAGE_FIELDS,
     CallErrors,
     GatewayRun,
+    GraderCall,
     RouteRecord,
-    RunRow,
+    RunLog,
     RunStatus,
-    SampleRow,
+    SampleRecord,
+    SampleTurn,
+    SentRequest,
     StoreCounts,
+    StoredRecordError,
 )
 from evaluation.log.writes import (
     GroupCommitter,
@@ -234,9 +241,8 @@ class RunStore:
 
     def _write_marker(self) -> None:
         if self.database_url is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"run_id": self.run_id, "engine": "postgresql"}))
-            tmp.replace(self.path)
+            with atomic_write(self.path, "w", fsync=False) as fh:
+                fh.write(json.dumps({"run_id": self.run_id, "engine": "postgresql"}))
 
     # ------------------------------------------------------------------ plumbing
 
@@ -291,12 +297,21 @@ class RunStore:
         return results
 
     def _rows(self, stmt: sa.Executable) -> list[sa.Row[Any]]:
-        with self._lock:
+        with self._lock, self._reading():
             return list(self._conn.execute(stmt).fetchall())
 
     def _one(self, stmt: sa.Executable) -> sa.Row[Any] | None:
-        with self._lock:
+        with self._lock, self._reading():
             return self._conn.execute(stmt).first()
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A failed read (the database gone, a damaged file) as a ``StoreError`` naming it."""
+        try:
+            yield
+        except sa.exc.DBAPIError as exc:
+            where = db_.safe_url(self.database_url) if self.database_url else str(self.path)
+            raise StoreError(f"run log at {where} could not be read: {exc.orig}") from exc
 
     def _mine(self, table: sa.Table) -> Any:
         return table.c.run_id == self.run_id
@@ -479,14 +494,22 @@ class RunStore:
             data["route"] = RouteRecord.model_validate(data["route"])
         return GatewayRun.model_validate(data)
 
-    def run_row(self) -> RunRow:
+    def run_log(self) -> RunLog:
+        """The run's record: config, dataset hash, versions, status, coverage."""
         row = self._one(sa.select(t_.run).where(self._mine(t_.run)))
         if row is None:
             raise StoreError(f"{self.path}: no run recorded")
         out = dict(row._mapping)
-        out["config"] = json.loads(out.pop("config_json"))
-        out["packages"] = json.loads(out.pop("packages_json") or "{}")
-        return RunRow.model_validate(out)
+        try:
+            out["config"] = json.loads(out.pop("config_json"))
+            out["packages"] = json.loads(out.pop("packages_json") or "{}")
+            out["coverage"] = self.coverage()
+            out["scoring_versions"] = self.scoring_versions()
+            return RunLog.model_validate(out)
+        except (ValueError, TypeError) as exc:  # ValidationError is a ValueError
+            raise StoredRecordError(
+                f"{self.path}: the run's own row is not readable: {exc}"
+            ) from exc
 
     def set_status(self, status: str) -> None:
         self._tx([("status", {"status": status, "updated_at": now()})])
@@ -646,20 +669,42 @@ class RunStore:
             for k, v in self._rows(sa.select(r.c.cache_key, r.c.request_json).where(self._mine(r)))
         }
 
-    def samples(self) -> list[SampleRow]:
+    def samples(self, *, calls: bool = True, scores: bool = True) -> list[SampleRecord]:
+        """Every sample of the run as its typed record, by case, task, model and sample.
+
+        ``calls``: each turn and grader call with its request as sent and its output (else only
+        their keys and statuses); ``scores``: with the sample's scores, error label and scoring
+        version. A stored row this code cannot read raises ``StoredRecordError``."""
         s = t_.samples
         rows = self._rows(
             sa.select(s).where(self._mine(s)).order_by(s.c.case_id, s.c.task, s.c.model, s.c.sample)
         )
+        calls_of = _Calls(self) if calls else None
+        all_scores = self.scores() if scores else {}
+        labels = self.error_labels() if scores else {}
+        versions = self.sample_scoring_versions() if scores else {}
         out = []
         for row in rows:
             r = dict(row._mapping)
             r.pop("run_id")
-            r["turns"] = json.loads(r.pop("turns_json"))
-            parsed = r.pop("parsed_json")
-            r["parsed"] = json.loads(parsed) if parsed else None
-            r["image_hashes"] = json.loads(r["image_hashes"])
-            out.append(SampleRow.model_validate(r))
+            sid = str(r["sample_id"])
+            where = f"run {self.run_id}, sample {sid[:300]}"
+            r["turns"], r["graders"] = _turns(r.pop("turns_json"), where, calls_of)
+            r.update(_parsed(r.pop("parsed_json"), str(r["family"]), where))
+            try:
+                r["image_hashes"] = json.loads(r["image_hashes"])
+                out.append(
+                    SampleRecord.model_validate(
+                        {
+                            **r,
+                            "scores": all_scores.get(sid, []),
+                            "error_label": labels.get(sid),
+                            "scoring_version": versions.get(sid),
+                        }
+                    )
+                )
+            except ValueError as exc:  # ValidationError is a ValueError
+                raise StoredRecordError(f"{where}: not readable: {_first(exc)}") from None
         return out
 
     def scores(self) -> dict[str, list[Score]]:
@@ -819,3 +864,110 @@ class RunStore:
         a = t_.audit
         for (j,) in self._rows(sa.select(a.c.record_json).where(self._mine(a)).order_by(a.c.id)):
             yield AuditRecord.model_validate_json(j)
+
+
+# --------------------------------------------------------------------------- reading samples
+
+
+def _first(exc: Exception) -> str:
+    """A validation error as a person reads it (its first error), or the error's text."""
+    from pydantic import ValidationError
+
+    from evaluation.errors import first_error
+
+    return first_error(exc, "the row") if isinstance(exc, ValidationError) else str(exc)[:300]
+
+
+class _Calls:
+    """The requests and outputs of a run's calls, read once and parsed on first use."""
+
+    def __init__(self, store: RunStore) -> None:
+        self._requests = store.requests()
+        r, f = t_.responses, t_.failures
+        self._responses = dict(
+            store._rows(sa.select(r.c.cache_key, r.c.output_json).where(store._mine(r)))
+        )
+        self._failures = dict(  # the last failure of a key (resume may have tried it again)
+            store._rows(
+                sa.select(f.c.cache_key, f.c.output_json).where(store._mine(f)).order_by(f.c.id)
+            )
+        )
+        self._sent: dict[str, SentRequest | None] = {}
+        self._out: dict[str, ModelOutput | None] = {}
+
+    def request(self, key: str, where: str) -> SentRequest | None:
+        if key not in self._sent:
+            raw = self._requests.get(key)
+            sent = None
+            if raw is not None:
+                try:
+                    record = json.loads(raw)
+                except ValueError as exc:
+                    raise StoredRecordError(f"{where}: its request is not JSON ({exc})") from None
+                sent = SentRequest.from_record(record if isinstance(record, dict) else {})
+            self._sent[key] = sent
+        return self._sent[key]
+
+    def output(self, key: str, where: str) -> ModelOutput | None:
+        if key not in self._out:
+            raw = self._responses.get(key) or self._failures.get(key)
+            try:
+                self._out[key] = None if raw is None else ModelOutput.model_validate_json(raw)
+            except ValueError as exc:
+                raise StoredRecordError(
+                    f"{where}: its output is not readable: {_first(exc)}"
+                ) from None
+        return self._out[key]
+
+
+def _turns(raw: str, where: str, calls: _Calls | None) -> tuple[list[SampleTurn], list[GraderCall]]:
+    """A samples row's turns and grader calls (``turns_json``), typed, with their calls."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise StoredRecordError(f"{where}: its turns are not JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise StoredRecordError(f"{where}: its turns are not a list")
+    turns: list[SampleTurn] = []
+    graders: list[GraderCall] = []
+    for n, t in enumerate(data, start=1):
+        if not isinstance(t, dict):
+            raise StoredRecordError(f"{where}: stored turn {n} is not an object")
+        at = f"{where}, stored turn {n}"
+        try:
+            call: SampleTurn | GraderCall = (
+                GraderCall.model_validate(t) if "grader" in t else SampleTurn.model_validate(t)
+            )
+        except ValueError as exc:
+            raise StoredRecordError(f"{at}: {_first(exc)}") from None
+        if calls is not None:
+            call.request = calls.request(call.cache_key, at)
+            call.output = calls.output(call.cache_key, at)
+        (graders if isinstance(call, GraderCall) else turns).append(call)  # type: ignore[arg-type]
+    return turns, graders
+
+
+def _parsed(raw: str | None, family: str, where: str) -> dict[str, Any]:
+    """The parsed answer of a samples row (``parsed_json``: a ParsedAnswer as JSON), typed by
+    the task family, with what parsing found missing and repaired."""
+    if not raw:
+        return {"parsed": None}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise StoredRecordError(f"{where}: its parsed answer is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise StoredRecordError(f"{where}: its parsed answer is not an object")
+    answer = data.get("answer")
+    out: dict[str, Any] = {
+        "missing_fields": data.get("missing_fields") or [],
+        "repairs": data.get("repairs") or [],
+        "parsed": None,
+    }
+    if answer is not None:
+        kind = ClassificationAnswer if family == "classification" else Answer
+        try:
+            out["parsed"] = kind.model_validate(answer)
+        except ValueError as exc:
+            raise StoredRecordError(f"{where}: its parsed answer: {_first(exc)}") from None
+    return out

@@ -17,13 +17,14 @@ import asyncio
 import datetime as dt
 import json
 import queue
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 
 from evaluation.log import schema as t_
+from evaluation.log.records import GraderCall, SampleTurn
 from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
 from evaluation.scores import ErrorLabel, Score
@@ -254,7 +255,7 @@ def sample_statements(
     model: str,
     sample: int,
     status: str,
-    turns: list[dict[str, Any]],
+    turns: Sequence[SampleTurn | GraderCall],
     parsed: dict[str, Any] | None,
     parse_error: str,
     image_hashes: list[str],
@@ -268,7 +269,7 @@ def sample_statements(
         "model": model,
         "sample": sample,
         "status": status,
-        "turns_json": json.dumps(turns),
+        "turns_json": json.dumps([t.stored() for t in turns]),
         "parsed_json": json.dumps(parsed) if parsed is not None else None,
         "parse_error": parse_error,
         "image_hashes": json.dumps(image_hashes),

@@ -8,13 +8,11 @@ store; nothing calls a model or re-scores.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import TaskFamily
-from evaluation.log.records import SampleRow
+from evaluation.log.records import SampleTurn
 from evaluation.log.rundata import RunData, SampleResult, SentRequest
 from evaluation.scores import ParseStatus
 from evaluation.scoring.scored import ScoredSample, case_modality
@@ -24,37 +22,25 @@ if TYPE_CHECKING:
     from evaluation.log.store import RunStore
 
 
-def find_store(rundir: Path) -> Path | None:
-    """The engine's store in ``rundir``, if there is one."""
-    from evaluation.log.store import STORE_FILE
+def find_store(rundir: Path, database_url: str | None = None) -> Path | None:
+    """The engine's store in ``rundir``, if there is one: its ``run.sqlite``, or with
+    ``database_url`` (the PostgreSQL run log) the folder's marker naming its run."""
+    from evaluation.log.db import is_postgres
+    from evaluation.log.store import PG_MARKER, STORE_FILE, store_exists
 
-    path = Path(rundir) / STORE_FILE
-    return path if path.is_file() else None
+    if not store_exists(Path(rundir), database_url):
+        return None
+    return Path(rundir) / (PG_MARKER if is_postgres(database_url) else STORE_FILE)
 
 
-def _sent(
-    turns: list[dict[str, Any]], stored: dict[str, str], held: dict[str, SentRequest]
-) -> str | None:
+def _sent(turns: list[SampleTurn], held: dict[str, SentRequest]) -> str | None:
     """The key in ``held`` of the request of the answer's last turn (added when new)."""
-    raw = stored.get(turns[-1]["cache_key"]) if turns else None
-    if raw is None:
+    sent = turns[-1].request if turns else None
+    if sent is None:
         return None
-    try:
-        record = json.loads(raw)
-    except ValueError:
-        return None
-    sent = SentRequest.from_record(record if isinstance(record, dict) else {})
     key = sent.digest()
     held.setdefault(key, sent)
     return key
-
-
-def _parsed(row: SampleRow, family: TaskFamily) -> Answer | ClassificationAnswer | None:
-    raw = (row.parsed or {}).get("answer")
-    if raw is None:
-        return None
-    model = ClassificationAnswer if family is TaskFamily.CLASSIFICATION else Answer
-    return model.model_validate(raw)
 
 
 def _recorded_dataset(store: RunStore, config: Any, row: Any) -> Dataset:
@@ -68,27 +54,29 @@ def _recorded_dataset(store: RunStore, config: Any, row: Any) -> Dataset:
 
 
 def run_from_store(
-    store_file: Path, cache_dir: Path | None = None, dataset: Dataset | None = None
+    store_file: Path,
+    cache_dir: Path | None = None,
+    dataset: Dataset | None = None,
+    database_url: str | None = None,
 ) -> RunData:
     """Every sample of the run with its case, parsed answer, raw reply and scores.
 
     ``dataset``: the run's dataset when the caller still holds it (the gateway, right after its
-    run), instead of reopening it as the run recorded it.
+    run), instead of reopening it as the run recorded it. ``database_url``: the PostgreSQL run
+    log (None: the folder's run.sqlite).
     """
     from evaluation.engine import load_config, open_dataset
-    from evaluation.log.store import RunStore
+    from evaluation.log.store import open_store
 
     rundir = store_file.parent
-    config, row = load_config(rundir)
-    store = RunStore(rundir)
+    config, row = load_config(rundir, database_url)
+    store = open_store(rundir, database_url=database_url)
     try:
         if dataset is None and config.dataset.kind == "memory":  # a gateway run: the store's cases
             dataset = _recorded_dataset(store, config, row)
-        rows = store.samples()
-        responses = store.responses()
+        rows = store.samples(scores=False)
         coverage = store.coverage()
         scored = store.scored_by_sample()
-        stored_requests = store.requests()
     finally:
         store.close()
     dataset = dataset or open_dataset(config, cache_dir)
@@ -105,7 +93,7 @@ def run_from_store(
             continue
         family = TaskFamily(r.family)
         turns = r.turns
-        last = responses.get(turns[-1]["cache_key"]) if turns else None
+        last = r.final_output
         sid = r.sample_id
         if sid in scored:
             sc = ScoredSample.model_validate_json(scored[sid])
@@ -126,12 +114,12 @@ def run_from_store(
         samples.append(
             SampleResult(
                 scored=sc,
-                answer=_parsed(r, family),
+                answer=r.parsed,
                 text=last.text if last is not None else "",
                 ablation=config.ablation.value,
                 images_sent=list(r.image_hashes),
                 turn=len(turns) - 1 if turns else None,
-                request=_sent(r.answer_turns, stored_requests, requests),
+                request=_sent(r.turns, requests),
                 parse_error=r.parse_error or None,
             )
         )

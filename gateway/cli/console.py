@@ -240,7 +240,7 @@ def show_run(run_dir: Path) -> RunOutcome:
 
     store = RunStore(run_dir)
     try:
-        row = store.run_row()
+        row = store.run_log()
         counts = store.counts()
         table = Table(title=f"run {row.run_id} ({row.status})")
         table.add_column("model")

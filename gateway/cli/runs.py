@@ -87,7 +87,7 @@ def runs_list(
                     rec = gateway_record(store)
                     table.add_row(escape(label), "-", escape(rec), "", "PACS study", "", "0")
                     continue
-                row = store.run_row()
+                row = store.run_log()
                 n = store.counts().samples
             finally:
                 store.close()
@@ -136,7 +136,7 @@ def runs_show(
         if as_json:
             store = RunStore(run_dir)
             try:
-                row = store.run_row()
+                row = store.run_log()
                 retries = store.retries()
                 out: dict[str, Any] = {
                     "run": row.model_dump(mode="json"),
@@ -210,7 +210,7 @@ def _show_calibration(run_dir: Path, log: Path | None) -> None:
         return
     store = RunStore(run_dir)
     try:
-        run_id = store.run_row().run_id
+        run_id = store.run_log().run_id
     finally:
         store.close()
     try:
