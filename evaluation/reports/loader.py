@@ -39,7 +39,7 @@ def _read_rundata(path: Path) -> RunData:
         raise RunLoadError(f"{path}: not a NeuroSandbox run ({str(exc)[:300]})") from exc
 
 
-def load_run(rundir: Path) -> RunData:
+def load_run(rundir: Path, database_url: str | None = None) -> RunData:
     """The run in ``rundir``: its run store (the run log, the run's source) when the folder has
     one, else a ``rundata.json`` (the file given, or the one in the folder).
 
@@ -52,9 +52,9 @@ def load_run(rundir: Path) -> RunData:
         return _read_rundata(rundir)
     from evaluation.reports.storeread import find_store, run_from_store
 
-    store = find_store(rundir)
+    store = find_store(rundir, database_url)  # database_url: the PostgreSQL run log
     if store is not None:
-        return run_from_store(store)
+        return run_from_store(store, database_url=database_url)
     if (rundir / RUNDATA_FILE).is_file():
         return _read_rundata(rundir / RUNDATA_FILE)
     raise RunLoadError(

@@ -15,7 +15,7 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from evaluation import CaseCoverage, RunStats, SkippedCase
-    from evaluation.log import CallErrors
+    from evaluation.log import CallErrors, RunStore
 
 
 def cli_console(*, stderr: bool = False) -> Console:
@@ -232,13 +232,28 @@ class RunOutcome(NamedTuple):
         return ExitCode.OK
 
 
+def run_log_url() -> str | None:
+    """The install's PostgreSQL run log (``NEUROSANDBOX_DATABASE_URL``, read by the settings);
+    None: each run keeps its own ``run.sqlite`` in its folder."""
+    from gateway.settings import get_settings
+
+    return get_settings().database_url
+
+
+def open_run(run_dir: Path, *, read_only: bool = False) -> RunStore:
+    """The run log of the run in ``run_dir``, in the store the settings name (every command
+    that reads or writes a run opens it here)."""
+    from evaluation.log import open_store
+
+    return open_store(run_dir, database_url=run_log_url(), read_only=read_only)
+
+
 def show_run(run_dir: Path) -> RunOutcome:
     """A run's status, counts per model and leaderboard, then the cases it evaluated out of the
     dataset's (and the skipped ones, with why), and the reasons its samples failed."""
     from evaluation import ScoringUnavailable, summary
-    from evaluation.log import RunStore
 
-    store = RunStore(run_dir)
+    store = open_run(run_dir)
     try:
         row = store.run_log()
         counts = store.counts()
@@ -247,7 +262,7 @@ def show_run(run_dir: Path) -> RunOutcome:
         for col in ("samples", "ok", "format", "refusal", "error"):
             table.add_column(col, justify="right")
         per: dict[str, dict[str, int]] = {}
-        rows = store.samples()
+        rows = store.samples(calls=False, scores=False)
         for r in rows:
             d = per.setdefault(r.model, {})
             d[r.status] = d.get(r.status, 0) + 1
@@ -263,7 +278,7 @@ def show_run(run_dir: Path) -> RunOutcome:
             f"{counts.requests} requests, {counts.responses} responses, {counts.audit} audited payloads; "
             f"code {escape(str(row.code_version))}"
         )
-        _scoring_versions(store.scoring_versions(), run_dir)
+        _scoring_versions(row.scoring_versions, run_dir)
         try:
             summ = summary(store)
         except ScoringUnavailable as exc:
@@ -271,7 +286,7 @@ def show_run(run_dir: Path) -> RunOutcome:
             summ = None
         if summ is not None:
             print_leaderboard(summ)
-        coverage = store.coverage()
+        coverage = row.coverage
         retries = store.retries()
         groups = store.call_errors(retries)
         show_coverage(coverage)

@@ -185,7 +185,9 @@ def eval_command(
     console.print(f"loading dataset {escape(str(suite))} ...")
     try:
         with ProgressBar() as bar:
-            stats = asyncio.run(start_run(config, out, on_progress=bar))
+            stats = asyncio.run(
+                start_run(config, out, on_progress=bar, database_url=settings.database_url)
+            )
     except EvaluationError as exc:  # the dataset, the models or the run folder
         raise fail(str(exc), ExitCode.USAGE) from None
     code = print_run(stats, out).exit_code(strict=strict)

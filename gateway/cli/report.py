@@ -41,14 +41,15 @@ def report_command(
     only a ``rundata.json`` (an older report, a bundle from elsewhere) is read from that export,
     as handed in. Written into the reports folder, a run that is not one of the gateway's is
     shown by the review pages as written here (write it again after a ``rescore``)."""
+    from evaluation import EvaluationError
     from evaluation.reports import RunLoadError, case_slug, load_run, write_report
     from evaluation.review import ReviewStore
     from gateway.settings import get_settings
 
     settings = get_settings()
     try:
-        run = load_run(rundir)
-    except (RunLoadError, OSError, NotImplementedError) as exc:
+        run = load_run(rundir, settings.database_url)
+    except (RunLoadError, EvaluationError, OSError, NotImplementedError) as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     target = out or settings.reports_root / case_slug(run.run_id)

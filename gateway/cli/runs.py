@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from evaluation import EvaluationError, TaskFamily
 from gateway.cli.console import (
@@ -20,7 +21,9 @@ from gateway.cli.console import (
     ProgressBar,
     cli_console,
     fail,
+    open_run,
     print_run,
+    run_log_url,
     show_run,
     table_console,
 )
@@ -53,18 +56,20 @@ def runs_list(
 ) -> None:
     """List the runs under a folder (default: the runs folder, and the gateway's runs in
     DATA_DIR/runs): id, status, dataset, models, samples."""
-    from evaluation.log import STORE_FILE, RunStore
+    from evaluation.log import PG_MARKER, STORE_FILE
     from gateway.settings import get_settings
 
     settings = get_settings()
+    # with the PostgreSQL run log, a run folder holds the marker naming its run, not its rows
+    marker = PG_MARKER if settings.database_url else STORE_FILE
     root = folder or settings.runs_dir
-    stores = sorted(root.glob(f"*/{STORE_FILE}")) if root.exists() else []
+    stores = sorted(root.glob(f"*/{marker}")) if root.exists() else []
     title = f"runs in {root}"
     gateway = settings.data_dir / "runs"
     if folder is None:  # the gateway's runs (the demo's among them): their run stores
         # (run ids are time-ordered; runs of earlier versions kept theirs in <run id>/engine)
-        stores += sorted(gateway.glob(f"*/engine/{STORE_FILE}"), key=lambda p: p.stat().st_mtime)
-        stores += sorted(gateway.glob(f"*/{STORE_FILE}"))
+        stores += sorted(gateway.glob(f"*/engine/{marker}"), key=lambda p: p.stat().st_mtime)
+        stores += sorted(gateway.glob(f"*/{marker}"))
         title += f" and {gateway}"
         unique: dict[Path, Path] = {}  # the runs folder may be DATA_DIR/runs itself
         for p in stores:
@@ -81,7 +86,7 @@ def runs_list(
         elif label == "engine" and path.parent.parent.parent == gateway:  # an earlier version's
             label = f"gateway {path.parent.parent.name}"
         try:
-            store = RunStore(path.parent)
+            store = open_run(path.parent)
             try:
                 if ours and not store.has_run():  # queued, skipped or failed before the engine
                     rec = gateway_record(store)
@@ -129,12 +134,11 @@ def runs_show(
     dataset's (and why any were skipped), why samples failed (per model) and the retries; with
     clinician reviews, how well the rubric grader agrees with them."""
     from evaluation import ScoringUnavailable, summary
-    from evaluation.log import RunStore
 
     try:
         log = _review_log(reviews)
         if as_json:
-            store = RunStore(run_dir)
+            store = open_run(run_dir)
             try:
                 row = store.run_log()
                 retries = store.retries()
@@ -172,7 +176,7 @@ def runs_show(
 
 
 # The review log is unreadable, or the run cannot be loaded for it (e.g. its dataset is gone).
-_REVIEW_ERRORS = (EvaluationError, ValueError, OSError, sqlite3.Error)
+_REVIEW_ERRORS = (EvaluationError, ValueError, OSError, sqlite3.Error, SQLAlchemyError)
 
 
 def _review_log(reviews: Path | None) -> Path | None:
@@ -198,17 +202,16 @@ def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
     feedback = ReviewStore(log)
     if feedback.version(run_id) == 0:
         return None
-    return review_stats(load_run(run_dir), feedback.reviews(run_id))
+    return review_stats(load_run(run_dir, run_log_url()), feedback.reviews(run_id))
 
 
 def _show_calibration(run_dir: Path, log: Path | None) -> None:
     """Review progress and the grader's Pearson r with the clinicians' ratings, if any."""
-    from evaluation.log import RunStore
     from evaluation.scoring import CalibrationDetails
 
     if log is None:
         return
-    store = RunStore(run_dir)
+    store = open_run(run_dir)
     try:
         run_id = store.run_log().run_id
     finally:
@@ -257,7 +260,6 @@ def runs_compare(
 ) -> None:
     """Two models on the cases both answered: McNemar and a paired bootstrap (by patient)."""
     from evaluation import compare
-    from evaluation.log import RunStore
 
     try:
         family = TaskFamily(task) if task else None
@@ -266,9 +268,9 @@ def runs_compare(
             f"unknown task family {task!r}; one of {', '.join(f.value for f in TaskFamily)}"
         ) from None
     try:
-        store = RunStore(run_dir)
+        store = open_run(run_dir)
         try:
-            models = sorted({r.model for r in store.samples()})
+            models = sorted({r.model for r in store.samples(calls=False, scores=False)})
             if model_a is None and model_b is None and len(models) == 2:
                 model_a, model_b = models
             if model_a is None or model_b is None:
@@ -341,6 +343,7 @@ def runs_resume(
                     api_base=api_base,
                     on_progress=bar,
                     allow_changed_dataset=allow_changed_dataset,
+                    database_url=run_log_url(),
                 )
             )
     except EvaluationError as exc:
@@ -363,7 +366,7 @@ def runs_rescore(
     from evaluation import rescore
 
     try:
-        counts = rescore(run_dir, bertscore=bertscore)
+        counts = rescore(run_dir, bertscore=bertscore, database_url=run_log_url())
     except EvaluationError as exc:
         raise fail(str(exc)) from None
     _print_rescore(counts, run_dir)
@@ -382,7 +385,6 @@ def _republish(run_dir: Path) -> None:
     """A gateway run (``DATA_DIR/runs/<run id>``): its published report bundle written again
     from its run log. (The review pages and the API read the log itself: they show the new
     scores either way; the bundle is what a download or a copy holds.)"""
-    from evaluation.log import RunStore
     from gateway.runs import RunNotFoundError, StudyRunStore, record_of
     from gateway.runs.report import republish
     from gateway.settings import get_settings
@@ -391,7 +393,7 @@ def _republish(run_dir: Path) -> None:
     if run_dir.parent.name != "runs":
         return
     try:
-        with RunStore(run_dir) as store:
+        with open_run(run_dir) as store:
             if record_of(store) is None:  # a run of `neurosandbox eval`
                 return
     except (EvaluationError, ValueError, OSError):
@@ -399,7 +401,9 @@ def _republish(run_dir: Path) -> None:
     data = run_dir.parent.parent
     settings = get_settings()
     same = settings.data_dir.resolve() == data
-    runs = StudyRunStore(data, settings.reports_root if same else data / "reports")
+    runs = StudyRunStore(
+        data, settings.reports_root if same else data / "reports", settings.database_url
+    )
     try:
         folder = republish(runs, run_dir.name)
     except (RunNotFoundError, EvaluationError, OSError) as exc:
@@ -450,8 +454,10 @@ def runs_judge(
             def progress(done: int, total: int) -> None:
                 bar.update(task, completed=done, total=total)
 
-            result = asyncio.run(judge_run(run_dir, spec, progress=progress))
-        counts = rescore(run_dir)
+            result = asyncio.run(
+                judge_run(run_dir, spec, progress=progress, database_url=run_log_url())
+            )
+        counts = rescore(run_dir, database_url=run_log_url())
     except EvaluationError as exc:
         raise fail(str(exc)) from None
     console.print(
@@ -470,10 +476,9 @@ def runs_export(
 ) -> None:
     """One record per case x task x model x sample, with the answer and its scores."""
     from evaluation import export_run
-    from evaluation.log import RunStore
 
     try:
-        store = RunStore(run_dir)
+        store = open_run(run_dir, read_only=True)
         try:
             n = export_run(store, out)
         finally:
