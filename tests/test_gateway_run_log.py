@@ -127,6 +127,13 @@ def test_a_stored_study_is_one_gatewayrun_row_in_postgresql_and_in_the_review_qu
         assert f'data-run="{run.run_id}"' in page.text
         api = client.get(f"/runs/{run.run_id}")
         assert api.status_code == 200 and api.json()["status"] == "done"
+        # the API says the run's status and write-backs, never the SR's evidence (the series'
+        # first headers, with the patient's name), local paths or the uploaded instances
+        for body in (api.text, client.get("/runs").text):
+            assert "Test^Synthetic" not in body and "Synthetic" not in body
+            for field in ("evidence", "sr_paths", "uploaded", "evaluated_digest"):
+                assert f'"{field}"' not in body, field
+        assert set(api.json()["sr_sop_uids"]) == set(run.route.models)
 
 
 def test_a_stage_change_is_one_small_update_not_a_rewrite(

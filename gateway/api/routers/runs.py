@@ -13,8 +13,9 @@ from evaluation import ImageRef
 from evaluation.log import RunData
 from evaluation.reports import csp
 from gateway.api.deps import Ctx, Token, errors
-from gateway.runs import RunNotFoundError, RunRecord, RunStatus
+from gateway.runs import RunNotFoundError, RunStatus
 from gateway.runs.reading import read_run
+from gateway.runs.view import RunView
 
 router = APIRouter(prefix="/runs", tags=["runs"], responses=errors(400, 401, 404, 413))
 RunId = Annotated[str, Path(pattern=r"^[0-9a-f]{32}$", description="run id")]
@@ -26,17 +27,17 @@ def _missing(what: str) -> HTTPException:
     return HTTPException(status.HTTP_404_NOT_FOUND, detail=f"no such {what}")
 
 
-@router.get("", response_model=list[RunRecord], summary="Recent runs, newest first")
+@router.get("", response_model=list[RunView], summary="Recent runs, newest first")
 def list_runs(
     ctx: Ctx, _t: Token, limit: Annotated[int, Query(ge=1, le=1000)] = 100
-) -> list[RunRecord]:
-    return ctx.runs.list(limit=limit)
+) -> list[RunView]:
+    return [RunView.of(r) for r in ctx.runs.list(limit=limit)]
 
 
-@router.get("/{run_id}", response_model=RunRecord, summary="Status and progress of a run")
-def get_run(ctx: Ctx, _t: Token, run_id: RunId) -> RunRecord:
+@router.get("/{run_id}", response_model=RunView, summary="Status and progress of a run")
+def get_run(ctx: Ctx, _t: Token, run_id: RunId) -> RunView:
     try:
-        return ctx.runs.get(run_id)
+        return RunView.of(ctx.runs.get(run_id))
     except RunNotFoundError:
         raise _missing("run") from None
 

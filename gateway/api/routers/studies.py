@@ -18,7 +18,7 @@ from evaluation import TaskFamily
 from gateway.api.deps import Ctx, Starter, Token, errors
 from gateway.orthanc import OrthancError, SeriesSummary, StudySummary
 from gateway.routing import CLINICAL, Route, api_models
-from gateway.runs import RunRecord
+from gateway.runs.view import RunView
 
 router = APIRouter(prefix="/studies", tags=["studies"], responses=errors(400, 401, 413, 502))
 
@@ -31,7 +31,7 @@ MODEL_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,99}$"
 class StudyDetail(BaseModel):
     study: StudySummary
     series: list[SeriesSummary]
-    runs: list[RunRecord]
+    runs: list[RunView]
 
 
 class EvaluationRequest(BaseModel):
@@ -79,9 +79,14 @@ def get_study(ctx: Ctx, _t: Token, study_id: StudyId) -> StudyDetail:
         series = ctx.orthanc.list_series(study_id)
     except OrthancError as exc:
         raise orthanc_failure(exc) from None
-    return StudyDetail(
-        study=study, series=series, runs=ctx.runs.list(limit=50, study_uid=study.study_uid)
-    )
+    # Runs of this study of this patient: the UID alone may name another patient's study
+    # (Orthanc's study id is computed from the PatientID and the UID).
+    runs = [
+        RunView.of(r)
+        for r in ctx.runs.list(limit=50, study_uid=study.study_uid)
+        if r.orthanc_study_id in (None, study_id)
+    ]
+    return StudyDetail(study=study, series=series, runs=runs)
 
 
 @router.post(
