@@ -1,5 +1,6 @@
 # The public face: the one list of its names, each imported on first use (lazy_loader);
 # type checkers read this stub. Nothing outside the package imports past it.
+from .atomic import atomic_write as atomic_write
 from .classify import classify as classify
 from .credentials import credential as credential
 from .deid import Deidentifier as Deidentifier

@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import uuid
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+
+from dicom import atomic_write
 
 _UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 
@@ -31,36 +30,6 @@ def check_uid(uid: str) -> str:
     if not uid or len(uid) > 64 or not _UID.match(uid):
         raise InvalidUIDError(f"not a DICOM UID: {uid[:80]!r}")
     return uid
-
-
-@contextmanager
-def atomic_writer(
-    dest: Path, tmp_dir: Path | None = None, fsync: bool = True, make_dirs: bool = True
-) -> Iterator[BinaryIO]:
-    """Write to a temporary file next to ``dest`` (or in ``tmp_dir``), then rename it into place.
-
-    Readers never see a partial file: either the old content, nothing, or the whole new file.
-    With ``fsync`` the data is on disk before the rename (a full disk fails here, not later).
-    On any error the temporary file is removed and the error propagates.
-    """
-    tmp_dir = tmp_dir or dest.parent
-    if make_dirs:
-        tmp_dir.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_dir / f".{dest.name}.{uuid.uuid4().hex}.part"
-    fh = open(tmp, "wb")  # noqa: SIM115 (closed below before the rename)
-    try:
-        yield fh
-        fh.flush()
-        if fsync:
-            os.fsync(fh.fileno())
-        fh.close()
-        if make_dirs:
-            dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, dest)
-    except BaseException:
-        fh.close()
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 _TOKEN = re.compile(r"^[0-9a-zA-Z-]{1,64}$")
@@ -100,7 +69,7 @@ class InstanceCache:
     def put_stream(self, key: CacheKey, chunks: Iterable[bytes]) -> Path:
         """Store an instance from a stream of chunks (bounded memory)."""
         dest = self.path(key)
-        with atomic_writer(dest) as fh:
+        with atomic_write(dest) as fh:
             for chunk in chunks:
                 fh.write(chunk)
         return dest

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from gateway.cache import atomic_writer
+from dicom import atomic_write
 from gateway.orthanc import OrthancClient, OrthancError
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class ChangesFollower:
             return None
 
     def _save(self, last: int) -> None:
-        with atomic_writer(self.state_file, fsync=False) as fh:
+        with atomic_write(self.state_file, fsync=False) as fh:
             fh.write(json.dumps({"last": last}).encode())
 
     def start(self) -> None:

@@ -26,6 +26,7 @@ import httpx
 import jinja2
 from pydantic import BaseModel
 
+from dicom import atomic_write
 from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -81,11 +82,8 @@ def dcmtk_env() -> dict[str, str]:
 def write_secret(path: Path, value: str) -> None:
     """Write ``value`` to ``path`` readable by the owner only (created 0600, never widened)."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
+    with atomic_write(path, "w", perm=0o600, fsync=False) as fh:
         fh.write(value)
-    os.replace(tmp, path)
 
 
 def read_secret(path: Path) -> str:

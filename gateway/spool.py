@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from gateway.cache import atomic_writer
+from dicom import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -181,5 +181,5 @@ def read_received_info(study_folder: Path) -> dict[str, Any]:
 
 
 def write_received_info(study_folder: Path, info: dict[str, Any]) -> None:
-    with atomic_writer(study_folder / ".received.json") as fh:
+    with atomic_write(study_folder / ".received.json") as fh:
         fh.write(json.dumps(info).encode())

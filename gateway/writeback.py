@@ -34,10 +34,16 @@ from pydicom.dataset import Dataset
 from pydicom.sequence import Sequence as DicomSequence
 from pydicom.valuerep import BYTES_VR, VR
 
-from dicom import FileTooLargeError, IndexResult, NotRegularFileError, read_regular
+from dicom import (
+    FileTooLargeError,
+    IndexResult,
+    NotRegularFileError,
+    atomic_write,
+    read_regular,
+)
 from evaluation.log import EvidenceRef, RunData
 from evaluation.review import report_blocks, unverified_content
-from gateway.cache import InvalidUIDError, atomic_writer, check_uid
+from gateway.cache import InvalidUIDError, check_uid
 from gateway.orthanc import OrthancClient
 from gateway.sr import build_pdf, build_sr, encode, header_warnings, model_of
 
@@ -124,7 +130,7 @@ def save_evidence(headers: list[Dataset], folder: Path) -> Path:
         )
     items = [_small(ds).to_json_dict(suppress_invalid_tags=True) for ds in headers]
     path = folder / EVIDENCE_FILE
-    with atomic_writer(path, fsync=False) as fh:
+    with atomic_write(path, fsync=False) as fh:
         fh.write(json.dumps(items, separators=(",", ":")).encode())
     return path
 

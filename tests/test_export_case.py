@@ -169,7 +169,7 @@ def _dciodvfy_no_new_errors(series: dict[str, list[Path]], source: Path) -> int:
 
 
 def _no_partial(parent: Path) -> None:
-    assert not [p.name for p in parent.iterdir() if ".partial-" in p.name]
+    assert not [p.name for p in parent.iterdir() if ".partial-" in p.name or p.suffix == ".part"]
 
 
 # --------------------------------------------------------------------------- the phantom

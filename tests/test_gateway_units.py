@@ -31,7 +31,6 @@ from gateway.cache import (
     InstanceCache,
     InvalidCacheKeyError,
     InvalidUIDError,
-    atomic_writer,
     check_uid,
 )
 from gateway.metrics import Metrics
@@ -150,14 +149,6 @@ def test_uids_from_peers_never_become_paths(tmp_path: Path) -> None:
             CacheKey(hostile, "f00d", "1.2.840.99")
         with pytest.raises(InvalidCacheKeyError):
             CacheKey("0a1b", hostile, "1.2.840.99")
-
-
-def test_atomic_writer_leaves_nothing_on_failure(tmp_path: Path) -> None:
-    dest = tmp_path / "x.dcm"
-    with pytest.raises(RuntimeError), atomic_writer(dest) as fh:
-        fh.write(b"half")
-        raise RuntimeError("sender went away")
-    assert not dest.exists() and list(tmp_path.iterdir()) == []
 
 
 # --------------------------------------------------------------------------- default evaluator

@@ -22,13 +22,13 @@ import marshal
 import os
 import stat
 import sys
-import tempfile
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from dicom.atomic import atomic_write
 from dicom.headers.frame import FrameHeader
 from dicom.records import FileError, PatientKey
 from dicom.sources import ZIP_SEP
@@ -141,13 +141,11 @@ class HeaderCache:
         return entries if isinstance(entries, dict) else {}
 
     def _save(self, path: Path, entries: dict[str, Any]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".tmp-", suffix=".marshal")
         try:
-            with os.fdopen(fd, "wb") as fp:
+            with atomic_write(path, perm=0o600, fsync=False, make_dirs=False) as fp:
                 marshal.dump({"version": self.version, "entries": entries}, fp)
-            os.replace(tmp, path)
         except OSError:
-            Path(tmp).unlink(missing_ok=True)
+            pass  # an unwritable cache costs a read next time
 
 
 def _folder(source: str) -> str:

@@ -11,11 +11,11 @@ import base64
 import binascii
 import hashlib
 import io
-import os
 import re
 import warnings
 from pathlib import Path
 
+from dicom import atomic_write
 from evaluation.case import ImageRef
 from evaluation.errors import DatasetError
 
@@ -68,10 +68,8 @@ def cache_png(png: bytes, cache_dir: Path) -> tuple[Path, str]:
     sha = hashlib.sha256(png).hexdigest()
     path = cache_dir / "images" / f"{sha}.png"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(png)
-        os.replace(tmp, path)
+        with atomic_write(path, fsync=False) as fh:
+            fh.write(png)
     return path, sha
 
 

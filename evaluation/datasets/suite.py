@@ -10,14 +10,13 @@ the note and the ground truth given inline or as files next to the manifest.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError
 
-from dicom import credential
+from dicom import atomic_write, credential
 from evaluation.case import Case, Provenance, TaskFamily
 from evaluation.coverage import LoadNotes, SkippedCase
 from evaluation.datasets.manifest import (
@@ -187,14 +186,13 @@ def _orthanc_study(server: OrthancServer, cache_dir: Path) -> Path:
             ids = [r["ID"] for r in found.json() if r.get("Type") == "Study"]
             if not ids:
                 raise DatasetError(f"Orthanc at {url} has no study {uid}")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_suffix(f".tmp{os.getpid()}")
-            with c.stream("GET", f"/studies/{ids[0]}/archive") as r:
+            with (
+                c.stream("GET", f"/studies/{ids[0]}/archive") as r,
+                atomic_write(target, fsync=False) as fh,
+            ):
                 r.raise_for_status()
-                with tmp.open("wb") as fh:
-                    for chunk in r.iter_bytes():
-                        fh.write(chunk)
-            os.replace(tmp, target)
+                for chunk in r.iter_bytes():
+                    fh.write(chunk)
     except httpx.HTTPError as exc:
         raise DatasetError(f"Orthanc at {url}: could not fetch study {uid}: {exc}") from exc
     return target

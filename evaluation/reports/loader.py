@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from dicom import atomic_write
 from evaluation.log.rundata import RunData
 
 RUNDATA_FILE = "rundata.json"
@@ -23,10 +24,8 @@ class RunLoadError(ValueError):
 
 def save_run(run: RunData, path: Path) -> Path:
     """Write ``run`` as JSON (atomically: temp file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(run.model_dump_json(), encoding="utf-8")
-    tmp.replace(path)
+    with atomic_write(path, "w", fsync=False) as fh:
+        fh.write(run.model_dump_json())
     return path
 
 

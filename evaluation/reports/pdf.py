@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from dicom import atomic_write
+
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
 FLAGS = (
     "--no-sandbox",
@@ -226,25 +228,21 @@ class Printer:
 def _print_page(
     browser: object, html: Path, pdf: Path, ms: float, error: type[Exception]
 ) -> Path | PdfError:
-    pdf.parent.mkdir(parents=True, exist_ok=True)
-    tmp_pdf = pdf.with_name(pdf.name + ".part")
-    tmp_pdf.unlink(missing_ok=True)
     page = browser.new_page()  # type: ignore[attr-defined]
     t0 = time.monotonic()
     try:
         page.goto(html.resolve().as_uri(), wait_until="load", timeout=ms)
         remaining = max(1.0, ms - (time.monotonic() - t0) * 1000)
         page.set_default_timeout(remaining)
-        page.pdf(path=str(tmp_pdf), prefer_css_page_size=True, print_background=True)
+        data = page.pdf(prefer_css_page_size=True, print_background=True)
     except error as exc:
-        tmp_pdf.unlink(missing_ok=True)
         return _as_pdf_error(exc, html.name, ms / 1000)
     finally:
         page.close()
-    if not tmp_pdf.is_file() or tmp_pdf.read_bytes()[:5] != b"%PDF-":
-        tmp_pdf.unlink(missing_ok=True)
+    if not isinstance(data, bytes) or data[:5] != b"%PDF-":
         return PdfError(f"Chromium made no PDF of {html.name}")
-    tmp_pdf.replace(pdf)
+    with atomic_write(pdf, fsync=False) as fh:
+        fh.write(data)
     return pdf
 
 

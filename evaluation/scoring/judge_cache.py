@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from dicom import atomic_write
 from evaluation.scoring.text import normalise
 
 PROMPT_VERSION = "judge-v1"
@@ -51,8 +51,6 @@ class JudgeCache:
         self.save()
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
         payload = {k: v.model_dump() for k, v in self._data.items()}
-        tmp.write_text(json.dumps(payload, indent=1, sort_keys=True), encoding="utf-8")
-        os.replace(tmp, self.path)  # atomic: a killed process never leaves half a file
+        with atomic_write(self.path, "w", fsync=False) as fh:  # a kill never leaves half a file
+            fh.write(json.dumps(payload, indent=1, sort_keys=True))

@@ -32,6 +32,7 @@ from dicom import (
     ExportedSeries,
     SkippedSeries,
     SourceIdentifiers,
+    atomic_write,
 )
 from gateway.cli.console import console, fail
 
@@ -328,20 +329,17 @@ def _publish(work: Path, out: Path, as_zip: bool) -> None:
     if not as_zip:
         os.rename(work, out)  # fails if `out` appeared meanwhile (a non-empty folder or a file)
         return
-    tmp = out.with_name(f".{out.name}.partial-{os.getpid()}.zip")
     top = out.stem
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+    with atomic_write(out, "w+b", fsync=False) as fh:
+        with zipfile.ZipFile(fh, "w", compression=zipfile.ZIP_DEFLATED) as zf:
             for path in sorted(p for p in work.rglob("*") if p.is_file()):
                 zf.write(path, f"{top}/{path.relative_to(work)}")
-        with zipfile.ZipFile(tmp) as zf:
+        fh.seek(0)
+        with zipfile.ZipFile(fh) as zf:
             if zf.testzip() is not None:
                 raise OSError(f"{out}: the archive does not read back")
         if out.exists():
             raise OSError(f"{out} appeared while the bundle was written")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _skipped_line(s: SkippedSeries) -> str:

@@ -39,6 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, model_validator
 
+from dicom import atomic_write
 from evaluation import EvaluationError
 from evaluation.log import (
     FINAL_STATUSES,
@@ -55,7 +56,6 @@ from evaluation.log import (
     store_exists,
 )
 from evaluation.reports import RUNDATA_FILE
-from gateway.cache import atomic_writer
 from gateway.routing import Route
 from gateway.study_key import StudyKey
 
@@ -213,8 +213,8 @@ class StudyRunStore:
             raise RunNotFoundError(run_id) from None
 
     def _write(self, path: Path, text: str) -> None:
-        with atomic_writer(path, fsync=False) as fh:
-            fh.write(text.encode())
+        with atomic_write(path, "w", fsync=False) as fh:
+            fh.write(text)
 
     # ----------------------------------------------------------------- runs
 

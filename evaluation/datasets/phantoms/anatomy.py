@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ import nibabel as nib
 import numpy as np
 from scipy import ndimage
 
+from dicom import atomic_write
 from evaluation.datasets.phantoms.tissue import TISSUES
 
 _FILES = {
@@ -260,12 +260,9 @@ def cached_arrays(
         pass  # missing, truncated or tampered: rebuild
     arrays = build()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
+        with atomic_write(path, fsync=False) as fh:
             payload: dict[str, Any] = {"_digest": np.array(_digest(arrays)), **arrays}
             np.savez_compressed(fh, **payload)
-        os.replace(tmp, path)
     except OSError:
         pass  # a read-only cache only costs the rebuild next time
     return arrays
