@@ -148,8 +148,9 @@ class DefaultEvaluator:
         # the run's record: the engine's run store in the run folder (the gateway's note in
         # it already), read back with the case as held here (a registered case's record and
         # note are not in the store)
-        asyncio.run(start_run(config, work_dir, dataset=dataset))
-        run = run_from_store(work_dir / STORE_FILE, dataset=dataset)
+        url = self.settings.database_url  # the install's PostgreSQL run log (None: run.sqlite)
+        asyncio.run(start_run(config, work_dir, dataset=dataset, database_url=url))
+        run = run_from_store(work_dir / STORE_FILE, dataset=dataset, database_url=url)
         run.title = f"PACS study, routing rule {route.rule}"
         return EvaluationResult(
             evaluator=self.name,

@@ -105,6 +105,13 @@ def test_a_stored_study_is_one_gatewayrun_row_in_postgresql_and_in_the_review_qu
     folder = data / "runs" / run.run_id
     marker = json.loads((folder / "run.db.json").read_text())
     assert marker["run_id"] == run.run_id
+    # and the engine's rows of the run (its samples) are in the same database, not a run.sqlite
+    assert not (folder / "run.sqlite").exists()
+    with psycopg.connect(_pg(url)) as con:
+        (n,) = con.execute(
+            "SELECT count(*) FROM samples WHERE run_id = %s", (run.run_id,)
+        ).fetchone()
+    assert n > 0
     # listing asks the database, not the folders
     assert gw.ctx.runs.ids() == [run.run_id]  # type: ignore[attr-defined]
     # the study's state keeps what spans runs, and points at its evaluation
