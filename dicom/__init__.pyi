@@ -97,4 +97,7 @@ from .sources import FileTooLargeError as FileTooLargeError
 from .sources import NotRegularFileError as NotRegularFileError
 from .sources import check_regular as check_regular
 from .sources import read_regular as read_regular
+from .uids import InvalidUIDError as InvalidUIDError
+from .uids import check_uid as check_uid
+from .uids import valid_uid as valid_uid
 from .warmup import warm_up as warm_up

@@ -36,19 +36,18 @@ from dicom.errors import DecodeError
 from dicom.geometry import plane_of
 from dicom.headers import DEFAULT_MEMORY_CAP, FrameHeader, contrast_agent_or_none
 from dicom.records import NIFTI_SOP_CLASS, FileError, FrameRef, IndexResult, Plane, SeriesInfo
+from dicom.uids import valid_uid
 
 # Marks a SeriesInfo read from NIfTI: dicom.pixels dispatches on it to load_nifti_volume.
 NIFTI_SUFFIXES = (".nii.gz", ".nii")
 
 _STR_CAP = 256
-_UID_CAP = 64
 _LIST_CAP = 64  # items kept from a list-valued sidecar field (ImageType)
 _MAX_SIDECAR_BYTES = 4 << 20
 _MAX_BVAL_BYTES = 1 << 20
 _MAX_WARNINGS = 30
 # One FrameRef per (slice, volume) is kept in the index: refuse headers that would need millions.
 _MAX_FRAMES = 500_000
-_UID_RE = re.compile(r"^[0-9]+(\.[0-9]+)*$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
 # Above these values (in seconds) a BIDS timing is implausible: it was written in ms.
 _SECONDS_LIMIT = {"RepetitionTime": 100.0, "EchoTime": 5.0, "InversionTime": 30.0}
@@ -186,7 +185,7 @@ class _Sidecar:
 
     def uid(self, key: str) -> str:
         value = self.text(key, _STR_CAP)
-        if value and (len(value) > _UID_CAP or not _UID_RE.match(value)):
+        if value and not valid_uid(value):
             self.warnings.append(f"sidecar {self.name}: {key} is not a valid DICOM UID; ignored")
             return ""
         return value

@@ -15,22 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dicom import atomic_write
-
-_UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
-
-
-class InvalidUIDError(ValueError):
-    """A UID from a peer that is not a DICOM UID (and so may not name a file)."""
-
-
-def check_uid(uid: str) -> str:
-    """Return ``uid`` when it is a syntactically valid DICOM UID; peers' strings are hostile."""
-    uid = uid.strip().rstrip("\0")
-    if not uid or len(uid) > 64 or not _UID.match(uid):
-        raise InvalidUIDError(f"not a DICOM UID: {uid[:80]!r}")
-    return uid
-
+from dicom import atomic_write, check_uid
 
 _TOKEN = re.compile(r"^[0-9a-zA-Z-]{1,64}$")
 

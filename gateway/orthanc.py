@@ -29,8 +29,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from dicom import SeriesInfo, index_path
-from gateway.cache import CacheKey, InstanceCache, check_uid
+from dicom import SeriesInfo, check_uid, index_path
+from gateway.cache import CacheKey, InstanceCache
 from gateway.study_key import orthanc_id
 
 log = logging.getLogger(__name__)

@@ -38,13 +38,20 @@ from typing import Protocol, runtime_checkable
 
 import pydicom
 
-from dicom import IndexResult, MixedPatientsError, PatientKey, index_path, one_patient
+from dicom import (
+    IndexResult,
+    MixedPatientsError,
+    PatientKey,
+    check_uid,
+    index_path,
+    one_patient,
+)
 from evaluation import Case as EvalCase
 from evaluation.datasets import case_registry
 from evaluation.log import WriteBack
 from evaluation.reports import Printer
 from gateway.audit import AuditLog
-from gateway.cache import InstanceCache, check_uid
+from gateway.cache import InstanceCache
 from gateway.case_studies import CaseGatherer, CaseStudies
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS

@@ -48,12 +48,12 @@ from typing import Any, Literal
 import pydicom
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from dicom import check_uid
 from evaluation import EvaluationError
 from evaluation.datasets import case_registry
 from evaluation.log import STORE_FILE, RunStore
 from evaluation.review import ReviewStore
 from gateway.audit import AuditLog
-from gateway.cache import check_uid
 from gateway.orthanc import OrthancClient, OrthancError
 from gateway.runs import FINAL, RunNotFoundError, RunRecord, StudyRunStore, StudyState
 from gateway.sr import series_uid_for

@@ -54,7 +54,7 @@ from pydantic import BaseModel
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
-from gateway.cache import InvalidUIDError, check_uid
+from dicom import InvalidUIDError, check_uid
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS
 from gateway.part10 import InstanceKeys, file_meta_bytes, read_uids

@@ -15,7 +15,7 @@ import re
 
 from pydantic import BaseModel, ConfigDict
 
-from gateway.cache import check_uid
+from dicom import check_uid
 
 _NAME = re.compile(r"^([0-9.]{1,64})_([0-9a-f]{12})$")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlencode
 
-from gateway.cache import check_uid
+from dicom import check_uid
 
 BASE = "/review/viewer"  # where the viewer lives (inside the review cookie's path)
 DICOMWEB_ROOT = f"{BASE}/dicom-web"  # the gateway's DICOMweb proxy, as the browser sees it

@@ -10,12 +10,13 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 from pydicom.dataset import Dataset
 
-from dicom import slice_centre
+from dicom import slice_centre, valid_uid
 from gateway.orthanc import SeriesSummary
 from gateway.viewer import DICOMWEB_ROOT, PLANES
 
 _UID = r"[0-9]+(?:\.[0-9]+)*"
 _LEVELS = rf"studies/{_UID}(?:/series/{_UID}(?:/instances/{_UID})?)?"
+_LEVEL_UIDS = re.compile(r"(?:studies|series|instances)/([^/]+)")  # each one valid_uid
 _FRAMES = r"frames/[0-9]{1,6}(?:,[0-9]{1,6}){0,63}"
 # Reads only (QIDO searches, metadata, frames, rendered images, thumbnails, bulk data, one
 # instance): no STOW, no deletion, no whole-study or whole-series archive.
@@ -54,7 +55,7 @@ def dicomweb_read_path(path: str) -> bool:
     return (
         len(path) <= 1000
         and _READ.match(path) is not None
-        and all(len(u) <= 64 for u in re.findall(_UID, path))
+        and all(valid_uid(u) for u in _LEVEL_UIDS.findall(path))
     )
 
 

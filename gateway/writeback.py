@@ -37,13 +37,14 @@ from pydicom.valuerep import BYTES_VR, VR
 from dicom import (
     FileTooLargeError,
     IndexResult,
+    InvalidUIDError,
     NotRegularFileError,
     atomic_write,
+    check_uid,
     read_regular,
 )
 from evaluation.log import EvidenceRef, RunData
 from evaluation.review import report_blocks, unverified_content
-from gateway.cache import InvalidUIDError, check_uid
 from gateway.orthanc import OrthancClient
 from gateway.sr import build_pdf, build_sr, encode, header_warnings, model_of
 

@@ -19,6 +19,7 @@ from highdicom.sr import Comprehensive3DSR
 from openai_server import OpenAIServer
 from pydicom.uid import generate_uid
 
+from dicom import InvalidUIDError, check_uid
 from evaluation.answers import Answer, ClassificationAnswer, DifferentialItem, Finding
 from evaluation.case import TaskFamily
 from evaluation.log.store import RunStore
@@ -26,13 +27,7 @@ from evaluation.reports import load_run
 from evaluation.review import ReportContent, report_blocks
 from evaluation.scores import ParseStatus
 from gateway.auth import Role, TokenStore
-from gateway.cache import (
-    CacheKey,
-    InstanceCache,
-    InvalidCacheKeyError,
-    InvalidUIDError,
-    check_uid,
-)
+from gateway.cache import CacheKey, InstanceCache, InvalidCacheKeyError
 from gateway.metrics import Metrics
 from gateway.part10 import file_meta_bytes, read_uids
 from gateway.routing import CLINICAL, Route, Router, RoutingError, StudyFacts

@@ -22,11 +22,10 @@ from phantom_fixture import PhantomSuite
 from pydicom.dataset import Dataset
 from viewer_fixture import VIEWER_DIST, StoredStudy, needs_viewer, stored
 
-from dicom import RenderOptions, render_path
+from dicom import InvalidUIDError, RenderOptions, render_path
 from gateway.api import GatewayContext, create_app
 from gateway.audit import AuditLog
 from gateway.auth import Role, TokenStore
-from gateway.cache import InvalidUIDError
 from gateway.orthanc import OrthancClient, SeriesSummary
 from gateway.pacs_local import free_port
 from gateway.runs import StudyRunStore

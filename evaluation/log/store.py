@@ -32,6 +32,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from dicom import atomic_write
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
 from evaluation.coverage import CaseCoverage, SkippedCase
@@ -240,9 +241,8 @@ class RunStore:
 
     def _write_marker(self) -> None:
         if self.database_url is not None:
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"run_id": self.run_id, "engine": "postgresql"}))
-            tmp.replace(self.path)
+            with atomic_write(self.path, "w", fsync=False) as fh:
+                fh.write(json.dumps({"run_id": self.run_id, "engine": "postgresql"}))
 
     # ------------------------------------------------------------------ plumbing
 

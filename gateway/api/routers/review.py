@@ -15,6 +15,7 @@ from fastapi import APIRouter, Form, HTTPException, Path, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
+from dicom import InvalidUIDError
 from evaluation import ErrorCategory
 from evaluation.reports import (
     CaseChecklist,
@@ -38,7 +39,6 @@ from evaluation.review import (
 )
 from gateway.api.deps import Ctx
 from gateway.auth import Role
-from gateway.cache import InvalidUIDError
 from gateway.orthanc import OrthancError
 from gateway.review.actions import (
     MAX_BATCH,

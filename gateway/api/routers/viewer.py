@@ -26,7 +26,9 @@ from fastapi.responses import (
     Response,
     StreamingResponse,
 )
+from pydantic import AfterValidator
 
+from dicom import check_uid
 from gateway.api.deps import Ctx, errors
 from gateway.api.routers.review import signed_in
 from gateway.orthanc import OrthancError
@@ -43,7 +45,7 @@ from gateway.viewer_pacs import behind_gateway, dicomweb_read_path, instance_at,
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix=BASE, tags=["viewer"])
-Uid = Annotated[str, Query(pattern=r"^[0-9]+(\.[0-9]+)*$", max_length=64)]
+Uid = Annotated[str, Query(max_length=64), AfterValidator(check_uid)]  # 422 if not a UID
 ORTHANC_TIMEOUT = httpx.Timeout(60.0, connect=5.0, pool=10.0)
 MAX_QUERY = 4096
 STREAM_CHUNK = 1 << 16
