@@ -300,6 +300,9 @@ BAD_CASES = [
     {"study": "s", "ehr": 5},
     {"study": "s", "case_id": True},
     {"study": "s", "note": 3},
+    # a manifest from elsewhere may not name any secret of this machine for the server it names
+    {"study": {"orthanc": "http://evil:8042", "study_uid": "1.2", "password_env": "OPENAI_API_KEY"}},
+    {"study": {"orthanc": {"url": "http://evil:8042", "username_env": "HOME"}, "study_uid": "1.2"}},
 ]
 GOOD_CASES = [
     {
@@ -307,7 +310,7 @@ GOOD_CASES = [
     },  # null: not given
     {"study": "s"},
     {"study": {"path": "s"}, "case_id": 7, "patient_id": 12.5},
-    {"study": {"orthanc": "http://pacs:8042", "study_uid": "1.2", "password_env": "PW"}},
+    {"study": {"orthanc": "http://pacs:8042", "study_uid": "1.2", "password_env": "PACS_PW"}},
     {"study": {"orthanc": {"url": "http://pacs:8042", "study_uid": "1.2", "timeout_s": 30}}},
     {"study": "s", "ehr": "r.json", "note": "n.txt", "tasks": [t.value for t in TaskFamily]},
     {"study": "s", "questions": [{"number": 1, "text": "q", "family": "lesion"}]},

@@ -59,6 +59,10 @@ def case_label(case_id: Any, id_: Any, n: int) -> str:
     return f"case-{n + 1:03d}"
 
 
+# The name of an environment variable a manifest may read a PACS credential from.
+CREDENTIAL_ENV = r"^[A-Z0-9_]{0,60}(PACS|ORTHANC)[A-Z0-9_]{0,60}$"
+
+
 class _OrthancAccess(BaseModel):
     """The study and the credentials, which may stand next to 'orthanc:' or inside its mapping."""
 
@@ -68,11 +72,20 @@ class _OrthancAccess(BaseModel):
         default=None, description="StudyInstanceUID (next to 'orthanc:' or inside its mapping)"
     )
     username: str | None = Field(default=None, description="user name for HTTP basic auth")
+    # A manifest may come from elsewhere: it names only variables meant for a PACS, so it
+    # cannot make the sandbox send another secret of this machine (a model's API key) to the
+    # server it names.
     username_env: str | None = Field(
-        default=None, description="environment variable holding the user name (wins over username)"
+        default=None,
+        pattern=CREDENTIAL_ENV,
+        description="environment variable holding the user name (wins over username); its "
+        "name contains PACS or ORTHANC",
     )
     password_env: str | None = Field(
-        default=None, description="environment variable holding the password (never the password)"
+        default=None,
+        pattern=CREDENTIAL_ENV,
+        description="environment variable holding the password (never the password); its name "
+        "contains PACS or ORTHANC",
     )
     timeout_s: float | None = Field(default=None, gt=0, description="seconds (default 120)")
 
