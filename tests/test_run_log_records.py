@@ -189,3 +189,32 @@ def test_a_legacy_run_sqlite_reads_as_typed_records(graded_run: Path, tmp_path: 
         export_run(store, tmp_path / "x.jsonl")
     rec = json.loads((tmp_path / "x.jsonl").read_text().splitlines()[0])
     assert rec["turns"][0]["response_text"] and set(rec["turns"][0]) >= {"turn", "cache_key"}
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_a_group_commit_batch_keeps_every_good_record_when_one_fails(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A batch is written whole first; when a record fails, the batch is written again with a
+    savepoint per record, so the bad record fails alone and the others are kept."""
+    from pg_server import fresh_pg_database
+
+    from evaluation.log import open_store
+    from evaluation.log.writes import response_statements
+
+    url = fresh_pg_database(request.getfixturevalue("pg_url")) if engine == "postgresql" else None
+    out = ModelOutput(text="ok")
+
+    def call(key: str) -> list:
+        req = {"cache_key": key, "case_id": "c", "task": "t", "family": "f", "model": "m",
+               "sample": 0, "turn": 1, "image_hashes": "[]", "prompt_hash": "h",
+               "request_json": "{}", "created_at": "now"}  # fmt: skip
+        return [("request", req), *response_statements(key, "m", out)]
+
+    with open_store(tmp_path / "r", run_id="r", create=True, database_url=url) as store:
+        orphan = response_statements("no-such-request", "m", out)  # breaks the foreign key
+        results = store.run_batch([call("a"), orphan, call("b")])
+        assert results[0] is None and results[2] is None and results[1] is not None
+        assert set(store.responses()) == {"a", "b"}
+        assert store.run_batch([call("c"), call("d")]) == [None, None]
+        assert set(store.responses()) == {"a", "b", "c", "d"}
