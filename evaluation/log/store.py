@@ -650,6 +650,25 @@ class RunStore:
             self._conn.exec_driver_sql("COMMIT")
         return n
 
+    def erase_run(self) -> int:
+        """Delete every row of this run, every table (the gateway's run included), children
+        before parents, in one transaction; the number of rows deleted. For erasure: in a
+        PostgreSQL run log the run's rows sit beside other runs' and go one run at a time."""
+        if self.read_only:
+            return 0
+        tables = [t for t in reversed(t_.metadata.sorted_tables) if "run_id" in t.c]
+        n = 0
+        with self._lock:
+            self._conn.exec_driver_sql(self._begin())
+            try:
+                for table in tables:
+                    n += self._conn.execute(sa.delete(table).where(self._mine(table))).rowcount or 0
+            except BaseException:
+                self._conn.exec_driver_sql("ROLLBACK")
+                raise
+            self._conn.exec_driver_sql("COMMIT")
+        return n
+
     def case_ids_of(
         self, *, patient_id: str | None = None, study_uid: str | None = None
     ) -> list[str]:
