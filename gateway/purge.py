@@ -82,7 +82,7 @@ class Purger:
         self.places = places
         self.orthanc = orthanc
         self.audit = audit
-        self.runs = runs or StudyRunStore(places.data_dir, places.reports_dir)
+        self.runs = runs or StudyRunStore(places.data_dir, places.reports_dir, places.database_url)
         self._lock = threading.Lock()  # one purge at a time in a process
 
     def purge(
@@ -113,24 +113,29 @@ class Purger:
             at=now.isoformat(timespec="seconds"),
         )
         sweep = Sweep(
-            self.places,
-            self.runs,
-            target,
-            report,
-            target.cutoff(now),
-            Removal(dry_run, report.counts),
+            places=self.places,
+            runs=self.runs,
+            target=target,
+            report=report,
+            cutoff=target.cutoff(now),
+            rm=Removal(dry_run, report.counts),
+            database_url=self.places.database_url,
         )
+        sweep.resolve()  # PurgeError when a PatientID is held under two issuers
+        report.issuers = sweep.issuers_matched
         sweep.gateway_runs()
         sweep.spool_studies()
         sweep.study_states()
         report.counts.studies = len(sweep.keys)
         sweep.loose_instances()
+        sweep.forward_journals()
         if sweep.cutoff is None:  # a patient or study: retention is the gateway's own data
             sweep.suite_runs()
             sweep.registered_cases()
         sweep.review_events()
         if pacs and self.orthanc is not None:
             sweep.pacs(self.orthanc)
+        sweep.run_log()
         sweep.rm.apply()
         if not dry_run and self.audit is not None:
             write_audit(self.audit, actor, target, report)

@@ -18,14 +18,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from evaluation import EvaluationError
+from dicom import atomic_write
 from evaluation.datasets import case_registry
-from evaluation.log import STORE_FILE, RunStore
+from evaluation.log import STORE_FILE, open_store, store_exists
 from evaluation.review import ReviewStore
+from gateway.forward import FORWARD_JOURNAL
 from gateway.orthanc import OrthancClient, OrthancError
 from gateway.purge_report import PurgeCounts, PurgeReport
-from gateway.purge_target import PurgeTarget, iso, mtime, read_header
-from gateway.runs import FINAL, RunNotFoundError, RunRecord, StudyRunStore, StudyState
+from gateway.purge_target import Finder, PurgeTarget, case_ids, iso, maybe_dicom, mtime, read_header
+from gateway.runs import FINAL, StudyState
 from gateway.sr import series_uid_for
 from gateway.study_key import StudyKey, orthanc_id
 
@@ -43,6 +44,7 @@ class Places:
     review_log: Path | None = None
     suite_runs: Path | None = None  # NEUROSANDBOX_RUNS_DIR
     cases: Path | None = None  # NEUROSANDBOX_CASES
+    database_url: str | None = None  # NEUROSANDBOX_DATABASE_URL: the PostgreSQL run log
 
     @classmethod
     def from_settings(cls, settings: Any) -> Places:
@@ -52,6 +54,7 @@ class Places:
             review_log=settings.review_log,
             suite_runs=settings.runs_dir,
             cases=settings.cases,
+            database_url=settings.database_url,
         )
 
 
@@ -106,16 +109,13 @@ class Removal:
                     folder.rmdir()
 
 
-@dataclass
-class Sweep:
+@dataclass(kw_only=True)
+class Sweep(Finder):
     """One purge's pass over the places: what it found (run ids, study keys and UIDs) and the
     removal it builds; each method is one place."""
 
     places: Places
-    runs: StudyRunStore
-    target: PurgeTarget
     report: PurgeReport
-    cutoff: datetime | None
     rm: Removal
     keys: set[str] = field(default_factory=set)  # the study keys (names) purged
     uids: set[str] = field(default_factory=set)  # their StudyInstanceUIDs (for the PACS)
@@ -130,8 +130,8 @@ class Sweep:
     def gateway_runs(self) -> None:
         """Each finished run of the target: its folder, report bundle and active marker."""
         report, c = self.report, self.report.counts
-        for rec in self._records():
-            if self._run_matches(rec):
+        for rec in self.records():
+            if self.run_matches(rec):
                 if rec.status not in FINAL:
                     report.left.append(f"run {rec.run_id}: in progress ({rec.stage}), not purged")
                     if rec.study_key:
@@ -150,27 +150,17 @@ class Sweep:
         c.runs = len(report.run_ids)
         c.report_bundles = sum(self.runs.report_folder(r).is_dir() for r in report.run_ids)
 
-    def _records(self) -> Iterator[RunRecord]:
-        folders = self.runs.runs_dir.iterdir() if self.runs.runs_dir.is_dir() else ()
-        for folder in sorted(folders):
-            try:
-                yield self.runs.get(folder.name)
-            except RunNotFoundError:
-                continue
-
-    def _run_matches(self, rec: RunRecord) -> bool:
-        target = self.target
-        if self.cutoff is not None:
-            when = iso(rec.finished_at) or iso(rec.created_at)
-            return when is not None and when < self.cutoff
-        if target.key_matches(rec.study_key) or target.named_in(rec.identities):
-            return True
-        if target.study_uid is not None and rec.study_uid == target.study_uid:
-            return True
-        if rec.study_key is None and target.patient_id is not None:
-            # a run recorded before keys had a patient: its cases say whose it is
-            return bool(case_ids(self.runs.run_dir(rec.run_id), target))
-        return False
+    def run_log(self) -> None:
+        """With PostgreSQL, the purged runs' rows (every table) deleted from the run log; with
+        SQLite they go with the run folder."""
+        url = self.places.database_url
+        if url is None or self.dry_run:
+            return
+        for run_id in self.report.run_ids:
+            folder = self.runs.run_dir(run_id)
+            with open_store(folder, run_id=run_id, database_url=url, create=True) as store:
+                self.report.counts.run_log_rows += store.erase_run()
+            shutil.rmtree(folder, ignore_errors=True)  # its marker (made if it was missing)
 
     # ----------------------------------------------------------------- spool and state
 
@@ -204,8 +194,11 @@ class Sweep:
             if self.cutoff is not None:
                 hit = mtime(path) < self.cutoff and (state.key or "") not in self.kept_keys
             else:
-                hit = self.target.key_matches(state.key) or (
-                    state.key is None and self.target.study_uid == state.study_uid
+                hit = (
+                    self.target.key_matches(state.key)
+                    or (state.key is not None and state.key in self.keys)
+                    or (state.last_run_id is not None and state.last_run_id in self.report.run_ids)
+                    or (state.key is None and self.target.study_uid == state.study_uid)
                 )
             if hit:
                 self.rm.add(path)
@@ -217,10 +210,36 @@ class Sweep:
 
     def loose_instances(self) -> None:
         """Instances in ``spool/incoming``, ``spool/quarantine`` and the instance cache."""
-        spool = self.runs.root / "spool"
-        for sub in ("incoming", "quarantine"):
-            self.report.counts.spool_files += self._instances(spool / sub)
-        self.report.counts.cache_files = self._instances(self.runs.root / "cache")
+        incoming, quarantine, cache = self.instance_roots()
+        for root in (incoming, quarantine):
+            self.report.counts.spool_files += self._instances(root)
+        self.report.counts.cache_files = self._instances(cache)
+
+    def forward_journals(self) -> None:
+        """The forwarder's journals in ``spool/incoming`` (a staging folder's Orthanc ids and
+        staged files ``<study key>/<series UID>/<n>.dcm``): the lines of the purged studies,
+        or of files being removed, are dropped; a journal left empty is deleted."""
+        incoming = self.instance_roots()[0]
+        removed = {p.resolve() for p in self.rm.paths}
+        for journal in sorted(incoming.glob(f"*/{FORWARD_JOURNAL}")) if incoming.is_dir() else ():
+            try:
+                lines = journal.read_text("utf-8", "replace").splitlines()
+            except OSError:
+                continue
+            keep = []
+            for line in lines:
+                staged = line.partition(" ")[2]
+                key = staged.partition("/")[0]
+                mine = self.target.key_matches(key) or key in self.keys
+                if not mine and (journal.parent / staged).resolve() not in removed:
+                    keep.append(line)
+            if len(keep) == len(lines):
+                continue
+            if not keep:
+                self.rm.add(journal)
+            elif not self.dry_run:
+                with atomic_write(journal, "w") as fh:
+                    fh.write("".join(f"{line}\n" for line in keep))
 
     def _instances(self, root: Path) -> int:
         """Instance files under ``root`` of the target (by header), or older than the cutoff."""
@@ -232,7 +251,7 @@ class Sweep:
             if self.cutoff is not None:
                 hit = mtime(path) < self.cutoff
             else:
-                head = read_header(path) if path.suffix in (".dcm", ".part", "") else None
+                head = self.header(path) if maybe_dicom(path) else None
                 hit = head is not None and self.target.header_matches(*head)
             if hit:
                 self.rm.add(path)
@@ -247,17 +266,18 @@ class Sweep:
         root, report = self.places.suite_runs, self.report
         if root is None or not root.is_dir():
             return
-        review = self._review()
-        for folder in sorted(p for p in root.iterdir() if (p / STORE_FILE).is_file()):
-            ids = case_ids(folder, self.target)
+        review, url = self._review(), self.places.database_url
+        for folder in sorted(p for p in root.iterdir() if store_exists(p, url)):
+            ids = case_ids(folder, self.target, url)
             if not ids:
                 continue
             report.counts.suite_cases += len(ids)
             if self.dry_run:
                 continue
-            with RunStore(folder) as store:
+            with open_store(folder, database_url=url) as store:
                 report.counts.suite_rows += store.erase_cases(ids)
-            vacuum_sqlite(folder / STORE_FILE)
+            if url is None:
+                vacuum_sqlite(folder / STORE_FILE)
             if review is not None:
                 report.counts.review_events += review.erase([folder.name], ids)
             # the run's exports hold the cases too: rebuilt from the log on demand
@@ -340,17 +360,6 @@ class Sweep:
                     for key in instances:
                         orthanc.delete_instance(key.instance_id)
         self.report.counts.pacs_objects = n
-
-
-def case_ids(folder: Path, target: PurgeTarget) -> list[str]:
-    """The cases of the target in the run store of ``folder`` ([] when none or unreadable)."""
-    if not (folder / STORE_FILE).is_file():
-        return []
-    try:
-        with RunStore(folder) as store:
-            return store.case_ids_of(patient_id=target.patient_id, study_uid=target.study_uid)
-    except (OSError, EvaluationError, sqlite3.Error, ValueError):
-        return []
 
 
 def _state(path: Path) -> StudyState | None:

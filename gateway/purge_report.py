@@ -37,6 +37,7 @@ class PurgeCounts(BaseModel):
     suite_rows: int = 0  # their rows
     registered_cases: int = 0
     pacs_objects: int = 0  # SR and PDF instances the sandbox wrote into Orthanc
+    run_log_rows: int = 0  # rows of the purged runs deleted from a PostgreSQL run log
     files: int = 0  # every file deleted, all places together
     bytes: int = 0
 
@@ -58,6 +59,8 @@ class PurgeReport(BaseModel):
     counts: PurgeCounts = Field(default_factory=PurgeCounts)
     left: list[str] = Field(default_factory=list)  # what was not purged, and why
     run_ids: list[str] = Field(default_factory=list)  # the gateway runs purged
+    # a patient's issuers (IssuerOfPatientID) its purged data carried ("": none)
+    issuers: list[str] = Field(default_factory=list)
 
 
 def subject_hash(data_dir: Path, target: PurgeTarget) -> str:
@@ -72,7 +75,7 @@ def subject_hash(data_dir: Path, target: PurgeTarget) -> str:
         with os.fdopen(fd, "wb") as fh:
             fh.write(secrets.token_bytes(32))
     text = (
-        f"patient:{target.patient_id}\\{target.issuer}"
+        f"patient:{target.patient_id}\\{target.issuer or ''}"
         if target.kind == "patient"
         else f"study:{target.study_uid}"
     )

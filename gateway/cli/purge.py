@@ -17,8 +17,13 @@ def purge_command(
         str | None, typer.Option("--patient", help="PatientID (with --issuer when it has one)")
     ] = None,
     issuer: Annotated[
-        str, typer.Option("--issuer", help="IssuerOfPatientID of --patient (default: none)")
-    ] = "",
+        str | None,
+        typer.Option(
+            "--issuer",
+            help="IssuerOfPatientID of --patient (default: whichever the patient's data carry; "
+            "refused, naming them, when they carry two)",
+        ),
+    ] = None,
     study: Annotated[
         str | None, typer.Option("--study", help="StudyInstanceUID (every patient under it)")
     ] = None,
@@ -89,6 +94,9 @@ def _print(report: object) -> None:
     for name, value in report.counts.model_dump().items():
         table.add_row(name.replace("_", " "), str(value))
     table_console().print(table)
+    if report.issuers:
+        shown = ", ".join(i or "(none)" for i in report.issuers)
+        table_console().print(f"issuers matched: {shown}", markup=False)
     for line in report.left:
         table_console().print(f"left: {line}", markup=False)
     if report.subject:
