@@ -125,10 +125,11 @@ def test_a_gateway_case_under_a_relative_data_dir_shows_its_images_from_any_dire
     # every path the run stored is absolute and exists
     for root in run.case_roots.values():
         assert Path(root).is_absolute() and Path(root).is_dir()
-    state = gw.pipeline.runs.study_state(StudyKey(study_uid=study.study_uid,
-                                                  patient_id=study.patient_id))  # fmt: skip
-    assert state.sr_paths and all(Path(p).is_absolute() and Path(p).is_file()
-                                  for p in state.sr_paths)  # fmt: skip
+    last = gw.pipeline.runs.last_evaluation(StudyKey(study_uid=study.study_uid,
+                                                     patient_id=study.patient_id))  # fmt: skip
+    assert last.run_id == run_id
+    assert rec.sr_paths and all(Path(p).is_absolute() and Path(p).is_file()
+                                for p in rec.sr_paths)  # fmt: skip
     # `neurosandbox report` rebuilds the bundle from another directory, images included
     out = elsewhere / "again"
     r = CliRunner().invoke(app, ["report", str(bundle), "--out", str(out), "--no-pdf"])
