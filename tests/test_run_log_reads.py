@@ -183,6 +183,8 @@ def test_one_study_leaves_one_source_the_run_log_and_exports_never_read_back(
     others = [f for f in run_files if f not in sources and f not in exports]
     for f in others:
         assert not f.endswith(("rundata.json", "run.json")), f
+    # the SR's evidence is in the run's record (GatewayRun.evidence), not a file of its own
+    assert not [f for f in files if f.endswith("evidence.json")], files
     print("\n".join(["sources:", *sources, "exports:", *exports, "beside the log:", *others]))
 
     truth = _report_json(world.client, run_id)
