@@ -8,7 +8,11 @@ evaluated, the SR's evidence), in the run folder's run.sqlite or, with
   queue lists the run, and the pipeline's stage changes were small updates (counted);
 - a data folder written by the code before GatewayRun (tests/data/gateway_legacy) is read,
   and its record moved into the log with the facts the folder kept elsewhere;
-- the gateway refuses a PostgreSQL run log of an older schema, naming the command to run.
+- the gateway refuses a PostgreSQL run log of an older schema, naming the command to run;
+- the SR's evidence is written once per run (a trigger counts the statements that write its
+  column): later changes of the record leave it as stored;
+- runs made on SQLite before an install switched to PostgreSQL are listed beside the
+  database's (newest first), read and changed in their own run.sqlite.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from orthanc_fixture import OrthancServer
 from pg_server import fresh_pg_database
 from review_server import bearer
 
-from evaluation.log import RunStore, SchemaOutOfDateError, upgrade
+from evaluation.log import EvidenceRef, RunStore, SchemaOutOfDateError, WriteBack, upgrade
 from gateway.api import create_app
 from gateway.runs import GATEWAY_NOTE, RunStatus, StudyRunStore
 from gateway.serve import build_gateway, check_run_log
@@ -63,12 +67,34 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     return calls
 
 
+# every statement that writes gateway_runs.evidence_json, counted by the database itself
+_PG_COUNT_EVIDENCE = (
+    "CREATE TABLE evidence_writes (run_id text)",
+    "CREATE FUNCTION count_evidence() RETURNS trigger LANGUAGE plpgsql AS "
+    "$$ BEGIN INSERT INTO evidence_writes VALUES (NEW.run_id); RETURN NEW; END $$",
+    "CREATE TRIGGER evidence_inserted AFTER INSERT ON gateway_runs FOR EACH ROW "
+    "WHEN (NEW.evidence_json IS NOT NULL) EXECUTE FUNCTION count_evidence()",
+    "CREATE TRIGGER evidence_updated AFTER UPDATE OF evidence_json ON gateway_runs "
+    "FOR EACH ROW EXECUTE FUNCTION count_evidence()",
+)
+_SQLITE_COUNT_EVIDENCE = (
+    "CREATE TABLE evidence_writes (run_id TEXT)",
+    "CREATE TRIGGER evidence_inserted AFTER INSERT ON gateway_runs "
+    "WHEN NEW.evidence_json IS NOT NULL BEGIN INSERT INTO evidence_writes VALUES (NEW.run_id); END",
+    "CREATE TRIGGER evidence_updated AFTER UPDATE OF evidence_json ON gateway_runs "
+    "BEGIN INSERT INTO evidence_writes VALUES (NEW.run_id); END",
+)
+
+
 @pytest.fixture
 def pg_gateway(
     orthanc_server: OrthancServer, pg_url: str, tmp_path: Path, counted: Counter[str]
 ) -> Iterator[tuple[object, str, Path]]:
     url = fresh_pg_database(pg_url)
     upgrade(url)  # `neurosandbox db upgrade`
+    with psycopg.connect(_pg(url), autocommit=True) as con:
+        for sql in _PG_COUNT_EVIDENCE:
+            con.execute(sql)
     data = tmp_path / "data"
     routing = rules_file(tmp_path / "rules.yaml", ["differential"], "pg")
     gw = start_gateway(orthanc_server, data, routing, 1.0, database_url=url)
@@ -112,6 +138,10 @@ def test_a_stored_study_is_one_gatewayrun_row_in_postgresql_and_in_the_review_qu
             "SELECT count(*) FROM samples WHERE run_id = %s", (run.run_id,)
         ).fetchone()
     assert n > 0
+    # the SR's evidence was written once (with the write-backs pending), never rewritten
+    with psycopg.connect(_pg(url)) as con:
+        written = con.execute("SELECT run_id FROM evidence_writes").fetchall()
+    assert written == [(run.run_id,)], written
     # listing asks the database, not the folders
     assert gw.ctx.runs.ids() == [run.run_id]  # type: ignore[attr-defined]
     # the study's state keeps what spans runs, and points at its evaluation
@@ -218,3 +248,81 @@ def test_the_gateway_refuses_a_postgresql_run_log_of_an_older_schema(
     with pytest.raises(SchemaOutOfDateError, match=r"0002_run_keys.*neurosandbox db upgrade"):
         check_run_log(settings)
     assert not (tmp_path / "data" / "runs").exists()  # refused before anything was made
+
+
+def _evidence(n: int) -> list[EvidenceRef]:
+    return [
+        EvidenceRef(series_uid="1.2.3.4", sop_instance_uid=f"1.2.3.4.{i}", sop_class_uid="1.2.840",
+                    header='{"00100010": {"vr": "PN"}}' * 200 if i == 1 else None)
+        for i in range(1, n + 1)
+    ]  # fmt: skip
+
+
+def test_the_srs_evidence_is_written_once_and_later_changes_leave_it(tmp_path: Path) -> None:
+    runs = StudyRunStore(tmp_path / "data")
+    from gateway.runs import RunRecord
+
+    run_id = runs.new_id()
+    runs.create(RunRecord(run_id=run_id, trigger="dicom", study_uid="1.2.3"))
+    engine = sa.create_engine(f"sqlite:///{runs.store_path(run_id)}")
+    with engine.begin() as con:
+        for sql in _SQLITE_COUNT_EVIDENCE:
+            con.exec_driver_sql(sql)
+    pending = [WriteBack(kind="sr", sop_instance_uid="1.2.3.9.1", model="m")]
+    # the pipeline's order: the evidence with the write-backs pending, then the write-back done
+    runs.update(run_id, version=1, evidence=_evidence(3), writebacks_pending=pending)
+    runs.update(run_id, stage="writing back", progress=0.8)
+    done = [pending[0].model_copy(update={"at": "2026-01-01T00:00:00+00:00"})]
+    runs.finish(run_id, RunStatus.DONE, sr_sop_uids={"m": "1.2.3.9.1"}, writebacks_pending=[],
+                writebacks_done=done, warnings=["w"], timings_s={"done": 1.0})  # fmt: skip
+    runs.update(run_id, requested_by="token-1")
+    with engine.connect() as con:
+        written = con.exec_driver_sql("SELECT run_id FROM evidence_writes").fetchall()
+    engine.dispose()
+    assert written == [(run_id,)], written
+    rec = runs.get(run_id)  # everything else changed, the evidence as first stored
+    assert rec.status is RunStatus.DONE and rec.writebacks_done == done and rec.warnings == ["w"]
+    assert rec.requested_by == "token-1" and rec.version == 1 and rec.progress == 1.0
+    assert rec.evidence == _evidence(3)
+    # a change of the evidence itself rewrites it
+    runs.update(run_id, evidence=_evidence(2))
+    assert runs.get(run_id).evidence == _evidence(2)
+
+
+def test_runs_made_on_sqlite_before_the_switch_to_postgresql_are_listed_read_and_changed(
+    pg_url: str, tmp_path: Path
+) -> None:
+    from gateway.runs import RunRecord
+
+    data = tmp_path / "data"
+    shutil.copytree(LEGACY, data)
+    before = StudyRunStore(data)  # the install on SQLite: its runs' records moved into the log
+    assert before.get(DONE).status is RunStatus.DONE and before.ids() == [RUNNING, DONE]
+    url = fresh_pg_database(pg_url)
+    upgrade(url)
+    runs = StudyRunStore(data, database_url=url)  # the same install, now on PostgreSQL
+    new = runs.new_id()
+    runs.create(RunRecord(run_id=new, trigger="dicom", study_uid=STUDY, status=RunStatus.DONE))
+    assert (runs.run_dir(new) / "run.db.json").is_file()
+    # listed beside the database's runs, newest first; by study too; a limit keeps the newest
+    assert runs.ids() == [new, RUNNING, DONE]
+    assert runs.ids(after=DONE) == [new, RUNNING]
+    assert [r.run_id for r in runs.list()] == [new, RUNNING, DONE]
+    assert [r.run_id for r in runs.list(limit=2)] == [new, RUNNING]
+    assert [r.run_id for r in runs.list(study_uid=STUDY)] == [new, RUNNING, DONE]
+    # read where it is (the evidence of its old bundle included), and changed there
+    rec = runs.get(DONE)
+    assert rec.version == 1 and rec.evidence[0].sop_instance_uid == f"{STUDY}.1.1"
+    assert runs.has_store(DONE) and runs.store_path(DONE).name == "run.sqlite"
+    runs.update(DONE, warnings=["changed after the switch"])
+    assert runs.get(DONE).warnings == ["changed after the switch"]
+    with RunStore(runs.run_dir(DONE)) as store:  # in its own file
+        row = store.gateway_run()
+        assert row is not None and row.warnings == ["changed after the switch"]
+    with psycopg.connect(_pg(url)) as con:
+        ids = [r[0] for r in con.execute("SELECT run_id FROM gateway_runs").fetchall()]
+    assert ids == [new]  # nothing of the old runs was written into the database
+    assert not (runs.run_dir(DONE) / "run.db.json").exists()
+    # a run killed mid-way before the switch is interrupted at the next start, in its file
+    assert runs.mark_interrupted() == [RUNNING]
+    assert runs.get(RUNNING).status is RunStatus.INTERRUPTED

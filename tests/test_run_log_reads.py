@@ -9,6 +9,10 @@ the session Orthanc, the built-in evaluator), then the review queue, the case pa
 - every file the run leaves under the data folder is listed: the run log is the one source;
   the exports (the bundle's JSON, HTML, checklists) corrupted, every reader still gives the
   run as the log holds it.
+
+Each test runs on both engines of the run log: the run folder's ``run.sqlite``, and the
+install's PostgreSQL (``NEUROSANDBOX_DATABASE_URL``; a server the tests start), where the run
+folder holds only the marker naming the run's rows.
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ from gateway_inproc import finished_runs, rules_file, start_gateway
 from gateway_process import send
 from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
+from pg_server import fresh_pg_database
 from review_server import bearer
 from typer.testing import CliRunner
 
-from evaluation.log import RunData
+from evaluation.log import RunData, upgrade
 from evaluation.parsing import ParsedAnswer
 from evaluation.reports import case_slug
 from evaluation.scores import ParseStatus
@@ -49,6 +54,7 @@ class World:
     data: Path
     run: RunRecord
     case_id: str
+    database_url: str | None  # the install's PostgreSQL run log; None: run.sqlite per run
 
     @property
     def run_dir(self) -> Path:
@@ -59,12 +65,30 @@ class World:
         return self.gw.ctx.runs.report_folder(self.run.run_id)
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine_url(request: pytest.FixtureRequest) -> str | None:
+    """The run log of the test's gateway: None (a run.sqlite per run) or a fresh PostgreSQL
+    database, migrated as `neurosandbox db upgrade` does."""
+    if request.param == "sqlite":
+        return None
+    url = fresh_pg_database(request.getfixturevalue("pg_url"))
+    upgrade(url)
+    return url
+
+
 @pytest.fixture
-def world(orthanc_server: OrthancServer, tmp_path: Path) -> Iterator[World]:
+def world(
+    orthanc_server: OrthancServer,
+    tmp_path: Path,
+    engine_url: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[World]:
     study = make_study(tmp_path / "study", classes=("FLAIR",), n_slices=4, patient_id="NSBX-LOG-1")
     data = tmp_path / "data"
     routing = rules_file(tmp_path / "rules.yaml", ["differential"], "log")
-    gw = start_gateway(orthanc_server, data, routing, 1.0)
+    if engine_url is not None:  # what the CLI's commands read (`runs rescore`)
+        monkeypatch.setenv("NEUROSANDBOX_DATABASE_URL", engine_url)
+    gw = start_gateway(orthanc_server, data, routing, 1.0, database_url=engine_url)
     try:
         send(gw.scp.port, study.files)
         [run] = finished_runs(gw, 1, study.study_uid)
@@ -73,7 +97,7 @@ def world(orthanc_server: OrthancServer, tmp_path: Path) -> Iterator[World]:
             client.headers.update(bearer(gw.ctx, "Dr Log", "Log^Lena"))
             svc_run = _report_json(client, run.run_id)
             [case] = svc_run.cases
-            yield World(gw, client, data, run, case.case_id)
+            yield World(gw, client, data, run, case.case_id, engine_url)
     finally:
         gw.stop()
 
@@ -174,7 +198,12 @@ def test_one_study_leaves_one_source_the_run_log_and_exports_never_read_back(
     files = _files(world.data)
     run_files = [f for f in files if run_id in f]
     sources = [f for f in run_files if f.startswith(f"runs/{run_id}/run.sqlite")]
-    assert sources, run_files
+    if world.database_url is None:
+        assert sources, run_files
+    else:  # the rows are in the install's database; the folder names them
+        assert not sources, run_files
+        sources = [f"runs/{run_id}/run.db.json"]
+        assert sources[0] in run_files
     exports = [f for f in run_files if f.startswith(f"reports/{run_id}/")]
     assert f"reports/{run_id}/rundata.json" in exports
     assert any(f.endswith(".html") for f in exports) and any(f.endswith(".json") for f in exports)
@@ -206,3 +235,33 @@ def test_one_study_leaves_one_source_the_run_log_and_exports_never_read_back(
     shutil.rmtree(world.bundle)
     assert _row(world.client, run_id, world.case_id) == queue_before
     assert json.loads(world.client.get(f"/runs/{run_id}/report.json").content)["run_id"] == run_id
+
+
+@pytest.mark.parametrize("engine_url", ["sqlite"], indirect=True)
+def test_a_run_made_on_sqlite_is_reviewed_and_rescored_after_the_switch_to_postgresql(
+    world: World, pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gateway.cli import app
+
+    url = fresh_pg_database(pg_url)
+    upgrade(url)
+    runs = world.gw.ctx.runs
+    run_id = world.run.run_id
+    truth = _report_json(world.client, run_id)
+    before = _row(world.client, run_id, world.case_id)
+    # the install switches to PostgreSQL (NEUROSANDBOX_DATABASE_URL): a run made since ...
+    runs.database_url = url
+    newer = runs.new_id()
+    runs.create(RunRecord(run_id=newer, trigger="api", status=RunStatus.DONE))
+    # ... is listed first, the run of before from its run.sqlite after it
+    assert runs.ids() == [newer, run_id] and [r.run_id for r in runs.list()] == [newer, run_id]
+    assert _report_json(world.client, run_id).model_dump() == truth.model_dump()
+    assert _row(world.client, run_id, world.case_id) == before
+    # `runs rescore` on the PostgreSQL install rescores it in its file, and the queue shows it
+    monkeypatch.setattr("evaluation.scoring_bridge.parse_answer", _new_rule)
+    monkeypatch.setenv("NEUROSANDBOX_DATA_DIR", str(world.data))
+    monkeypatch.setenv("NEUROSANDBOX_DATABASE_URL", url)
+    out = CliRunner().invoke(app, ["runs", "rescore", str(world.run_dir)])
+    assert out.exit_code == 0, out.output
+    assert "NSBX-RULE-CHANGED" in _row(world.client, run_id, world.case_id)
+    assert not (world.run_dir / "run.db.json").exists()  # never moved half into the database

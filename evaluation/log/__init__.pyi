@@ -27,5 +27,8 @@ from .store import PG_MARKER as PG_MARKER
 from .store import STORE_FILE as STORE_FILE
 from .store import RunStore as RunStore
 from .store import open_store as open_store
+from .store import run_database as run_database
 from .store import store_exists as store_exists
+from .store import store_file as store_file
+from .store import write_stamp as write_stamp
 from .writes import sample_id as sample_id

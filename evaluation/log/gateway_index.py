@@ -1,6 +1,8 @@
-"""The gateway's runs of an install, listed from its PostgreSQL run log by one query each (with
-SQLite, one file per run, the gateway lists its run folders instead). Rows are read without the
-SR's evidence (large, and no listing shows it): ``RunStore.gateway_run`` reads a run whole."""
+"""The gateway's runs as rows of ``gateway_runs``: a ``GatewayRun`` to its row and back (the one
+encoding, which ``RunStore`` writes and reads too), and the runs of an install listed from its
+PostgreSQL run log by one query each (with SQLite, one file per run, the gateway lists its run
+folders instead). Listings read rows without the SR's evidence (large, and no listing shows it):
+``RunStore.gateway_run`` reads a run whole."""
 
 from __future__ import annotations
 
@@ -14,14 +16,35 @@ from evaluation.log import db as db_
 from evaluation.log import schema as t_
 from evaluation.log.records import GatewayRun
 
-_COLUMNS = ("status", "stage", "progress", "started_at", "finished_at", "error")
+# the record's facts that are columns of their own (one small UPDATE per pipeline stage)
+COLUMNS = ("status", "stage", "progress", "started_at", "finished_at", "error")
 
 
-def gateway_run_of_row(m: Any, evidence: str | None = None) -> GatewayRun:
-    """A ``gateway_runs`` row (its mapping) as the record; ``evidence``: its evidence JSON."""
+def gateway_run_row(run: GatewayRun, *, evidence: bool = True) -> dict[str, Any]:
+    """The ``gateway_runs`` row of ``run`` (without ``run_id`` and ``updated_at``, which the
+    store adds); ``evidence`` False: without ``evidence_json`` (left as stored)."""
+    row: dict[str, Any] = {c: getattr(run, c) for c in COLUMNS}
+    row["status"] = run.status.value
+    row |= {
+        "study_uid": run.study_uid,
+        "patient_id": None,
+        "timings_json": json.dumps(run.timings_s),
+        "record_json": run.model_dump_json(exclude={"evidence", "timings_s", *COLUMNS}),
+    }
+    if evidence:
+        row["evidence_json"] = (
+            json.dumps([e.model_dump() for e in run.evidence]) if run.evidence else None
+        )
+    return row
+
+
+def gateway_run_of_row(m: Any) -> GatewayRun:
+    """A ``gateway_runs`` row (its mapping) as the record; a row read without its
+    ``evidence_json`` column gives a record without evidence."""
     data = json.loads(m["record_json"])
-    data |= {c: m[c] for c in _COLUMNS}
+    data |= {c: m[c] for c in COLUMNS}
     data["timings_s"] = json.loads(m["timings_json"])
+    evidence = m.get("evidence_json")
     data["evidence"] = json.loads(evidence) if evidence else []
     return GatewayRun.model_validate(data)
 

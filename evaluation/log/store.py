@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -39,6 +40,7 @@ from evaluation.coverage import CaseCoverage, SkippedCase
 from evaluation.errors import StoreError
 from evaluation.log import db as db_
 from evaluation.log import schema as t_
+from evaluation.log.gateway_index import gateway_run_of_row, gateway_run_row
 from evaluation.log.records import (
     STAGE_FIELDS,
     CallErrors,
@@ -74,6 +76,8 @@ STORE_FILE = "run.sqlite"
 # With PostgreSQL the run folder keeps its images and exports, and this file naming its run id.
 PG_MARKER = "run.db.json"
 _CASES_EVALUATED = "cases_evaluated"  # meta key: set once a run recorded its coverage
+# meta key: a token every committed write of the run replaces (``write_stamp``)
+LAST_WRITE = "last_write"
 _SQL: dict[str, dict[str, str]] = {}  # dialect -> compiled write statements
 _SQL_LOCK = threading.Lock()
 
@@ -85,9 +89,75 @@ def _sql_for(dialect: sa.Dialect) -> dict[str, str]:
         return _SQL[dialect.name]
 
 
+def _folder(run_dir: Path) -> Path:
+    run_dir = Path(run_dir)
+    return run_dir.parent if run_dir.suffix == ".sqlite" else run_dir
+
+
+def run_database(run_dir: Path, database_url: str | None = None) -> str | None:
+    """Where the run of ``run_dir`` keeps its rows: the PostgreSQL run log at ``database_url``,
+    or None for the folder's own ``run.sqlite``. A run made before the install switched to
+    PostgreSQL (a ``run.sqlite`` and no marker) stays in its file: it is read, resumed and
+    re-scored there, and listed beside the database's runs."""
+    if not db_.is_postgres(database_url):
+        return None
+    folder = _folder(run_dir)
+    if not (folder / PG_MARKER).is_file() and (folder / STORE_FILE).is_file():
+        return None
+    return database_url
+
+
+def store_file(run_dir: Path, database_url: str | None = None) -> Path:
+    """The file that names the run's store in ``run_dir``: its ``run.sqlite``, or the marker
+    of its rows in the PostgreSQL run log (``run_database``); it may not exist yet."""
+    folder = _folder(run_dir)
+    return folder / (PG_MARKER if run_database(folder, database_url) else STORE_FILE)
+
+
 def store_exists(run_dir: Path, database_url: str | None = None) -> bool:
     """Whether ``run_dir`` holds a run store (its file, or its PostgreSQL marker)."""
-    return (Path(run_dir) / (PG_MARKER if db_.is_postgres(database_url) else STORE_FILE)).is_file()
+    return store_file(run_dir, database_url).is_file()
+
+
+def _new_stamp() -> dict[str, Any]:
+    return {"key": LAST_WRITE, "value": os.urandom(8).hex()}
+
+
+def write_stamp(run_dir: Path, database_url: str | None = None) -> str | None:
+    """The run's last-write stamp, by one query: a token that every committed write of the
+    run's rows (engine, scores, the gateway's record) replaces, on either engine, so a reader
+    keeps what it read until the stamp changes. None: no store here, or a store not written
+    since stamps were kept (an older file: its modification time says more)."""
+    folder = _folder(run_dir)
+    url = run_database(folder, database_url)
+    marker = folder / PG_MARKER
+    if url is None:
+        path = folder / STORE_FILE
+        if not path.is_file():
+            return None
+        try:
+            con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=10)
+            try:
+                row = con.execute("SELECT value FROM meta WHERE key = ?", (LAST_WRITE,)).fetchone()
+            finally:
+                con.close()
+        except sqlite3.Error:  # an older layout, a damaged file: no stamp
+            return None
+        return str(row[0]) if row else None
+    if not marker.is_file():
+        return None
+    try:
+        run_id = str(json.loads(marker.read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    m = t_.meta
+    stmt = sa.select(m.c.value).where(m.c.run_id == run_id, m.c.key == LAST_WRITE)
+    try:
+        with db_.postgres_engine(url).connect() as conn:
+            value = conn.execute(stmt).scalar()
+    except sa.exc.DBAPIError as exc:
+        raise StoreError(f"run log at {db_.safe_url(url)} could not be read: {exc.orig}") from exc
+    return None if value is None else str(value)
 
 
 def open_store(
@@ -101,14 +171,16 @@ def open_store(
 ) -> RunStore:
     """The store of the run in ``run_dir``: its ``run.sqlite`` (``database_url`` None), or its
     rows in the PostgreSQL database at ``database_url`` (the run id: ``run_id``, else the one
-    the folder's marker names, else the folder's name). ``read_only``: never written (nor
-    migrated: a SQLite file of an older layout is read as it is)."""
+    the folder's marker names, else the folder's name); a run the folder keeps in its own
+    ``run.sqlite`` (made before the install's PostgreSQL) is opened there (``run_database``).
+    ``read_only``: never written (nor migrated: a SQLite file of an older layout is read as it
+    is)."""
     return RunStore(
         run_dir,
         create=create,
         durable=durable,
         run_id=run_id,
-        database_url=database_url,
+        database_url=run_database(run_dir, database_url),
         read_only=read_only,
     )
 
@@ -250,12 +322,20 @@ class RunStore:
         return {**args, "run_id": self.run_id}
 
     def _tx(self, statements: Statements) -> None:
+        with self._writing() as cur:
+            for name, args in statements:
+                cur.execute(self._sql[name], self._params(args))
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Any]:
+        """One committed transaction on the store's connection (its driver cursor), ending with
+        the run's new last-write stamp (``write_stamp``); rolled back on any error."""
         with self._lock:
             cur = self._raw.cursor()
             cur.execute(self._begin())
             try:
-                for name, args in statements:
-                    cur.execute(self._sql[name], self._params(args))
+                yield cur
+                cur.execute(self._sql["meta"], self._params(_new_stamp()))
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
@@ -284,6 +364,7 @@ class RunStore:
                 for statements in records:
                     for name, args in statements:
                         cur.execute(sql[name], self._params(args))
+                cur.execute(sql["meta"], self._params(_new_stamp()))
             except Exception:
                 cur.execute("ROLLBACK")
             except BaseException:
@@ -313,6 +394,7 @@ class RunStore:
                     else:
                         results.append(None)
                     cur.execute(f"RELEASE SAVEPOINT r{n}")
+                cur.execute(sql["meta"], self._params(_new_stamp()))
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
@@ -450,26 +532,23 @@ class RunStore:
 
     # ------------------------------------------------------------------ the gateway's run
 
-    _GATEWAY_COLUMNS = ("status", "stage", "progress", "started_at", "finished_at", "error")
-
     def put_gateway_run(self, run: GatewayRun) -> None:
-        """Record (or replace) the gateway's run, whole."""
+        """Record (or replace) the gateway's run, whole (its SR's evidence included)."""
         if run.run_id != self.run_id:
             raise StoreError(f"gateway run {run.run_id} put in the store of run {self.run_id}")
-        rest = run.model_dump_json(exclude={"evidence", "timings_s", *self._GATEWAY_COLUMNS})
-        row = {c: getattr(run, c) for c in self._GATEWAY_COLUMNS}
-        row["status"] = run.status.value
-        row |= {
-            "study_uid": run.study_uid,
-            "patient_id": None,
-            "timings_json": json.dumps(run.timings_s),
-            "record_json": rest,
-            "evidence_json": json.dumps([e.model_dump() for e in run.evidence])
-            if run.evidence
-            else None,
-            "updated_at": now(),
-        }
-        self._tx([("gateway_run", row)])
+        self._tx([("gateway_run", {**gateway_run_row(run), "updated_at": now()})])
+
+    def update_gateway_run(self, run: GatewayRun) -> None:
+        """Rewrite the gateway's recorded run except its SR's evidence, which stays as stored
+        (written once, by ``put_gateway_run``): ``run`` may come from ``gateway_run(evidence=
+        False)``. Raises StoreError when no gateway run is recorded."""
+        if run.run_id != self.run_id:
+            raise StoreError(f"gateway run {run.run_id} put in the store of run {self.run_id}")
+        row = {**gateway_run_row(run, evidence=False), "updated_at": now()}
+        with self._writing() as cur:
+            cur.execute(self._sql["gateway_run_update"], self._params(row))
+            if not cur.rowcount:
+                raise StoreError(f"{self.path}: no gateway run recorded for run {self.run_id}")
 
     def set_gateway_stage(self, stage: str, progress: float, **fields: Any) -> None:
         """One small UPDATE: the run's stage and progress, and any of ``STAGE_FIELDS``
@@ -487,24 +566,21 @@ class RunStore:
             else:
                 values[k] = v.value if isinstance(v, RunStatus) else v
         g = t_.gateway_runs
-        with self._lock:
+        with self._writing():
             n = self._conn.execute(sa.update(g).where(self._mine(g)).values(values)).rowcount
-        if not n:
-            raise StoreError(f"{self.path}: no gateway run recorded for run {self.run_id}")
+            if not n:
+                raise StoreError(f"{self.path}: no gateway run recorded for run {self.run_id}")
 
-    def gateway_run(self) -> GatewayRun | None:
-        """The gateway's run (None: none recorded). A store of before the table reads the
-        record the gateway kept as its ``gateway`` note."""
+    def gateway_run(self, *, evidence: bool = True) -> GatewayRun | None:
+        """The gateway's run (None: none recorded); ``evidence`` False: without its SR's
+        evidence (not read). A store of before the table reads the record the gateway kept as
+        its ``gateway`` note."""
         g = t_.gateway_runs
-        row = self._one(sa.select(g).where(self._mine(g)))
+        cols = [c for c in g.c if evidence or c.name != "evidence_json"]
+        row = self._one(sa.select(*cols).where(self._mine(g)))
         if row is None:
             return self._gateway_run_from_note()
-        m = row._mapping
-        data = json.loads(m["record_json"])
-        data |= {c: m[c] for c in self._GATEWAY_COLUMNS}
-        data["timings_s"] = json.loads(m["timings_json"])
-        data["evidence"] = json.loads(m["evidence_json"]) if m["evidence_json"] else []
-        return GatewayRun.model_validate(data)
+        return gateway_run_of_row(row._mapping)
 
     def _gateway_run_from_note(self) -> GatewayRun | None:
         text = self.note("gateway")
@@ -639,15 +715,9 @@ class RunStore:
         for table in (t_.audit, t_.samples, t_.requests, t_.cases, t_.skipped_cases):
             stmts.append(sa.delete(table).where(self._mine(table), table.c.case_id.in_(ids)))
         n = 0
-        with self._lock:
-            self._conn.exec_driver_sql(self._begin())
-            try:
-                for stmt in stmts:
-                    n += self._conn.execute(stmt).rowcount or 0
-            except BaseException:
-                self._conn.exec_driver_sql("ROLLBACK")
-                raise
-            self._conn.exec_driver_sql("COMMIT")
+        with self._writing():
+            for stmt in stmts:
+                n += self._conn.execute(stmt).rowcount or 0
         return n
 
     def erase_run(self) -> int:

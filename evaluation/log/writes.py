@@ -97,6 +97,10 @@ def _statements(dialect: str) -> dict[str, sa.Executable]:
         .values(status=sa.bindparam("status"), updated_at=sa.bindparam("updated_at")),
         "run": sa.insert(t_.run).values(_cols(t_.run)),
         "gateway_run": upsert(t_.gateway_runs),
+        # the record changed, its SR's evidence (large, written once) left as it is
+        "gateway_run_update": sa.update(t_.gateway_runs)
+        .where(_key(t_.gateway_runs, *rid))
+        .values(_cols(t_.gateway_runs, "run_id", "evidence_json")),
     }
 
 

@@ -25,12 +25,10 @@ if TYPE_CHECKING:
 def find_store(rundir: Path, database_url: str | None = None) -> Path | None:
     """The engine's store in ``rundir``, if there is one: its ``run.sqlite``, or with
     ``database_url`` (the PostgreSQL run log) the folder's marker naming its run."""
-    from evaluation.log.db import is_postgres
-    from evaluation.log.store import PG_MARKER, STORE_FILE, store_exists
+    from evaluation.log.store import store_file
 
-    if not store_exists(Path(rundir), database_url):
-        return None
-    return Path(rundir) / (PG_MARKER if is_postgres(database_url) else STORE_FILE)
+    path = store_file(Path(rundir), database_url)  # a run.sqlite of before the switch too
+    return path if path.is_file() else None
 
 
 def _sent(turns: list[SampleTurn], held: dict[str, SentRequest]) -> str | None:

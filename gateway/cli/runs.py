@@ -61,19 +61,21 @@ def runs_list(
 
     settings = get_settings()
     # with the PostgreSQL run log, a run folder holds the marker naming its run, not its rows
-    marker = PG_MARKER if settings.database_url else STORE_FILE
+    # (or its own run.sqlite when it was made before the install switched: listed too)
+    markers = (PG_MARKER, STORE_FILE) if settings.database_url else (STORE_FILE,)
     root = folder or settings.runs_dir
-    stores = sorted(root.glob(f"*/{marker}")) if root.exists() else []
+    stores = sorted(p for m in markers for p in root.glob(f"*/{m}")) if root.exists() else []
     title = f"runs in {root}"
     gateway = settings.data_dir / "runs"
     if folder is None:  # the gateway's runs (the demo's among them): their run stores
         # (run ids are time-ordered; runs of earlier versions kept theirs in <run id>/engine)
-        stores += sorted(gateway.glob(f"*/engine/{marker}"), key=lambda p: p.stat().st_mtime)
-        stores += sorted(gateway.glob(f"*/{marker}"))
+        for m in markers:
+            stores += sorted(gateway.glob(f"*/engine/{m}"), key=lambda p: p.stat().st_mtime)
+            stores += sorted(gateway.glob(f"*/{m}"))
         title += f" and {gateway}"
         unique: dict[Path, Path] = {}  # the runs folder may be DATA_DIR/runs itself
         for p in stores:
-            unique.setdefault(p.resolve(), p)
+            unique.setdefault(p.parent.resolve(), p)
         stores = list(unique.values())
     table = Table(title=title)
     for col in ("folder", "run", "status", "created", "dataset", "models", "samples"):

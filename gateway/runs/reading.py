@@ -7,10 +7,14 @@ an export written from it (``gateway.runs.report``) and never read back here: a 
 or edited changes nothing a reader sees; ``runs rescore`` changes the log, and the next read
 shows the new scores.
 
-Reading a store costs tens of milliseconds (and the review pages read a run several times per
-request), so the ``RunData`` is kept per run and read again when the store changed: keyed by
-the store file's and its write-ahead log's modification time and size, which every committed
-write changes. (A store without a file of its own, PostgreSQL, is read on every call.)
+The run log is the folder's ``run.sqlite`` or, with ``NEUROSANDBOX_DATABASE_URL``, the install's
+PostgreSQL (``StudyRunStore.database_url``; a run made before the install switched stays in its
+file): the same reads on either. Reading a store costs tens of milliseconds (and the review
+pages read a run several times per request), so the ``RunData`` is kept per run and read again
+when the run's rows changed: keyed by the run's last-write stamp (``evaluation.log.write_stamp``,
+one query: every committed write of the run replaces it, on either engine). A SQLite file not
+written since stamps were kept is keyed by its and its write-ahead log's modification time and
+size instead.
 
 The gateway's own facts (trigger, report version, the UNVERIFIED SR per model, the checklist
 PDF) come from its record of the run, ``RunRecord`` in the log, through ``gateway_facts``:
@@ -26,16 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from evaluation import EvaluationError
-from evaluation.log import RunData
+from evaluation.log import STORE_FILE, RunData, write_stamp
 from evaluation.reports import RunLoadError, run_from_store
 from gateway.runs.store import RunNotFoundError, RunRecord, RunStatus, StudyRunStore
 
 GATEWAY_KEY = "gateway"  # RunData.config entry: the gateway's facts of the run
 MAX_CACHED = 64  # runs kept read (a review page reads one run several times)
-ChangeKey = tuple[tuple[int, int] | None, ...]
+ChangeKey = tuple[object, ...]
+_CacheKey = tuple[str | None, Path]  # the run log's URL (None: a file), the run's folder
 
 _lock = threading.Lock()
-_cache: OrderedDict[Path, tuple[ChangeKey, RunData]] = OrderedDict()
+_cache: OrderedDict[_CacheKey, tuple[ChangeKey, RunData]] = OrderedDict()
 
 
 class RunNotReadableError(RunNotFoundError):
@@ -51,13 +56,20 @@ def _stat(path: Path) -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
-def change_key(store_file: Path) -> ChangeKey | None:
-    """What changes whenever the store at ``store_file`` is written: the modification time and
-    size of the file and of its write-ahead log (SQLite commits there first). None: no file."""
+def change_key(store_file: Path, database_url: str | None = None) -> ChangeKey | None:
+    """What changes whenever the run whose store ``store_file`` names is written: its
+    last-write stamp; for a SQLite file without one, the modification time and size of the
+    file and of its write-ahead log (SQLite commits there first). None: no store."""
     main = _stat(store_file)
     if main is None:
         return None
-    return (main, _stat(store_file.with_name(store_file.name + "-wal")))
+    try:
+        stamp = write_stamp(store_file.parent, database_url)
+    except EvaluationError as exc:  # the database not reachable
+        raise RunNotReadableError(f"run {store_file.parent.name}: {exc}") from None
+    if stamp is not None:
+        return ("stamp", stamp)
+    return ("file", main, _stat(store_file.with_name(store_file.name + "-wal")))
 
 
 def gateway_facts(rec: RunRecord) -> dict[str, Any]:
@@ -86,7 +98,7 @@ def gateway_info(run: RunData) -> dict[str, Any]:
 def _read(runs: StudyRunStore, run_id: str, store_file: Path) -> RunData:
     rec = runs.get(run_id)
     try:
-        run = run_from_store(store_file)
+        run = run_from_store(store_file, database_url=runs.database_url)
     except (EvaluationError, RunLoadError, OSError, ValueError) as exc:
         raise RunNotReadableError(f"run {run_id}: {exc}") from None
     run.config = {**run.config, GATEWAY_KEY: gateway_facts(rec)}
@@ -100,20 +112,21 @@ def read_run(runs: StudyRunStore, run_id: str) -> RunData:
     ``RunNotReadableError``: nothing evaluated to read). Callers share the object: do not
     change it (``model_copy`` first)."""
     store_file = runs.store_path(run_id)
-    key = change_key(store_file)
+    key = change_key(store_file, runs.database_url)
     if key is None:
         raise RunNotFoundError(run_id)
+    where = (runs.database_url if store_file.name != STORE_FILE else None, store_file.parent)
     with _lock:
-        hit = _cache.get(store_file)
+        hit = _cache.get(where)
         if hit is not None and hit[0] == key:
-            _cache.move_to_end(store_file)
+            _cache.move_to_end(where)
             return hit[1]
     run = _read(runs, run_id, store_file)
-    if change_key(store_file) != key:  # written while read: read again next time
+    if change_key(store_file, runs.database_url) != key:  # written while read: not kept
         return run
     with _lock:
-        _cache[store_file] = (key, run)
-        _cache.move_to_end(store_file)
+        _cache[where] = (key, run)
+        _cache.move_to_end(where)
         while len(_cache) > MAX_CACHED:
             _cache.popitem(last=False)
     return run

@@ -54,6 +54,7 @@ from evaluation.log import (
     list_gateway_runs,
     open_store,
     store_exists,
+    store_file,
 )
 from evaluation.reports import RUNDATA_FILE
 from gateway.routing import Route
@@ -192,10 +193,10 @@ class StudyRunStore:
         return self.runs_dir / run_id
 
     def store_path(self, run_id: str) -> Path:
-        """The engine's store of the run in its folder (``run.sqlite``). With PostgreSQL the
-        gateway's record is in the install's run log (the folder holds ``PG_MARKER``); the
-        engine's rows stay in this file until the readers of a run take the database URL."""
-        return self.run_dir(run_id) / STORE_FILE
+        """The file naming the run's store in its folder: its ``run.sqlite``, or with
+        PostgreSQL the marker of its rows in the install's run log (a run made before the
+        install switched keeps its ``run.sqlite``: ``evaluation.log.run_database``)."""
+        return store_file(self.run_dir(run_id), self.database_url)
 
     def has_store(self, run_id: str) -> bool:
         """Whether the run has a run store (its file, or its rows in the install's log)."""
@@ -254,14 +255,8 @@ class StudyRunStore:
         """The run's record (an older folder's is moved into the run log on this first read)."""
         folder = self.run_dir(run_id)
         try:
-            if self.has_store(run_id):
+            if self.has_store(run_id):  # in the install's log, or the folder's run.sqlite
                 with self.open(run_id) as store:
-                    rec = self._current(store, run_id)
-                if rec is not None:
-                    return rec
-            if self.database_url is not None and (folder / STORE_FILE).is_file():
-                # a run of this install from before its PostgreSQL log: read where it is
-                with open_store(folder, run_id=run_id) as store:
                     rec = self._current(store, run_id)
                 if rec is not None:
                     return rec
@@ -338,10 +333,17 @@ class StudyRunStore:
                         small = dict(changes)
                         store.set_gateway_stage(small.pop("stage"), small.pop("progress"), **small)
                         return
-                    old = store.gateway_run()
+                    if "evidence" in changes:
+                        old = store.gateway_run()
+                        if old is None:
+                            raise RunNotFoundError(run_id)
+                        store.put_gateway_run(_changed(old, changes))
+                        return
+                    # the SR's evidence is neither read nor written again (it is large)
+                    old = store.gateway_run(evidence=False)
                     if old is None:
                         raise RunNotFoundError(run_id)
-                    store.put_gateway_run(_changed(old, changes))
+                    store.update_gateway_run(_changed(old, changes))
         except (OSError, EvaluationError, sqlite3.Error):
             raise RunNotFoundError(run_id) from None
 
@@ -353,25 +355,45 @@ class StudyRunStore:
         self.update(run_id, status=status, stage=status.value, finished_at=now_iso(), **changes)
         (self.active_dir / self.run_dir(run_id).name).unlink(missing_ok=True)
 
-    def ids(self, after: str | None = None) -> list[str]:
-        """The ids of the runs with a run store, newest first (those made after the run id
-        ``after`` only, when given): run ids are time-ordered, no record is read. With
-        PostgreSQL, the install's run log is asked."""
-        if self.database_url is not None:
-            return gateway_run_ids(self.database_url, after)
+    def _file_ids(self, after: str | None = None) -> list[str]:
+        """The runs whose folder keeps its own ``run.sqlite`` (all of them with SQLite; with
+        PostgreSQL those made before the install switched), newest first."""
         found = [
             d.name
             for d in (self.runs_dir.iterdir() if self.runs_dir.is_dir() else ())
             if _RUN_ID.match(d.name) and (after is None or d.name > after)
-            and (d / STORE_FILE).is_file()
+            and (d / STORE_FILE).is_file() and store_file(d, self.database_url).name == STORE_FILE
         ]  # fmt: skip
         return sorted(found, reverse=True)
 
+    def ids(self, after: str | None = None) -> list[str]:
+        """The ids of the runs with a run store, newest first (those made after the run id
+        ``after`` only, when given): run ids are time-ordered, no record is read. With
+        PostgreSQL, the install's run log is asked, and the runs made before the install
+        switched to it (each in its folder's ``run.sqlite``) are merged in."""
+        files = self._file_ids(after)
+        if self.database_url is None:
+            return files
+        return sorted({*gateway_run_ids(self.database_url, after), *files}, reverse=True)
+
     def list(self, limit: int = 100, study_uid: str | None = None) -> list[GatewayRun]:
         """The newest runs first (of ``study_uid`` only, when given). With PostgreSQL one query
-        of the install's run log (without the SR's evidence: ``get`` reads a run whole)."""
+        of the install's run log (without the SR's evidence: ``get`` reads a run whole), merged
+        with the runs made before the install switched to it (read from their folders)."""
         if self.database_url is not None:
-            return list_gateway_runs(self.database_url, limit, study_uid)
+            out = list_gateway_runs(self.database_url, limit, study_uid)
+            for run_id in self._file_ids():
+                if len(out) >= limit and run_id < out[-1].run_id:
+                    break  # older than every run kept: no file run below this one is
+                try:
+                    rec = self.get(run_id)
+                except RunNotFoundError:
+                    continue
+                if study_uid is None or rec.study_uid == study_uid:
+                    out.append(rec)
+                    out.sort(key=lambda r: r.run_id, reverse=True)
+                    del out[limit:]
+            return out
         legacy = [
             d
             for d in (self.runs_dir.iterdir() if self.runs_dir.is_dir() else ())
