@@ -218,3 +218,44 @@ def test_a_group_commit_batch_keeps_every_good_record_when_one_fails(
         assert set(store.responses()) == {"a", "b"}
         assert store.run_batch([call("c"), call("d")]) == [None, None]
         assert set(store.responses()) == {"a", "b", "c", "d"}
+
+
+def test_a_transaction_is_one_round_trip_to_postgresql(pg_url: str, tmp_path: Path) -> None:
+    """The statements of one transaction (a call's request and audit row, its response, its
+    sample and a dozen scores, the run's last-write stamp, BEGIN and COMMIT) go to the server
+    together (psycopg's pipeline mode) and are answered once: counted in libpq's own trace of
+    the protocol as the client's Sync messages, one per transaction. (One round trip per
+    statement, as before, cost more of our CPU per call than SQLite's whole write.)"""
+    from pg_server import fresh_pg_database
+
+    from evaluation.log import open_store
+    from evaluation.log.writes import response_statements, sample_id, sample_statements
+    from evaluation.scores import Score
+
+    url = fresh_pg_database(pg_url)
+    req = {"cache_key": "k", "case_id": "c", "task": "t", "family": "f", "model": "m",
+           "sample": 0, "turn": 1, "image_hashes": "[]", "prompt_hash": "h",
+           "request_json": "{}", "created_at": "now"}  # fmt: skip
+    trace = tmp_path / "libpq.trace"
+    with open_store(tmp_path / "r", run_id="r", create=True, database_url=url) as store:
+        fd = os.open(trace, os.O_WRONLY | os.O_CREAT, 0o600)
+        store.connection.pgconn.trace(fd)
+        try:
+            assert store.run_batch([[("request", req)], response_statements("k", "m", ModelOutput(text="x"))]) == [None, None]  # fmt: skip
+            _, sample = sample_statements(
+                case_id="c", task="t", family="f", model="m", sample=0, status="ok", turns=[],
+                parsed=None, parse_error="", image_hashes=[],
+            )  # fmt: skip
+            store.commit(sample)
+            scores = [Score(scorer=f"s{n}", value=n / 12, explanation="") for n in range(12)]
+            store.record_scores(sample_id("c", "t", "m", 0), scores, None)
+        finally:
+            store.connection.pgconn.untrace()
+            os.close(fd)
+        assert len(store.scores()[sample_id("c", "t", "m", 0)]) == 12
+        assert set(store.responses()) == {"k"}
+    sent = [line.split("\t") for line in trace.read_text().splitlines()]
+    statements = [p for p in sent if len(p) > 3 and p[1] == "F" and p[3] == "Execute"]
+    syncs = [p for p in sent if len(p) > 3 and p[1] == "F" and p[3] == "Sync"]
+    assert len(statements) >= 15, len(statements)
+    assert len(syncs) == 3, (len(syncs), len(statements))  # three transactions
