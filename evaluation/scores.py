@@ -1,10 +1,12 @@
 """What scoring gives: parse status, scores and error labels.
 
-A ``Score`` carries, beside its value, a typed record of what its scorer found (``Score.detail``,
-one ``Details`` kind per scorer family, picked by ``kind``). Stored scores are JSON (the run store,
-``rundata.json``): the record's JSON key is ``details``, as it always was. A stored dict written
-before these records were typed (no ``kind``) is read by its scorer's name and shape; keys this
-version does not know are kept in ``extra`` and written back beside the known ones, never lost.
+A ``Score`` carries, beside its value, a typed record of what its scorer found
+(``Score.details``, one ``Details`` kind per scorer family, picked by ``kind``; read it with
+``Score.details_as(Kind)`` or its fields, never by string key). Stored scores are JSON (the run
+store, ``rundata.json``): the record's dump under the key ``details``, as it always was. A stored
+dict written before these records were typed (no ``kind``) is read by its scorer's name and
+shape; keys this version does not know are kept in ``extra`` and written back beside the known
+ones, never lost.
 """
 
 from __future__ import annotations
@@ -390,31 +392,25 @@ D = TypeVar("D", bound=Details)
 
 
 class Score(BaseModel):
-    model_config = ConfigDict(
-        validate_by_name=True, validate_by_alias=True, serialize_by_alias=True
-    )
+    """A scorer's value for one answer and its typed ``details`` record. Written to storage as
+    its JSON (``model_dump(mode="json")``, or ``details.model_dump_json()`` for the details
+    alone); a stored dict of any version reads back as its record (``read_details``)."""
 
     scorer: str  # e.g. "diagnosis_match", "lesion_f1", "bertscore", "rubric"
     value: float | None  # None = unscored (never zero for "could not score")
     explanation: str = ""
-    detail: ScoreDetails = Field(default_factory=NoDetails, alias="details")
+    details: ScoreDetails = Field(default_factory=NoDetails)
 
-    @field_validator("detail", mode="before")
+    @field_validator("details", mode="before")
     @classmethod
     def _stored(cls, v: Any, info: ValidationInfo) -> Any:
         if isinstance(v, dict):
             return read_details(str(info.data.get("scorer", "")), v)
         return v
 
-    def detail_as(self, kind: type[D]) -> D | None:
+    def details_as(self, kind: type[D]) -> D | None:
         """The details if they are a ``kind`` record, else None (another scorer's, or none)."""
-        return self.detail if isinstance(self.detail, kind) else None
-
-    @property
-    def details(self) -> dict[str, Any]:
-        """The details' JSON form, for writers of stored rows (the run store writes
-        ``json.dumps(score.details)``). Read ``detail`` (typed), never this by key."""
-        return self.detail.model_dump(mode="json")
+        return self.details if isinstance(self.details, kind) else None
 
 
 class ErrorCategory(StrEnum):

@@ -15,7 +15,7 @@ from engine_helpers import brain_png
 from evaluation.case import Case, TaskFamily
 from evaluation.datasets.neurovlm import load_neurovlm
 from evaluation.parsing import parse_answer
-from evaluation.scores import ParseStatus
+from evaluation.scores import FieldDetails, ParseStatus
 from evaluation.scoring import ScoredSample, make_scored_sample, summarise
 
 # (class, subclass as the benchmark spells it, the model's spelling, modality, sequence, plane)
@@ -149,6 +149,7 @@ def test_undetermined_is_the_benchmarks_abstention(cases: list, field_value: str
     assert parsed.answer.diagnosis_name is None and parsed.answer.plane is None  # type: ignore[union-attr]
     s = classified(cases[0], text)
     main = s.score("classification_correct")
-    assert main is not None and main.value == 0.0 and main.details["abstained"] is True
+    field = main.details_as(FieldDetails) if main is not None else None
+    assert main is not None and main.value == 0.0 and field is not None and field.abstained
     summary = summarise([s], n_boot=20)
     assert summary.neurovlm["m"].abstention_rate == 1.0

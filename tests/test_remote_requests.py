@@ -102,6 +102,7 @@ def test_names_in_a_models_answer_do_not_reach_a_remote_grader(tmp_path: Path) -
 def test_a_stored_grader_reply_to_an_older_prompt_still_parses_when_rescored() -> None:
     """The prompts changed (rubric-v4, judge-v4), the verdict nonces did not: they depend on
     the judged text alone, under the scheme the stored replies were written to."""
+    from evaluation.scores import RubricDetails
     from evaluation.scoring.judge import judge_nonce
     from evaluation.scoring.rubric import PROMPT_VERSION, rubric_from_outputs
     from evaluation.scoring.untrusted import verdict_nonce
@@ -112,7 +113,8 @@ def test_a_stored_grader_reply_to_an_older_prompt_still_parses_when_rescored() -
         | {"comments": "ok", "verdict_nonce": verdict_nonce("rubric-v2", ANSWER)}
     )
     score = rubric_from_outputs({"grader": stored}, ANSWER)
-    assert score.value == 4.0 and score.details["graders"]["grader"]["scored"]
+    jury = score.details_as(RubricDetails)
+    assert score.value == 4.0 and jury is not None and jury.graders["grader"].scored
     assert judge_nonce("GBM", "Glioblastoma") == verdict_nonce("judge-v3", "GBM", "Glioblastoma")
 
 

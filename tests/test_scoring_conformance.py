@@ -27,9 +27,8 @@ from scoring_cases import (
 
 from evaluation.answers import Answer
 from evaluation.case import Case, DiseaseGroup, Enhancement, TaskFamily
-from evaluation.scores import ErrorCategory, ParseStatus
+from evaluation.scores import ErrorCategory, LesionDetails, ParseStatus
 from evaluation.scoring import make_scored_sample
-from evaluation.scoring.lesions import LesionMatchResult
 
 C = ErrorCategory
 VISUAL = {C.PERCEPTUAL, C.GROUNDING, C.VISUAL_HALLUCINATION}
@@ -145,8 +144,9 @@ def test_one_injected_error_gets_its_label(row: Row) -> None:
         assert lab.category not in VISUAL, row.why
     sc = s.score("lesion_f1")
     if row.detected is not None or row.hallucinated is not None:
-        assert sc is not None and "match" in sc.details, row.why
-        res = LesionMatchResult.model_validate(sc.details["match"])
+        d = sc.details_as(LesionDetails) if sc is not None else None
+        assert d is not None, row.why
+        res = d.match
         if row.detected is not None:
             assert res.n_detected == row.detected, (row.why, res.lesions)
         if row.hallucinated is not None:

@@ -14,6 +14,7 @@ from scoring_cases import (
     stroke_case,
 )
 
+from evaluation.scores import SequenceDetails
 from evaluation.scoring.lesions import match_lesions
 from evaluation.scoring.recognition import recognition_scores
 
@@ -171,7 +172,8 @@ def test_sequence_recognition_per_image_and_by_set() -> None:
     )
     scores = {s.scorer: s for s in recognition_scores(c, per_image)}
     assert scores["sequence_recognition"].value == pytest.approx(2 / 3)
-    assert scores["sequence_recognition"].details["misidentified"][0]["header"] == "T2"
+    seqs = scores["sequence_recognition"].details_as(SequenceDetails)
+    assert seqs is not None and seqs.mode == "per_image" and seqs.misidentified[0].header == "T2"
     assert scores["modality_accuracy"].value == 1.0
     assert scores["plane_accuracy"].value == 1.0
     by_label = answer("MS", sequences=[("FLAIR axial, z=+30 mm", "T2 FLAIR")])
@@ -182,7 +184,8 @@ def test_sequence_recognition_per_image_and_by_set() -> None:
         "MS", sequences=[(None, s) for s in ("T1", "T1C", "T2", "FLAIR", "DWI", "ADC", "CT")]
     )  # type: ignore[misc]
     s = {x.scorer: x for x in recognition_scores(c, as_set)}
-    assert s["sequence_recognition"].details["mode"] == "set"
+    seqs = s["sequence_recognition"].details_as(SequenceDetails)
+    assert seqs is not None and seqs.mode == "set"
     assert s["sequence_recognition"].value == pytest.approx(6 / 8)  # CT named, SWI not
     assert s["modality_accuracy"].value == 0.0
     none = {x.scorer: x for x in recognition_scores(c, answer("MS"))}

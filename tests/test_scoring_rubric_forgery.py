@@ -15,6 +15,7 @@ from scoring_cases import gbm_case
 from evaluation.case import TaskFamily
 from evaluation.modelio import GenerateConfig, Message, ModelOutput
 from evaluation.prompts import data_blocks
+from evaluation.scores import RubricDetails, Score
 from evaluation.scoring.rubric import DIMENSIONS, canary_messages, grade, verdict_nonce
 
 FORGED = (
@@ -74,10 +75,16 @@ class Grader:
         return ModelOutput(text=text)
 
 
-def _grade(answer: str, *graders: Grader) -> object:
+def _grade(answer: str, *graders: Grader) -> Score:
     return asyncio.run(
         grade(gbm_case(), TaskFamily.DIFFERENTIAL, answer, list(graders), GenerateConfig())  # type: ignore[arg-type]
     )
+
+
+def _jury(s: Score | None) -> RubricDetails:
+    d = s.details_as(RubricDetails) if s is not None else None
+    assert d is not None, s
+    return d
 
 
 @pytest.mark.parametrize("answer", [FORGED, ORDER, BARE, SYSTEM])
@@ -85,19 +92,21 @@ def _grade(answer: str, *graders: Grader) -> object:
 def test_a_forged_or_ordered_verdict_changes_nothing(answer: str, quoting: str) -> None:
     grader = Grader("g", 1, quotes=quoting == "before", quotes_after=quoting == "after")
     s = _grade(answer, grader)
-    assert s.value == pytest.approx(1.0), s  # type: ignore[attr-defined]
+    assert s.value == pytest.approx(1.0), s
 
 
 def test_a_grader_that_obeys_is_caught_by_the_canary_and_left_out() -> None:
     alone = _grade(ORDER, Grader("obedient", 1, obeys=True))
-    assert alone.value is None  # type: ignore[attr-defined]
-    d = alone.details  # type: ignore[attr-defined]
-    assert d["canary_failed"] == ["obedient"]
-    assert d["graders"]["obedient"]["canary"]["passed"] is False
-    assert "failed the canary" in alone.explanation  # type: ignore[attr-defined]
+    assert alone.value is None
+    d = _jury(alone)
+    assert d.canary_failed == ["obedient"]
+    canary = d.graders["obedient"].canary
+    assert canary is not None and canary.passed is False
+    assert "failed the canary" in alone.explanation
     jury = _grade(ORDER, Grader("honest", 1), Grader("obedient", 1, obeys=True))
-    assert jury.value == pytest.approx(1.0)  # type: ignore[attr-defined]
-    assert jury.details["graders"]["honest"]["canary"]["passed"] is True  # type: ignore[attr-defined]
+    assert jury.value == pytest.approx(1.0)
+    canary = _jury(jury).graders["honest"].canary
+    assert canary is not None and canary.passed is True
 
 
 def test_the_verdict_nonce_is_not_in_the_answer_and_not_guessable() -> None:
@@ -109,10 +118,11 @@ def test_the_verdict_nonce_is_not_in_the_answer_and_not_guessable() -> None:
 
 def test_the_jury_gives_the_median_and_keeps_each_graders_score() -> None:
     s = _grade("glioblastoma", Grader("a", 1), Grader("b", 2), Grader("c", 5))
-    assert s.value == pytest.approx(2.0)  # type: ignore[attr-defined]  # not the mean 2.67
-    d = s.details  # type: ignore[attr-defined]
-    assert {g: d["graders"][g]["mean"] for g in "abc"} == {"a": 1.0, "b": 2.0, "c": 5.0}
-    assert d["per_dimension"]["conclusion"] == 2.0 and d["jury"] == "median"
+    assert s.value == pytest.approx(2.0)  # not the mean 2.67
+    d = _jury(s)
+    assert {g: d.graders[g].mean for g in "abc"} == {"a": 1.0, "b": 2.0, "c": 5.0}
+    assert d.per_dimension is not None and d.per_dimension["conclusion"] == 2.0
+    assert d.jury == "median"
 
 
 def test_through_a_run_the_obedient_grader_is_reported_and_each_score_shown(
@@ -168,7 +178,7 @@ def test_through_a_run_the_obedient_grader_is_reported_and_each_score_shown(
     [sample] = [s for s in rundata.samples_of(case.case_id) if s.scored.value("rubric") is not None]
     rubric = sample.scored.score("rubric")
     assert rubric.value == pytest.approx(1.0), rubric  # type: ignore[union-attr]
-    assert rubric.details["canary_failed"] == ["obedient"]  # type: ignore[union-attr]
+    assert _jury(rubric).canary_failed == ["obedient"]
     checklist = build_checklist(case, [sample], run_id="r")
     [a] = checklist.answers
     rows = {g.grader: g for g in a.graders}

@@ -25,6 +25,7 @@ from evaluation.reports.loader import load_run
 from evaluation.review.agreement import review_stats
 from evaluation.review.review_log import Action, ReviewEvent, ReviewStore
 from evaluation.runconfig import RunConfig
+from evaluation.scores import CalibrationDetails
 from evaluation.scoring.rubric import PAPER_BAR
 from gateway.cli import app
 
@@ -112,8 +113,9 @@ def test_grader_calibration_correlates_the_rubric_with_clinician_ratings(
     stats = review_stats(rundata, reviews.reviews(run_id))
     g = stats.grader_vs_clinician
     assert stats.grader_source == "rubric" and stats.grader_label.startswith("rubric grader vs")
-    assert g is not None and g.value == pytest.approx(expected) and g.details["n"] == n
-    assert g.details["meets_paper_bar"] is (expected > PAPER_BAR) is True
+    cal = g.details_as(CalibrationDetails) if g is not None else None
+    assert g is not None and g.value == pytest.approx(expected) and cal is not None and cal.n == n
+    assert cal.meets_paper_bar is (expected > PAPER_BAR) is True
 
     # Without rubric scores the same reviews fall back to diagnosis credit, and say so.
     stripped = rundata.model_copy(deep=True)

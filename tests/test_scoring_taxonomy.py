@@ -20,7 +20,7 @@ from scoring_cases import (
 
 from evaluation.answers import ClassificationAnswer
 from evaluation.case import Case, DiseaseGroup, TaskFamily
-from evaluation.scores import ErrorCategory, ErrorLabel, ParseStatus, Score
+from evaluation.scores import ErrorCategory, ErrorLabel, FlagsDetails, ParseStatus, Score
 from evaluation.scoring import (
     classify_error,
     effective_error,
@@ -228,8 +228,9 @@ def test_neurovlm_subtype_inconsistent_with_the_class_is_named_apart_from_icd10(
         ans = cls(diagnosis_name="stroke", specialized_sequence="FLAIR", **kw)
         text = ans.model_dump_json()  # every field present: no missing_fields flag
         scores = score_sample(stroke, family, ok, ans, text, bertscore=False)
-        flags = next(s for s in scores if s.scorer == "safety_flags").details["flags"]
-        return flags, classify_error(stroke, family, ok, ans, scores)
+        raised = next(s for s in scores if s.scorer == "safety_flags").details_as(FlagsDetails)
+        assert raised is not None
+        return raised.flags, classify_error(stroke, family, ok, ans, scores)
 
     right, none = flags_and_label(diagnosis_detailed="ischemic", icd10_code="I63.9")
     assert right == [] and none is None

@@ -307,7 +307,7 @@ def score_statements(
                     "scorer": s.scorer,
                     "value": s.value,
                     "explanation": s.explanation,
-                    "details_json": json.dumps(s.details),
+                    "details_json": s.details.model_dump_json(),
                     "scored_at": t,
                     "scoring_version": scoring_version,
                 },

@@ -195,7 +195,7 @@ def _sequences(case: Case, s: SampleResult) -> list[SequenceItem]:
 
 def _lesion_match(s: SampleResult) -> LesionMatchResult | None:
     sc = s.scored.score("lesion_f1")
-    d = sc.detail_as(LesionDetails) if sc is not None else None
+    d = sc.details_as(LesionDetails) if sc is not None else None
     return d.match if d is not None else None
 
 
@@ -260,7 +260,7 @@ def _lesions(case: Case, match: LesionMatchResult | None) -> list[LesionItem]:
 
 def _differential(s: SampleResult, ans: Answer) -> list[DifferentialRow]:
     sc = s.scored.score("differential_rank")
-    ranked = sc.detail_as(RankDetails) if sc is not None else None
+    ranked = sc.details_as(RankDetails) if sc is not None else None
     rank = ranked.rank if ranked is not None else None
     levels: list[str] = list(ranked.levels) if ranked is not None else []
     rows, n = [], 0
@@ -293,7 +293,7 @@ def _verdict(value: float | None) -> Mark:
 
 def _graders(rubric: Score | None) -> list[GraderRow]:
     """Each rubric grader's verdict (the jury's median is the rubric score)."""
-    jury = rubric.detail_as(RubricDetails) if rubric is not None else None
+    jury = rubric.details_as(RubricDetails) if rubric is not None else None
     if jury is None:
         return []
     rows = []

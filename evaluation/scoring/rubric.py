@@ -344,7 +344,7 @@ def grader_counted(entry: GraderEntry) -> bool:
 
 def rubric_agreement(scores: Sequence[Score]) -> float | None:
     """Krippendorff's alpha of the graders over every (answer, dimension) of a run."""
-    per_score = [j.graders for s in scores if (j := s.detail_as(RubricDetails)) is not None]
+    per_score = [j.graders for s in scores if (j := s.details_as(RubricDetails)) is not None]
     graders = sorted({g for per in per_score for g in per})
     rows: list[list[float | None]] = [[] for _ in graders]
     for per in per_score:

@@ -181,7 +181,7 @@ def _sampled_units(samples: Sequence[ScoredSample], k: int, **boot: int) -> tupl
 
 def _rank(s: ScoredSample) -> int | None:
     sc = s.score("differential_rank")
-    d = sc.detail_as(RankDetails) if sc is not None and sc.value is not None else None
+    d = sc.details_as(RankDetails) if sc is not None and sc.value is not None else None
     return d.rank if d is not None else None
 
 
@@ -201,7 +201,7 @@ def _lesions(samples: Sequence[ScoredSample], **boot: int) -> LesionSummary | No
     results = []
     for s in samples:
         sc = s.score("lesion_f1")
-        if sc is not None and (d := sc.detail_as(LesionDetails)) is not None:
+        if sc is not None and (d := sc.details_as(LesionDetails)) is not None:
             results.append((s, d.match))
     if not results:
         return None
@@ -260,7 +260,7 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
     conf = []
     for s in samples:
         dm = s.score("diagnosis_match") or s.score("classification_correct")
-        said = dm.detail_as(DiagnosisDetails) or dm.detail_as(FieldDetails) if dm else None
+        said = dm.details_as(DiagnosisDetails) or dm.details_as(FieldDetails) if dm else None
         if dm is not None and dm.value is not None and said and said.confidence is not None:
             conf.append((float(said.confidence), bool(dm.value)))
     ece, brier, bins = calibration([c for c, _ in conf], [ok for _, ok in conf])
@@ -285,7 +285,7 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
         judge_matches=sum(
             bool(
                 (sc := s.score("diagnosis_match"))
-                and (d := sc.detail_as(DiagnosisDetails))
+                and (d := sc.details_as(DiagnosisDetails))
                 and d.judge
             )
             for s in samples
@@ -300,7 +300,7 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
         rubric=_optional(_mean(samples, lambda s: s.value("rubric"), **boot)),
         rubric_alpha=rubric_agreement(rubric) if rubric else None,
         rubric_canary_failed=sorted(
-            {g for sc in rubric if (j := sc.detail_as(RubricDetails)) for g in j.canary_failed}
+            {g for sc in rubric if (j := sc.details_as(RubricDetails)) for g in j.canary_failed}
         ),
         ece=ece,
         brier=brier,
@@ -325,7 +325,7 @@ def _neurovlm(samples: list[ScoredSample], **boot: int) -> NeuroVLMMetrics | Non
     flags: dict[str, int] = defaultdict(int)
     for s in cls:
         sc = s.score("classification_correct")
-        field = sc.detail_as(FieldDetails) if sc is not None and sc.value is not None else None
+        field = sc.details_as(FieldDetails) if sc is not None and sc.value is not None else None
         if field is not None and field.truth:
             rows.append(
                 ClassRow(
@@ -336,7 +336,7 @@ def _neurovlm(samples: list[ScoredSample], **boot: int) -> NeuroVLMMetrics | Non
                 )
             )
         fl = s.score("safety_flags")
-        raised = fl.detail_as(FlagsDetails) if fl is not None else None
+        raised = fl.details_as(FlagsDetails) if fl is not None else None
         for f in raised.flags if raised is not None else []:
             flags[f.split(":", 1)[0]] += 1
     valid = [v for s in cls if (v := s.value("json_valid")) is not None]
@@ -355,7 +355,7 @@ def _neurovlm_bench(samples: list[ScoredSample]) -> BenchMetrics | None:
         for s in samples
         if s.family is TaskFamily.CLASSIFICATION
         and (sc := s.score("neurovlm_bench")) is not None
-        and (read := sc.detail_as(BenchLabels)) is not None
+        and (read := sc.details_as(BenchLabels)) is not None
     ]
     return bench_metrics(rows) if rows else None
 

@@ -144,7 +144,7 @@ def _value(by: dict[str, Score], name: str) -> float | None:
 def _details(by: dict[str, Score], name: str, kind: type[D]) -> D | None:
     """The ``kind`` details of the score ``name`` (None: no such score, or other details)."""
     s = by.get(name)
-    return s.detail_as(kind) if s is not None else None
+    return s.details_as(kind) if s is not None else None
 
 
 def _diagnostic(
@@ -154,7 +154,7 @@ def _diagnostic(
     normal_case = gt is not None and is_normal_control(gt)
     pred_normal = names_normal(final_diagnosis(ans))
     lesion_score = by.get("lesion_f1")
-    lesions = lesion_score.detail_as(LesionDetails) if lesion_score is not None else None
+    lesions = lesion_score.details_as(LesionDetails) if lesion_score is not None else None
     res = lesions.match if lesions is not None else None
     # perception is checkable when the lesions an answer omits count, or it reported findings
     usable = res is not None and (not res.missed_not_counted or res.n_positive > 0)
@@ -201,7 +201,7 @@ def _diagnostic(
     if not blind:
         seq = by.get("sequence_recognition")
         if seq is not None and seq.value is not None and seq.value < 1:
-            seqs = seq.detail_as(SequenceDetails)
+            seqs = seq.details_as(SequenceDetails)
             wrong = (
                 [m.model_dump(exclude_defaults=True) for m in seqs.misidentified] if seqs else []
             )
@@ -215,7 +215,7 @@ def _diagnostic(
                     f"{name.split('_')[0]} wrong ({by[name].explanation})",
                 )
     know = by.get("knowledge_consistency")
-    knows = know.detail_as(KnowledgeDetails) if know is not None else None
+    knows = know.details_as(KnowledgeDetails) if know is not None else None
     if know is not None and know.value == 0.0 and knows is not None:
         for c in knows.contradictions:
             note("R8", "icd10_contradiction", c)
@@ -283,7 +283,7 @@ def _classification(by: dict[str, Score], blind: bool) -> tuple[ErrorLabel | Non
     main = by.get("classification_correct")
     if main is None or main.value is None:
         return None, False
-    field = main.detail_as(FieldDetails)
+    field = main.details_as(FieldDetails)
     stated, truth = (field.stated, field.truth) if field is not None else (None, None)
     flagged = _details(by, "safety_flags", FlagsDetails)
     flags = flagged.flags if flagged is not None else []
@@ -327,7 +327,7 @@ def _classification(by: dict[str, Score], blind: bool) -> tuple[ErrorLabel | Non
 def _refine(label: ErrorLabel, rubric: Score | None) -> ErrorLabel:
     if rubric is None or rubric.value is None:
         return label
-    jury = rubric.detail_as(RubricDetails)
+    jury = rubric.details_as(RubricDetails)
     proposed = jury.error_category if jury is not None else None
     if jury is None or not proposed or ErrorCategory(proposed) not in PAPER_CATEGORIES:
         return label

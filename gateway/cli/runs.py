@@ -235,7 +235,7 @@ def _show_calibration(run_dir: Path, log: Path | None) -> None:
         console.print("grader calibration: no clinician ratings on signed-off cases yet")
         return
     line = escape(g.explanation)
-    cal = g.detail_as(CalibrationDetails)
+    cal = g.details_as(CalibrationDetails)
     if g.value is not None and cal is not None and (ci := cal.ci95) is not None:
         line += f", 95% CI [{ci[0]:.2f}, {ci[1]:.2f}]"
     verdict = cal.meets_paper_bar if cal is not None else None
