@@ -394,7 +394,8 @@ class _PhantomRecord(BaseModel):
         unknown = {k: v for k, v in data.items() if k not in known and k != "extra"}
         if not unknown:
             return data
-        kept = data.get("extra") if isinstance(data.get("extra"), dict) else {}
+        given = data.get("extra")
+        kept = given if isinstance(given, dict) else {}
         return {k: v for k, v in data.items() if k in known} | {"extra": {**kept, **unknown}}
 
     @model_serializer(mode="wrap")
