@@ -301,7 +301,13 @@ BAD_CASES = [
     {"study": "s", "case_id": True},
     {"study": "s", "note": 3},
     # a manifest from elsewhere may not name any secret of this machine for the server it names
-    {"study": {"orthanc": "http://evil:8042", "study_uid": "1.2", "password_env": "OPENAI_API_KEY"}},
+    {
+        "study": {
+            "orthanc": "http://evil:8042",
+            "study_uid": "1.2",
+            "password_env": "OPENAI_API_KEY",
+        }
+    },
     {"study": {"orthanc": {"url": "http://evil:8042", "username_env": "HOME"}, "study_uid": "1.2"}},
 ]
 GOOD_CASES = [
