@@ -25,6 +25,7 @@ the run store), the study state's run facts, the bundle's ``evidence.json`` and
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import json
 import logging
@@ -414,7 +415,7 @@ class StudyRunStore:
                 break
         return out
 
-    def evidence(self, run_id: str) -> list[Any]:
+    def evidence(self, run_id: str) -> builtins.list[Any]:  # `list` here is the method above
         """The SR's evidence the run recorded at write-back (DICOM datasets, validated as
         hostile input; ``NoEvidenceError`` when it recorded none)."""
         from gateway.writeback import evidence_headers
