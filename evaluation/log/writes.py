@@ -56,7 +56,7 @@ def _key(table: sa.Table, *cols: str) -> Any:
     return sa.and_(*(table.c[c] == sa.bindparam(c) for c in cols))
 
 
-def _statements(dialect: str) -> dict[str, sa.Executable]:
+def _statements(dialect: str) -> dict[str, sa.UpdateBase]:
     """Every write the store makes, as Core statements of the schema for ``dialect``."""
     ins: Callable[[sa.Table], Any] = (postgresql if dialect == "postgresql" else sqlite).insert
 
