@@ -350,7 +350,7 @@ class RunStore:
         raised when the block ends, the rest skipped); SQLite: in-process, nothing to save."""
         if self.database_url is None:
             return contextlib.nullcontext()
-        return self._raw.pipeline()  # type: ignore[no-any-return]
+        return self._raw.pipeline()
 
     def _rollback(self, cur: Any) -> None:
         """End a failed transaction (PostgreSQL: only if the server still holds one open)."""
