@@ -252,10 +252,21 @@ def test_a_transaction_is_one_round_trip_to_postgresql(pg_url: str, tmp_path: Pa
         finally:
             store.connection.pgconn.untrace()
             os.close(fd)
-        assert len(store.scores()[sample_id("c", "t", "m", 0)]) == 12
+        # the dozen scores went as one statement of JSON rows: read back as written
+        stored = store.scores()[sample_id("c", "t", "m", 0)]
+        assert [(x.scorer, x.value) for x in stored] == sorted((x.scorer, x.value) for x in scores)
         assert set(store.responses()) == {"k"}
+        # a value JSON cannot carry (not finite) goes row by row, and is kept as it was
+        odd = [Score(scorer="a", value=float("inf"), explanation=""), *scores[:2]]
+        store.record_scores(sample_id("c", "t", "m", 0), odd, None)
+        assert [x.value for x in store.scores()[sample_id("c", "t", "m", 0)]] == [
+            float("inf"), 0.0, 1 / 12,
+        ]  # fmt: skip
     sent = [line.split("\t") for line in trace.read_text().splitlines()]
     statements = [p for p in sent if len(p) > 3 and p[1] == "F" and p[3] == "Execute"]
     syncs = [p for p in sent if len(p) > 3 and p[1] == "F" and p[3] == "Sync"]
     assert len(statements) >= 15, len(statements)
     assert len(syncs) == 3, (len(syncs), len(statements))  # three transactions
+    # the first dozen scores as one statement (a fresh connection parses each statement sent)
+    parsed = [p[4] for p in sent if len(p) > 4 and p[1] == "F" and p[3] == "Parse"]
+    assert sum("INSERT INTO scores" in q for q in parsed) == 1, parsed

@@ -336,14 +336,25 @@ class RunStore:
             try:
                 with self._pipelined():
                     cur.execute(self._begin())
-                    for statements in records:
-                        for name, args in statements:
-                            cur.execute(sql[name], self._params(args))
+                    for name, group in _runs(records):
+                        self._send(cur, name, group)
                     cur.execute(sql["meta"], self._params(_new_stamp()))
                     cur.execute("COMMIT")
             except BaseException:
                 self._rollback(cur)
                 raise
+
+    def _send(self, cur: Any, name: str, group: list[dict[str, Any]]) -> None:
+        """Statement ``name`` for each parameter set of ``group``. On PostgreSQL a run of rows
+        for one table (a sample's dozen scores, a batch's responses) is one statement reading
+        them from one JSON parameter (``_rows_sql``): the driver's work is per statement."""
+        if len(group) > 1 and self.database_url is not None and name in _ROWS_OF:
+            rows = _json_rows(name, group)
+            if rows is not None:
+                cur.execute(_rows_sql(name), {"run_id": self.run_id, "rows": rows})
+                return
+        for args in group:
+            cur.execute(self._sql[name], self._params(args))
 
     def _pipelined(self) -> contextlib.AbstractContextManager[Any]:
         """PostgreSQL: the statements sent without waiting for each result (the first error is
@@ -997,6 +1008,82 @@ class RunStore:
         a = t_.audit
         for (j,) in self._rows(sa.select(a.c.record_json).where(self._mine(a)).order_by(a.c.id)):
             yield AuditRecord.model_validate_json(j)
+
+
+# --------------------------------------------------------------------------- rows as JSON
+
+# The inserts whose consecutive rows go to PostgreSQL as one statement: name -> (table, what a
+# row whose key is there already does, the column the database numbers)
+_ROWS_OF: dict[str, tuple[sa.Table, str, str | None]] = {
+    "score": (t_.scores, "update", None),
+    "response": (t_.responses, "update", None),
+    "request": (t_.requests, "keep", None),
+    "case": (t_.cases, "keep", None),
+    "audit": (t_.audit, "insert", "id"),
+    "failure": (t_.failures, "insert", "id"),
+}
+_PG_TYPES = {sa.Text: "text", sa.Integer: "bigint", sa.Float: "float8"}
+_ROWS_SQL: dict[str, str] = {}
+
+
+def _runs(records: list[Statements]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """The statements of ``records`` in order, consecutive ones of the same name together."""
+    name, group = "", []
+    for statements in records:
+        for n, args in statements:
+            if n != name and group:
+                yield name, group
+                group = []
+            name = n
+            group.append(args)
+    if group:
+        yield name, group
+
+
+def _row_columns(name: str) -> list[sa.Column[Any]]:
+    table, _, numbered = _ROWS_OF[name]
+    return [c for c in table.columns if c.name not in ("run_id", numbered)]
+
+
+def _json_rows(name: str, group: list[dict[str, Any]]) -> str | None:
+    """``group``'s rows as one JSON array, or None when they cannot go as one statement: two
+    rows with one key (PostgreSQL updates a row once per statement) or a value JSON cannot
+    carry (a non-finite number)."""
+    table = _ROWS_OF[name][0]
+    key = [c.name for c in table.primary_key.columns if c.name in group[0]]
+    if key and len({tuple(g[k] for k in key) for g in group}) < len(group):
+        return None
+    try:
+        return json.dumps(group, allow_nan=False)
+    except (ValueError, TypeError):
+        return None
+
+
+def _rows_sql(name: str) -> str:
+    """PostgreSQL: insert the rows of the JSON parameter ``rows`` into statement ``name``'s
+    table for the run ``run_id``, as the statement itself does with a key already there."""
+    with _SQL_LOCK:
+        if name in _ROWS_SQL:
+            return _ROWS_SQL[name]
+    table, kind, _ = _ROWS_OF[name]
+    cols = _row_columns(name)
+    names = ", ".join(f'"{c.name}"' for c in cols)  # quoted: "text", "time" are columns
+    types = ", ".join(f'"{c.name}" {_PG_TYPES[type(c.type)]}' for c in cols)
+    sql = (
+        f"INSERT INTO {table.name} (run_id, {names}) SELECT %(run_id)s, {names} "
+        f"FROM json_to_recordset(%(rows)s::json) AS x({types})"
+    )
+    key = ", ".join(c.name for c in table.primary_key.columns)
+    if kind == "update":
+        rest = ", ".join(
+            f'"{c.name}" = excluded."{c.name}"' for c in cols if c.name not in table.primary_key.c
+        )
+        sql += f" ON CONFLICT ({key}) DO UPDATE SET {rest}"
+    elif kind == "keep":
+        sql += f" ON CONFLICT ({key}) DO NOTHING"
+    with _SQL_LOCK:
+        _ROWS_SQL[name] = sql
+    return sql
 
 
 # --------------------------------------------------------------------------- reading samples
