@@ -29,7 +29,7 @@ import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVarTuple
 
 import sqlalchemy as sa
 
@@ -80,6 +80,7 @@ _CASES_EVALUATED = "cases_evaluated"  # meta key: set once a run recorded its co
 LAST_WRITE = "last_write"
 _SQL: dict[str, dict[str, str]] = {}  # dialect -> compiled write statements
 _SQL_LOCK = threading.Lock()
+_Ts = TypeVarTuple("_Ts")  # a row's column types, as the SELECT names them
 
 
 def _sql_for(dialect: sa.Dialect) -> dict[str, str]:
@@ -87,6 +88,16 @@ def _sql_for(dialect: sa.Dialect) -> dict[str, str]:
         if dialect.name not in _SQL:
             _SQL[dialect.name] = compiled(dialect)
         return _SQL[dialect.name]
+
+
+def _driver(conn: sa.Connection) -> Any:
+    """The driver's own connection (sqlite3 or psycopg) under ``conn``, that the store's writes
+    go through. SQLAlchemy types it Optional (None once a pooled connection is invalidated);
+    one just opened always has it."""
+    raw = conn.connection.driver_connection
+    if raw is None:
+        raise StoreError("the database connection was closed before the run store could use it")
+    return raw
 
 
 def _folder(run_dir: Path) -> Path:
@@ -226,7 +237,7 @@ class RunStore:
         try:
             self._engine = db_.sqlite_engine(path, durable=durable, read_only=self.read_only)
             self._conn = self._engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            self._raw: Any = self._conn.connection.driver_connection
+            self._raw: Any = _driver(self._conn)
             revision = db_.current_revision(self._conn)
             empty = revision is None and not sa.inspect(self._conn).has_table("run")
             if empty and self.read_only:
@@ -294,13 +305,13 @@ class RunStore:
             self._conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
         except sa.exc.OperationalError as exc:
             raise StoreError(f"database {db_.safe_url(url)} not reachable: {exc.orig}") from exc
-        self._raw = self._conn.connection.driver_connection
+        self._raw = _driver(self._conn)
         revision = db_.current_revision(self._conn)
         if revision is None and create:
             self._conn.close()
             db_.upgrade(url)  # an empty database: the whole schema
             self._conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-            self._raw = self._conn.connection.driver_connection
+            self._raw = _driver(self._conn)
         elif revision != t_.HEAD:
             self._conn.close()
             raise db_.SchemaOutOfDateError(
@@ -433,11 +444,11 @@ class RunStore:
             cur.execute("COMMIT")
         return results
 
-    def _rows(self, stmt: sa.Executable) -> list[sa.Row[Any]]:
+    def _rows(self, stmt: sa.Select[*_Ts]) -> list[sa.Row[*_Ts]]:
         with self._lock, self._reading():
             return list(self._conn.execute(stmt).fetchall())
 
-    def _one(self, stmt: sa.Executable) -> sa.Row[Any] | None:
+    def _one(self, stmt: sa.Select[*_Ts]) -> sa.Row[*_Ts] | None:
         with self._lock, self._reading():
             return self._conn.execute(stmt).first()
 
@@ -1028,7 +1039,8 @@ _ROWS_SQL: dict[str, str] = {}
 
 def _runs(records: list[Statements]) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """The statements of ``records`` in order, consecutive ones of the same name together."""
-    name, group = "", []
+    name = ""
+    group: list[dict[str, Any]] = []
     for statements in records:
         for n, args in statements:
             if n != name and group:
