@@ -216,12 +216,18 @@ class Sweep(Finder):
         self.report.counts.cache_files = self._instances(cache)
 
     def forward_journals(self) -> None:
-        """The forwarder's journals in ``spool/incoming`` (a staging folder's Orthanc ids and
-        staged files ``<study key>/<series UID>/<n>.dcm``): the lines of the purged studies,
-        or of files being removed, are dropped; a journal left empty is deleted."""
-        incoming = self.instance_roots()[0]
+        """The forwarder's journals in ``spool/incoming`` and ``spool/quarantine`` (a staging
+        folder's Orthanc ids and staged files ``<study key>/<series UID>/<n>.dcm``; a start
+        moves an interrupted association's folder, journal included, to quarantine): the lines
+        of the purged studies, or of files being removed, are dropped; a journal left empty is
+        deleted."""
+        incoming, quarantine, _cache = self.instance_roots()
         removed = {p.resolve() for p in self.rm.paths}
-        for journal in sorted(incoming.glob(f"*/{FORWARD_JOURNAL}")) if incoming.is_dir() else ():
+        journals = [
+            j for root in (incoming, quarantine) if root.is_dir()
+            for j in sorted(root.glob(f"*/{FORWARD_JOURNAL}"))
+        ]  # fmt: skip
+        for journal in journals:
             try:
                 lines = journal.read_text("utf-8", "replace").splitlines()
             except OSError:

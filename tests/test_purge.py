@@ -305,3 +305,25 @@ def test_purge_by_study_and_older_than_by_hand(tmp_path: Path) -> None:
     later = datetime.now(UTC) + timedelta(days=10)
     assert purger.purge(PurgeTarget(older_than_days=5), now=later).counts.study_states == 1
     assert not list(runs.state_dir.glob("*.json"))
+
+
+def test_a_forwarder_journal_moved_to_quarantine_is_purged_too(tmp_path: Path) -> None:
+    """A staging folder left by an interrupted association is moved to ``spool/quarantine`` at
+    the next start, its forwarder journal with it (lines ``<orthanc id> <study key>/<series>/<n>
+    .dcm``): the purged study's lines go, another study's stay (a CI run found the journal of a
+    study purged by retention in quarantine)."""
+    from gateway.forward import FORWARD_JOURNAL
+    from gateway.study_key import StudyKey
+
+    gone = StudyKey(study_uid="1.2.3.4.5", patient_id="P1")
+    kept = StudyKey(study_uid="1.2.3.4.6", patient_id="P2")
+    folders = [tmp_path / "spool" / d / "20261128T030032-e977" for d in ("quarantine", "incoming")]
+    for folder in folders:
+        folder.mkdir(parents=True)
+        (folder / FORWARD_JOURNAL).write_text(
+            f"aaaaaaaa-1 {gone.name}/1.2.3.4.5.1/1.dcm\nbbbbbbbb-2 {kept.name}/1.2.3.4.6.1/1.dcm\n"
+        )
+    Purger(Places(data_dir=tmp_path)).purge(PurgeTarget(study_uid=gone.study_uid))
+    for folder in folders:
+        text = (folder / FORWARD_JOURNAL).read_text()
+        assert gone.study_uid not in text and kept.name in text, folder
