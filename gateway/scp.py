@@ -158,6 +158,23 @@ class _Study:
     refused_resends: int = 0
 
 
+COMMITTED_SUFFIX = ".committed"  # a committed association's staging folder, being removed
+
+
+def remove_committed_staging(staging: Path) -> None:
+    """Remove a committed association's staging folder. It is renamed first: the forwarder
+    appends its journal line (``.forwarded``) from another thread, by the folder's old path, and
+    a line landing while ``rmtree`` empties the folder re-created the file and left the folder
+    (and the study's key and UIDs) behind, quarantined at the next start. After the rename the
+    line finds no folder and is dropped (its file is no longer staged: never undone)."""
+    done = staging.with_name(staging.name + COMMITTED_SUFFIX)
+    try:
+        os.replace(staging, done)
+    except OSError:  # gone already, or not renamable: remove it where it is
+        done = staging
+    shutil.rmtree(done, ignore_errors=True)
+
+
 class StorageSCP:
     """A C-STORE SCP with a spool; call ``start()``/``stop()``."""
 
@@ -278,6 +295,9 @@ class StorageSCP:
         has never evaluated). A study folder of an earlier version (named by its UID alone)
         is renamed by its key."""
         for d in self.incoming.iterdir():
+            if d.name.endswith(COMMITTED_SUFFIX):  # committed; its removal was cut short
+                shutil.rmtree(d, ignore_errors=True)
+                continue
             if self.forwarder is not None:
                 self.forwarder.undo_journal(d)
             self._quarantine(d, "left over from a previous run (interrupted association)")
@@ -455,7 +475,7 @@ class StorageSCP:
         if self.forwarder is not None:
             self.forwarder.commit(a.id)
         # (a journal line written after this names a file no longer staged: never undone)
-        shutil.rmtree(a.staging, ignore_errors=True)
+        remove_committed_staging(a.staging)
         with self._lock:
             for key, n in a.studies.items():
                 st = self._studies.setdefault(key, _Study(key=key))
