@@ -45,6 +45,9 @@ RENAMES = {
         "moves staged instances into their study folder"
     ),
     ("gateway/spool.py", "quarantine", "os.replace(folder, dest)"): "moves a staging folder aside",
+    ("gateway/scp.py", "remove_committed_staging", "os.replace(staging, done)"): (
+        "renames a committed staging folder before removing it (a late journal line finds none)"
+    ),
     # The C-STORE hot path: its fsync may be deferred to the association's batch *after* the
     # rename (FsyncPolicy "association": the fd is handed to a syncer thread), which a context
     # manager that closes its file before the rename cannot do.
