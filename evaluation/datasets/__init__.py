@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -25,6 +25,7 @@ from evaluation.datasets.neurovlm import load_neurovlm
 from evaluation.datasets.rendering import RenderPlan
 from evaluation.datasets.suite import load_manifest, load_suite
 from evaluation.errors import DatasetError
+from evaluation.lazy import lazy_getattr
 
 # "memory": cases built in memory (a gateway run's study); the run store keeps them
 DatasetKind = Literal["auto", "suite", "manifest", "neural-medbench", "neurovlm", "memory"]
@@ -220,12 +221,4 @@ _LAZY = {
     "share_case": "evaluation.sharing",
     "write_case_manifest": "evaluation.sharing",
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _LAZY)

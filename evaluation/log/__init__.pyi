@@ -20,6 +20,7 @@ from .records import SkipKind as SkipKind
 from .records import StoreCounts as StoreCounts
 from .records import StoredRecordError as StoredRecordError
 from .records import WriteBack as WriteBack
+from .records import gateway_run_of_note as gateway_run_of_note
 from .rundata import FULL_INPUT as FULL_INPUT
 from .rundata import RunData as RunData
 from .rundata import SampleResult as SampleResult

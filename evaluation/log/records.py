@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -336,3 +337,15 @@ def _now_s() -> str:
     import datetime as dt
 
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def gateway_run_of_note(text: str) -> GatewayRun:
+    """A gateway run as versions before the run log wrote it (the run store's ``gateway`` note,
+    or ``run.json``): the SRs a list of UIDs without model names. Raises ``ValueError``."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("not a run record")
+    if isinstance(data.get("sr_sop_uids"), list):  # the note kept no model names
+        data["sr_sop_uids"] = {f"#{n + 1}": u for n, u in enumerate(data["sr_sop_uids"])}
+    data.pop("unverified_sr", None)
+    return GatewayRun.model_validate(data)

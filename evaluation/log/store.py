@@ -46,7 +46,6 @@ from evaluation.log.records import (
     CallErrors,
     GatewayRun,
     GraderCall,
-    RouteRecord,
     RunLog,
     RunStatus,
     SampleRecord,
@@ -54,6 +53,7 @@ from evaluation.log.records import (
     SentRequest,
     StoreCounts,
     StoredRecordError,
+    gateway_run_of_note,
 )
 from evaluation.log.writes import (
     GroupCommitter,
@@ -627,14 +627,7 @@ class RunStore:
 
     def _gateway_run_from_note(self) -> GatewayRun | None:
         text = self.note("gateway")
-        if text is None:
-            return None
-        data = json.loads(text)
-        if isinstance(data.get("sr_sop_uids"), list):  # the note kept no model names
-            data["sr_sop_uids"] = {f"#{n + 1}": u for n, u in enumerate(data["sr_sop_uids"])}
-        if isinstance(data.get("route"), dict):
-            data["route"] = RouteRecord.model_validate(data["route"])
-        return GatewayRun.model_validate(data)
+        return None if text is None else gateway_run_of_note(text)
 
     def run_log(self) -> RunLog:
         """The run's record: config, dataset hash, versions, status, coverage."""

@@ -8,8 +8,8 @@ analysis) and ``replay:PATH`` (answers from a file). Any other name is a litellm
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
+from evaluation.lazy import lazy_getattr
 from evaluation.modelio import ModelAdapter
 from evaluation.models.spec import (
     BUILTIN,
@@ -66,12 +66,4 @@ _LAZY = {
     "cost_text": "evaluation.models.cost",
     "warm_up": "evaluation.warmup",
 }
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _LAZY)

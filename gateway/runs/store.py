@@ -52,6 +52,7 @@ from evaluation.log import (
     SchemaOutOfDateError,
     SkipKind,
     gateway_run_ids,
+    gateway_run_of_note,
     list_gateway_runs,
     open_store,
     store_exists,
@@ -140,19 +141,8 @@ def record_of(store: RunStore) -> GatewayRun | None:
     record it kept as its note, not yet moved.)"""
     note = store.note(GATEWAY_NOTE)
     if note is not None and note != _MOVED:
-        return _legacy_record(note)
+        return gateway_run_of_note(note)
     return store.gateway_run()
-
-
-def _legacy_record(text: str) -> GatewayRun:
-    """A ``RunRecord`` as versions before the run log wrote it (the SRs a list of UIDs)."""
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError("not a run record")
-    if isinstance(data.get("sr_sop_uids"), list):
-        data["sr_sop_uids"] = {f"#{n + 1}": u for n, u in enumerate(data["sr_sop_uids"])}
-    data.pop("unverified_sr", None)
-    return GatewayRun.model_validate(data)
 
 
 def _changed(rec: GatewayRun, changes: dict[str, Any]) -> GatewayRun:
@@ -262,7 +252,7 @@ class StudyRunStore:
                 if rec is not None:
                     return rec
             return self._with_legacy_facts(
-                _legacy_record((folder / _LEGACY_RECORD).read_text()), moving=False
+                gateway_run_of_note((folder / _LEGACY_RECORD).read_text()), moving=False
             )
         except (OSError, EvaluationError, ValueError, sqlite3.Error):
             # missing, unreadable, or still being created by the pipeline: not (yet) a run
@@ -274,7 +264,7 @@ class StudyRunStore:
         note = store.note(GATEWAY_NOTE)
         if note is None or note == _MOVED:
             return store.gateway_run()
-        rec = self._with_legacy_facts(_legacy_record(note), moving=True)
+        rec = self._with_legacy_facts(gateway_run_of_note(note), moving=True)
         if rec.run_id != run_id:
             raise ValueError(f"the record of run {rec.run_id} in the folder of {run_id}")
         if not store.read_only:
