@@ -204,16 +204,15 @@ class AccessLog:
             return
         t0 = time.perf_counter()
         status = 500
+        done = False
 
-        async def watch(msg: Message) -> None:
-            nonlocal status
-            if msg["type"] == "http.response.start":
-                status = int(msg["status"])
-            await send(msg)
-
-        try:
-            await self.app(scope, receive, watch)
-        finally:
+        def record() -> None:
+            # Once per request, before the reply's last byte leaves: a client that reads the
+            # audit log after its reply finds its own request there.
+            nonlocal done
+            if done:
+                return
+            done = True
             route: Any = scope.get("route")
             template = getattr(route, "path", None) or "(unmatched)"
             method = scope.get("method", "")
@@ -225,8 +224,20 @@ class AccessLog:
             if not quiet:
                 state = scope.get("state") or {}
                 actor = state.get("actor", "anonymous")
-                target = _target(scope)
-                self.audit.write(actor, f"{method} {template}", target, str(status))
+                self.audit.write(actor, f"{method} {template}", _target(scope), str(status))
+
+        async def watch(msg: Message) -> None:
+            nonlocal status
+            if msg["type"] == "http.response.start":
+                status = int(msg["status"])
+            elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                record()
+            await send(msg)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            record()
 
 
 def _target(scope: Scope) -> str:
