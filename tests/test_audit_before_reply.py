@@ -5,6 +5,7 @@ newest line one request behind, because the line was written after the reply was
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +50,8 @@ def _run(app: Any, tmp_path: Path) -> tuple[list[str], AuditLog]:
         last = msg["type"] == "http.response.body" and not msg.get("more_body", False)
         events.append("last-byte" if last else msg["type"])
 
-    try:
+    with contextlib.suppress(RuntimeError):
         asyncio.run(AccessLog(app, audit)(scope, receive, send))
-    except RuntimeError:
-        pass
     return events, audit
 
 
