@@ -6,8 +6,10 @@ from .db import upgrade as upgrade
 from .db import upgrade_run_log as upgrade_run_log
 from .gateway_index import gateway_run_ids as gateway_run_ids
 from .gateway_index import list_gateway_runs as list_gateway_runs
+from .records import CANARY_NOTE as CANARY_NOTE
 from .records import FINAL_STATUSES as FINAL_STATUSES
 from .records import CallErrors as CallErrors
+from .records import CanaryMark as CanaryMark
 from .records import EvidenceRef as EvidenceRef
 from .records import GatewayRun as GatewayRun
 from .records import GraderCall as GraderCall
@@ -20,6 +22,7 @@ from .records import SkipKind as SkipKind
 from .records import StoreCounts as StoreCounts
 from .records import StoredRecordError as StoredRecordError
 from .records import WriteBack as WriteBack
+from .records import canary_mark_of_note as canary_mark_of_note
 from .records import gateway_run_of_note as gateway_run_of_note
 from .rundata import FULL_INPUT as FULL_INPUT
 from .rundata import RunData as RunData

@@ -349,3 +349,36 @@ def gateway_run_of_note(text: str) -> GatewayRun:
         data["sr_sop_uids"] = {f"#{n + 1}": u for n, u in enumerate(data["sr_sop_uids"])}
     data.pop("unverified_sr", None)
     return GatewayRun.model_validate(data)
+
+
+# --------------------------------------------------------------------------- the canary's mark
+
+CANARY_NOTE = "canary"  # the run note key a canary run carries (RunStore.set_note)
+CanaryVerdict = Literal["first", "quiet", "alarm"]
+MAX_CANARY_DETAIL = 2000  # characters of the detail kept (a note written by hand is hostile)
+
+
+class CanaryMark(BaseModel):
+    """What ``neurosandbox canary FILE`` writes on its run (note ``canary``): the canary's name,
+    the sha256 of its file, the verdict against the canary's last run ("first" when there was
+    none) and one line of detail. The index and ``/metrics`` read it back with
+    ``canary_mark_of_note``, which never raises."""
+
+    name: str = Field(min_length=1, max_length=200)
+    file_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    verdict: CanaryVerdict
+    detail: str = Field(default="", max_length=MAX_CANARY_DETAIL)
+
+    def note(self) -> str:
+        return self.model_dump_json()
+
+
+def canary_mark_of_note(text: str | None) -> CanaryMark | None:
+    """The canary mark of a run's ``canary`` note; None when there is none or it does not
+    read as one (a note written by hand, another program's, damaged): never raises."""
+    if not text or len(text) > 4 * MAX_CANARY_DETAIL:
+        return None
+    try:
+        return CanaryMark.model_validate_json(text)
+    except ValueError:
+        return None

@@ -3,16 +3,23 @@
 Per sample: ``score_sample`` (pure: case, family, status, parsed answer, raw text) and
 ``classify_error``; ``make_scored_sample`` does both and carries cost and tokens. Rubric grading
 is async (``grade``); ``rubric_from_outputs`` rebuilds it from stored grader replies. Per run:
-``summarise`` and ``compare``.
+``summarise`` and ``compare``; across two runs of one dataset, ``compare_runs``.
 """
 
 from evaluation.scores import CalibrationDetails
-from evaluation.scoring.compare import PairedComparison, compare
+from evaluation.scoring.compare import PairedComparison, ScoringVersionMismatch, compare
 from evaluation.scoring.judge import EquivalenceJudge, unknown_pairs
 from evaluation.scoring.judge_cache import JudgeCache
 from evaluation.scoring.lexicon import Lexicon, MatchLevel, default_lexicon, match_diagnosis
 from evaluation.scoring.passk import ranked_pass_at_k, sampled_pass_at_k
 from evaluation.scoring.rubric import grade, grader_calibration, rubric_from_outputs
+from evaluation.scoring.runcompare import (
+    DatasetMismatch,
+    ModelDelta,
+    RunComparison,
+    RunSide,
+    compare_runs,
+)
 from evaluation.scoring.sample import score_sample
 from evaluation.scoring.scored import ScoredSample, make_scored_sample
 from evaluation.scoring.summary import RunSummary, summarise
@@ -22,15 +29,21 @@ from evaluation.scoring.version import SCORING_VERSION, version_name
 __all__ = [
     "SCORING_VERSION",
     "CalibrationDetails",
+    "DatasetMismatch",
     "EquivalenceJudge",
     "JudgeCache",
     "Lexicon",
     "MatchLevel",
+    "ModelDelta",
     "PairedComparison",
+    "RunComparison",
+    "RunSide",
     "RunSummary",
     "ScoredSample",
+    "ScoringVersionMismatch",
     "classify_error",
     "compare",
+    "compare_runs",
     "default_lexicon",
     "effective_error",
     "grade",

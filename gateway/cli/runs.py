@@ -246,13 +246,29 @@ def _show_calibration(run_dir: Path, log: Path | None) -> None:
 
 @runs_app.command("compare")
 def runs_compare(
-    run_dir: Annotated[Path, typer.Argument(help="run folder")],
+    run_dir: Annotated[Path, typer.Argument(help="run folder (RUN_A: the earlier run)")],
+    run_b: Annotated[
+        Path | None,
+        typer.Argument(help="a second run folder of the same dataset (the later run)"),
+    ] = None,
     model_a: Annotated[
         str | None, typer.Option("--a", help="first model (default: the run's first of two)")
     ] = None,
     model_b: Annotated[
         str | None, typer.Option("--b", help="second model (default: the run's second of two)")
     ] = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", help="two runs: this model only (repeat; default: every model)"),
+    ] = None,
+    rescore_first: Annotated[
+        bool,
+        typer.Option(
+            "--rescore",
+            help="two runs of different scoring versions: rescore them to the current one first "
+            "(else refused, with the command)",
+        ),
+    ] = False,
     task: Annotated[
         str | None,
         typer.Option("--task", help="task family only: " + ", ".join(f.value for f in TaskFamily)),
@@ -260,7 +276,9 @@ def runs_compare(
     n_boot: Annotated[int, typer.Option("--n-boot", min=100, help="bootstrap resamples")] = 2000,
     as_json: Annotated[bool, typer.Option("--json", help="print the comparison as JSON")] = False,
 ) -> None:
-    """Two models on the cases both answered: McNemar and a paired bootstrap (by patient)."""
+    """Two models of one run (--a, --b), or two runs of the same dataset (RUN_A RUN_B): on the
+    shared cases, the paired difference with a bootstrap CI by patient and McNemar's test; across
+    runs per model and metric, with the cases that flipped and those only one run has."""
     from evaluation import compare
 
     try:
@@ -269,6 +287,13 @@ def runs_compare(
         raise fail(
             f"unknown task family {task!r}; one of {', '.join(f.value for f in TaskFamily)}"
         ) from None
+    if run_b is not None:
+        if model_a or model_b:
+            raise fail("--a/--b compare two models of one run; with two runs, use --model")
+        _compare_runs(run_dir, run_b, model or None, rescore_first, family, n_boot, as_json)
+        return
+    if model:
+        raise fail("--model picks models of two runs; for two models of one run, use --a/--b")
     try:
         store = open_run(run_dir)
         try:
@@ -289,6 +314,40 @@ def runs_compare(
         sys.stdout.write(result.model_dump_json(indent=2) + "\n")
         return
     _print_comparison(result, family)
+
+
+def _compare_runs(
+    run_a: Path,
+    run_b: Path,
+    models: list[str] | None,
+    rescore_first: bool,
+    family: TaskFamily | None,
+    n_boot: int,
+    as_json: bool,
+) -> None:
+    from gateway.cli.compare_view import print_run_comparison
+    from gateway.runs.comparing import compare_run_dirs
+
+    def rescored(run: Path, message: str) -> None:
+        console.print(f"rescored {escape(str(run))}: {escape(message)}")
+
+    try:
+        result = compare_run_dirs(
+            run_a,
+            run_b,
+            database_url=run_log_url(),
+            rescore_first=rescore_first,
+            models=models,
+            family=family,
+            n_boot=n_boot,
+            on_rescore=rescored,
+        )
+    except (EvaluationError, ValueError) as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        return
+    print_run_comparison(result)
 
 
 def _print_comparison(c: Any, family: TaskFamily | None) -> None:
