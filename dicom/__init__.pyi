@@ -13,6 +13,7 @@ from .deid_study import SourceIdentifiers as SourceIdentifiers
 from .deid_study import StudyCheck as StudyCheck
 from .deid_study import deidentify_study as deidentify_study
 from .deid_study import verify_deidentified_study as verify_deidentified_study
+from .display import side_marks as side_marks
 from .errors import AmbiguousSeriesError as AmbiguousSeriesError
 from .errors import ImagingError as ImagingError
 from .errors import MeaninglessPixelsError as MeaninglessPixelsError

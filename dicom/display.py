@@ -19,6 +19,21 @@ class RenderError(ImagingError):
     """A stack could not be rendered (bad options, no usable slices)."""
 
 
+def side_marks(plane: Plane | str | None) -> tuple[str, str] | None:
+    """The letters at an image's left and right edges in the display convention: R and L for
+    axial and coronal images, A and P for sagittal ones; None for an unknown plane (no patient
+    geometry: the image is shown as stored, and its sides name nothing)."""
+    try:
+        p = Plane(plane) if plane is not None else None
+    except ValueError:
+        return None
+    if p in (Plane.AXIAL, Plane.CORONAL):
+        return ("R", "L")
+    if p is Plane.SAGITTAL:
+        return ("A", "P")
+    return None
+
+
 @dataclass
 class DisplayVolume:
     """A volume reoriented for display along one anatomical axis."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageFont
 
+from dicom.display import side_marks
 from dicom.records import Plane
 
 YELLOW = (255, 255, 0)
@@ -138,14 +139,10 @@ def mark_tile(tile: np.ndarray, plane: Plane | None, oriented: bool, text: str) 
     size = tile.shape[1]
     font = max(10, size // 16)
     draw_text(tile, (4, size - 4), text, YELLOW, font, "ls")
-    if not oriented:
+    marks = side_marks(plane) if oriented else None
+    if marks is None:
         return
-    if plane in (Plane.AXIAL, Plane.CORONAL):
-        left, right = "R", "L"
-    elif plane is Plane.SAGITTAL:
-        left, right = "A", "P"
-    else:
-        return
+    left, right = marks
     draw_text(tile, (4, size // 2), left, YELLOW, font, "lm")
     draw_text(tile, (size - 4, size // 2), right, YELLOW, font, "rm")
 

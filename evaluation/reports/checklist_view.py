@@ -67,6 +67,18 @@ FLAG_TITLES: dict[FlagKind, str] = {
     FlagKind.CALL_ERROR: "Call error",
 }
 
+# the flags a page shows in red: the answer states what is not there, or misses what is
+SERIOUS_FLAGS: frozenset[str] = frozenset(
+    k.value
+    for k in (
+        FlagKind.SUSPECTED_HALLUCINATION,
+        FlagKind.FINDINGS_ON_NORMAL_CONTROL,
+        FlagKind.FABRICATED_WITHOUT_IMAGES,
+        FlagKind.MISSED_LESION,
+        FlagKind.FORMAT_FAILURE,
+    )
+)
+
 
 class Flag(BaseModel):
     kind: FlagKind

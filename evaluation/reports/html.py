@@ -22,11 +22,12 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from PIL import Image
 
-from dicom import display_name
+from dicom import display_name, side_marks
 from evaluation.answers import Finding
 from evaluation.log.rundata import RunData
 from evaluation.models.cost import cost_text
-from evaluation.reports.checklist_view import FLAG_TITLES, CaseChecklist, ImageItem
+from evaluation.reports.checklist_view import FLAG_TITLES, SERIOUS_FLAGS, CaseChecklist, ImageItem
+from evaluation.reports.print_view import print_view
 from evaluation.reports.summary import SummaryReport
 from evaluation.review.review_log import CaseReview, Superseded
 from evaluation.review.sr_content import BlockItem, ItemKind
@@ -37,6 +38,7 @@ from evaluation.scoring.taxonomy import RULE_LEGEND
 
 TEMPLATES = Path(__file__).with_name("templates")
 THUMB_PX = 320
+PRINT_PX = 800  # a key image on paper: half the page wide, its side marks legible
 # series not shown listed per reason on a checklist page (all are in the run's record)
 MAX_NOT_SHOWN_ROWS = 1000
 MAX_PIXELS = 40_000_000
@@ -56,6 +58,8 @@ def env() -> Environment:
     e.filters["when"] = _local_time
     e.filters["cost"] = cost_text  # "unknown" when no price is known, never $0
     e.globals["rule_legend"] = RULE_LEGEND  # what R1..R10 in an error's evidence mean
+    e.globals["serious_flags"] = SERIOUS_FLAGS
+    e.globals["side_marks"] = side_marks  # R/L (A/P) at an image's edges, by its plane
     return e
 
 
@@ -200,6 +204,10 @@ def render_checklist(
     message: str = "",
     message_error: bool = False,
 ) -> str:
+    """The checklist page of a case; ``print_mode``: its paper copy (2 to 4 pages, the detail
+    left to the page: ``print_view``)."""
+    if print_mode:
+        return _render_print(checklist, images, review)
     thumbs: dict[int, dict[str, str]] = {}
     for img in checklist.images:
         png = images(img.index)
@@ -219,6 +227,26 @@ def render_checklist(
             kinds=ItemKind,
             max_not_shown_rows=MAX_NOT_SHOWN_ROWS,
             **_base(review, print_mode, message, message_error),
+        )
+    )
+
+
+def _render_print(checklist: CaseChecklist, images: ImageLoader, review: ReviewView | None) -> str:
+    view = print_view(checklist)
+    pictures: dict[int, str] = {}
+    for key in view.key_images:
+        png = images(key.index)
+        small = thumbnail(png, PRINT_PX) if png else None
+        if small:
+            pictures[key.index] = data_uri(small)
+    return (
+        env()
+        .get_template("checklist_print.html.j2")
+        .render(
+            c=checklist,
+            view=view,
+            pictures=pictures,
+            **_base(review, True, "", False),
         )
     )
 
