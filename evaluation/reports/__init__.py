@@ -4,7 +4,8 @@ Build from a run (``load_run`` or a ``RunData`` made by hand), then ``write_repo
 everything; the gateway's review pages (``gateway.api.routers.review``) serve the same pages
 with review controls. The pieces: ``build_checklist`` (one case), ``build_summary`` (the run,
 with signed-off reviews fed back), ``render_checklist``/``render_summary`` (HTML),
-``html_to_pdf`` (Chromium), ``ReviewStore`` (append-only log).
+``html_to_pdf`` (Chromium), ``ReviewStore`` (append-only log). The pilot report for a governance
+board over a pilot's runs: ``pilot_run``/``build_pilot``, ``write_pilot`` (``pilot.py``).
 """
 
 import lazy_loader

@@ -17,6 +17,10 @@ from .html import render_page as render_page
 from .html import render_signoff as render_signoff
 from .html import render_summary as render_summary
 from .html import render_verified as render_verified
+from .intended_use import IntendedUse as IntendedUse
+from .intended_use import IntendedUseError as IntendedUseError
+from .intended_use import load_intended_use as load_intended_use
+from .intended_use import not_given as not_given
 from .loader import RUNDATA_FILE as RUNDATA_FILE
 from .loader import RunLoadError as RunLoadError
 from .loader import load_run as load_run
@@ -26,6 +30,16 @@ from .pdf import Printer as Printer
 from .pdf import configure_chromium as configure_chromium
 from .pdf import html_to_pdf as html_to_pdf
 from .pdf import pdf_bytes as pdf_bytes
+from .pilot import PilotError as PilotError
+from .pilot import PilotReport as PilotReport
+from .pilot import PilotRun as PilotRun
+from .pilot import build_pilot as build_pilot
+from .pilot import evidence_limits as evidence_limits
+from .pilot import pilot_run as pilot_run
+from .pilot import run_passports as run_passports
+from .pilot_files import PilotFiles as PilotFiles
+from .pilot_files import render_pilot as render_pilot
+from .pilot_files import write_pilot as write_pilot
 from .plots import all_plots as all_plots
 from .storeread import run_from_store as run_from_store
 from .summary import SummaryReport as SummaryReport

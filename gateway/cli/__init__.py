@@ -18,7 +18,7 @@ from gateway.cli.models import models_app
 from gateway.cli.pacs import pacs_app
 from gateway.cli.phantoms import phantoms_command
 from gateway.cli.purge import purge_command
-from gateway.cli.report import report_command
+from gateway.cli.report import pilot_report_command, report_command
 from gateway.cli.runs import runs_app
 from gateway.cli.serve import serve_command
 from gateway.cli.tokens import tokens_app
@@ -53,6 +53,7 @@ app.add_typer(pacs_app, name="pacs")
 app.add_typer(tokens_app, name="tokens")
 app.command("serve")(serve_command)
 app.command("report")(report_command)
+app.command("pilot-report")(pilot_report_command)
 app.command("phantoms")(phantoms_command)
 app.command("eval")(eval_command)
 app.command("export-case")(export_case_command)

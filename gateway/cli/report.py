@@ -67,3 +67,90 @@ def report_command(
         show_coverage(run.coverage)
     if pdf and index.warnings:
         raise typer.Exit(1)
+
+
+def pilot_report_command(
+    rundirs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="the pilot's run folders (1 to 8), in the order the report shows them",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="output folder (pilot.json, pilot.html, pilot.pdf)")],
+    intended_use: Annotated[
+        Path | None,
+        typer.Option(
+            help="the pilot's intended use: a YAML or Markdown file (docs/review.md, Pilot "
+            "report); without it the report says none was given"
+        ),
+    ] = None,
+    pdf: Annotated[
+        bool, typer.Option("--pdf/--no-pdf", help="also print pilot.pdf with Chromium")
+    ] = True,
+    reviews: Annotated[
+        Path | None,
+        typer.Option(
+            help="review log (reviews.sqlite) to feed back; default DATA_DIR/reviews.sqlite if present"
+        ),
+    ] = None,
+) -> None:
+    """Write one pilot report for an AI governance board over the pilot's runs (HTML and PDF).
+
+    Intended use, the dataset, each model's passport, the results with 95% intervals and by
+    subgroup, the failure modes, reviewer agreement, cost, the versions, and the limits of the
+    evidence; every figure is the run summary's (the same numbers as `neurosandbox report`).
+    Exit codes: 0 written; 1 written but the PDF could not be printed; 2 a run or the
+    intended-use file could not be read."""
+    from evaluation import EvaluationError
+    from evaluation.reports import (
+        IntendedUseError,
+        PilotError,
+        RunLoadError,
+        build_pilot,
+        load_intended_use,
+        load_run,
+        not_given,
+        pilot_run,
+        run_passports,
+        write_pilot,
+    )
+    from evaluation.review import ReviewStore
+    from gateway.settings import get_settings
+
+    settings = get_settings()
+    url = settings.database_url
+    try:
+        use = load_intended_use(intended_use) if intended_use is not None else not_given()
+        if not rundirs or len(rundirs) > 8:
+            raise PilotError(f"give 1 to 8 run folders ({len(rundirs)} given)")
+        loaded = [(load_run(d, url), run_passports(d, url)) for d in rundirs]
+    except (
+        IntendedUseError,
+        PilotError,
+        RunLoadError,
+        EvaluationError,
+        OSError,
+        NotImplementedError,
+    ) as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    log = reviews or settings.data_dir / "reviews.sqlite"
+    store = ReviewStore(log) if log.is_file() else None
+    runs = [
+        pilot_run(run, store.reviews(run.run_id) if store else [], passports)
+        for run, passports in loaded
+    ]
+    files = write_pilot(build_pilot(runs, use), out, pdf=pdf)
+    for w in files.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}")
+    if not use.given:
+        console.print(
+            "[yellow]note:[/yellow] no --intended-use FILE: the report says none was given"
+        )
+    console.print(
+        f"pilot report over {len(runs)} run{'s' if len(runs) != 1 else ''}: "
+        f"{escape(files.html)}" + (f", {escape(files.pdf)}" if files.pdf else "")
+    )
+    if pdf and files.warnings:
+        raise typer.Exit(1)
