@@ -220,7 +220,16 @@ def test_pilot_cli_refuses_a_missing_run_and_a_bad_statement(tmp_path: Path) -> 
     code, out = _cli(tmp_path, "pilot-report", str(tmp_path), "--out", str(tmp_path / "p"),
                      "--intended-use", str(bad))  # fmt: skip
     assert code == 2 and "not YAML" in out
+    code, out = _cli(tmp_path, "pilot-report", *[str(tmp_path)] * 9, "--out", str(tmp_path / "p"))
+    assert code == 2 and "at most 8" in out
     assert not (tmp_path / "p").exists()
+
+
+def test_a_run_given_twice_is_refused(ref_run: Path, tmp_path: Path) -> None:
+    code, out = _cli(
+        tmp_path, "pilot-report", str(ref_run), str(ref_run), "--out", str(tmp_path / "p")
+    )
+    assert code == 2 and "given 2 times" in out and not (tmp_path / "p").exists()
 
 
 def test_figures_equal_a_summary_built_directly(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from .pilot import PilotError as PilotError
 from .pilot import PilotReport as PilotReport
 from .pilot import PilotRun as PilotRun
 from .pilot import build_pilot as build_pilot
+from .pilot import check_run_count as check_run_count
 from .pilot import evidence_limits as evidence_limits
 from .pilot import pilot_run as pilot_run
 from .pilot import run_passports as run_passports

@@ -312,17 +312,24 @@ def pilot_run(
     )
 
 
+def check_run_count(n: int) -> None:
+    """Raise ``PilotError`` unless ``n`` runs can make one report (checked before any is read)."""
+    if n < 1:
+        raise PilotError("a pilot report needs at least one run")
+    if n > MAX_RUNS:
+        raise PilotError(
+            f"{n} runs: a board report covers at most {MAX_RUNS}; pick the runs the board decides on"
+        )
+
+
 def build_pilot(
     runs: list[PilotRun], intended_use: IntendedUse, *, now: datetime | None = None
 ) -> PilotReport:
     """The report over the pilot's runs, in the order given."""
-    if not runs:
-        raise PilotError("a pilot report needs at least one run")
-    if len(runs) > MAX_RUNS:
-        raise PilotError(
-            f"{len(runs)} runs: a board report covers at most {MAX_RUNS}; "
-            "pick the runs the board decides on"
-        )
+    check_run_count(len(runs))
+    seen = Counter(r.run_id for r in runs)
+    if twice := [run_id for run_id, n in seen.items() if n > 1]:
+        raise PilotError(f"run {twice[0]} is given {seen[twice[0]]} times; give each run once")
     return PilotReport(
         generated_at=(now or datetime.now(UTC)).isoformat(timespec="seconds"),
         intended_use=intended_use,

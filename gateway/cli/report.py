@@ -108,6 +108,7 @@ def pilot_report_command(
         PilotError,
         RunLoadError,
         build_pilot,
+        check_run_count,
         load_intended_use,
         load_run,
         not_given,
@@ -122,8 +123,7 @@ def pilot_report_command(
     url = settings.database_url
     try:
         use = load_intended_use(intended_use) if intended_use is not None else not_given()
-        if not rundirs or len(rundirs) > 8:
-            raise PilotError(f"give 1 to 8 run folders ({len(rundirs)} given)")
+        check_run_count(len(rundirs))
         loaded = [(load_run(d, url), run_passports(d, url)) for d in rundirs]
     except (
         IntendedUseError,
@@ -141,7 +141,12 @@ def pilot_report_command(
         pilot_run(run, store.reviews(run.run_id) if store else [], passports)
         for run, passports in loaded
     ]
-    files = write_pilot(build_pilot(runs, use), out, pdf=pdf)
+    try:
+        report = build_pilot(runs, use)
+    except PilotError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    files = write_pilot(report, out, pdf=pdf)
     for w in files.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     if not use.given:
