@@ -131,16 +131,13 @@ def run_passports(rundir: Path, database_url: str | None = None) -> dict[str, Ba
         store.close()
 
 
-def _subgroups(run: RunData, n_boot: int) -> tuple[list[Any] | None, int | None]:
-    """The subgroup rows of ``evaluation.scoring.subgroups`` (None when this version has none)."""
-    import importlib
-
-    try:  # issue 37, part S: a version without it says so in the report
-        sg = importlib.import_module("evaluation.scoring.subgroups")
-    except ImportError:
+def _subgroups(summary: SummaryReport) -> tuple[list[Any] | None, int | None]:
+    """The summary's subgroup rows and minimum size (``SummaryReport.subgroups``, issue 37 part
+    S; None: a summary without them)."""
+    table = getattr(summary, "subgroups", None)
+    if table is None:
         return None, None
-    rows = sg.subgroup_results(run, n_boot=n_boot)
-    return list(rows), getattr(sg, "MIN_SUBGROUP_SIZE", None)
+    return list(table.rows), int(table.min_patients)
 
 
 def _dataset(run: RunData, summary: SummaryReport, subgroups: list[Any] | None) -> DatasetFacts:
@@ -294,7 +291,7 @@ def pilot_run(
     """One run of the pilot: its summary (with signed-off reviews fed back), passports,
     subgroups, dataset facts and limits."""
     summary = build_summary(run, reviews or [], n_boot=n_boot, now=now)
-    subgroups, min_size = _subgroups(run, n_boot)
+    subgroups, min_size = _subgroups(summary)
     status = str(run.config.get("status", ""))
     passports = passports or {}
     return PilotRun(
