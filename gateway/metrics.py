@@ -72,6 +72,16 @@ SPECS: dict[str, Spec] = {
         "histogram", "seconds spent answering HTTP requests, by route template", ("route",)
     ),
     "runs_in_progress": Spec("gauge", "evaluation runs queued or running"),
+    # read from the canary marks of the runs folder at scrape time (the canary is its own process)
+    "canary_alarm": Spec(
+        "gauge",
+        "1 when the canary's newest run says ALARM (a model answers differently than in its "
+        "previous run), 0 when quiet or its first run",
+        ("canary",),
+    ),
+    "canary_last_run_timestamp_seconds": Spec(
+        "gauge", "when the canary's newest run started (Unix time)", ("canary",)
+    ),
 }
 
 _Metric = Counter | Gauge | Histogram
@@ -125,6 +135,12 @@ class Metrics:
         if not isinstance(child, Gauge):
             raise ValueError(f"metric {name!r} is not a gauge")
         child.set(value)
+
+    def clear(self, name: str) -> None:
+        """Drop every labelled child of a metric (a gauge rebuilt from a source at scrape)."""
+        if name not in self._metrics:
+            raise KeyError(f"metric {name!r} is not declared in gateway.metrics.SPECS")
+        self._metrics[name].clear()
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         """Record one observation (a duration) in a histogram."""

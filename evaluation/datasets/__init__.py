@@ -67,6 +67,8 @@ class DatasetSpec(BaseModel):
     columns: dict[str, str] | None = None  # Neural-MedBench column map
     image_root: str | None = None  # NeuroVLM-Bench images
     limit: int | None = None  # first N cases only
+    # these cases only, by id (a canary's pinned set); an id the dataset lacks is an error
+    case_ids: list[str] | None = None
     render: RenderPlan = Field(default_factory=RenderPlan)
 
 
@@ -122,6 +124,22 @@ def dataset_hash(cases: list[Case]) -> str:
     return h.hexdigest()
 
 
+def _pinned(
+    path: Path, cases: list[Case], notes: LoadNotes, ids: list[str]
+) -> tuple[list[Case], LoadNotes]:
+    """The cases named by ``ids`` (in the dataset's order), and the notes about them; an id
+    that is neither a loaded case nor a case the loader skipped is an error."""
+    wanted = set(ids)
+    skipped = {n.case_id for n in notes if isinstance(n, SkippedCase) and n.case_id}
+    unknown = sorted(wanted - {c.case_id for c in cases} - skipped)
+    if unknown:
+        shown = ", ".join(repr(i[:80]) for i in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise DatasetError(f"{path}: no case {shown}{more} (case_ids names cases of the dataset)")
+    kept = [n for n in notes if not isinstance(n, SkippedCase) or n.case_id in wanted]
+    return [c for c in cases if c.case_id in wanted], kept
+
+
 def load_dataset(spec: DatasetSpec | str | Path, cache_dir: Path) -> Dataset:
     """Load every case of a dataset (rendering studies into ``cache_dir`` as needed)."""
     if not isinstance(spec, DatasetSpec):
@@ -154,6 +172,8 @@ def load_dataset(spec: DatasetSpec | str | Path, cache_dir: Path) -> Dataset:
         )
     else:
         raise DatasetError(f"unknown dataset kind {kind!r}")
+    if spec.case_ids is not None:
+        cases, notes = _pinned(path, cases, notes, spec.case_ids)
     if spec.limit:
         cases = cases[: spec.limit]
     skipped = [n for n in notes if isinstance(n, SkippedCase)]

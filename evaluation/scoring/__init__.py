@@ -3,11 +3,12 @@
 Per sample: ``score_sample`` (pure: case, family, status, parsed answer, raw text) and
 ``classify_error``; ``make_scored_sample`` does both and carries cost and tokens. Rubric grading
 is async (``grade``); ``rubric_from_outputs`` rebuilds it from stored grader replies. Per run:
-``summarise`` and ``compare``; across two runs of one dataset, ``compare_runs``.
+``summarise`` and ``compare``; across two runs of one dataset, ``compare_runs``, and the canary's ``drift_verdicts`` rule.
 """
 
 from evaluation.scores import CalibrationDetails
 from evaluation.scoring.compare import PairedComparison, ScoringVersionMismatch, compare
+from evaluation.scoring.drift import DriftRule, ModelDrift, drift_verdicts
 from evaluation.scoring.judge import EquivalenceJudge, unknown_pairs
 from evaluation.scoring.judge_cache import JudgeCache
 from evaluation.scoring.lexicon import Lexicon, MatchLevel, default_lexicon, match_diagnosis
@@ -30,11 +31,13 @@ __all__ = [
     "SCORING_VERSION",
     "CalibrationDetails",
     "DatasetMismatch",
+    "DriftRule",
     "EquivalenceJudge",
     "JudgeCache",
     "Lexicon",
     "MatchLevel",
     "ModelDelta",
+    "ModelDrift",
     "PairedComparison",
     "RunComparison",
     "RunSide",
@@ -45,6 +48,7 @@ __all__ = [
     "compare",
     "compare_runs",
     "default_lexicon",
+    "drift_verdicts",
     "effective_error",
     "grade",
     "grader_calibration",

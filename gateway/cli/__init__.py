@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from gateway.cli.canary import canary_command
 from gateway.cli.cases import cases_app
 from gateway.cli.db import db_app
 from gateway.cli.demo import demo_command
@@ -56,6 +57,7 @@ app.command("report")(report_command)
 app.command("pilot-report")(pilot_report_command)
 app.command("phantoms")(phantoms_command)
 app.command("eval")(eval_command)
+app.command("canary")(canary_command)
 app.command("export-case")(export_case_command)
 app.add_typer(runs_app, name="runs")
 app.add_typer(models_app, name="models")

@@ -39,6 +39,7 @@ class ExitCode(IntEnum):
     SAMPLES_FAILED = 1  # some samples ended in a call error (after retries): resume retries them
     USAGE = 2  # bad usage: an option, the dataset could not be loaded, the models, the run folder
     SKIPPED_STRICT = 3  # --strict and the dataset had cases the run skipped (listed)
+    CANARY_ALARM = 4  # `neurosandbox canary`: a model answers differently than in its last run
 
 
 EXIT_CODES = (
@@ -48,6 +49,14 @@ EXIT_CODES = (
     "`runs resume` retries them)\n\n"
     "2  bad usage: an option, the models, the run folder, or the dataset could not be loaded\n\n"
     "3  --strict and some cases of the dataset were skipped (listed, with the reason)"
+)
+CANARY_EXIT_CODES = (
+    "Exit codes (docs/exit-codes.md):\n\n"
+    "0  quiet (or the first run of this canary file): no model answers differently\n\n"
+    "1  quiet, but some samples ended in a call error after their retries (not compared)\n\n"
+    "2  bad usage: the canary file, its dataset or models, or the comparison failed\n\n"
+    "4  ALARM: a model answers differently than in the canary's last run (the reasons, and the "
+    "passport fields that changed, are printed)"
 )
 
 

@@ -34,8 +34,12 @@ def audit_log(
     summary="Prometheus metrics (text exposition format)",
     responses={200: {"content": {"text/plain": {}, "application/openmetrics-text": {}}}},
 )
-def metrics(request: Request, _t: Token) -> Response:
-    """Prometheus text format; OpenMetrics when the scraper's ``Accept`` asks for it."""
+def metrics(ctx: Ctx, request: Request, _t: Token) -> Response:
+    """Prometheus text format; OpenMetrics when the scraper's ``Accept`` asks for it. The
+    canaries' gauges are read from their runs' marks now (gateway/canary.py)."""
+    from gateway.canary import export_marks
+
+    export_marks(METRICS, ctx.settings.runs_dir, ctx.settings.database_url)
     body, content_type = METRICS.exposition(request.headers.get("accept", ""))
     return Response(body, media_type=content_type)
 
