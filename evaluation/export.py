@@ -31,6 +31,12 @@ def records(store: RunStore) -> Iterator[dict[str, Any]]:
                     entry[name] = value
                     if value is not None:
                         totals[name] = totals.get(name, 0) + value
+                # what answered (a replay of this export says so in its passport)
+                for name in ("served_model", "system_fingerprint"):
+                    if getattr(out, name) is not None:
+                        entry[name] = getattr(out, name)
+                if out.version_headers:
+                    entry["version_headers"] = out.version_headers
             turns.append(entry)
         answer = row.parsed.model_dump(mode="json") if row.parsed is not None else None
         label = row.error_label

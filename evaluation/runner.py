@@ -21,10 +21,18 @@ from evaluation.case import Case, TaskFamily
 from evaluation.coverage import SkippedCase
 from evaluation.datasets import Dataset, ImageStore
 from evaluation.errors import StoreError
+from evaluation.log.passport import (
+    ModelPassport,
+    api_host,
+    passport_changes,
+    replay_name,
+    sent_decoding,
+)
 from evaluation.log.records import GraderCall, SampleTurn
 from evaluation.log.store import RunStore
 from evaluation.log.writes import (
     failure_statements,
+    now,
     request_statements,
     response_statements,
     sample_statements,
@@ -40,10 +48,12 @@ from evaluation.modelio import (
 )
 from evaluation.models import create_model
 from evaluation.models.context import RequestContext, current_request
+from evaluation.models.litellm_adapter import LiteLLMAdapter
+from evaluation.models.replay import ReplayModel
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.phi import GateResult, PHIGate, audit_record
 from evaluation.prompts import PromptSet, default_prompts, inert
-from evaluation.runconfig import RunConfig
+from evaluation.runconfig import RunConfig, package_versions
 from evaluation.scores import ParseStatus
 from evaluation.scoring_bridge import ScoringBridge, parsed_record, total_output
 from evaluation.tasks import Turns, build_turns, plan_tasks
@@ -149,7 +159,59 @@ class Runner:
 
     # ------------------------------------------------------------------ run
 
+    def record_passports(self) -> None:
+        """Record each model's and grader's passport (what is known when the run starts), once:
+        a resumed run keeps the passport of its start, and a difference is logged."""
+        from dicom import renderer_version
+
+        versions = package_versions()
+        asks = [
+            (s, self.adapters[s.name], self.config.generate, "model") for s in self.config.models
+        ]
+        asks += [
+            (s, self.graders[s.name], self.config.grader_generate, "grader")
+            for s in self.config.graders
+            if s.name not in self.adapters
+        ]
+        for spec, adapter, generate, role in asks:
+            cfg = generate.model_copy(update={"seed": self.config.seed_for(0)})
+            passport = ModelPassport(
+                model=spec.name,
+                role="grader" if role == "grader" else "model",
+                kind=spec.kind,
+                prompt_version=self.prompts.version,
+                renderer_version=renderer_version(),
+                recorded_at=now(),
+            )
+            if isinstance(adapter, LiteLLMAdapter):
+                passport = passport.model_copy(
+                    update={
+                        "litellm_model": spec.litellm_model,
+                        "provider": adapter.provider(),
+                        "api_host": api_host(spec.api_base),
+                        "decoding": sent_decoding(adapter.sent_parameters(cfg)),
+                        "litellm_version": versions.get("litellm"),
+                    }
+                )
+            elif isinstance(adapter, ReplayModel):
+                passport = passport.model_copy(
+                    update={
+                        "replay_file": replay_name(spec.replay_file),
+                        "replay_sha256": adapter.sha256,
+                    }
+                )
+            earlier = self.store.record_passport(passport)
+            if earlier is not None:
+                changed = [c.field for c in passport_changes(earlier, passport)]
+                if changed:
+                    log.warning(
+                        "model %s: the run keeps the passport of its start; now %s differ",
+                        spec.name,
+                        ", ".join(changed),
+                    )
+
     async def run(self) -> RunStats:
+        self.record_passports()
         self._cached = self.store.responses()
         done = {
             (r.case_id, r.task, r.model, r.sample)

@@ -80,6 +80,12 @@ class Script:
     completion_tokens: int = 50
     # What ``GET /v1/models`` lists (an empty list, as before: the server lists nothing).
     models: list[str] = field(default_factory=list)
+    # What a reply says about the model that answered: its ``model`` (None: the model asked
+    # for), its ``system_fingerprint`` (None: left out; any JSON value: hostile tests), and
+    # extra response headers (e.g. ``{"openai-version": "2020-10-01"}``).
+    served_model: Any = None
+    system_fingerprint: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -211,14 +217,19 @@ class _Handler(BaseHTTPRequestHandler):
             computed = state.script.responder(body)
             reply = reply if computed is None else computed
         msg = {"role": "assistant", "content": reply}
+        script = state.script
         out = _completion(
             msg,
             "stop",
-            state.script.prompt_tokens,
-            state.script.completion_tokens,
+            script.prompt_tokens,
+            script.completion_tokens,
             model=str(body.get("model", "test")),
         )
-        if self._send(200, json.dumps(out).encode()):
+        if script.served_model is not None:
+            out["model"] = script.served_model
+        if script.system_fingerprint is not None:
+            out["system_fingerprint"] = script.system_fingerprint
+        if self._send(200, json.dumps(out).encode(), script.headers):
             with state.lock:
                 state.stats.delivered += 1
                 state.stats.delivered_keys.append(key)

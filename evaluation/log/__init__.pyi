@@ -6,6 +6,10 @@ from .db import upgrade as upgrade
 from .db import upgrade_run_log as upgrade_run_log
 from .gateway_index import gateway_run_ids as gateway_run_ids
 from .gateway_index import list_gateway_runs as list_gateway_runs
+from .passport import ModelPassport as ModelPassport
+from .passport import Observed as Observed
+from .passport import PassportChange as PassportChange
+from .passport import passport_changes as passport_changes
 from .records import CANARY_NOTE as CANARY_NOTE
 from .records import FINAL_STATUSES as FINAL_STATUSES
 from .records import CallErrors as CallErrors

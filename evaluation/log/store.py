@@ -39,8 +39,10 @@ from evaluation.case import Case
 from evaluation.coverage import CaseCoverage, SkippedCase
 from evaluation.errors import StoreError
 from evaluation.log import db as db_
+from evaluation.log import passport as passport_
 from evaluation.log import schema as t_
 from evaluation.log.gateway_index import gateway_run_of_row, gateway_run_row
+from evaluation.log.passport import ModelPassport
 from evaluation.log.records import (
     STAGE_FIELDS,
     CallErrors,
@@ -572,6 +574,94 @@ class RunStore:
         n = t_.notes
         row = self._one(sa.select(n.c.value).where(self._mine(n), n.c.key == key))
         return str(row[0]) if row is not None else None
+
+    # ------------------------------------------------------------------ passports
+
+    def record_passport(self, passport: ModelPassport) -> ModelPassport | None:
+        """Record what the run knows of a model when it starts (its passport's recorded part,
+        a run note), once: a passport recorded earlier (a resumed run) is kept and returned;
+        None when this one was recorded."""
+        key = passport_.NOTE_PREFIX + passport.model
+        earlier = self.note(key)
+        if earlier is not None:
+            kept = passport_.recorded_passport(earlier, passport.model)
+            if kept is not None:
+                return kept
+        self.set_note(key, passport.model_dump_json(exclude=set(passport_.OBSERVED)))
+        return None
+
+    def passports(self) -> dict[str, ModelPassport]:
+        """The passport of each model of the run (its models, then its graders), keyed by the
+        run's model name: the part recorded when the run started (or, for a run stored before
+        passports, rebuilt from its configuration), what the stored responses say answered,
+        the digest of the first-turn prompts sent, the scoring versions of its scores."""
+        row = self._one(sa.select(t_.run.c.config_json).where(self._mine(t_.run)))
+        try:
+            config = json.loads(row[0]) if row is not None else {}
+        except ValueError:
+            config = {}
+        config = config if isinstance(config, dict) else {}
+        generate = config.get("generate") if isinstance(config.get("generate"), dict) else {}
+        n = t_.notes
+        notes = {
+            str(k)[len(passport_.NOTE_PREFIX) :]: str(v)
+            for k, v in self._rows(
+                sa.select(n.c.key, n.c.value).where(
+                    self._mine(n), n.c.key.startswith(passport_.NOTE_PREFIX, autoescape=True)
+                )
+            )
+        }
+        out: dict[str, ModelPassport] = {}
+        for role in ("models", "graders"):
+            for spec in config.get(role) or []:
+                name = spec.get("name") if isinstance(spec, dict) else None
+                if not isinstance(name, str) or name in out:
+                    continue
+                kept = passport_.recorded_passport(notes[name], name) if name in notes else None
+                out[name] = kept or passport_.configured_passport(
+                    spec, role.rstrip("s"), generate or {}
+                )
+        for name, text in sorted(notes.items()):  # a model the configuration does not name
+            if name not in out and (kept := passport_.recorded_passport(text, name)):
+                out[name] = kept
+        return {name: self._observed(p) for name, p in out.items()}
+
+    def _observed(self, p: ModelPassport) -> ModelPassport:
+        """``p`` with what the run's stored rows say of its model."""
+        from evaluation.scoring.version import version_name
+
+        r, q, s, sc = t_.responses, t_.requests, t_.samples, t_.scores
+        tally = passport_.ObservedTally()
+        for (output_json,) in self._rows(
+            sa.select(r.c.output_json).where(self._mine(r), r.c.model == p.model)
+        ):
+            try:
+                output = json.loads(output_json)
+            except ValueError:
+                continue
+            if isinstance(output, dict):
+                tally.add(output)
+        update: dict[str, Any] = {}
+        if p.role == "model":  # a grader's prompts carry the answers it grades
+            hashes = [
+                str(h)
+                for (h,) in self._rows(
+                    sa.select(q.c.prompt_hash)
+                    .distinct()
+                    .where(self._mine(q), q.c.model == p.model, q.c.turn == 1)
+                )
+            ]
+            update = {"prompt_digest": passport_.prompt_digest(hashes), "prompts": len(hashes)}
+            versions = self._rows(
+                sa.select(sc.c.scoring_version)
+                .distinct()
+                .select_from(
+                    sc.join(s, sa.and_(s.c.run_id == sc.c.run_id, s.c.sample_id == sc.c.sample_id))
+                )
+                .where(self._mine(sc), s.c.model == p.model)
+            )
+            update["scoring_versions"] = sorted(version_name(v) for (v,) in versions)
+        return tally.fill(p.model_copy(update=update))
 
     # ------------------------------------------------------------------ the gateway's run
 

@@ -37,6 +37,8 @@ from functools import partial
 from multiprocessing.connection import Connection
 from typing import Any
 
+from evaluation.modelio import reported_headers
+
 # litellm routes whose request building does no I/O (the OpenAI SDK route: OpenAI and any
 # OpenAI-compatible server reached as ``openai/<model>`` with an api_base).
 PREPARE_INLINE = frozenset({"openai"})
@@ -92,6 +94,12 @@ def summarise_response(resp: Any) -> dict[str, Any]:
         "cost_usd": float(cost) if isinstance(cost, (int, float)) else None,
         "charged_usd": float(charged) if isinstance(charged, (int, float)) else None,
         "raw": raw,
+        # what the provider says answered (ModelOutput bounds them: hostile)
+        "served_model": getattr(resp, "model", None),
+        "system_fingerprint": getattr(resp, "system_fingerprint", None),
+        "version_headers": reported_headers(
+            getattr(resp, "_response_headers", None) or hidden.get("additional_headers") or {}
+        ),
     }
 
 

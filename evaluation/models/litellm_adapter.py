@@ -207,6 +207,27 @@ class LiteLLMAdapter:
         self._prepared[memo] = (kw, adjustments)
         return dict(kw), adjustments
 
+    # litellm's keyword arguments that are not decoding parameters (where and how to call)
+    _NOT_DECODING = frozenset(
+        {"model", "timeout", "num_retries", "max_retries", "drop_params", "api_base", "api_key"}
+    )
+
+    def sent_parameters(self, config: GenerateConfig) -> dict[str, Any]:
+        """The decoding parameters a call with ``config`` sends (after what the model rejects
+        or litellm drops was taken out, the spec's ``extra`` included; never the key)."""
+        kwargs, _ = self._kwargs(config)
+        return {k: v for k, v in kwargs.items() if k not in self._NOT_DECODING}
+
+    def provider(self) -> str | None:
+        """The provider litellm routes this model to (litellm's own ``get_llm_provider``)."""
+        try:
+            _, provider, _, _ = import_litellm().get_llm_provider(
+                self.spec.litellm_model, api_base=self.spec.api_base
+            )
+        except Exception:  # litellm says BadRequestError for a name it cannot route
+            return None
+        return str(provider) if provider else None
+
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
         cap = min(self.spec.backoff_max_s, self.spec.backoff_base_s * (2**attempt))
         delay = self._rng.uniform(cap / 2, cap)  # jitter, so throttled callers spread out
@@ -301,4 +322,7 @@ class LiteLLMAdapter:
             retries=retries,
             raw=summary["raw"],
             adjustments=adjustments,
+            served_model=summary.get("served_model"),
+            system_fingerprint=summary.get("system_fingerprint"),
+            version_headers=summary.get("version_headers") or {},
         )
