@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     # None: one run.sqlite per run folder. Read here only, passed to evaluation.log.
     database_url: str | None = None
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
+    # how the runs index lists this gateway's runs: gateway, or demo (`neurosandbox demo`'s)
+    run_source: Literal["gateway", "demo"] = "gateway"
     # an evaluation's worker process is stopped after this long; the run fails, the queue goes on
     run_deadline_s: Annotated[float, Field(gt=0)] = 3600.0
     # one spare evaluation worker started ahead while idle (its 1-2 s start not paid per study)

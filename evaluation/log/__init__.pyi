@@ -1,4 +1,11 @@
 # The run log's public face: the one list of its names, each imported on first use (lazy_loader).
+from .catalog import CatalogCanary as CatalogCanary
+from .catalog import CatalogEntry as CatalogEntry
+from .catalog import CostFigure as CostFigure
+from .catalog import ModelMetrics as ModelMetrics
+from .catalog import ci_text as ci_text
+from .catalog import figures_text as figures_text
+from .catalog import list_runs as list_runs
 from .db import SchemaOutOfDateError as SchemaOutOfDateError
 from .db import SchemaStatus as SchemaStatus
 from .db import schema_status as schema_status
@@ -31,11 +38,14 @@ from .records import gateway_run_of_note as gateway_run_of_note
 from .rundata import FULL_INPUT as FULL_INPUT
 from .rundata import RunData as RunData
 from .rundata import SampleResult as SampleResult
+from .store import GATEWAY_NOTE as GATEWAY_NOTE
+from .store import GATEWAY_NOTE_MOVED as GATEWAY_NOTE_MOVED
 from .store import PG_MARKER as PG_MARKER
 from .store import STORE_FILE as STORE_FILE
 from .store import RunStore as RunStore
 from .store import open_store as open_store
 from .store import run_database as run_database
+from .store import store_change_key as store_change_key
 from .store import store_exists as store_exists
 from .store import store_file as store_file
 from .store import write_stamp as write_stamp

@@ -290,6 +290,9 @@ class GatewayRun(BaseModel):
 
     run_id: str
     trigger: str  # dicom | orthanc | api
+    # how the runs index lists the run: a gateway's, or one of the gateway `neurosandbox demo`
+    # starts (its Settings.run_source)
+    source: Literal["gateway", "demo"] = "gateway"
     status: RunStatus = RunStatus.QUEUED
     stage: str = "queued"
     progress: float = 0.0

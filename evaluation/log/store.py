@@ -77,6 +77,10 @@ STORE_VERSION = 2  # 1: before Alembic (code of then refuses a store of this lay
 STORE_FILE = "run.sqlite"
 # With PostgreSQL the run folder keeps its images and exports, and this file naming its run id.
 PG_MARKER = "run.db.json"
+# the note where the gateway kept its record before the gateway_runs table, and what replaces
+# it once the record was moved there
+GATEWAY_NOTE = "gateway"
+GATEWAY_NOTE_MOVED = "moved to the gateway_runs table"
 _CASES_EVALUATED = "cases_evaluated"  # meta key: set once a run recorded its coverage
 # meta key: a token every committed write of the run replaces (``write_stamp``)
 LAST_WRITE = "last_write"
@@ -171,6 +175,30 @@ def write_stamp(run_dir: Path, database_url: str | None = None) -> str | None:
     except sa.exc.DBAPIError as exc:
         raise StoreError(f"run log at {db_.safe_url(url)} could not be read: {exc.orig}") from exc
     return None if value is None else str(value)
+
+
+def store_change_key(
+    store_file: Path, database_url: str | None = None
+) -> tuple[object, ...] | None:
+    """What changes whenever the run whose store ``store_file`` names is written: its
+    last-write stamp (``write_stamp``); for a SQLite file without one (older than stamps), the
+    modification time and size of the file and of its write-ahead log (SQLite commits there
+    first). None: no store. Raises ``StoreError`` when the database is not reachable."""
+    main = _stat(store_file)
+    if main is None:
+        return None
+    stamp = write_stamp(store_file.parent, database_url)
+    if stamp is not None:
+        return ("stamp", stamp)
+    return ("file", main, _stat(store_file.with_name(store_file.name + "-wal")))
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_mtime_ns, st.st_size)
 
 
 def open_store(
@@ -296,7 +324,8 @@ class RunStore:
                 run_id = str(json.loads(marker.read_text())["run_id"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise StoreError(f"{marker}: not a run store marker ({exc})") from exc
-        if not marker.is_file() and not create:
+        # a run named by its id and only read (the catalog) needs no folder here
+        if not marker.is_file() and not create and not (self.read_only and run_id):
             raise StoreError(f"no run store for {run_dir} (is this a run folder?)")
         self.run_dir = run_dir
         self.path = marker
@@ -715,8 +744,18 @@ class RunStore:
             return self._gateway_run_from_note()
         return gateway_run_of_row(row._mapping)
 
+    def gateway_record(self, *, evidence: bool = True) -> GatewayRun | None:
+        """The gateway's record of the run as the gateway reads it: the record a store of
+        before the table kept as its ``gateway`` note (while not yet moved), else the row (None:
+        none recorded; ``evidence`` as ``gateway_run``). Raises ``ValueError`` for a record
+        that does not validate."""
+        note = self.note(GATEWAY_NOTE)
+        if note is not None and note != GATEWAY_NOTE_MOVED:
+            return gateway_run_of_note(note)
+        return self.gateway_run(evidence=evidence)
+
     def _gateway_run_from_note(self) -> GatewayRun | None:
-        text = self.note("gateway")
+        text = self.note(GATEWAY_NOTE)
         return None if text is None else gateway_run_of_note(text)
 
     def run_log(self) -> RunLog:
@@ -1068,6 +1107,19 @@ class RunStore:
                 )
             )
         return groups
+
+    def response_costs(self) -> dict[str, list[float | None]]:
+        """Each model's stored responses' costs, one per answered call (None: no price)."""
+        r = t_.responses
+        out: dict[str, list[float | None]] = {}
+        for model, output_json in self._rows(
+            sa.select(r.c.model, r.c.output_json).where(self._mine(r))
+        ):
+            cost = json.loads(output_json).get("cost_usd")
+            out.setdefault(str(model), []).append(
+                float(cost) if isinstance(cost, int | float) else None
+            )
+        return out
 
     def retries(self) -> dict[str, int]:
         """Retries per model: the extra attempts its calls took, answered or failed in the end

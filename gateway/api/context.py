@@ -27,7 +27,9 @@ class GatewayContext:
         return cls(
             settings=settings,
             orthanc=OrthancClient.from_settings(settings),
-            runs=StudyRunStore(data, settings.reports_root, settings.database_url),
+            runs=StudyRunStore(
+                data, settings.reports_root, settings.database_url, settings.run_source
+            ),
             audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
             tokens=TokenStore(tokens_file(data)),
         )

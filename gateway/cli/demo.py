@@ -187,6 +187,7 @@ def _gateway_env(settings: Settings, suite: Path, routing: Path) -> dict[str, st
         NEUROSANDBOX_STUDY_QUIET_S=str(QUIET_S),
         NEUROSANDBOX_FOLLOW_CHANGES="false",
         NEUROSANDBOX_DATA_DIR=str(settings.data_dir.resolve()),
+        NEUROSANDBOX_RUN_SOURCE="demo",  # the runs index lists its runs as the demo's
     )
     return env
 

@@ -35,81 +35,90 @@ runs_app = typer.Typer(
 console = cli_console(stderr=True)
 
 
-def gateway_record(store: Any) -> str:
-    """A gateway run the engine never started: its status and why, from its record."""
-    from gateway.runs import record_of
-
-    try:
-        rec = record_of(store)
-    except ValueError:
-        return "unreadable gateway record"
-    if rec is None:
-        return "no record"
-    return f"{rec.status.value}: {rec.error}" if rec.error else rec.status.value
-
-
 @runs_app.command("list")
 def runs_list(
     folder: Annotated[
         Path | None, typer.Argument(help="folder holding run folders (default: settings runs_dir)")
     ] = None,
 ) -> None:
-    """List the runs under a folder (default: the runs folder, and the gateway's runs in
-    DATA_DIR/runs): id, status, dataset, models, samples."""
-    from evaluation.log import PG_MARKER, STORE_FILE
+    """List the runs under a folder (default: every run of the install, as `runs index` finds
+    them): id, status, dataset, models, samples."""
+    from gateway.runs.index import install_runs
     from gateway.settings import get_settings
 
     settings = get_settings()
-    # with the PostgreSQL run log, a run folder holds the marker naming its run, not its rows
-    # (or its own run.sqlite when it was made before the install switched: listed too)
-    markers = (PG_MARKER, STORE_FILE) if settings.database_url else (STORE_FILE,)
-    root = folder or settings.runs_dir
-    stores = sorted(p for m in markers for p in root.glob(f"*/{m}")) if root.exists() else []
-    title = f"runs in {root}"
-    gateway = settings.data_dir / "runs"
-    if folder is None:  # the gateway's runs (the demo's among them): their run stores
-        # (run ids are time-ordered; runs of earlier versions kept theirs in <run id>/engine)
-        for m in markers:
-            stores += sorted(gateway.glob(f"*/engine/{m}"), key=lambda p: p.stat().st_mtime)
-            stores += sorted(gateway.glob(f"*/{m}"))
-        title += f" and {gateway}"
-        unique: dict[Path, Path] = {}  # the runs folder may be DATA_DIR/runs itself
-        for p in stores:
-            unique.setdefault(p.parent.resolve(), p)
-        stores = list(unique.values())
-    table = Table(title=title)
+    entries = install_runs(settings, folder=folder)
+    gateway = (settings.data_dir / "runs").resolve()
+    where = str(folder or settings.runs_dir)
+    if folder is None and settings.runs_dir.resolve() != gateway:
+        where += f" and {gateway}"
+    table = Table(title=f"runs in {where}")
     for col in ("folder", "run", "status", "created", "dataset", "models", "samples"):
         table.add_column(col, overflow="fold")
-    for path in stores:
-        label = path.parent.name
-        ours = path.parent.parent == gateway
-        if ours:  # a gateway run: DATA_DIR/runs/<run id>, its record the run store
-            label = f"gateway {label}"
-        elif label == "engine" and path.parent.parent.parent == gateway:  # an earlier version's
-            label = f"gateway {path.parent.parent.name}"
-        try:
-            store = open_run(path.parent)
-            try:
-                if ours and not store.has_run():  # queued, skipped or failed before the engine
-                    rec = gateway_record(store)
-                    table.add_row(escape(label), "-", escape(rec), "", "PACS study", "", "0")
-                    continue
-                row = store.run_log()
-                n = store.counts().samples
-            finally:
-                store.close()
-        except EvaluationError as exc:
-            table.add_row(escape(label), "-", f"unreadable: {escape(str(exc))}", "", "", "", "")
-            continue
-        models = ", ".join(m["name"] for m in row.config["models"])
+    for e in entries:
+        label = Path(e.run_dir).name if e.run_dir else "(database)"
+        run = e.run_id if e.dataset_hash else "-"  # "-": the engine never started it
+        if e.source != "cli":  # DATA_DIR/runs/<run id>
+            label = e.source if e.dataset_hash else f"{e.source} {e.run_id}"
+        status = (e.error or "") if e.status == "unreadable" else e.status
+        if e.error and e.status != "unreadable":
+            status += f": {e.error}"
         table.add_row(
             escape(label),
-            row.run_id,
-            row.status,
-            row.created_at[:19],
-            escape(str(row.dataset_name)),
-            escape(models),
-            str(n),
+            escape(run),
+            escape(status),
+            (e.created_at or "")[:19],
+            escape(e.dataset_name or ""),
+            escape(", ".join(e.models)),
+            str(e.n_samples),
+        )
+    table_console().print(table)
+
+
+@runs_app.command("index")
+def runs_index(
+    dataset: Annotated[
+        str | None, typer.Option("--dataset", help="only runs of this dataset (name or hash)")
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="only runs that asked this model")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the catalog as JSON")] = False,
+) -> None:
+    """Every run the install knows (CLI, demo, gateway; run folders and the PostgreSQL run log):
+    date, dataset and hash, models, status, key metrics with 95% CIs, cost, scoring version,
+    the canary's mark."""
+    from evaluation.log import figures_text
+    from gateway.runs.index import install_runs
+    from gateway.settings import get_settings
+
+    entries = install_runs(get_settings(), dataset=dataset, model=model)
+    if as_json:
+        out = {"runs": [e.model_dump(mode="json") for e in entries]}
+        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+        return
+    table = Table(title=f"{len(entries)} runs")
+    table.add_column("run (source)", no_wrap=True)  # whole: to copy into `runs compare`
+    for col in ("date", "status", "dataset", "models: key metrics (95% CI)", "cost",
+                "scoring; canary"):  # fmt: skip
+        table.add_column(col, overflow="fold")
+    for e in entries:
+        if e.metrics:
+            lines = [f"{escape(m.model)}: {figures_text(m)}" for m in e.metrics]
+        else:
+            lines = [escape(m) for m in e.models]
+        data = escape(e.dataset_name or "-") + (f" {e.dataset_hash[:12]}" if e.dataset_hash else "")
+        canary = ""
+        if e.canary is not None:
+            canary = escape(f"{e.canary.verdict} {e.canary.name}".strip())
+        table.add_row(
+            f"{escape(e.run_id)}\n({e.source})",
+            (e.created_at or "")[:16],
+            escape(f"{e.status}: {e.error}" if e.error else e.status),
+            data,
+            "\n".join(lines),
+            "-" if e.error else escape(e.cost.text),
+            "; ".join(x for x in (escape(", ".join(e.scoring_versions)), canary) if x),
         )
     table_console().print(table)
 

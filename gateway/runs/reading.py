@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from evaluation import EvaluationError
-from evaluation.log import STORE_FILE, RunData, write_stamp
+from evaluation.log import STORE_FILE, RunData, store_change_key
 from evaluation.reports import RunLoadError, run_from_store
 from gateway.runs.store import RunNotFoundError, RunRecord, RunStatus, StudyRunStore
 
@@ -48,28 +48,13 @@ class RunNotReadableError(RunNotFoundError):
     engine ran) or the log cannot be read; the message says which."""
 
 
-def _stat(path: Path) -> tuple[int, int] | None:
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        return None
-    return (st.st_mtime_ns, st.st_size)
-
-
 def change_key(store_file: Path, database_url: str | None = None) -> ChangeKey | None:
-    """What changes whenever the run whose store ``store_file`` names is written: its
-    last-write stamp; for a SQLite file without one, the modification time and size of the
-    file and of its write-ahead log (SQLite commits there first). None: no store."""
-    main = _stat(store_file)
-    if main is None:
-        return None
+    """What changes whenever the run whose store ``store_file`` names is written
+    (``evaluation.log.store_change_key``). None: no store."""
     try:
-        stamp = write_stamp(store_file.parent, database_url)
+        return store_change_key(store_file, database_url)
     except EvaluationError as exc:  # the database not reachable
         raise RunNotReadableError(f"run {store_file.parent.name}: {exc}") from None
-    if stamp is not None:
-        return ("stamp", stamp)
-    return ("file", main, _stat(store_file.with_name(store_file.name + "-wal")))
 
 
 def gateway_facts(rec: RunRecord) -> dict[str, Any]:

@@ -36,7 +36,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -44,6 +44,8 @@ from dicom import atomic_write
 from evaluation import EvaluationError
 from evaluation.log import (
     FINAL_STATUSES,
+    GATEWAY_NOTE,
+    GATEWAY_NOTE_MOVED,
     STORE_FILE,
     GatewayRun,
     RouteRecord,
@@ -127,9 +129,9 @@ class RunNotFoundError(KeyError):
     """No run with this id."""
 
 
-GATEWAY_NOTE = "gateway"  # the run store's note where versions before GatewayRun kept it
+# the run store's note where versions before GatewayRun kept it, and what replaces it once moved
+GATEWAY_NOTE, _MOVED = GATEWAY_NOTE, GATEWAY_NOTE_MOVED
 _LEGACY_RECORD = "run.json"  # where versions before the run store kept it
-_MOVED = "moved to the gateway_runs table"  # the old note, once its record was moved
 _SMALL = frozenset({"stage", "progress", "status", "started_at", "finished_at", "error",
                     "timings_s"})  # fmt: skip
 MAX_LEGACY_BYTES = 16 << 20  # an old bundle's rundata.json read for its SR per model
@@ -139,10 +141,7 @@ def record_of(store: RunStore) -> GatewayRun | None:
     """The gateway's record of a run, from its run store (None: none recorded). Raises
     ``ValueError`` for a record that does not validate. (A store of before GatewayRun: the
     record it kept as its note, not yet moved.)"""
-    note = store.note(GATEWAY_NOTE)
-    if note is not None and note != _MOVED:
-        return gateway_run_of_note(note)
-    return store.gateway_run()
+    return store.gateway_record()
 
 
 def _changed(rec: GatewayRun, changes: dict[str, Any]) -> GatewayRun:
@@ -159,9 +158,14 @@ def _normalised(changes: dict[str, Any]) -> dict[str, Any]:
 
 class StudyRunStore:
     def __init__(
-        self, root: Path, reports_dir: Path | None = None, database_url: str | None = None
+        self,
+        root: Path,
+        reports_dir: Path | None = None,
+        database_url: str | None = None,
+        source: Literal["gateway", "demo"] = "gateway",
     ) -> None:
         self.root = root
+        self.source = source  # recorded in every run this store creates (Settings.run_source)
         self.runs_dir = root / "runs"
         self.state_dir = root / "state" / "studies"
         self.active_dir = root / "state" / "active"  # a marker per run not yet finished
@@ -211,6 +215,7 @@ class StudyRunStore:
     # ----------------------------------------------------------------- runs
 
     def create(self, record: GatewayRun) -> GatewayRun:
+        record = record.model_copy(update={"source": self.source})
         folder = self.run_dir(record.run_id)
         folder.mkdir(parents=True, exist_ok=True)
         if record.status not in FINAL:
