@@ -168,3 +168,69 @@ def test_the_one_run_form_and_its_options_stay_apart(runs: dict[str, Path], cli:
     assert res.exit_code == 1 and "use --a/--b" in _flat(res.output)
     res = cli.invoke(app, ["runs", "compare", str(runs["a"]), str(runs["b"]), "--model", "nope"])
     assert res.exit_code == 1 and "'nope' is in neither run" in _flat(res.output)
+
+
+def _run_id(cli: CliRunner, run: Path) -> str:
+    return json.loads(cli.invoke(app, ["runs", "show", str(run), "--json"]).stdout)["run"]["run_id"]
+
+
+def test_the_compare_page_shows_two_runs_by_id(runs: dict[str, Path], cli: CliRunner) -> None:
+    from fastapi.testclient import TestClient
+    from review_server import build_context
+
+    from gateway.api import create_app
+    from gateway.auth import Role
+
+    ids = {k: _run_id(cli, runs[k]) for k in ("a", "b", "c")}
+    ctx = build_context(runs["a"].parent / "var", runs_dir=runs["a"].parent)
+    _, token = ctx.tokens.create(Role.REVIEWER, "compare")
+    auth = {"Authorization": f"Bearer {token}"}
+    with TestClient(create_app(ctx), follow_redirects=False) as c:
+        url = f"/review/compare?a={ids['a']}&b={ids['b']}"
+        assert c.get(url).status_code in (302, 303, 307)  # not signed in: to the login page
+        page = c.get(url, headers=auth)
+        assert page.status_code == 200, page.text
+        assert page.headers["content-security-policy"].startswith("default-src 'none'")
+        text = _flat(page.text)
+        assert f'data-model="{runs["model"]}"' in text
+        assert "3 right→wrong, 1 wrong→right, p 0.6250 (exact)" in text
+        assert "Right → wrong: 3" in text and "Wrong → right: 1" in text
+        assert f'href="/review/runs/{ids["b"]}/cases/{case_id(6)}"' in text
+        assert f"Only run A scored 1 unit: {case_id(8)}" in text
+        # runs of two datasets: refused, the page says why with both hashes
+        other = c.get(f"/review/compare?a={ids['a']}&b={ids['c']}", headers=auth)
+        assert other.status_code == 409 and "different datasets" in other.text
+        assert c.get("/review/compare?a=nope&b=nada", headers=auth).status_code == 404
+        assert c.get("/review/compare?a=%3Cscript%3E&b=x", headers=auth).status_code == 422
+        assert c.get("/review/compare", headers=auth).status_code == 200  # the form alone
+
+
+def test_the_compare_page_escapes_what_runs_hold() -> None:
+    from evaluation.reports import render_page
+    from evaluation.scoring import ModelDelta, RunComparison, RunSide
+    from evaluation.scoring.runcompare import FlippedUnit
+
+    evil = '<script>alert(1)</script>"'
+    side = RunSide(run_id="r1", dataset_hash="0" * 64, dataset_name=evil)
+    c = RunComparison(
+        a=side,
+        b=side.model_copy(update={"run_id": "r2"}),
+        scoring_version="4",
+        models=[
+            ModelDelta(
+                model=evil,
+                n_shared_units=1,
+                right_to_wrong=[
+                    FlippedUnit(
+                        case_id=evil, task=evil, patient_id="p", checklist_a='javascript:"x'
+                    )
+                ],
+                n_right_to_wrong=1,
+            )
+        ],
+        models_only_b=[evil],
+    )
+    page = render_page("compare.html.j2", base="/review", a="r1", b="r2", c=c)
+    assert "<script>alert" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;" in page
+    assert "javascript:" not in page  # only the app's own paths are linked

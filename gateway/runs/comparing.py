@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from evaluation import EvaluationError, TaskFamily, rescore
 from evaluation.log import open_store
@@ -24,12 +25,47 @@ from evaluation.scoring import (
     version_name,
 )
 
+if TYPE_CHECKING:
+    from gateway.settings import Settings
+
 REVIEW_BASE = "/review"
 
 
 class RescoreNeeded(EvaluationError):
     """The two runs' scores carry different scoring versions and no rescore was asked for: the
     message names the commands that bring them to one."""
+
+
+class UnknownRun(EvaluationError):
+    """No run of the install has this id."""
+
+
+def find_run(run_id: str, *, roots: list[Path], database_url: str | None) -> Path:
+    """The folder of the run ``run_id`` among the install's runs (the catalog over ``roots``,
+    the runs folder and the gateway's DATA_DIR/runs, and the PostgreSQL run log)."""
+    from evaluation import log
+
+    if hasattr(log, "list_runs"):
+        for entry in log.list_runs(roots, database_url=database_url):
+            if entry.run_id == run_id and entry.run_dir is not None:
+                return Path(entry.run_dir)
+        raise UnknownRun(f"no run {run_id!r} among the install's runs")
+    # until the catalog lands: a gateway run's folder is its id; a run folder names its run
+    for root in roots:
+        if (root / run_id).is_dir() and (root / run_id).name == run_id:
+            return root / run_id
+    for root in roots:
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+            try:
+                store = open_store(folder, database_url=database_url, read_only=True)
+            except EvaluationError:
+                continue
+            try:
+                if store.has_run() and store.run_log().run_id == run_id:
+                    return folder
+            finally:
+                store.close()
+    raise UnknownRun(f"no run {run_id!r} among the install's runs")
 
 
 def checklist_url(run_id: str, case_id: str) -> str:
@@ -110,3 +146,22 @@ def compare_run_dirs(
     return compare_runs(
         a, samples_a, b, samples_b, models=models, family=family, checklist=checklist, n_boot=n_boot
     )
+
+
+LIVE_BOOT = 1000  # bootstrap draws of a comparison the page computes per request
+
+
+def compare_run_ids(settings: Settings, a: str, b: str) -> tuple[RunComparison | None, str, int]:
+    """The review page's comparison of two runs by id: (the comparison, or None and why, with
+    the HTTP status: 404 an unknown run, 409 runs that cannot be compared). Never rescores (a
+    page read changes nothing): runs of two scoring versions are refused with the command."""
+    roots = [settings.runs_dir, settings.data_dir / "runs"]
+    try:
+        dirs = [find_run(r, roots=roots, database_url=settings.database_url) for r in (a, b)]
+    except UnknownRun as exc:
+        return None, str(exc), 404
+    try:
+        found = compare_run_dirs(*dirs, database_url=settings.database_url, n_boot=LIVE_BOOT)
+    except (EvaluationError, ValueError) as exc:  # datasets, scoring versions, unreadable
+        return None, str(exc), 409
+    return found, "", 200

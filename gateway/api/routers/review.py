@@ -244,6 +244,26 @@ def summary_page(ctx: Ctx, request: Request, report: Report) -> Response:
     return _html(render_summary(summary, plots, case_href=href, review=rv))
 
 
+RunId = Annotated[str, Query(max_length=100, pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]*)?$")]
+
+
+@router.get("/compare", response_class=HTMLResponse, summary="Two runs of one dataset compared")
+def compare_page(ctx: Ctx, request: Request, a: RunId = "", b: RunId = "") -> Response:
+    """Run B against run A (``runs compare A B``): per model and metric, the flipped cases with
+    their checklists; refused across datasets or scoring versions (the page says why)."""
+    from gateway.runs.comparing import compare_run_ids
+
+    who = signed_in(ctx, request)
+    if who is None:
+        return _login_redirect()
+    found, said, code = None, "", 200
+    if a and b:
+        found, said, code = compare_run_ids(ctx.settings, a, b)
+    page = render_page("compare.html.j2", review=_view(ctx, request, who, ""), base=BASE, a=a, b=b,
+                       c=found, message=said, message_error=bool(said))  # fmt: skip
+    return _html(page, code)
+
+
 @router.get("/runs/{report}/summary.json", summary="Live run summary (JSON)")
 def summary_json(ctx: Ctx, request: Request, report: Report) -> Response:
     if signed_in(ctx, request) is None:
