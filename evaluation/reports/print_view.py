@@ -29,12 +29,12 @@ from evaluation.scoring.anatomy import sequence_class
 
 # Bounds of the paper copy (the HTML holds everything): with three models, long answers, many
 # findings and every flag, the print stays within four A4 pages (tests/test_checklist_print.py).
-ITEM_CHARS = 160  # the text of a block item
-EVIDENCE_CHARS = 160  # an error item's evidence
+ITEM_CHARS = 100  # the text of a block item
+EVIDENCE_CHARS = 140  # an error item's evidence
 FLAG_CHARS = 220  # a model's flag detail (all its answers)
 DIAGNOSIS_CHARS = 90  # an answer's final diagnosis in its one-line summary
 LABEL_CHARS = 110  # an image's label
-MAX_ITEMS = 30  # block items per model on paper; the rest are counted and named
+MAX_ITEMS = 25  # block items per model on paper; the rest are counted and named
 MAX_KEY_IMAGES = 4
 KEY_SCORES = ("diagnosis_match", "lesion_f1", "classification_correct", "rubric")
 
@@ -209,28 +209,36 @@ def _answer(a: AnswerChecklist) -> PrintAnswer:
 
 
 def _key_images(c: CaseChecklist) -> tuple[list[KeyImage], list[str]]:
-    """The images the blocks' findings point at (by their sequence), then the other images
-    sent, up to ``MAX_KEY_IMAGES``; the rest named."""
-    pointing: dict[str, list[str]] = {}
+    """One image for each series class the blocks' findings point at (by their sequence; a
+    montage before a single slice), then one for each other class sent, up to
+    ``MAX_KEY_IMAGES``; the images not printed are named."""
+    pointing: dict[str, dict[str, list[str]]] = {}  # class -> model -> finding numbers
     for b in c.blocks:
         for it in b.items:
             cls = sequence_class(it.finding.sequence) if it.finding else None
             if cls is not None:
-                pointing.setdefault(cls, []).append(f"{b.model} {it.label}")
+                number = it.item_id.split(".", 1)[-1]
+                pointing.setdefault(cls, {}).setdefault(b.model, []).append(number)
     shown = [i for i in c.images if i.sent is not False]
-    # one image per pointed-at class first (the montage over a single slice), then the rest
-    first: list[ImageItem] = []
-    for cls in pointing:
-        cands = [i for i in shown if i.series_class == cls]
-        cands.sort(key=lambda i: i.kind != "montage")
-        if cands and cands[0] not in first:
-            first.append(cands[0])
-    chosen = (first + [i for i in shown if i not in first])[:MAX_KEY_IMAGES]
+    classes = list(pointing) + [
+        i.series_class or "" for i in shown if (i.series_class or "") not in pointing
+    ]
+    chosen: list[ImageItem] = []
+    for cls in dict.fromkeys(classes):
+        cands = sorted(
+            (i for i in shown if (i.series_class or "") == cls),
+            key=lambda i: (i.kind != "montage", i.index),
+        )
+        if cands and len(chosen) < MAX_KEY_IMAGES:
+            chosen.append(cands[0])
     chosen.sort(key=lambda i: i.index)
     keys = []
     for img in chosen:
         marks = side_marks(img.plane)
-        why = pointing.get(img.series_class or "", [])
+        why = "; ".join(
+            f"{model} finding{'s' if len(ns) > 1 else ''} {', '.join(ns)}"
+            for model, ns in pointing.get(img.series_class or "", {}).items()
+        )
         keys.append(
             KeyImage(
                 index=img.index,
@@ -239,7 +247,7 @@ def _key_images(c: CaseChecklist) -> tuple[list[KeyImage], list[str]]:
                 plane=img.plane,
                 left=marks[0] if marks else None,
                 right=marks[1] if marks else None,
-                why=clip("; ".join(why), LABEL_CHARS).text if why else "",
+                why=clip(why, 2 * LABEL_CHARS).text,
             )
         )
     taken = {i.index for i in chosen}
