@@ -17,18 +17,19 @@ import datetime as dt
 import hashlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evaluation import DatasetSpec, EvaluationError, GenerateConfig, TaskFamily, first_error
-from evaluation.log import CANARY_NOTE, CanaryMark, canary_mark_of_note, open_store
+from evaluation.log import CANARY_NOTE, CanaryMark, ModelPassport, open_store, passport_changes
 from evaluation.scoring import DriftRule, ModelDrift, RunComparison, drift_verdicts
 from gateway.runs.comparing import compare_run_dirs
 
 if TYPE_CHECKING:
     from gateway.metrics import Metrics
+    from gateway.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -178,59 +179,33 @@ class _Marked(BaseModel):
     mark: CanaryMark
 
 
-def _marked_runs(runs_dir: Path, database_url: str | None) -> list[_Marked]:
-    """The runs of the catalog that carry a valid canary mark, newest first."""
-    from evaluation import log
+def _marked_runs(settings: Settings) -> list[_Marked]:
+    """The install's runs (the catalog) that carry a valid canary mark, newest first."""
+    from gateway.runs.index import install_runs
 
     out = []
-    if hasattr(log, "list_runs"):
-        for entry in log.list_runs([runs_dir], database_url=database_url):
-            c = entry.canary
-            if c is None:
-                continue
-            try:  # the catalog read the note leniently: only a valid mark counts
-                mark = CanaryMark.model_validate(
-                    {k: getattr(c, k, None) for k in ("name", "file_sha256", "verdict", "detail")}
-                )
-            except ValueError:
-                continue
-            out.append(
-                _Marked(
-                    run_id=entry.run_id,
-                    run_dir=entry.run_dir,
-                    created_at=entry.created_at,
-                    mark=mark,
-                )
-            )
-        return out
-    # until the catalog lands: the run folders of the runs folder, read here
-    for folder in sorted(runs_dir.glob("canary-*")) if runs_dir.is_dir() else []:
-        try:
-            store = open_store(folder, database_url=database_url, read_only=True)
-        except EvaluationError:
+    for entry in install_runs(settings):
+        c = entry.canary
+        if c is None:
             continue
-        try:
-            if not store.has_run():
-                continue
-            row = store.run_log()
-            found = canary_mark_of_note(store.note(CANARY_NOTE))
-        finally:
-            store.close()
-        if found is not None:
-            out.append(
-                _Marked(
-                    run_id=row.run_id, run_dir=str(folder), created_at=row.created_at, mark=found
-                )
+        try:  # the catalog read the note leniently: only a valid mark counts
+            mark = CanaryMark.model_validate(
+                {k: getattr(c, k, None) for k in ("name", "file_sha256", "verdict", "detail")}
             )
-    return sorted(out, key=lambda m: m.created_at or "", reverse=True)
+        except ValueError:
+            continue
+        out.append(
+            _Marked(
+                run_id=entry.run_id, run_dir=entry.run_dir, created_at=entry.created_at, mark=mark
+            )
+        )
+    return out
 
 
-def earlier_run(
-    canary: Canary, runs_dir: Path, database_url: str | None, current: str
-) -> Earlier | None:
+def earlier_run(canary: Canary, settings: Settings, current: str) -> Earlier | None:
     """The canary's newest run before ``current`` (a run id) with the same name and file hash,
     from the catalog of the install's runs (None: this is its first)."""
-    for m in _marked_runs(runs_dir, database_url):
+    for m in _marked_runs(settings):
         if (
             m.run_id != current
             and m.run_dir is not None
@@ -282,30 +257,24 @@ class CanaryOutcome(BaseModel):
         return self.earlier.run_id if self.earlier else "-"
 
 
-def _passports(run_dir: Path, database_url: str | None) -> dict[str, Any]:
+def _passports(run_dir: Path, database_url: str | None) -> dict[str, ModelPassport]:
     store = open_store(run_dir, database_url=database_url, read_only=True)
     try:
-        read = getattr(store, "passports", None)  # the run log's passports (part P)
-        return dict(read()) if read is not None else {}
+        return store.passports()
     finally:
         store.close()
 
 
-def passport_changes(
+def changed_passports(
     earlier: Path, current: Path, database_url: str | None
 ) -> dict[str, list[FieldChange]]:
     """Per model of both runs, the passport fields that changed (``evaluation.log``'s rule)."""
-    from evaluation import log
-
-    changes = getattr(log, "passport_changes", None)
-    if changes is None:
-        return {}
     before, after = _passports(earlier, database_url), _passports(current, database_url)
     out: dict[str, list[FieldChange]] = {}
     for model in sorted(set(before) & set(after)):
         found = [
             FieldChange(field=c.field, before=c.before, after=c.after)
-            for c in changes(before[model], after[model])
+            for c in passport_changes(before[model], after[model])
         ]
         if found:
             out[model] = found
@@ -313,21 +282,17 @@ def passport_changes(
 
 
 def judge(
-    canary: Canary,
-    run_dir: Path,
-    *,
-    runs_dir: Path,
-    database_url: str | None,
-    n_boot: int = 2000,
+    canary: Canary, run_dir: Path, settings: Settings, *, n_boot: int = 2000
 ) -> CanaryOutcome:
     """Compare the canary's new run (``run_dir``) with its earlier run, mark the new run with the
     verdict, and return what was found."""
+    database_url = settings.database_url
     store = open_store(run_dir, database_url=database_url, read_only=True)
     try:
         run_id = store.run_log().run_id
     finally:
         store.close()
-    earlier = earlier_run(canary, runs_dir, database_url, run_id)
+    earlier = earlier_run(canary, settings, run_id)
     outcome = CanaryOutcome(
         name=canary.spec.name, run_id=run_id, run_dir=str(run_dir), verdict="first"
     )
@@ -347,7 +312,7 @@ def judge(
                 "earlier": earlier,
                 "models": models,
                 "verdict": "alarm" if any(m.verdict == "alarm" for m in models) else "quiet",
-                "passport_changes": passport_changes(Path(earlier.run_dir), run_dir, database_url),
+                "passport_changes": changed_passports(Path(earlier.run_dir), run_dir, database_url),
                 "rescored": rescored,
                 "comparison": comparison,
             }
@@ -366,19 +331,19 @@ def judge(
     return outcome
 
 
-def latest_marks(runs_dir: Path, database_url: str | None) -> dict[str, tuple[CanaryMark, str]]:
+def latest_marks(settings: Settings) -> dict[str, tuple[CanaryMark, str]]:
     """Each canary's newest mark in the catalog, with its run's creation time (ISO)."""
     out: dict[str, tuple[CanaryMark, str]] = {}
-    for m in _marked_runs(runs_dir, database_url):
+    for m in _marked_runs(settings):
         out.setdefault(m.mark.name, (m.mark, m.created_at or ""))
     return out
 
 
-def export_marks(metrics: Metrics, runs_dir: Path, database_url: str | None) -> None:
+def export_marks(metrics: Metrics, settings: Settings) -> None:
     """Set the canary gauges of ``metrics`` from the newest mark of each canary (at scrape time:
     the canary runs in another process). A catalog that cannot be read leaves them as they were."""
     try:
-        marks = latest_marks(runs_dir, database_url)
+        marks = latest_marks(settings)
     except (EvaluationError, OSError) as exc:
         log.warning("canary marks not read for /metrics: %s", exc)
         return

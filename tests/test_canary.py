@@ -128,11 +128,21 @@ def test_the_canary_fires_on_changed_answers_only(
     assert (m["flipped"], m["n_shared_units"]) == (3, 10)
     assert any("3 of 10 cases flipped (2 right->wrong, 1 wrong->right): 30% > 20%" in r
                for r in m["reasons"])  # fmt: skip
+    # the model's passport says what changed behind the name (here: the replay file's content)
+    [(model, fields)] = outcome["passport_changes"].items()
+    assert model == m["model"] and [f["field"] for f in fields] == ["replay_sha256"]
     text = _flat(changed.stderr)
     assert "ALARM" in text and "canary weekly-ms: ALARM" in text
+    assert f"passport replay_sha256: {fields[0]['before']} -> {fields[0]['after']}" in text
     run4 = _newest(runs)
     mark = _mark(run4)
     assert mark is not None and mark.verdict == "alarm" and "3 of 10 cases flipped" in mark.detail
+    assert "passport: replay_sha256" in mark.detail
+    # the index shows the mark (the catalog reads the note)
+    index = cli.invoke(app, ["runs", "index", "--json"])
+    assert index.exit_code == 0, index.output
+    marks = {e["run_id"]: e["canary"] for e in json.loads(index.stdout)["runs"]}
+    assert marks[open_store(run4, read_only=True).run_log().run_id]["verdict"] == "alarm"
 
     # the service's /metrics reads the newest mark of each canary at scrape time
     ctx = build_context(tmp_path / "var", runs_dir=runs)

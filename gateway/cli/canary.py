@@ -76,9 +76,7 @@ def canary_command(
     with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
         ran = print_run(stats, out).exit_code()
     try:
-        outcome = judge(
-            canary, out, runs_dir=runs_dir, database_url=settings.database_url, n_boot=n_boot
-        )
+        outcome = judge(canary, out, settings, n_boot=n_boot)
     except (EvaluationError, ValueError) as exc:
         raise fail(f"canary {spec.name}: the comparison failed: {exc}", ExitCode.USAGE) from None
     if as_json:

@@ -40,31 +40,14 @@ class UnknownRun(EvaluationError):
     """No run of the install has this id."""
 
 
-def find_run(run_id: str, *, roots: list[Path], database_url: str | None) -> Path:
-    """The folder of the run ``run_id`` among the install's runs (the catalog over ``roots``,
-    the runs folder and the gateway's DATA_DIR/runs, and the PostgreSQL run log)."""
-    from evaluation import log
+def find_run(run_id: str, settings: Settings) -> Path:
+    """The folder of the run ``run_id`` among the install's runs (the catalog: the runs folder,
+    the gateway's DATA_DIR/runs and the PostgreSQL run log)."""
+    from gateway.runs.index import install_runs
 
-    if hasattr(log, "list_runs"):
-        for entry in log.list_runs(roots, database_url=database_url):
-            if entry.run_id == run_id and entry.run_dir is not None:
-                return Path(entry.run_dir)
-        raise UnknownRun(f"no run {run_id!r} among the install's runs")
-    # until the catalog lands: a gateway run's folder is its id; a run folder names its run
-    for root in roots:
-        if (root / run_id).is_dir() and (root / run_id).name == run_id:
-            return root / run_id
-    for root in roots:
-        for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-            try:
-                store = open_store(folder, database_url=database_url, read_only=True)
-            except EvaluationError:
-                continue
-            try:
-                if store.has_run() and store.run_log().run_id == run_id:
-                    return folder
-            finally:
-                store.close()
+    for entry in install_runs(settings):
+        if entry.run_id == run_id and entry.run_dir is not None:
+            return Path(entry.run_dir)
     raise UnknownRun(f"no run {run_id!r} among the install's runs")
 
 
@@ -155,9 +138,8 @@ def compare_run_ids(settings: Settings, a: str, b: str) -> tuple[RunComparison |
     """The review page's comparison of two runs by id: (the comparison, or None and why, with
     the HTTP status: 404 an unknown run, 409 runs that cannot be compared). Never rescores (a
     page read changes nothing): runs of two scoring versions are refused with the command."""
-    roots = [settings.runs_dir, settings.data_dir / "runs"]
     try:
-        dirs = [find_run(r, roots=roots, database_url=settings.database_url) for r in (a, b)]
+        dirs = [find_run(r, settings) for r in (a, b)]
     except UnknownRun as exc:
         return None, str(exc), 404
     try:

@@ -39,7 +39,7 @@ def metrics(ctx: Ctx, request: Request, _t: Token) -> Response:
     canaries' gauges are read from their runs' marks now (gateway/canary.py)."""
     from gateway.canary import export_marks
 
-    export_marks(METRICS, ctx.settings.runs_dir, ctx.settings.database_url)
+    export_marks(METRICS, ctx.settings)
     body, content_type = METRICS.exposition(request.headers.get("accept", ""))
     return Response(body, media_type=content_type)
 
