@@ -122,6 +122,8 @@ class CatalogEntry(BaseModel):
     metrics: list[ModelMetrics] = Field(default_factory=list)
     # each model's passport, field -> value as text (empty until passports are recorded)
     passports: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # each model's passport on one line: the litellm id, provider, what answered
+    passport_lines: dict[str, str] = Field(default_factory=dict)
     canary: CatalogCanary | None = None
     error: str | None = None  # why the run could not be read (the row stays)
 
@@ -363,7 +365,7 @@ def _entry(store: RunStore, folder: Path | None, engine: Any) -> CatalogEntry:
     from evaluation.scoring.version import version_name
 
     entry.scoring_versions = {version_name(v): n for v, n in log.scoring_versions.items()}
-    entry.passports = _passports(store)
+    entry.passports, entry.passport_lines = _passports(store)
     return entry
 
 
@@ -401,20 +403,26 @@ def _metrics(store: RunStore, costs: dict[str, CostFigure]) -> list[ModelMetrics
     ]
 
 
-def _passports(store: RunStore) -> dict[str, dict[str, str]]:
-    """Each model's passport as field -> text (the run log's passports, when it keeps them)."""
-    read = getattr(store, "passports", None)
-    if read is None:
-        return {}
-    out: dict[str, dict[str, str]] = {}
-    for name, passport in read().items():
-        data = passport.model_dump(mode="json") if hasattr(passport, "model_dump") else {}
-        out[_text(name)] = {
-            _text(k): _text(json.dumps(v) if not isinstance(v, str) else v)
+def _passports(store: RunStore) -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """Each model's passport as field -> text, and on one line (what was asked, what answered)."""
+    fields: dict[str, dict[str, str]] = {}
+    lines: dict[str, str] = {}
+    for name, p in store.passports().items():
+        data = p.model_dump(mode="json")
+        key = _text(name)
+        fields[key] = {
+            _text(k): _text(v if isinstance(v, str) else json.dumps(v))
             for k, v in data.items()
             if v not in (None, "", [], {})
         }
-    return out
+        asked = p.litellm_model or p.kind
+        if p.provider:
+            asked += f" ({p.provider})"
+        said = ", ".join(o.value for o in p.served_models[:3])
+        prints = ", ".join(o.value for o in p.system_fingerprints[:3])
+        line = asked + (f"; answered as {said}" if said else "")
+        lines[key] = _text(line + (f"; fingerprint {prints}" if prints else ""))
+    return fields, lines
 
 
 def canary_mark(note: str | None) -> CatalogCanary | None:

@@ -42,6 +42,8 @@ from .pilot_files import PilotFiles as PilotFiles
 from .pilot_files import render_pilot as render_pilot
 from .pilot_files import write_pilot as write_pilot
 from .plots import all_plots as all_plots
+from .plots import metrics_over_time as metrics_over_time
+from .plots import runs_of_dataset as runs_of_dataset
 from .storeread import run_from_store as run_from_store
 from .summary import SummaryReport as SummaryReport
 from .summary import build_summary as build_summary

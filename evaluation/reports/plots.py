@@ -5,16 +5,19 @@ Every label may come from a model name or a dataset: mathtext is off, labels are
 
 from __future__ import annotations
 
+import datetime as dt
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from evaluation.log.catalog import CatalogEntry
 from evaluation.models.cost import cost_text
 from evaluation.reports.summary import SummaryReport
 from evaluation.scoring.stats import Estimate
@@ -306,3 +309,68 @@ def all_plots(r: SummaryReport) -> dict[str, bytes]:
             if png is not None:
                 out[name] = png
     return out
+
+
+# --------------------------------------------------------------------------- over time
+# Each model's key metrics across the runs of one dataset by date, with their 95% CIs (the runs
+# page and the run summary; from the runs catalog, evaluation.log.catalog: each figure is its
+# run's leaderboard's, computed from its stored scores).
+
+METRICS = (("accuracy", "accuracy"), ("pass_at_1", "sampled pass@1"))
+
+
+def runs_of_dataset(entries: Sequence[CatalogEntry], dataset_hash: str) -> list[CatalogEntry]:
+    """The readable runs of the dataset with this content hash that have figures, oldest
+    first."""
+    out = [e for e in entries if e.dataset_hash == dataset_hash and e.metrics and not e.error]
+    return sorted(out, key=lambda e: (e.created_at or "", e.run_id))
+
+
+def _when(text: str | None) -> dt.datetime | None:
+    try:
+        return dt.datetime.fromisoformat(text or "")
+    except ValueError:
+        return None
+
+
+def metrics_over_time(entries: Sequence[CatalogEntry], dataset_hash: str) -> bytes | None:
+    """The plot (PNG) of each model's accuracy and sampled pass@1 across the dataset's runs by
+    date, CI bars; None when fewer than two runs have figures (a sentence says so instead)."""
+    runs = runs_of_dataset(entries, dataset_hash)
+    if len(runs) < 2:
+        return None
+    models = sorted({m.model for e in runs for m in e.metrics})
+    shown = [
+        (attr, label)
+        for attr, label in METRICS
+        if any(_err(getattr(m, attr)) for e in runs for m in e.metrics)
+    ]
+    with matplotlib.rc_context(RC):  # type: ignore[arg-type]
+        fig = Figure(figsize=(7.5, 2.6 * max(1, len(shown))))
+        axes = [fig.add_subplot(len(shown), 1, i + 1) for i in range(len(shown))]
+        for ax, (attr, label) in zip(axes, shown, strict=True):
+            for j, model in enumerate(models):
+                xs: list[float] = []
+                ys, lo, hi = [], [], []
+                for e in runs:
+                    m = e.metric(model)
+                    when = _when(e.created_at)
+                    err = _err(getattr(m, attr)) if m is not None else None
+                    if err is None or when is None:
+                        continue
+                    xs.append(date2num(when))
+                    ys.append(err[0])
+                    lo.append(err[1])
+                    hi.append(err[2])
+                if xs:
+                    ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", capsize=3,
+                                color=PALETTE[j % len(PALETTE)], label=_short(model))  # fmt: skip
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_ylabel(label)
+            ax.grid(alpha=0.3)
+            locator = AutoDateLocator()
+            ax.xaxis.set_major_locator(locator)
+            ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        axes[0].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        axes[0].set_title(f"{len(runs)} runs of dataset {dataset_hash[:12]} (95% CI over patients)")
+        return _png(fig)

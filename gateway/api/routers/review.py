@@ -71,6 +71,7 @@ from gateway.review.auth import (
 )
 from gateway.review.queue import CaseStatus, queue
 from gateway.review.reissue import ReissueError
+from gateway.review.runs_page import runs_index_page
 from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.viewer import PLANES, viewer_open_url
 
@@ -222,6 +223,18 @@ def _queue_page(ctx: Ctx, request: Request, report: str | None, status_f: str,
 @router.get("", response_class=HTMLResponse, summary="Review queue: the cases of every run")
 def reports(ctx: Ctx, request: Request, status: StatusFilter = "", model: ModelFilter = "") -> Response:  # fmt: skip
     return _queue_page(ctx, request, None, status, model)
+
+
+DatasetFilter = Annotated[str, Query(max_length=200)]
+
+
+@router.get("/runs", response_class=HTMLResponse, summary="Every run of the install (runs index)")
+def runs_page(ctx: Ctx, request: Request, dataset: DatasetFilter = "", model: ModelFilter = "") -> Response:  # fmt: skip
+    who = signed_in(ctx, request)
+    if who is None:
+        return _login_redirect()
+    page = runs_index_page(ctx.settings, service(ctx, request), BASE, dataset, model)
+    return _html(render_page("runs.html.j2", review=_view(ctx, request, who, ""), **page))
 
 
 @router.get("/runs/{report}", response_class=HTMLResponse, summary="Review queue of one run")
