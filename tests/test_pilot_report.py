@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 from engine_helpers import write_nmb
 from PIL import Image
-from pydantic import BaseModel
 from report_fixtures import BAD, XSS_MODEL, build_run
 from typer.testing import CliRunner
 
+from evaluation.log import ModelPassport, Observed
 from evaluation.reports import (
     IntendedUseError,
     build_pilot,
@@ -107,9 +107,51 @@ def test_pilot_report_shows_the_summary_figures_and_every_section(
             assert f'data-category="{cat}">{n}</td>' in errors.group(1)
     # the limits of the evidence say what this small run cannot show
     limits = " ".join(pilot["runs"][0]["limits"])
+    assert "changed since" not in limits  # one run: nothing to compare a passport with
+    passports = {p["model"]: p for p in pilot["runs"][0]["passports"]}
+    assert set(passports) == set(MODELS) and passports[MODELS[0]]["kind"] == MODELS[0]
+    assert passports[MODELS[0]]["prompt_digest"] and passports[MODELS[0]]["recorded_at"]
     assert "5 cases from 5 patients" in limits and "fewer than 10 patients" in limits
     assert "No ablation" in limits and "No clinician reviews yet" in limits
     assert pilot["runs"][0]["dataset"]["n_cases"] == 5 and pilot["runs"][0]["dataset"]["hash"]
+
+
+def test_a_passport_change_between_two_runs_is_shown(ref_run: Path, tmp_path: Path) -> None:
+    """The same model a month later after a provider update (a replay model whose recorded
+    responses name another served model): the later run's passport says what changed, and its
+    limits that the two runs' figures may be of different models."""
+    data = ref_run.parent.parent / "data"
+    replay = tmp_path / "answers.jsonl"
+    reply = json.dumps({"final_diagnosis": "multiple sclerosis", "confidence": 0.7})
+    runs = []
+    for month, served in (("june", "vendor-model-v1"), ("july", "vendor-<b>model</b>-v2")):
+        rows = [{"case_id": f"nmb-{i:03d}", "task": "differential#q1", "text": reply,
+                 "served_model": served} for i in range(5)]  # fmt: skip
+        replay.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        runs.append(tmp_path / "runs" / month)
+        code, out = _cli(tmp_path, "eval", "--suite", str(data / "nmb.jsonl"), "--answers",
+                         str(data / "answers.jsonl"), "--no-bertscore", "--out", str(runs[-1]),
+                         "--model", f"replay:{replay}", "--model", MODELS[0])  # fmt: skip
+        assert code == 0, out
+    code, out = _cli(tmp_path, "pilot-report", *map(str, runs), "--out", str(tmp_path / "p"),
+                     "--no-pdf")  # fmt: skip
+    assert code == 0, out
+    pilot = json.loads((tmp_path / "p" / "pilot.json").read_text())
+    june, july = pilot["runs"]
+    assert june["passport_changes"] == []
+    same, change = sorted(july["passport_changes"], key=lambda c: c["model"] != MODELS[0])
+    assert same == {"model": MODELS[0], "since_run": june["run_id"], "changes": []}
+    assert change["model"] == f"replay:{replay}" and change["since_run"] == june["run_id"]
+    fields = {c["field"]: (c["before"], c["after"]) for c in change["changes"]}
+    assert fields["served_models"] == ("vendor-model-v1", "vendor-<b>model</b>-v2")
+    assert "replay_sha256" in fields
+    assert any("changed since run" in line for line in july["limits"])
+    html = (tmp_path / "p" / "pilot.html").read_text()
+    assert f"Changed since run {june['run_id']}" in html
+    assert f"No passport field changed since run {june['run_id']}" in html  # not repeated
+    assert re.search(r"<td>served_models</td><td[^>]*>vendor-model-v1</td>"
+                     r"<td[^>]*>vendor-&lt;b&gt;model&lt;/b&gt;-v2</td>", html)  # fmt: skip
+    assert 'vendor-model-v1 <span class="meta">(5 calls)</span>' in html
 
 
 def test_reviews_fed_back_show_agreement(ref_run: Path, tmp_path: Path) -> None:
@@ -150,7 +192,7 @@ def test_hostile_model_names_and_statement_are_text(tmp_path: Path) -> None:
         "# Scope <img src=x onerror=alert(2)>\nAdults only. <iframe src=//evil>\n"
     )
     report = build_pilot(
-        [pilot_run(run, [], {hostile: _Passport(model_id=XSS_MODEL)}, n_boot=200)],
+        [pilot_run(run, [], {hostile: _passport(hostile)}, n_boot=200)],
         load_intended_use(use),
     )
     html = render_pilot(report)
@@ -160,14 +202,23 @@ def test_hostile_model_names_and_statement_are_text(tmp_path: Path) -> None:
     assert "&amp;amp;" in html  # escaped once more, never read as an entity
     passport = re.search(r'<section class="passport" data-model="([^"]*)"', html)
     assert passport and "&lt;script&gt;" in passport.group(1)
-    assert "model id" in html  # a recorded passport's fields are listed
-    assert "No passport recorded" in html  # the other model's run recorded none
+    fields = passport.string[passport.end() : html.index("</section>", passport.end())]
+    assert (
+        "&lt;b&gt;v2&lt;/b&gt;" in fields and "(3 calls)" in fields and "temperature=0.7" in fields
+    )
+    assert "No passport: this run was read from a report" in html  # GOOD has none here
 
 
-class _Passport(BaseModel):
-    """A passport-shaped record (any fields: the report lists what it holds)."""
-
-    model_id: str
+def _passport(model: str) -> ModelPassport:
+    """A passport whose provider reported a hostile model name and header."""
+    return ModelPassport(
+        model=model,
+        litellm_model="openai/x",
+        provider="openai",
+        served_models=[Observed(value=XSS_MODEL, calls=3)],
+        version_headers={"x-model-version": [Observed(value="<b>v2</b>", calls=3)]},
+        decoding={"temperature": 0.7},
+    )
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,6 @@ is the statement of what the evidence does not show (``evidence_limits``).
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -21,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from evaluation.case import TaskFamily
+from evaluation.log.passport import ModelPassport, PassportChange, passport_changes
 from evaluation.log.rundata import RunData
 from evaluation.reports.intended_use import LABELS, IntendedUse
 from evaluation.reports.summary import SummaryReport, build_summary
@@ -30,7 +30,6 @@ from evaluation.scoring.stats import DEFAULT_BOOT, MIN_PATIENTS, Estimate
 PILOT_VERSION = 1
 MAX_RUNS = 8
 WIDE_CI = 0.2  # an interval wider than this is named among the limits
-MAX_PASSPORT_VALUE = 300
 GROUNDING_AUDIT = "not run"  # the grounding audit is a later issue's; until then it says so
 # The modalities a neuro pilot is expected to cover; one missing is a limit of the evidence.
 MODALITIES = {"MR": "MRI", "CT": "CT"}
@@ -40,17 +39,12 @@ class PilotError(ValueError):
     """The runs cannot make one pilot report (none given, too many)."""
 
 
-class PassportLine(BaseModel):
-    field: str
-    value: str
-
-
-class PassportView(BaseModel):
-    """One model's passport as the board reads it: its fields, flattened to lines of text."""
+class PassportChanges(BaseModel):
+    """What differs in a model's passport from an earlier run of the report to this one."""
 
     model: str
-    recorded: bool  # False: the run recorded no passport for the model (a run from before)
-    lines: list[PassportLine] = Field(default_factory=list)
+    since_run: str
+    changes: list[PassportChange] = Field(default_factory=list)
 
 
 class DatasetFacts(BaseModel):
@@ -73,7 +67,11 @@ class PilotRun(BaseModel):
     code_version: str | None = None
     dataset: DatasetFacts
     summary: SummaryReport  # the run summary's records: every figure of the report is one
-    passports: list[PassportView] = Field(default_factory=list)
+    # each model's passport (its models, then its graders), as the run log has it
+    passports: list[ModelPassport] = Field(default_factory=list)
+    unrecorded: list[str] = Field(default_factory=list)  # models with no passport (no run store)
+    # per model, what changed since the nearest earlier run of the report that has it
+    passport_changes: list[PassportChanges] = Field(default_factory=list)
     subgroups: list[Any] | None = None  # evaluation.scoring.subgroups rows (None: not available)
     subgroup_min_size: int | None = None
     cost_total_usd: float | None = None  # None: some model's price is unknown
@@ -93,40 +91,16 @@ class PilotReport(BaseModel):
         return LABELS
 
 
-def _flat(value: Any, prefix: str, out: list[PassportLine]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _flat(v, f"{prefix}.{k}" if prefix else str(k), out)
-        return
-    if value is None or value == [] or value == {}:
-        return
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if len(text) > MAX_PASSPORT_VALUE:
-        text = text[: MAX_PASSPORT_VALUE - 1] + "…"
-    out.append(PassportLine(field=prefix.replace("_", " "), value=text))
-
-
-def passport_view(model: str, passport: BaseModel | None) -> PassportView:
-    """A model's passport (``evaluation.log.ModelPassport``) as lines of text, every field
-    shown (nested ones as ``parent.child``), long values cut; None: not recorded."""
-    if passport is None:
-        return PassportView(model=model, recorded=False)
-    lines: list[PassportLine] = []
-    _flat(passport.model_dump(mode="json"), "", lines)
-    return PassportView(model=model, recorded=True, lines=lines)
-
-
-def run_passports(rundir: Path, database_url: str | None = None) -> dict[str, BaseModel]:
-    """The passports a run recorded, by model name ({} for a folder without a run store, or a
-    run recorded before passports)."""
+def run_passports(rundir: Path, database_url: str | None = None) -> dict[str, ModelPassport]:
+    """The passports of a run's models and graders, by name (``RunStore.passports``; {} for a
+    folder without a run store: a report bundle's ``rundata.json``)."""
     from evaluation.log.store import open_store, store_exists
 
     if not store_exists(Path(rundir), database_url):
         return {}
     store = open_store(Path(rundir), database_url=database_url, read_only=True)
     try:
-        read = getattr(store, "passports", None)  # RunStore.passports (issue 37, part P)
-        return dict(read()) if read is not None else {}
+        return store.passports()
     finally:
         store.close()
 
@@ -283,7 +257,7 @@ def evidence_limits(
 def pilot_run(
     run: RunData,
     reviews: list[CaseReview] | None = None,
-    passports: Mapping[str, BaseModel] | None = None,
+    passports: Mapping[str, ModelPassport] | None = None,
     *,
     n_boot: int = DEFAULT_BOOT,
     now: datetime | None = None,
@@ -301,7 +275,8 @@ def pilot_run(
         code_version=run.code_version,
         dataset=_dataset(run, summary, subgroups),
         summary=summary,
-        passports=[passport_view(m, passports.get(m)) for m in summary.models],
+        passports=list(passports.values()),
+        unrecorded=[m for m in summary.models if m not in passports],
         subgroups=subgroups,
         subgroup_min_size=min_size,
         cost_total_usd=_cost_total(summary),
@@ -327,6 +302,30 @@ def build_pilot(
     seen = Counter(r.run_id for r in runs)
     if twice := [run_id for run_id, n in seen.items() if n > 1]:
         raise PilotError(f"run {twice[0]} is given {seen[twice[0]]} times; give each run once")
+    runs = [r.model_copy(deep=True) for r in runs]
+    for i, run in enumerate(runs):
+        for p in run.passports:
+            earlier = next(
+                (
+                    (prev.run_id, q)
+                    for prev in reversed(runs[:i])
+                    for q in prev.passports
+                    if q.model == p.model and q.role == p.role
+                ),
+                None,
+            )
+            if earlier is None:
+                continue
+            changed = passport_changes(earlier[1], p)
+            run.passport_changes.append(
+                PassportChanges(model=p.model, since_run=earlier[0], changes=changed)
+            )
+            if changed:
+                fields = ", ".join(c.field for c in changed[:6])
+                run.limits.append(
+                    f"The passport of {p.model} changed since run {earlier[0]} ({fields}): the "
+                    "two runs' figures may be of different models or settings."
+                )
     return PilotReport(
         generated_at=(now or datetime.now(UTC)).isoformat(timespec="seconds"),
         intended_use=intended_use,
