@@ -13,6 +13,7 @@ import pytest
 from engine_helpers import server_spec, write_nmb
 from openai_server import OpenAIServer, Script
 from pg_server import fresh_pg_database
+from typer.testing import CliRunner
 
 from evaluation.datasets import DatasetSpec
 from evaluation.engine import rescore, resume_run, start_run
@@ -20,7 +21,9 @@ from evaluation.log import ModelPassport, PassportChange, open_store, passport_c
 from evaluation.log.passport import api_host
 from evaluation.modelio import MAX_REPORTED, GenerateConfig, ModelOutput
 from evaluation.models.spec import resolve_specs
+from evaluation.reports import load_run, write_report
 from evaluation.runconfig import RunConfig
+from gateway.cli import app
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 N_CASES = 3
@@ -108,6 +111,27 @@ def test_a_provider_update_between_two_runs_shows_in_their_passports(
         "api_host": (pa["test-model"].api_host, pb["test-model"].api_host),
     }
     assert passport_changes(p, p) == []
+    # what `runs show` prints of each run (text and --json), from either engine
+    if database_url:
+        monkeypatch.setenv("NEUROSANDBOX_DATABASE_URL", database_url)
+    monkeypatch.setenv("NEUROSANDBOX_DATA_DIR", str(tmp_path / "var"))
+    cli = CliRunner()
+    shown = {}
+    for run in (a, b):
+        res = cli.invoke(app, ["runs", "show", str(run)])
+        assert res.exit_code == 0, res.output
+        shown[run.name] = " ".join(res.output.split())
+        res = cli.invoke(app, ["runs", "show", str(run), "--json"])
+        assert res.exit_code == 0, res.output
+        as_json = json.loads(res.stdout)["passports"]["test-model"]
+        assert ModelPassport.model_validate(as_json) == (pa if run == a else pb)["test-model"]
+    assert "passport test-model: openai/gpt-4o via openai at 127.0.0.1:" in shown["run-a"]
+    assert (
+        "answered by: gpt-4o-2024-05-13 (3 calls); fingerprint: fp_aaa (3 calls)" in shown["run-a"]
+    )
+    assert "openai-version: 2024-06-01 (3 calls)" in shown["run-b"]
+    assert "gpt-4o-2024-05-13" not in shown["run-b"]
+    assert "decoding sent: max_tokens=300 seed=11 temperature=0.7 top_p=0.95" in shown["run-b"]
 
 
 def test_the_passport_is_recorded_once_and_survives_resume_and_rescore(tmp_path: Path) -> None:
@@ -153,6 +177,20 @@ def test_hostile_reports_are_bounded(tmp_path: Path) -> None:
     assert out.version_headers == {}
     many = {f"x-{i}-version": "1" for i in range(100)}
     assert len(ModelOutput(version_headers=many).version_headers) == 16
+
+
+def test_the_run_summary_shows_each_models_passport_escaped(tmp_path: Path) -> None:
+    script = Script(served_model="<script>alert(1)</script>", system_fingerprint="fp_s")
+    run = _run(tmp_path, "run-s", script)
+    index = write_report(load_run(run), tmp_path / "report", pdf=False)
+    html = Path(index.summary_html).read_text()
+    block = html[html.index('id="passports"') :]
+    assert 'data-model="test-model"' in block and "fp_s" in block
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in block and "<script>alert" not in html
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["passports"]["test-model"]["system_fingerprints"] == [
+        {"value": "fp_s", "calls": N_CASES}
+    ]
 
 
 def test_a_hand_written_passport_note_is_not_trusted(tmp_path: Path) -> None:

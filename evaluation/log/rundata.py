@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
 from evaluation.coverage import CaseCoverage
+from evaluation.log.passport import ModelPassport
 from evaluation.log.records import SentMessage as SentMessage  # re-exported
 from evaluation.log.records import SentPart as SentPart  # re-exported
 from evaluation.log.records import SentRequest as SentRequest  # re-exported
@@ -55,6 +56,8 @@ class RunData(BaseModel):
     coverage: CaseCoverage | None = None
     # what each answer's last call sent, once per distinct request (SampleResult.request)
     requests: dict[str, SentRequest] = Field(default_factory=dict)
+    # each model's passport (RunStore.passports; empty in bundles written before)
+    passports: dict[str, ModelPassport] = Field(default_factory=dict)
 
     def case(self, case_id: str) -> Case:
         for c in self.cases:

@@ -75,6 +75,7 @@ def run_from_store(
         rows = store.samples(scores=False)
         coverage = store.coverage()
         scored = store.scored_by_sample()
+        passports = store.passports()
     finally:
         store.close()
     dataset = dataset or open_dataset(config, cache_dir)
@@ -137,4 +138,5 @@ def run_from_store(
         samples=samples,
         coverage=coverage,
         requests=requests,
+        passports=passports,
     )

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from evaluation.coverage import CaseCoverage
+from evaluation.log.passport import ModelPassport
 from evaluation.log.rundata import FULL_INPUT, RunData
 from evaluation.reports.checklist import answer_label, build_checklist
 from evaluation.reports.checklist_view import CaseChecklist
@@ -82,6 +83,8 @@ class SummaryReport(BaseModel):
     cases: list[CaseRow] = Field(default_factory=list)
     # the cases evaluated out of the dataset's, and the skipped ones with why (None: not known)
     coverage: CaseCoverage | None = None
+    # each model's passport: what answered, reached how, with which settings
+    passports: dict[str, ModelPassport] = Field(default_factory=dict)
 
 
 def _ablations(run: RunData, n_boot: int) -> list[AblationRow]:
@@ -186,4 +189,5 @@ def build_summary(
         published=neural_medbench(),
         cases=_case_rows(checklists, reviews),
         coverage=run.coverage,
+        passports=run.passports,
     )

@@ -159,6 +159,9 @@ def runs_show(
                     "coverage": store.coverage().model_dump(mode="json"),
                     "call_errors": [g.model_dump(mode="json") for g in store.call_errors(retries)],
                     "retries": retries,
+                    "passports": {
+                        m: p.model_dump(mode="json") for m, p in store.passports().items()
+                    },
                     "series_not_shown": {
                         c.case_id: c.provenance.series_not_shown.model_dump(mode="json")
                         for c in store.cases().values()
@@ -181,6 +184,7 @@ def runs_show(
             sys.stdout.write("\n")
             return
         show_run(run_dir)
+        _show_passports(run_dir)
         _show_calibration(run_dir, log)
     except EvaluationError as exc:
         raise fail(str(exc)) from None
@@ -214,6 +218,14 @@ def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
     if feedback.version(run_id) == 0:
         return None
     return review_stats(load_run(run_dir, run_log_url()), feedback.reviews(run_id))
+
+
+def _show_passports(run_dir: Path) -> None:
+    """Each model's passport (what answered, reached how, with which settings)."""
+    from gateway.cli.passports import print_passports
+
+    with open_run(run_dir, read_only=True) as store:
+        print_passports(store.passports())
 
 
 def _show_calibration(run_dir: Path, log: Path | None) -> None:
