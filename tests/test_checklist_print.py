@@ -17,9 +17,10 @@ from print_fixtures import LONG, MODELS, worst_run
 from report_fixtures import build_run
 
 from evaluation.reports import write_report
-from evaluation.reports.bundle import load_checklist
+from evaluation.reports.bundle import bundle_images, load_checklist
 from evaluation.reports.checklist_view import FLAG_TITLES, CaseChecklist
 from evaluation.reports.html import render_checklist
+from evaluation.reports.pdf import html_to_pdf
 from evaluation.reports.print_view import MAX_ITEMS, clip, print_view
 
 needs = pytest.mark.skipif(
@@ -147,3 +148,42 @@ def test_a_cut_names_the_whole_text() -> None:
     assert c.cut and len(c.text) <= 51 and c.chars == len(text)
     assert c.sha256 == hashlib.sha256(text.encode()).hexdigest()
     assert not clip("short", 50).cut and clip("short", 50).text == "short"
+
+
+@needs
+@pytest.mark.browser
+@pytest.mark.timeout(180)
+def test_a_flood_of_items_and_images_still_prints_in_four_pages(
+    worst: tuple[Path, CaseChecklist], tmp_path: Path
+) -> None:
+    """Models that answer with 60 items each and a case of 45 images: the paper copy prints 25
+    items a model and four images, and names what it left out."""
+    report, cl = worst
+    blocks = [
+        b.model_copy(
+            update={
+                "items": [
+                    it.model_copy(update={"item_id": f"{it.item_id}.{k}"})
+                    for k in range(3)
+                    for it in b.items
+                ][:60]
+            }
+        )
+        for b in cl.blocks
+    ]
+    images = [
+        img.model_copy(update={"index": len(cl.images) * k + img.index})
+        for k in range(3)
+        for img in cl.images
+    ]
+    flood = cl.model_copy(update={"blocks": blocks, "images": images})
+    view = print_view(flood)
+    assert all(len(m.items) == MAX_ITEMS and len(m.left_out) == 60 - MAX_ITEMS for m in view.models)
+    assert (
+        len(view.key_images) <= 4
+        and view.other_images[-1] == f"and {45 - len(view.key_images) - 12} more"
+    )
+    page = render_checklist(flood, bundle_images(report)(flood), print_mode=True)
+    assert page.count("more item(s) of this block, reviewed on the HTML page") == 3
+    pdf = html_to_pdf(page, tmp_path / "flood.pdf")
+    assert _pages(pdf) <= 4

@@ -36,6 +36,7 @@ DIAGNOSIS_CHARS = 90  # an answer's final diagnosis in its one-line summary
 LABEL_CHARS = 110  # an image's label
 MAX_ITEMS = 25  # block items per model on paper; the rest are counted and named
 MAX_KEY_IMAGES = 4
+MAX_OTHERS_NAMED = 12  # images not printed, named by number and label; the rest counted
 KEY_SCORES = ("diagnosis_match", "lesion_f1", "classification_correct", "rubric")
 
 
@@ -252,4 +253,7 @@ def _key_images(c: CaseChecklist) -> tuple[list[KeyImage], list[str]]:
         )
     taken = {i.index for i in chosen}
     others = [f"{i.index}. {clip(i.label, 40).text}" for i in c.images if i.index not in taken]
+    if len(others) > MAX_OTHERS_NAMED:
+        more = len(others) - MAX_OTHERS_NAMED
+        others = [*others[:MAX_OTHERS_NAMED], f"and {more} more"]
     return keys, others
