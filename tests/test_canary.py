@@ -192,3 +192,51 @@ def test_a_pinned_case_the_dataset_lacks_is_refused(
     res = cli.invoke(app, ["canary", str(canary)])
     assert res.exit_code == 2
     assert "no case 'nmb-999'" in _flat(res.output)
+
+
+def test_the_canary_on_the_postgresql_run_log(
+    setup: tuple[CliRunner, Path, Path],
+    tmp_path: Path,
+    pg_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One run log for the install: the runs' rows in PostgreSQL, their folders holding a marker;
+    the earlier run is found through the catalog and compared there."""
+    from pg_server import fresh_pg_database
+
+    cli, canary, runs = setup
+    monkeypatch.setenv("NEUROSANDBOX_DATABASE_URL", fresh_pg_database(pg_url))
+    first = cli.invoke(app, ["canary", str(canary), "--n-boot", "300"])
+    assert first.exit_code == 0, first.output
+    run1 = _newest(runs)
+    assert not (run1 / "run.sqlite").exists()  # the rows are in PostgreSQL
+    write_replay(tmp_path / "model.jsonl", N + 2, wrong={0, 1})
+    changed = cli.invoke(app, ["canary", str(canary), "--n-boot", "300", "--json"])
+    assert changed.exit_code == 4, changed.output
+    outcome = json.loads(changed.stdout)
+    assert outcome["earlier"]["run_dir"] == str(run1)
+    assert outcome["models"][0]["flipped"] == 3
+    res = cli.invoke(app, ["runs", "compare", str(run1), str(_newest(runs)), "--json",
+                           "--n-boot", "300"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    [m] = json.loads(res.stdout)["models"]
+    assert (m["n_right_to_wrong"], m["n_wrong_to_right"]) == (2, 1)
+
+
+def test_failed_calls_exit_1_when_quiet_and_4_when_the_alarm_rings(
+    setup: tuple[CliRunner, Path, Path], tmp_path: Path
+) -> None:
+    cli, canary, _ = setup
+    assert cli.invoke(app, ["canary", str(canary), "--n-boot", "300"]).exit_code == 0
+    # case 9's call fails (no answer): not compared, listed; the rest unchanged: quiet, exit 1
+    write_replay(tmp_path / "model.jsonl", N + 2, wrong={8}, missing={9})
+    res = cli.invoke(app, ["canary", str(canary), "--n-boot", "300", "--json"])
+    assert res.exit_code == 1, res.output
+    outcome = json.loads(res.stdout)
+    assert outcome["verdict"] == "quiet"
+    [m] = outcome["comparison"]["models"]
+    assert [u["case_id"] for u in m["only_a"]] == [case_id(9)]
+    # failed calls and changed answers: the alarm is the news, exit 4
+    write_replay(tmp_path / "model.jsonl", N + 2, wrong={0, 1, 2, 8}, missing={9})
+    res = cli.invoke(app, ["canary", str(canary), "--n-boot", "300"])
+    assert res.exit_code == 4, res.output
