@@ -86,6 +86,7 @@ def test_pilot_report_shows_the_summary_figures_and_every_section(
         assert f'id="{section}"' in html, section
     assert "Second reader for neuro MRI" in html and "unsupervised diagnosis" in html
     assert "no clinician reviews yet" in html and "Grounding audit:</b> not run" in html
+    assert 'id="over-time"' not in html  # one run: no plot across runs
     # the figures are the summary's: `neurosandbox report` writes the same records
     code, out = _cli(tmp_path, "report", str(ref_run), "--out", str(tmp_path / "r"), "--no-pdf")
     assert code == 0, out
@@ -149,6 +150,7 @@ def test_a_passport_change_between_two_runs_is_shown(ref_run: Path, tmp_path: Pa
     html = (tmp_path / "p" / "pilot.html").read_text()
     assert f"Changed since run {june['run_id']}" in html
     assert f"No passport field changed since run {june['run_id']}" in html  # not repeated
+    assert 'id="over-time"' in html  # one dataset, two runs: the figures across them by date
     assert re.search(r"<td>served_models</td><td[^>]*>vendor-model-v1</td>"
                      r"<td[^>]*>vendor-&lt;b&gt;model&lt;/b&gt;-v2</td>", html)  # fmt: skip
     assert 'vendor-model-v1 <span class="meta">(5 calls)</span>' in html

@@ -37,6 +37,7 @@ from .pilot import build_pilot as build_pilot
 from .pilot import check_run_count as check_run_count
 from .pilot import evidence_limits as evidence_limits
 from .pilot import pilot_run as pilot_run
+from .pilot import run_catalog_entry as run_catalog_entry
 from .pilot import run_passports as run_passports
 from .pilot_files import PilotFiles as PilotFiles
 from .pilot_files import render_pilot as render_pilot

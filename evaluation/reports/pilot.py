@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from evaluation.case import TaskFamily
+from evaluation.log.catalog import CatalogEntry
 from evaluation.log.passport import ModelPassport, PassportChange, passport_changes
 from evaluation.log.rundata import RunData
 from evaluation.reports.intended_use import LABELS, IntendedUse
@@ -76,6 +77,8 @@ class PilotRun(BaseModel):
     subgroup_min_size: int | None = None
     cost_total_usd: float | None = None  # None: some model's price is unknown
     limits: list[str] = Field(default_factory=list)
+    # the run as the runs catalog lists it (its figures over time beside the pilot's other runs)
+    catalog: CatalogEntry | None = None
 
 
 class PilotReport(BaseModel):
@@ -103,6 +106,17 @@ def run_passports(rundir: Path, database_url: str | None = None) -> dict[str, Mo
         return store.passports()
     finally:
         store.close()
+
+
+def run_catalog_entry(rundir: Path, database_url: str | None = None) -> CatalogEntry | None:
+    """The run's entry in the runs catalog (``evaluation.log.catalog``), None for a folder
+    without a run store; an unreadable run is an entry whose ``error`` says why."""
+    from evaluation.log.catalog import read_entry
+    from evaluation.log.store import store_exists
+
+    if not store_exists(Path(rundir), database_url):
+        return None
+    return read_entry(Path(rundir), database_url=database_url)
 
 
 def _subgroups(summary: SummaryReport) -> tuple[list[Any] | None, int | None]:
@@ -259,6 +273,7 @@ def pilot_run(
     reviews: list[CaseReview] | None = None,
     passports: Mapping[str, ModelPassport] | None = None,
     *,
+    catalog: CatalogEntry | None = None,
     n_boot: int = DEFAULT_BOOT,
     now: datetime | None = None,
 ) -> PilotRun:
@@ -281,6 +296,7 @@ def pilot_run(
         subgroup_min_size=min_size,
         cost_total_usd=_cost_total(summary),
         limits=evidence_limits(run, summary, subgroups, status),
+        catalog=catalog,
     )
 
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from evaluation.reports.html import csp, css, data_uri, env
 from evaluation.reports.pdf import PdfError, html_file_to_pdf
 from evaluation.reports.pilot import PilotReport
-from evaluation.reports.plots import leaderboard
+from evaluation.reports.plots import leaderboard, metrics_over_time
 from evaluation.scores import ErrorCategory
 from evaluation.scoring.stats import MIN_PATIENTS
 
@@ -23,12 +23,19 @@ class PilotFiles(BaseModel):
 
 
 def pilot_plots(report: PilotReport) -> dict[str, bytes]:
-    """The results plot of each run (the summary's leaderboard plot), keyed ``RUN_ID:leaderboard``."""
+    """The results plot of each run (the summary's leaderboard plot, ``RUN_ID:leaderboard``),
+    and for a dataset two or more of the runs share, each model's figures across them by date
+    (the runs catalog's plot, ``over-time:DATASET_HASH``)."""
     plots: dict[str, bytes] = {}
     for run in report.runs:
         png = leaderboard(run.summary)
         if png:
             plots[f"{run.run_id}:leaderboard"] = png
+    entries = [run.catalog for run in report.runs if run.catalog is not None]
+    for digest in dict.fromkeys(e.dataset_hash for e in entries if e.dataset_hash):
+        png = metrics_over_time(entries, digest)  # None: fewer than two runs with figures
+        if png:
+            plots[f"over-time:{digest}"] = png
     return plots
 
 
@@ -36,12 +43,14 @@ def render_pilot(
     report: PilotReport, plots: dict[str, bytes] | None = None, *, print_mode: bool = False
 ) -> str:
     """The report as one self-contained HTML page (autoescaped; no script)."""
+    plots = plots or {}
     return (
         env()
         .get_template("pilot.html.j2")
         .render(
             r=report,
-            plots={k: data_uri(v) for k, v in (plots or {}).items()},
+            plots={k: data_uri(v) for k, v in plots.items()},
+            over_time=[data_uri(v) for k, v in plots.items() if k.startswith("over-time:")],
             categories=[c.value for c in ErrorCategory],
             min_patients=MIN_PATIENTS,
             css=css(),

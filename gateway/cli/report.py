@@ -113,6 +113,7 @@ def pilot_report_command(
         load_run,
         not_given,
         pilot_run,
+        run_catalog_entry,
         run_passports,
         write_pilot,
     )
@@ -124,7 +125,9 @@ def pilot_report_command(
     try:
         use = load_intended_use(intended_use) if intended_use is not None else not_given()
         check_run_count(len(rundirs))
-        loaded = [(load_run(d, url), run_passports(d, url)) for d in rundirs]
+        loaded = [
+            (load_run(d, url), run_passports(d, url), run_catalog_entry(d, url)) for d in rundirs
+        ]
     except (
         IntendedUseError,
         PilotError,
@@ -138,8 +141,8 @@ def pilot_report_command(
     log = reviews or settings.data_dir / "reviews.sqlite"
     store = ReviewStore(log) if log.is_file() else None
     runs = [
-        pilot_run(run, store.reviews(run.run_id) if store else [], passports)
-        for run, passports in loaded
+        pilot_run(run, store.reviews(run.run_id) if store else [], passports, catalog=entry)
+        for run, passports, entry in loaded
     ]
     try:
         report = build_pilot(runs, use)
