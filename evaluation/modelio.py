@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -55,6 +55,9 @@ class ModelOutput(BaseModel):
     # the response's ``model``, its ``system_fingerprint``, and version headers of the reply
     # (``openai-version``, ``anthropic-version``, ``x-ms-...-version``...). Hostile: bounded by
     # ``reported_value`` and ``reported_headers``.
+    REPORTED: ClassVar[frozenset[str]] = frozenset(
+        {"served_model", "system_fingerprint", "version_headers"}
+    )
     served_model: str | None = None
     system_fingerprint: str | None = None
     version_headers: dict[str, str] = Field(default_factory=dict)

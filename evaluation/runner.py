@@ -174,7 +174,12 @@ class Runner:
             if s.name not in self.adapters
         ]
         for spec, adapter, generate, role in asks:
-            cfg = generate.model_copy(update={"seed": self.config.seed_for(0)})
+            # a model's sample i is sent seed + i; graders are sent their decoding as it is
+            cfg = (
+                generate.model_copy(update={"seed": self.config.seed_for(0)})
+                if role == "model"
+                else generate
+            )
             passport = ModelPassport(
                 model=spec.name,
                 role="grader" if role == "grader" else "model",

@@ -404,7 +404,8 @@ def test_scoring_runs_in_a_process_only_beside_worker_processes_with_bertscore(
 
 def test_run_with_litellm_worker_processes(tmp_path: Path) -> None:
     data, answers = write_nmb(tmp_path / "data", 3)
-    with OpenAIServer(Script(latency_s=0.02)) as server:
+    script = Script(latency_s=0.02, system_fingerprint="fp_w", headers={"openai-version": "v2"})
+    with OpenAIServer(script) as server:
         spec = server_spec(server.url, processes=1, concurrency=4)
         config = _config(
             DatasetSpec(path=str(data), answers=str(answers)), [spec], tmp_path, samples=2
@@ -414,6 +415,11 @@ def test_run_with_litellm_worker_processes(tmp_path: Path) -> None:
     assert stats.errors == 0 and stats.scored == 6 and stats.cost_usd > 0
     store = _store(tmp_path / "run")
     assert store.run_log().status == "complete" and len(store.scored_samples()) == 6
+    # what the provider said answered crosses from the worker process too (the passport's part)
+    outputs = store.responses().values()
+    assert {(o.system_fingerprint, o.version_headers["openai-version"]) for o in outputs} == {
+        ("fp_w", "v2")
+    }
     store.close()
 
 

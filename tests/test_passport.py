@@ -36,6 +36,7 @@ def _run(
     *,
     database_url: str | None = None,
     api_key_env: str | None = None,
+    grader: bool = False,
 ) -> Path:
     data, answers = write_nmb(tmp / "data", N_CASES)
     run_dir = tmp / name
@@ -46,6 +47,7 @@ def _run(
             models=[spec],
             generate=GenerateConfig(temperature=0.7, top_p=0.95, max_tokens=300, timeout_s=10),
             seed=11,
+            graders=[server_spec(server.url, name="judge")] if grader else [],
             bertscore=False,
             cache_dir=str(tmp / "cache"),
             run_id=name,
@@ -134,16 +136,46 @@ def test_a_provider_update_between_two_runs_shows_in_their_passports(
     assert "decoding sent: max_tokens=300 seed=11 temperature=0.7 top_p=0.95" in shown["run-b"]
 
 
-def test_the_passport_is_recorded_once_and_survives_resume_and_rescore(tmp_path: Path) -> None:
+def test_the_passport_is_recorded_once_and_survives_resume_and_rescore(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     run = _run(tmp_path, "run-r", Script(system_fingerprint="fp_1"))
     with open_store(run) as store:
         first = store.passports()
         note = store.note("passport:test-model")
-    asyncio.run(resume_run(run, cache_dir=tmp_path / "cache"))
+    # resumed against another endpoint (every answer is stored: nothing is called)
+    with caplog.at_level("WARNING"):
+        asyncio.run(resume_run(run, cache_dir=tmp_path / "cache", api_base="http://127.0.0.1:9/v1"))
+    assert "keeps the passport of its start; now api_host differ" in caplog.text
     rescore(run, cache_dir=tmp_path / "cache")
     with open_store(run) as store:
         assert store.note("passport:test-model") == note  # recorded once
         assert store.passports() == first
+
+
+def test_a_run_stored_before_passports_has_one_from_its_responses_and_config(
+    tmp_path: Path,
+) -> None:
+    run = _run(
+        tmp_path, "run-old", Script(served_model="gpt-4o-2024-05-13", system_fingerprint="fp_o")
+    )
+    with open_store(run) as store:
+        recorded = store.passports()["test-model"]
+        con = store.connection
+        con.execute("DELETE FROM notes WHERE key LIKE 'passport:%'")
+        for key, output in con.execute("SELECT cache_key, output_json FROM responses").fetchall():
+            old = {k: v for k, v in json.loads(output).items() if k not in ModelOutput.REPORTED}
+            con.execute(
+                "UPDATE responses SET output_json = ? WHERE cache_key = ?", (json.dumps(old), key)
+            )
+        con.commit()
+        p = store.passports()["test-model"]
+    assert p.recorded_at is None and p.provider is None  # nothing recorded: from the config
+    assert p.litellm_model == "openai/gpt-4o" and p.api_host == recorded.api_host
+    assert p.decoding == recorded.decoding
+    # what answered, from the raw responses as stored
+    assert p.served_models == recorded.served_models and p.system_fingerprints
+    assert p.system_fingerprints == recorded.system_fingerprints
 
 
 def test_a_mid_run_model_change_is_counted_per_value(tmp_path: Path) -> None:
@@ -229,14 +261,18 @@ def test_a_replay_models_passport_says_what_the_recorded_responses_say(tmp_path:
         path = replay_file(f"{name}.jsonl", served)
         config = RunConfig(
             dataset=DatasetSpec(path=str(data), answers=str(answers)),
-            models=resolve_specs([f"replay:{path}"]),
+            models=resolve_specs([f"replay:{path}", "reference/text-prior"]),
             bertscore=False,
             cache_dir=str(tmp_path / "cache"),
         )
         asyncio.run(start_run(config, tmp_path / name))
         with open_store(tmp_path / name) as store:
-            (p,) = store.passports().values()
+            p, reference = store.passports().values()
         passports.append(p)
+    # a reference model has one too: what it is, the prompts and renderer of the run
+    assert reference.kind == "reference/text-prior" and reference.prompt_version
+    assert reference.renderer_version and reference.prompts == N_CASES
+    assert reference.litellm_model is None and reference.recorded_at
     one, two = passports
     assert one.kind == "replay" and one.replay_file == "one.jsonl" and one.replay_sha256
     assert one.litellm_model is None and one.provider is None
@@ -252,3 +288,21 @@ def test_the_api_host_is_the_host_and_port_alone() -> None:
     assert api_host("gpu-box:8000") == "gpu-box:8000"
     assert api_host("http://[::1]:99999/") is None  # a port out of range: not a host
     assert api_host(None) is None and api_host("") is None
+
+
+def test_a_rubric_grader_has_its_own_passport(tmp_path: Path) -> None:
+    grading = json.dumps({"score": 4, "nonce": "x"})
+    script = Script(replies=[("grader", grading)], system_fingerprint="fp_g")
+    run = _run(tmp_path, "run-g", script, grader=True)
+    with open_store(run) as store:
+        passports = store.passports()
+    assert list(passports) == ["test-model", "judge"]
+    judge = passports["judge"]
+    assert judge.role == "grader" and judge.recorded_at and judge.responses > 0
+    # graders are sent the run's grader decoding as it is (no sample seed)
+    assert judge.decoding == {
+        "max_tokens": 800,
+        "response_format": '{"type": "json_object"}',
+        "temperature": 0.0,
+    }
+    assert judge.prompt_digest is None and judge.scoring_versions == []

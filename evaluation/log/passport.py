@@ -229,18 +229,22 @@ def recorded_passport(text: str, model: str) -> ModelPassport | None:
 
 def configured_passport(spec: dict[str, Any], role: str, generate: dict[str, Any]) -> ModelPassport:
     """A passport rebuilt from a run's configuration (a ``ModelSpec`` and the run's decoding,
-    as the run's config JSON holds them): for runs stored before passports were recorded, or
-    a note not readable. Nothing is imported or called (no litellm)."""
+    as the run's config JSON holds them, with sample 0's seed): for runs stored before
+    passports were recorded, or a note not readable. Nothing is imported or called (no
+    litellm): what a model rejects or litellm drops is not known here."""
     from evaluation.models.spec import ModelSpec
 
     try:
         s = ModelSpec.model_validate(spec)
     except ValidationError:
         return ModelPassport(model=str(spec.get("name", "?"))[:200], role=_role(role), kind="?")
-    params = {
+    params: dict[str, Any] = {
         k: getattr(s, k, None) if getattr(s, k, None) is not None else generate.get(k)
         for k in ("temperature", "top_p", "max_tokens", "seed")
     }
+    if generate.get("json_mode"):  # as the adapter sends it
+        params["response_format"] = {"type": "json_object"}
+    params.update(s.extra if s.kind == "litellm" else {})
     return ModelPassport(
         model=s.name,
         role=_role(role),

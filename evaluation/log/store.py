@@ -631,6 +631,11 @@ class RunStore:
             config = {}
         config = config if isinstance(config, dict) else {}
         generate = config.get("generate") if isinstance(config.get("generate"), dict) else {}
+        graded = config.get("grader_generate")
+        decoding = {
+            "model": {**(generate or {}), "seed": config.get("seed")},
+            "grader": graded if isinstance(graded, dict) else {},
+        }
         n = t_.notes
         notes = {
             str(k)[len(passport_.NOTE_PREFIX) :]: str(v)
@@ -648,7 +653,7 @@ class RunStore:
                     continue
                 kept = passport_.recorded_passport(notes[name], name) if name in notes else None
                 out[name] = kept or passport_.configured_passport(
-                    spec, role.rstrip("s"), generate or {}
+                    spec, role.rstrip("s"), decoding[role.rstrip("s")]
                 )
         for name, text in sorted(notes.items()):  # a model the configuration does not name
             if name not in out and (kept := passport_.recorded_passport(text, name)):
