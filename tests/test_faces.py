@@ -63,3 +63,14 @@ def test_no_module_imports_another_modules_private_names() -> None:
                         if a.name.startswith("_") and not a.name.startswith("__"):
                             offenders.append(f"{path.relative_to(ROOT)}: {node.module}.{a.name}")
     assert offenders == []
+
+
+def test_the_run_log_face_names_the_contracts_other_parts_build_on() -> None:
+    """Issue 37's parts fit together through these names of ``evaluation.log``."""
+    import evaluation.log as log
+
+    for name in ("ModelPassport", "PassportChange", "passport_changes", "RunStore"):
+        assert name in log.__all__, name
+    assert callable(log.RunStore.passports)
+    p = log.ModelPassport(model="m")
+    assert log.passport_changes(p, p) == []
