@@ -103,7 +103,7 @@ def test_the_canary_fires_on_changed_answers_only(
     assert same.exit_code == 0, same.output
     out = _flat(same.output)
     assert f"against run {open_store(run1, read_only=True).run_log().run_id}" in out
-    assert "QUIET" in out and "0 of 10 cases flipped (0%)" in out
+    assert "QUIET" in out and "0 of 10 case questions flipped (0%)" in out
     run2 = _newest(runs)
     assert _mark(run2).verdict == "quiet"  # type: ignore[union-attr]
 
@@ -113,7 +113,7 @@ def test_the_canary_fires_on_changed_answers_only(
     assert bumped.exit_code == 0, bumped.output
     out = _flat(bumped.output)
     assert "earlier run rescored first" in out and "1 (unrecorded)" in out
-    assert "QUIET" in out and "0 of 10 cases flipped" in out
+    assert "QUIET" in out and "0 of 10 case questions flipped" in out
     run3 = _newest(runs)
 
     # the provider changes the model behind the same name: 3 of the 10 cases answer otherwise
@@ -126,7 +126,7 @@ def test_the_canary_fires_on_changed_answers_only(
     assert outcome["earlier"]["run_id"] == open_store(run3, read_only=True).run_log().run_id
     [m] = outcome["models"]
     assert (m["flipped"], m["n_shared_units"]) == (3, 10)
-    assert any("3 of 10 cases flipped (2 right->wrong, 1 wrong->right): 30% > 20%" in r
+    assert any("3 of 10 case questions flipped (2 right->wrong, 1 wrong->right): 30% > 20%" in r
                for r in m["reasons"])  # fmt: skip
     # the model's passport says what changed behind the name (here: the replay file's content)
     [(model, fields)] = outcome["passport_changes"].items()
@@ -136,7 +136,11 @@ def test_the_canary_fires_on_changed_answers_only(
     assert f"passport replay_sha256: {fields[0]['before']} -> {fields[0]['after']}" in text
     run4 = _newest(runs)
     mark = _mark(run4)
-    assert mark is not None and mark.verdict == "alarm" and "3 of 10 cases flipped" in mark.detail
+    assert (
+        mark is not None
+        and mark.verdict == "alarm"
+        and "3 of 10 case questions flipped" in mark.detail
+    )
     assert "passport: replay_sha256" in mark.detail
     # the index shows the mark (the catalog reads the note)
     index = cli.invoke(app, ["runs", "index", "--json"])
@@ -240,3 +244,14 @@ def test_failed_calls_exit_1_when_quiet_and_4_when_the_alarm_rings(
     write_replay(tmp_path / "model.jsonl", N + 2, wrong={0, 1, 2, 8}, missing={9})
     res = cli.invoke(app, ["canary", str(canary), "--n-boot", "300"])
     assert res.exit_code == 4, res.output
+
+
+def test_the_documented_example_file_is_a_valid_canary() -> None:
+    from gateway.canary import read_canary
+
+    root = Path(__file__).resolve().parents[1]
+    canary = read_canary(root / "docs" / "canary.example.yaml")
+    assert canary.spec.name == "weekly-neuro"
+    assert Path(canary.dataset().path) == root / "docs" / "manifest.example.yaml"
+    assert canary.dataset().case_ids == ["pilot-001", "pilot-002"]
+    assert canary.spec.alarm.flip_share == 0.1

@@ -52,7 +52,7 @@ def model_drift(m: ModelDelta, rule: DriftRule) -> ModelDrift:
     share = m.flip_share
     if share is not None and share > rule.flip_share:
         alarms.append(
-            f"{flipped} of {m.n_shared_units} cases flipped ({m.n_right_to_wrong} right->wrong, "
+            f"{flipped} of {m.n_shared_units} case questions flipped ({m.n_right_to_wrong} right->wrong, "
             f"{m.n_wrong_to_right} wrong->right): {_share(share)} > {_share(rule.flip_share)}"
         )
     for name in rule.metrics:

@@ -96,7 +96,7 @@ def canary_command(
             share = "-" if m.flip_share is None else f"{100 * m.flip_share:.0f}%"
             note(
                 f"  [{colour}]{m.verdict.upper()}[/{colour}] {shown(m.model, 120)}: "
-                f"{m.flipped} of {m.n_shared_units} cases flipped ({share})"
+                f"{m.flipped} of {m.n_shared_units} case questions flipped ({share})"
             )
             for r in m.reasons:
                 note(f"    {shown(r)}")
