@@ -21,8 +21,20 @@ from dicom.sources import HEADER_PREFIX, open_source
 
 MAX_TEXT = 64
 _DATE = re.compile(r"^(\d{4})(\d{2})(\d{2})$")
-_TAGS = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "AccessionNumber",
-         "StudyDate", "StudyDescription", "InstitutionName")  # fmt: skip
+_TAGS = ("PatientName", "PatientID", "PatientBirthDate", "PatientSex", "PatientAge",
+         "AccessionNumber", "StudyDate", "StudyDescription", "InstitutionName")  # fmt: skip
+_SCANNER_TAGS = ("Manufacturer", "ManufacturerModelName", "MagneticFieldStrength")
+MAX_SCANNERS = 8  # distinct scanners kept per study (a study of many series names a few)
+
+
+class ScannerHeader(BaseModel):
+    """A scanner the series of a study name, as their headers write it (bounded text, the field
+    strength as written: the standard says tesla, some write gauss; read by the subgroups)."""
+
+    manufacturer: str = ""
+    model_name: str = ""
+    field_strength: float | None = None  # MagneticFieldStrength as written (finite, > 0)
+    n_series: int = 0  # series whose first header names it
 
 
 class HeaderIdentity(BaseModel):
@@ -38,6 +50,9 @@ class HeaderIdentity(BaseModel):
     institution: str = ""
     modalities: list[str] = Field(default_factory=list)
     n_series: int = 0
+    age: str = ""  # PatientAge as written when a valid AS value ("045Y"), else empty
+    # the scanners the series' headers name, most series first (empty: none named)
+    scanners: list[ScannerHeader] = Field(default_factory=list)
 
 
 # Enumerated values the standard lists for attributes copied into reports (PS3.3 C.7.1.1).
@@ -155,7 +170,66 @@ def identity_of(
         institution=clean_text(v.get("InstitutionName") or ""),
         modalities=sorted({clean_text(m, 16) for m in modalities if m}),
         n_series=n_series,
+        age=str(v.get("PatientAge") or "").strip(),
+        scanners=scanners_of([ds]),
     )
+
+
+def scanner_of(ds: pydicom.Dataset) -> ScannerHeader | None:
+    """The scanner one header names (None when it names none): values outside the standard's
+    form left empty, text bounded, a field strength that is not a finite positive number left
+    out."""
+    import math
+
+    v, _ = checked_attributes(ds, _SCANNER_TAGS)
+    field: float | None = None
+    try:
+        raw = v.get("MagneticFieldStrength")
+        field = float(raw) if raw is not None and str(raw).strip() else None  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        field = None
+    if field is not None and not (math.isfinite(field) and field > 0):
+        field = None
+    found = ScannerHeader(
+        manufacturer=clean_text(v.get("Manufacturer") or ""),
+        model_name=clean_text(v.get("ManufacturerModelName") or ""),
+        field_strength=field,
+        n_series=1,
+    )
+    return found if found.manufacturer or found.model_name or field is not None else None
+
+
+def scanners_of(headers: Iterable[pydicom.Dataset | None]) -> list[ScannerHeader]:
+    """The distinct scanners ``headers`` (one per series) name, most series first, at most
+    ``MAX_SCANNERS``; an unreadable header (None) adds none."""
+    return merged_scanners(_scanner_or_none(ds) for ds in headers)
+
+
+def _scanner_or_none(ds: pydicom.Dataset | None) -> ScannerHeader | None:
+    if ds is None:
+        return None
+    try:
+        return scanner_of(ds)
+    except _HEADER_ERRORS:
+        return None
+
+
+def merged_scanners(found: Iterable[ScannerHeader | None]) -> list[ScannerHeader]:
+    """One entry per distinct scanner, its series counted, most series first (the first seen
+    first among equals), at most ``MAX_SCANNERS``."""
+    counts: dict[tuple[str, str, float | None], ScannerHeader] = {}
+    for s in found:
+        if s is None:
+            continue
+        key = (s.manufacturer, s.model_name, s.field_strength)
+        if key in counts:
+            counts[key].n_series += s.n_series
+        elif len(counts) < 4 * MAX_SCANNERS:
+            counts[key] = s.model_copy()
+    return sorted(counts.values(), key=lambda s: -s.n_series)[:MAX_SCANNERS]
+
+
+_HEADER_ERRORS = (ValueError, TypeError, UnicodeError, RecursionError, AttributeError)
 
 
 def study_identity(index: IndexResult) -> HeaderIdentity | None:
@@ -186,16 +260,23 @@ def study_identity_and_persons(
     modalities = [s.modality for s in index.series]
     n_series = len({s.series_uid for s in index.series})
     found: list[HeaderIdentity] = []
+    scanners: list[ScannerHeader] = []
 
     def tapped() -> Iterator[pydicom.Dataset | None]:
+        seen: list[ScannerHeader | None] = []
         for k, ds in enumerate(series_headers(index)):
             if k == 0 and ds is not None:
                 found.append(identity_of(ds, modalities, n_series))
+            seen.append(_scanner_or_none(ds))
             yield ds
+        scanners.extend(merged_scanners(seen))  # every series' header, not the first alone
 
     persons = persons_of(tapped())
     # A first header that failed whole may still give the identity's few attributes.
-    return (found[0] if found else study_identity(index)), persons
+    identity = found[0] if found else study_identity(index)
+    if identity is not None and scanners:
+        identity.scanners = scanners
+    return identity, persons
 
 
 # --------------------------------------------------------------------------- one patient

@@ -241,6 +241,16 @@ class StudyPerson(BaseModel):
     name: str
 
 
+class StudyScanner(BaseModel):
+    """A scanner the study's series name (``dicom.ScannerHeader``): header text as written,
+    bounded; the field strength as written (the subgroups read it in tesla, by their rule)."""
+
+    manufacturer: str = ""
+    model_name: str = ""
+    field_strength: float | None = None
+    n_series: int = 0
+
+
 class StudyIdentity(BaseModel):
     """The hospital's identifiers of the study a case comes from (shown to reviewers apart from
     the de-identified record; never sent to a model). Filled from ``dicom.HeaderIdentity``, and
@@ -256,6 +266,10 @@ class StudyIdentity(BaseModel):
     institution: str = ""
     modalities: list[str] = Field(default_factory=list)
     n_series: int = 0
+    age: str = ""  # PatientAge as written, a valid AS value ("045Y") or empty
+    # the scanners the series' headers name, most series first (empty: none named, or a case
+    # recorded before they were kept)
+    scanners: list[StudyScanner] = Field(default_factory=list)
     # every person any PN attribute of the study names (patient, referring, performing, reading
     # physicians, operators, physicians of record, requesting physician, nested ones...)
     persons: list[StudyPerson] = Field(default_factory=list)
@@ -463,6 +477,15 @@ class PhantomProvenance(BaseModel):
     lesion_facts: list[PhantomLesionFacts] = Field(default_factory=list)
 
 
+class RecordPatient(BaseModel):
+    """The patient's age and sex as the record gives them, kept with a run's case snapshot (which
+    keeps no record): what results by subgroup read. Not identifying: whole years, 90 and over
+    written as 90."""
+
+    age: int | None = Field(default=None, ge=0, le=90)
+    sex: str = Field(default="", max_length=20)
+
+
 class Provenance(BaseModel):
     source: str  # "phantom", "orthanc", "folder", "neural-medbench", "neurovlm-bench"
     study_uids: list[str] = Field(default_factory=list)
@@ -478,6 +501,8 @@ class Provenance(BaseModel):
     identity: StudyIdentity | None = None
     # the study's series its images leave out, and why (dicom.SeriesNotShown; None: not recorded)
     series_not_shown: SeriesNotShown | None = None
+    # the record's age and sex, on a run's case snapshot only (None: not recorded)
+    patient: RecordPatient | None = None
 
     @model_validator(mode="before")
     @classmethod

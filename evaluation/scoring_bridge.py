@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from evaluation.case import Case, TaskFamily
+from evaluation.case import Case, RecordPatient, TaskFamily
 from evaluation.log.store import RunStore, sample_id
 from evaluation.modelio import ModelOutput
 from evaluation.parsing import ParsedAnswer, parse_answer
@@ -118,8 +118,23 @@ def scoring_snapshot(case: Case) -> Case:
             "ehr": None,
             "turns": [],
             "ground_truth": gt.model_copy(update={"phi": []}) if gt is not None else None,
+            # the record's age and sex stay (results by subgroup read them), nothing else of it
+            "provenance": case.provenance.model_copy(update={"patient": record_patient(case)}),
         }
     )
+
+
+def record_patient(case: Case) -> RecordPatient | None:
+    """The age (capped at 90) and sex the case's record gives, None when it gives neither."""
+    from evaluation.ehr import EHRContext
+
+    if not case.ehr:
+        return case.provenance.patient
+    patient = EHRContext.from_bundle(case.ehr).patient
+    if patient is None or (patient.age is None and not patient.sex):
+        return None
+    age = min(patient.age, 90) if patient.age is not None else None
+    return RecordPatient(age=age, sex=patient.sex[:20])
 
 
 def total_output(outputs: list[ModelOutput]) -> ModelOutput:

@@ -61,6 +61,7 @@ OLD_PROVENANCE = {
     },
     "seed": 0,
     "series_not_shown": None,
+    "patient": None,
     "source": "phantom",
     "study_uids": ["2.25.7785183793282500046462279670562549912"],
 }

@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -114,11 +114,21 @@ def detect_kind(path: Path) -> str:
     raise DatasetError(f"{path}: unknown dataset kind; give --kind")
 
 
+_NOT_HASHED: dict[str, Any] = {
+    "images": {"__all__": {"path"}},
+    "provenance": {"patient": True, "identity": {"age", "scanners"}},
+}
+
+
 def dataset_hash(cases: list[Case]) -> str:
-    """sha256 over each case's content (image paths excluded, image hashes included)."""
+    """sha256 over each case's content (image paths excluded, image hashes included).
+
+    Left out too: what the subgroups read from the study's headers and a run's snapshot (the
+    scanners, PatientAge, the record's age and sex), so a dataset keeps the hash it had before
+    they were recorded: runs of it a month apart still compare."""
     h = hashlib.sha256()
     for case in sorted(cases, key=lambda c: c.case_id):
-        body = case.model_dump(mode="json", exclude={"images": {"__all__": {"path"}}})
+        body = case.model_dump(mode="json", exclude=_NOT_HASHED)
         h.update(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
         h.update(b"\n")
     return h.hexdigest()

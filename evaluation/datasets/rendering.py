@@ -39,8 +39,9 @@ CLASSIFICATION_PREFERENCE = ("FLAIR", "T1C", "T2", "T1", "CT")
 _MAX_STUDY_BYTES = 4 * 1024**3
 # What a cached rendered.json records beyond the images; part of the cache key, so an entry
 # written before a change is rendered again (2: the persons the study's headers name, which the
-# PHI gate scrubs; an older entry would hand the gate none; 3: the series not shown).
-RENDERED_RECORD_VERSION = 3
+# PHI gate scrubs; an older entry would hand the gate none; 3: the series not shown; 4: the
+# scanners and PatientAge the headers name, which the subgroups read).
+RENDERED_RECORD_VERSION = 4
 
 
 class RenderPlan(BaseModel):

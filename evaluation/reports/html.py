@@ -27,13 +27,15 @@ from evaluation.answers import Finding
 from evaluation.log.rundata import RunData
 from evaluation.models.cost import cost_text
 from evaluation.reports.checklist_view import FLAG_TITLES, SERIOUS_FLAGS, CaseChecklist, ImageItem
+from evaluation.reports.plots import plot_gaps
 from evaluation.reports.print_view import print_view
-from evaluation.reports.summary import SummaryReport
+from evaluation.reports.summary import OUTCOME_LEGEND, SummaryReport
 from evaluation.review.review_log import CaseReview, Superseded
 from evaluation.review.sr_content import BlockItem, ItemKind
 from evaluation.review.verify import Decision, Verification, VerifiedBlock, decision, decisions
 from evaluation.scores import ErrorCategory
 from evaluation.scoring.anatomy import sequence_class
+from evaluation.scoring.subgroups import ATTRIBUTE_TITLES, METRIC_TITLES
 from evaluation.scoring.taxonomy import RULE_LEGEND
 
 TEMPLATES = Path(__file__).with_name("templates")
@@ -60,6 +62,9 @@ def env() -> Environment:
     e.globals["rule_legend"] = RULE_LEGEND  # what R1..R10 in an error's evidence mean
     e.globals["serious_flags"] = SERIOUS_FLAGS
     e.globals["side_marks"] = side_marks  # R/L (A/P) at an image's edges, by its plane
+    e.globals["outcome_legend"] = OUTCOME_LEGEND  # the case matrix: symbol, word, meaning
+    e.globals["subgroup_titles"] = ATTRIBUTE_TITLES
+    e.globals["metric_titles"] = METRIC_TITLES
     return e
 
 
@@ -323,6 +328,7 @@ def render_summary(
         .render(
             r=report,
             plots={k: data_uri(v) for k, v in plots.items()},
+            gaps=plot_gaps(report),  # where a plot would be empty: the sentence saying why
             case_href=case_href,
             config_json=json.dumps(report.config, indent=2, default=str)[:20000],
             **_base(review, print_mode, "", False),

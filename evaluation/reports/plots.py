@@ -48,6 +48,12 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _with_n(values: list[float], ns: list[int], upright: bool = False) -> list[str]:
+    """A bar's label: its value and the n it rests on."""
+    sep = " " if upright else "\n"
+    return [f"{v:.2f}{sep}n={n}" for v, n in zip(values, ns, strict=True)]
+
+
 def _err(e: Estimate | None) -> tuple[float, float, float] | None:
     if e is None or e.value is None:
         return None
@@ -56,10 +62,103 @@ def _err(e: Estimate | None) -> tuple[float, float, float] | None:
     return e.value, max(0.0, e.value - lo), max(0.0, hi - e.value)
 
 
-def leaderboard(r: SummaryReport) -> bytes | None:
+# ------------------------------------------------------------------ why a plot is not drawn
+# One rule per plot: the plot draws nothing exactly when its rule gives a sentence, and the
+# summary prints that sentence where the plot would be (never an empty frame, never silence).
+
+
+def _unscored_reasons(r: SummaryReport) -> str:
+    rows = r.summary.leaderboard
+    parts = [
+        (sum(x.format_failures for x in rows), "format failure"),
+        (sum(x.refusals for x in rows), "refusal"),
+        (sum(x.call_errors for x in rows), "failed call"),
+    ]
+    said = [f"{n} {what}{'s' if n != 1 else ''}" for n, what in parts if n]
+    return f" ({', '.join(said)})" if said else ""
+
+
+def _why_no_leaderboard(r: SummaryReport) -> str | None:
     rows = r.summary.leaderboard
     if not rows:
-        return None
+        return "No plot: the run has no answers yet."
+    if not any(_err(e) for x in rows for _, get in _leaderboard_metrics(r) if (e := get(x))):
+        return (
+            f"No plot: none of the {sum(x.n_samples for x in rows)} answers could be scored"
+            f"{_unscored_reasons(r)}, or no case has a truth to score against."
+        )
+    return None
+
+
+def _why_no_breakdowns(r: SummaryReport) -> str | None:
+    if not r.summary.leaderboard:
+        return "No plot: the run has no answers yet."
+    if not any(_err(x.accuracy) for x in r.summary.breakdowns):
+        return (
+            "No plot: no answer has its diagnosis scored, so there is no accuracy to break down "
+            f"by task family, disease group, difficulty or modality{_unscored_reasons(r)}."
+        )
+    return None
+
+
+def _why_no_errors(r: SummaryReport) -> str | None:
+    if not r.summary.leaderboard:
+        return "No plot: the run has no answers yet."
+    if not any(v.get("categories") for v in r.summary.errors.values()):
+        scored = sum(x.n_scored for x in r.summary.leaderboard)
+        why = "every scored answer was right" if scored else "no answer was scored"
+        return f"No plot: no answer has an error label ({why})."
+    return None
+
+
+def _why_no_reliability(r: SummaryReport) -> str | None:
+    if not r.summary.leaderboard:
+        return "No plot: the run has no answers yet."
+    if not any(b.count for x in r.summary.leaderboard for b in x.reliability):
+        return (
+            "No plot: no scored answer stated a confidence, so there is nothing to calibrate "
+            "(the reliability diagram needs answers with both)."
+        )
+    return None
+
+
+def _why_no_cost(r: SummaryReport) -> str | None:
+    rows = r.summary.leaderboard
+    if not rows:
+        return "No plot: the run has no answers yet."
+    if not any(x.cost.prompt_tokens_mean or x.cost.latency_median_s for x in rows):
+        return (
+            "No plot: the provider reported no token counts and no latencies for this run's "
+            "answers (cost: " + ", ".join(cost_text(x.cost.cost_total_usd) for x in rows) + ")."
+        )
+    return None
+
+
+def _why_no_ablations(r: SummaryReport) -> str | None:
+    if not r.ablation_rows:
+        return "No ablations in this run (every answer saw images and text)."
+    return None
+
+
+WHY_EMPTY: dict[str, Callable[[SummaryReport], str | None]] = {
+    "leaderboard": _why_no_leaderboard,
+    "breakdowns": _why_no_breakdowns,
+    "errors": _why_no_errors,
+    "reliability": _why_no_reliability,
+    "cost": _why_no_cost,
+    "ablations": _why_no_ablations,
+}
+
+
+def plot_gaps(r: SummaryReport) -> dict[str, str]:
+    """For each plot the summary has no data for, the sentence that says why."""
+    return {name: why for name, rule in WHY_EMPTY.items() if (why := rule(r))}
+
+
+# ------------------------------------------------------------------ the plots
+
+
+def _leaderboard_metrics(r: SummaryReport) -> list[tuple[str, Callable[..., Estimate | None]]]:
     metrics: list[tuple[str, Callable[..., Estimate | None]]] = [
         ("accuracy", lambda x: x.accuracy),
         ("strict accuracy", lambda x: x.strict_accuracy),
@@ -68,24 +167,36 @@ def leaderboard(r: SummaryReport) -> bytes | None:
         metrics.append((f"sampled pass@{k}", lambda x, k=k: x.sampled_pass_at.get(str(k))))
         metrics.append((f"ranked pass@{k}", lambda x, k=k: x.ranked_pass_at.get(str(k))))
     metrics.append(("lesion F1", lambda x: x.lesions.f1_mean if x.lesions else None))
-    metrics = [(n, g) for n, g in metrics if any(_err(g(x)) for x in rows)]
+    return metrics
+
+
+def leaderboard(r: SummaryReport) -> bytes | None:
+    if _why_no_leaderboard(r):
+        return None
+    rows = r.summary.leaderboard
+    metrics = [(n, g) for n, g in _leaderboard_metrics(r) if any(_err(g(x)) for x in rows)]
     fig = Figure(figsize=(7.5, 0.9 + 0.55 * len(rows) * max(1, len(metrics)) / 2.2))
     ax = fig.add_subplot()
     step = 0.8 / max(1, len(metrics))
     for j, (name, get) in enumerate(metrics):
-        ys, xs, lo, hi = [], [], [], []
+        ys, xs, lo, hi, ns = [], [], [], [], []
         for i, row in enumerate(rows):
-            e = _err(get(row))
-            if e is None:
+            est = get(row)
+            e = _err(est)
+            if e is None or est is None:
                 continue
             ys.append(i - 0.4 + step * (j + 0.5))
             xs.append(e[0])
             lo.append(e[1])
             hi.append(e[2])
+            ns.append(est.n)
         ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o", capsize=3, label=name, color=PALETTE[j % 8])
+        for x, y, h, n in zip(xs, ys, hi, ns, strict=True):  # every figure with its n
+            ax.annotate(f"n={n}", (min(x + h, 1.0), y), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=6, color=PALETTE[j % 8])  # fmt: skip
     ax.set_yticks(range(len(rows)), [_short(x.model) for x in rows])
     ax.invert_yaxis()
-    ax.set_xlim(-0.02, 1.02)
+    ax.set_xlim(-0.02, 1.12)
     ax.set_xlabel("proportion (95% bootstrap CI over patients)")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
@@ -94,6 +205,8 @@ def leaderboard(r: SummaryReport) -> bytes | None:
 
 
 def breakdowns(r: SummaryReport) -> bytes | None:
+    if _why_no_breakdowns(r):
+        return None
     rows = r.summary.breakdowns
     dims = [
         d
@@ -110,27 +223,28 @@ def breakdowns(r: SummaryReport) -> bytes | None:
         width = 0.8 / max(1, len(models))
         crowded = len(keys) * len(models) > 8  # upright labels of narrow bars overlap
         for j, m in enumerate(models):
-            xs, vals, lo, hi = [], [], [], []
+            xs, vals, lo, hi, ns = [], [], [], [], []
             for i, k in enumerate(keys):
                 row = next(
                     (x for x in rows if x.dimension == dim and x.key == k and x.model == m), None
                 )
                 e = _err(row.accuracy) if row else None
-                if e is None:
+                if e is None or row is None:
                     continue
                 xs.append(i - 0.4 + width * (j + 0.5))
                 vals.append(e[0])
                 lo.append(e[1])
                 hi.append(e[2])
+                ns.append(row.accuracy.n)
             bars = ax.bar(
                 xs, vals, width, yerr=[lo, hi], capsize=2, label=_short(m, 20), color=PALETTE[j % 8]
             )
-            ax.bar_label(  # a 0.00 bar is still seen
-                bars, fmt="%.2f", fontsize=6 if crowded else 7, padding=2,
+            ax.bar_label(  # a 0.00 bar is still seen; every bar with its n
+                bars, labels=_with_n(vals, ns, crowded), fontsize=6 if crowded else 7, padding=2,
                 rotation=90 if crowded else 0,
             )  # fmt: skip
         ax.set_xticks(range(len(keys)), [_short(k, 16) for k in keys], rotation=20, ha="right")
-        ax.set_ylim(0, 1.25 if crowded else 1.12)  # room for upright labels
+        ax.set_ylim(0, 1.4 if crowded else 1.2)  # room for the labels
         ax.set_title(f"accuracy by {dim.replace('_', ' ')}")
         ax.grid(axis="y", alpha=0.3)
         if n == 0:
@@ -140,9 +254,10 @@ def breakdowns(r: SummaryReport) -> bytes | None:
 
 
 def errors(r: SummaryReport) -> bytes | None:
-    data = {m: v.get("categories", {}) for m, v in r.summary.errors.items()}
-    if not any(data.values()):
+    if _why_no_errors(r):
         return None
+    data = {m: v.get("categories", {}) for m, v in r.summary.errors.items()}
+    answers = {x.model: x.n_samples for x in r.summary.leaderboard}
     cats = [c for c in CATEGORY_COLOURS if any(c in v for v in data.values())]
     models = list(data)
     fig = Figure(figsize=(7.5, 0.8 + 0.45 * len(models)))
@@ -161,7 +276,9 @@ def errors(r: SummaryReport) -> bytes | None:
             if v:
                 ax.text(left[i] + v / 2, i, str(int(v)), ha="center", va="center", fontsize=7)
         left += vals
-    ax.set_yticks(range(len(models)), [_short(m) for m in models])
+    ax.set_yticks(
+        range(len(models)), [f"{_short(m)}\n(n={answers.get(m, 0)} answers)" for m in models]
+    )
     ax.invert_yaxis()
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("answers with an error (clinician labels replace automatic ones once signed off)")
@@ -171,9 +288,9 @@ def errors(r: SummaryReport) -> bytes | None:
 
 
 def reliability(r: SummaryReport) -> bytes | None:
-    rows = [x for x in r.summary.leaderboard if any(b.count for b in x.reliability)]
-    if not rows:
+    if _why_no_reliability(r):
         return None
+    rows = [x for x in r.summary.leaderboard if any(b.count for b in x.reliability)]
     fig = Figure(figsize=(5.2, 4.2))
     ax = fig.add_subplot()
     ax.plot([0, 1], [0, 1], ls="--", color="#999999", lw=1, label="perfect calibration")
@@ -188,7 +305,12 @@ def reliability(r: SummaryReport) -> bytes | None:
         sizes = [20 + 8 * b.count for b in bins]
         ece = f", ECE {row.ece:.2f}" if row.ece is not None else ""
         ax.plot(xs, ys, "-", color=PALETTE[j % 8], lw=1)
-        ax.scatter(xs, ys, s=sizes, color=PALETTE[j % 8], label=f"{_short(row.model, 22)}{ece}")
+        n = sum(b.count for b in bins)
+        label = f"{_short(row.model, 22)} (n={n}){ece}"
+        ax.scatter(xs, ys, s=sizes, color=PALETTE[j % 8], label=label)
+        for x, y, b in zip(xs, ys, bins, strict=True):
+            ax.annotate(str(b.count), (x, y), xytext=(0, 6), textcoords="offset points",
+                        ha="center", fontsize=6, color=PALETTE[j % 8])  # fmt: skip
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("stated confidence (bin mean)")
@@ -199,10 +321,10 @@ def reliability(r: SummaryReport) -> bytes | None:
 
 
 def cost(r: SummaryReport) -> bytes | None:
-    rows = r.summary.leaderboard
-    if not rows or not any(x.cost.prompt_tokens_mean or x.cost.latency_median_s for x in rows):
+    if _why_no_cost(r):
         return None
-    names = [_short(x.model, 18) for x in rows]
+    rows = r.summary.leaderboard
+    names = [f"{_short(x.model, 18)}\nn={x.cost.n}" for x in rows]  # every bar with its n
     fig = Figure(figsize=(9, 2.8))
     ax1, ax2, ax3 = fig.subplots(1, 3)
     pt = [x.cost.prompt_tokens_mean or 0 for x in rows]
@@ -231,30 +353,31 @@ def cost(r: SummaryReport) -> bytes | None:
 
 
 def ablations(r: SummaryReport) -> bytes | None:
-    rows = r.ablation_rows
-    if not rows:
+    if _why_no_ablations(r):
         return None
+    rows = r.ablation_rows
     models = sorted({x.model for x in rows})
     abls = sorted({x.ablation for x in rows}, key=lambda a: (a != "both", a))
     fig = Figure(figsize=(6.5, 3))
     ax = fig.add_subplot()
     width = 0.8 / len(abls)
     for j, a in enumerate(abls):
-        xs, vals, lo, hi = [], [], [], []
+        xs, vals, lo, hi, ns = [], [], [], [], []
         for i, m in enumerate(models):
             row = next((x for x in rows if x.model == m and x.ablation == a), None)
             e = _err(row.accuracy) if row else None
-            if e is None:
+            if e is None or row is None:
                 continue
             xs.append(i - 0.4 + width * (j + 0.5))
             vals.append(e[0])
             lo.append(e[1])
             hi.append(e[2])
+            ns.append(row.accuracy.n)
         label = {"both": "images + text", "images": "images only", "text": "text only"}.get(a, a)
         bars = ax.bar(xs, vals, width, yerr=[lo, hi], capsize=2, label=label, color=PALETTE[j % 8])
-        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+        ax.bar_label(bars, labels=_with_n(vals, ns), fontsize=7, padding=1)
     ax.set_xticks(range(len(models)), [_short(m, 20) for m in models])
-    ax.set_ylim(0, 1.05)
+    ax.set_ylim(0, 1.2)
     ax.set_ylabel("accuracy")
     ax.set_title("Ablations: what the inputs contribute")
     ax.legend(fontsize=7)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -15,11 +16,12 @@ from evaluation.coverage import CaseCoverage
 from evaluation.log.passport import ModelPassport
 from evaluation.log.rundata import FULL_INPUT, RunData
 from evaluation.reports.checklist import answer_label, build_checklist
-from evaluation.reports.checklist_view import CaseChecklist
+from evaluation.reports.checklist_view import AnswerChecklist, CaseChecklist
 from evaluation.reports.published import PublishedBenchmark, neural_medbench
 from evaluation.review.agreement import ReviewStats, apply_overrides, review_stats
 from evaluation.review.review_log import CaseReview
-from evaluation.scoring import RunSummary, summarise
+from evaluation.scores import ParseStatus
+from evaluation.scoring import RunSummary, SubgroupTable, subgroup_table, summarise
 from evaluation.scoring.stats import DEFAULT_BOOT, Estimate, bootstrap_mean
 
 SUMMARY_VERSION = 1
@@ -41,6 +43,46 @@ class AblationRow(BaseModel):
     accuracy: Estimate
 
 
+class CaseOutcome(StrEnum):
+    """What became of a model's answer to a case, as the case matrix colours it."""
+
+    RIGHT = "right"
+    WRONG = "wrong"
+    FORMAT_FAILURE = "format_failure"  # no answer in the schema's form
+    REFUSED = "refused"
+    ERROR = "error"  # the call failed (a resume retries it)
+    NOT_GRADED = "not_graded"  # an answer with no truth to grade it against
+    NOT_RUN = "not_run"  # the model has no answer to the case
+    MIXED = "mixed"  # a cell of several answers with different outcomes
+
+
+# A symbol and a word beside every colour (colour is never the only cue), and what it means.
+OUTCOME_LEGEND: dict[CaseOutcome, tuple[str, str, str]] = {
+    CaseOutcome.RIGHT: ("✓", "right", "the final diagnosis matches the truth"),
+    CaseOutcome.WRONG: ("✗", "wrong", "the final diagnosis does not match the truth"),
+    CaseOutcome.FORMAT_FAILURE: ("⚠", "format failure", "no answer in the required form"),
+    CaseOutcome.REFUSED: ("⊘", "refused", "the model declined to answer"),
+    CaseOutcome.ERROR: ("!", "call failed", "the call failed; a resume retries it"),
+    CaseOutcome.NOT_GRADED: ("?", "not graded", "an answer with no truth to grade it against"),
+    CaseOutcome.NOT_RUN: ("–", "not run", "the model was not asked this case"),
+    CaseOutcome.MIXED: ("±", "mixed", "several answers with different outcomes (counts shown)"),
+}
+_STATUS_OUTCOME = {
+    ParseStatus.FORMAT_FAILURE: CaseOutcome.FORMAT_FAILURE,
+    ParseStatus.REFUSAL: CaseOutcome.REFUSED,
+    ParseStatus.ERROR: CaseOutcome.ERROR,
+}
+
+
+def answer_outcome(status: ParseStatus, correct: bool | None) -> CaseOutcome:
+    """The outcome of one answer: its parse status first, then its diagnosis verdict."""
+    if status in _STATUS_OUTCOME:
+        return _STATUS_OUTCOME[status]
+    if correct is None:
+        return CaseOutcome.NOT_GRADED
+    return CaseOutcome.RIGHT if correct else CaseOutcome.WRONG
+
+
 class AnswerRow(BaseModel):
     key: str
     model: str
@@ -48,6 +90,28 @@ class AnswerRow(BaseModel):
     label: str
     correct: bool | None
     error: str | None
+    ablation: str = FULL_INPUT
+    outcome: CaseOutcome = CaseOutcome.NOT_GRADED  # of the reviewed answer (the first sample)
+    n_samples: int = 1  # the samples of its model, family and ablation (pass@k draws)
+    n_samples_right: int | None = None
+
+
+class MatrixCell(BaseModel):
+    """One model's answers to one case in the case matrix (full input only: ablations apart)."""
+
+    outcome: CaseOutcome
+    counts: dict[CaseOutcome, int] = Field(default_factory=dict)  # outcome -> answers
+    errors: list[str] = Field(default_factory=list)  # error categories of the wrong answers
+    n_samples: int = 0  # every sample behind the cell's answers (more than answers: pass@k draws)
+    n_samples_right: int = 0
+
+    @property
+    def n(self) -> int:
+        return sum(self.counts.values())
+
+    def parts(self) -> list[tuple[CaseOutcome, int]]:
+        """Each outcome with its answers, in the legend's order."""
+        return [(o, self.counts[o]) for o in OUTCOME_LEGEND if self.counts.get(o)]
 
 
 class CaseRow(BaseModel):
@@ -60,6 +124,23 @@ class CaseRow(BaseModel):
     answers: list[AnswerRow] = Field(default_factory=list)
     signed_off_by: list[str] = Field(default_factory=list)
     in_review_by: list[str] = Field(default_factory=list)
+
+    def cell(self, model: str) -> MatrixCell:
+        """The matrix cell of ``model``: one outcome when its full-input answers agree, else
+        mixed with the counts; not run when it has none."""
+        mine = [a for a in self.answers if a.model == model and a.ablation == FULL_INPUT]
+        if not mine:
+            return MatrixCell(outcome=CaseOutcome.NOT_RUN, counts={CaseOutcome.NOT_RUN: 1})
+        counts = Counter(a.outcome for a in mine)
+        outcome = next(iter(counts)) if len(counts) == 1 else CaseOutcome.MIXED
+        errors = sorted({a.error for a in mine if a.error})
+        return MatrixCell(
+            outcome=outcome,
+            counts=dict(counts),
+            errors=errors,
+            n_samples=sum(a.n_samples for a in mine),
+            n_samples_right=sum(a.n_samples_right or 0 for a in mine),
+        )
 
 
 class SummaryReport(BaseModel):
@@ -85,6 +166,9 @@ class SummaryReport(BaseModel):
     coverage: CaseCoverage | None = None
     # each model's passport: what answered, reached how, with which settings
     passports: dict[str, ModelPassport] = Field(default_factory=dict)
+    # each figure by vendor, scanner model, field strength, age band and sex (None: a summary
+    # written before subgroups were)
+    subgroups: SubgroupTable | None = None
 
 
 def _ablations(run: RunData, n_boot: int) -> list[AblationRow]:
@@ -127,25 +211,32 @@ def _case_rows(checklists: list[CaseChecklist], reviews: list[CaseReview]) -> li
                 difficulty=cl.truth.difficulty if cl.truth else None,
                 group=cl.truth.group if cl.truth else None,
                 flags=[f.kind.value for f in cl.flags],
-                answers=[
-                    AnswerRow(
-                        key=a.key,
-                        model=a.model,
-                        family=a.family,
-                        label=answer_label(a),
-                        correct=None
-                        if a.final_diagnosis is None
-                        or a.final_diagnosis.mark.value == "not_checked"
-                        else a.final_diagnosis.mark.value == "correct",
-                        error=clinician.get(a.key, a.error.category.value if a.error else None),
-                    )
-                    for a in cl.answers
-                ],
+                answers=[_answer_row(a, clinician) for a in cl.answers],
                 signed_off_by=sorted(r.reviewer for r in mine if r.signed_off_at),
                 in_review_by=sorted(r.reviewer for r in mine if not r.signed_off_at),
             )
         )
     return rows
+
+
+def _answer_row(a: AnswerChecklist, clinician: dict[str, str]) -> AnswerRow:
+    correct = (
+        None
+        if a.final_diagnosis is None or a.final_diagnosis.mark.value == "not_checked"
+        else a.final_diagnosis.mark.value == "correct"
+    )
+    return AnswerRow(
+        key=a.key,
+        model=a.model,
+        family=a.family,
+        label=answer_label(a),
+        correct=correct,
+        error=clinician.get(a.key, a.error.category.value if a.error else None),
+        ablation=a.ablation,
+        outcome=answer_outcome(a.status, correct),
+        n_samples=a.samples.n if a.samples else 1,
+        n_samples_right=a.samples.n_correct if a.samples else None,
+    )
 
 
 def build_summary(
@@ -190,4 +281,5 @@ def build_summary(
         cases=_case_rows(checklists, reviews),
         coverage=run.coverage,
         passports=run.passports,
+        subgroups=subgroup_table(run.cases, full, n_boot=n_boot),
     )

@@ -3,7 +3,9 @@
 Per sample: ``score_sample`` (pure: case, family, status, parsed answer, raw text) and
 ``classify_error``; ``make_scored_sample`` does both and carries cost and tokens. Rubric grading
 is async (``grade``); ``rubric_from_outputs`` rebuilds it from stored grader replies. Per run:
-``summarise`` and ``compare``; across two runs of one dataset, ``compare_runs``, and the canary's ``drift_verdicts`` rule.
+``summarise``, ``compare`` and ``subgroup_results`` (each figure by vendor, scanner, field
+strength, age band and sex); across two runs of one dataset, ``compare_runs``, and the canary's
+``drift_verdicts`` rule.
 """
 
 from evaluation.scores import CalibrationDetails
@@ -23,6 +25,14 @@ from evaluation.scoring.runcompare import (
 )
 from evaluation.scoring.sample import score_sample
 from evaluation.scoring.scored import ScoredSample, make_scored_sample
+from evaluation.scoring.subgroups import (
+    CaseAttributes,
+    SubgroupRow,
+    SubgroupTable,
+    case_attributes,
+    subgroup_results,
+    subgroup_table,
+)
 from evaluation.scoring.summary import RunSummary, summarise
 from evaluation.scoring.taxonomy import classify_error, effective_error, override_error
 from evaluation.scoring.version import SCORING_VERSION, version_name
@@ -30,6 +40,7 @@ from evaluation.scoring.version import SCORING_VERSION, version_name
 __all__ = [
     "SCORING_VERSION",
     "CalibrationDetails",
+    "CaseAttributes",
     "DatasetMismatch",
     "DriftRule",
     "EquivalenceJudge",
@@ -44,6 +55,9 @@ __all__ = [
     "RunSummary",
     "ScoredSample",
     "ScoringVersionMismatch",
+    "SubgroupRow",
+    "SubgroupTable",
+    "case_attributes",
     "classify_error",
     "compare",
     "compare_runs",
@@ -59,6 +73,8 @@ __all__ = [
     "rubric_from_outputs",
     "sampled_pass_at_k",
     "score_sample",
+    "subgroup_results",
+    "subgroup_table",
     "summarise",
     "unknown_pairs",
     "version_name",

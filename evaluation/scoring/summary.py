@@ -309,6 +309,33 @@ def _row(model: str, samples: list[ScoredSample], ks: Sequence[int], **boot: int
     )
 
 
+# The figures a subgroup of samples is reported with (scoring.subgroups), each computed as the
+# leaderboard computes it: a subgroup holding every sample gives the leaderboard's figure.
+HEADLINE_METRICS = ("accuracy", "strict_accuracy", "ranked_pass_at_1", "lesion_f1")
+
+
+def headline_metrics(
+    samples: Sequence[ScoredSample], *, n_boot: int = DEFAULT_BOOT, seed: int = DEFAULT_SEED
+) -> dict[str, Estimate | None]:
+    """Accuracy, strict accuracy, ranked pass@1 and lesion F1 of ``samples`` as the leaderboard
+    computes them (None: the figure does not apply to any of them)."""
+    boot = {"n_boot": n_boot, "seed": seed}
+    errors = sum(s.status is ParseStatus.ERROR for s in samples)
+    lesion = [s for s in samples if s.family is TaskFamily.LESION] or samples
+    return {
+        "accuracy": _optional(_mean(samples, lambda s: s.correct, **boot)),
+        "strict_accuracy": _optional(
+            _mean(
+                [s for s in samples if s.status is not ParseStatus.ERROR],
+                lambda s: s.correct or 0.0,
+                **boot,
+            ).model_copy(update={"unscored": errors})
+        ),
+        "ranked_pass_at_1": _optional(_ranked(samples, 1, **boot)),
+        "lesion_f1": _optional(_mean(lesion, lambda s: s.value("lesion_f1"), **boot)),
+    }
+
+
 _DIMENSIONS: dict[str, Callable[[ScoredSample], str | None]] = {
     "family": lambda s: s.family.value,
     "disease_group": lambda s: s.disease_group.value if s.disease_group else None,

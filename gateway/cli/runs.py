@@ -171,6 +171,7 @@ def runs_show(
                 try:
                     summ = summary(store)
                     out["summary"] = summ.model_dump(mode="json") if summ else None
+                    out["subgroups"] = _subgroups(store) if summ else None
                 except ScoringUnavailable as exc:
                     out["summary_error"] = str(exc)
             finally:
@@ -188,6 +189,14 @@ def runs_show(
         _show_calibration(run_dir, log)
     except EvaluationError as exc:
         raise fail(str(exc)) from None
+
+
+def _subgroups(store: Any) -> dict[str, Any]:
+    """Each figure of the run by vendor, scanner, field strength, age band and sex (JSON)."""
+    from evaluation.scoring import ScoredSample, subgroup_table
+
+    samples = [ScoredSample.model_validate_json(j) for j in store.scored_samples()]
+    return subgroup_table(store.cases().values(), samples).model_dump(mode="json")
 
 
 # The review log is unreadable, or the run cannot be loaded for it (e.g. its dataset is gone).
