@@ -237,7 +237,10 @@ def test_a_hand_written_passport_note_is_not_trusted(tmp_path: Path) -> None:
     assert p["test-model"].litellm_model == "openai/gpt-4o"
 
 
-def test_a_replay_models_passport_says_what_the_recorded_responses_say(tmp_path: Path) -> None:
+def test_a_replay_models_passport_says_what_the_recorded_responses_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NEUROSANDBOX_DATA_DIR", str(tmp_path / "var"))
     data, answers = write_nmb(tmp_path / "data", N_CASES)
     reply = json.dumps({"final_diagnosis": "multiple sclerosis", "confidence": 0.7})
 
@@ -280,6 +283,11 @@ def test_a_replay_models_passport_says_what_the_recorded_responses_say(tmp_path:
     fields = {c.field: (c.before, c.after) for c in passport_changes(one, two)}
     assert fields["served_models"] == ("vendor-model-v1", "vendor-model-v2")
     assert "replay_sha256" in fields and "system_fingerprints" not in fields
+    res = CliRunner().invoke(app, ["runs", "show", str(tmp_path / "two")])
+    assert res.exit_code == 0, res.output
+    printed = " ".join(res.output.split())
+    assert "answered by: vendor-model-v2 (3 calls); fingerprint: fp_r (3 calls)" in printed
+    assert f"replay file two.jsonl sha256 {two.replay_sha256}" in printed
 
 
 def test_the_api_host_is_the_host_and_port_alone() -> None:

@@ -196,8 +196,8 @@ class ObservedTally:
     def add(self, output: dict[str, Any]) -> None:
         """One stored ``ModelOutput`` as JSON (its typed fields, else its raw response's)."""
         self.responses += 1
-        raw = output.get("raw") if isinstance(output.get("raw"), dict) else {}
-        assert isinstance(raw, dict)
+        raw = output.get("raw")
+        raw = raw if isinstance(raw, dict) else {}
         served = output.get("served_model") or raw.get("model")
         fingerprint = output.get("system_fingerprint") or raw.get("system_fingerprint")
         self._served.add(reported_value(served))
