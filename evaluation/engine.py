@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from evaluation.budget.gate import check_prices
 from evaluation.case import Case
 from evaluation.datasets import Dataset, load_dataset
 from evaluation.errors import DatasetError, StoreError
@@ -53,6 +54,7 @@ async def start_run(
     ``database_url``: the PostgreSQL run log (None: the folder's own run.sqlite)."""
     if store_exists(run_dir, database_url) and _holds_run(run_dir, database_url):
         raise StoreError(f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`")
+    check_prices(config)  # a budget the run could not keep refuses it before anything exists
     dataset = dataset or open_dataset(config, cache_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # a store holding only notes (the gateway's record of a queued run) gets its run now
@@ -108,13 +110,26 @@ async def resume_run(
     allow_changed_dataset: bool = False,
     score: bool = True,
     database_url: str | None = None,
+    max_cost_usd: float | None = None,
+    allow_unknown_cost: bool | None = None,
 ) -> RunStats:
-    """Continue a run: stored responses are reused, missing and failed calls are made."""
+    """Continue a run: stored responses are reused, missing and failed calls are made.
+
+    The run keeps the budget it was started with; ``max_cost_usd`` (and
+    ``allow_unknown_cost``) replace it in the run's recorded configuration."""
     config, row = load_config(run_dir, database_url)
     if api_base:
         for spec in config.models:
             if spec.kind == "litellm":
                 spec.api_base = api_base
+    budget: dict[str, object] = {}
+    if max_cost_usd is not None:
+        budget["max_cost_usd"] = max_cost_usd
+    if allow_unknown_cost is not None:
+        budget["allow_unknown_cost"] = allow_unknown_cost
+    if budget:
+        config = RunConfig.model_validate({**config.model_dump(mode="json"), **budget})
+    check_prices(config)
     dataset = open_dataset(config, cache_dir)
     if dataset.hash != row.dataset_hash and not allow_changed_dataset:
         raise StoreError(
@@ -123,6 +138,8 @@ async def resume_run(
         )
     store = open_store(run_dir, durable=config.durable, database_url=database_url)
     try:
+        if budget:  # the new budget is the run's from now on (a later resume keeps it)
+            store.set_config(config.model_dump(mode="json"))
         # Runs recorded before snapshots, or cases new to a changed dataset; kept ones stay.
         store.record_cases([scoring_snapshot(c) for c in dataset.cases])
         runner = Runner(config, dataset, store, on_progress=on_progress, score=score)

@@ -73,6 +73,12 @@ class RunConfig(BaseModel):
     )
     cache_dir: str | None = None  # render cache (None: settings)
     durable: bool = False  # fsync every commit (power-loss safe)
+    # The budget (evaluation.budget): no call is sent once the run's recorded cost plus the
+    # most its calls in flight can cost would pass it; kept with the run, so resume keeps it.
+    max_cost_usd: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # With a budget, a model litellm's price map cannot price refuses the run unless this is
+    # set (its calls then count as $0 against the budget).
+    allow_unknown_cost: bool = False
 
     @classmethod
     def from_settings(

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 
+from evaluation.budget.gate import BudgetGate, BudgetReached, CallSizer
 from evaluation.call_keys import cache_key, prompt_hash, request_record
 from evaluation.case import Case, TaskFamily
 from evaluation.coverage import SkippedCase
@@ -57,12 +58,11 @@ from evaluation.runconfig import RunConfig, package_versions
 from evaluation.scores import ParseStatus
 from evaluation.scoring_bridge import ScoringBridge, parsed_record, total_output
 from evaluation.tasks import Turns, build_turns, plan_tasks
-from evaluation.units import Call, RunStats, Unit, shown_case
+from evaluation.units import Call, RunStats, Unit, graded, plan_units, shown_case
 
 log = logging.getLogger(__name__)
 
 
-GRADED = {TaskFamily.DIFFERENTIAL, TaskFamily.RATIONALE, TaskFamily.MULTITURN, TaskFamily.LESION}
 _DONE = {ParseStatus.OK.value, ParseStatus.FORMAT_FAILURE.value, ParseStatus.REFUSAL.value}
 
 
@@ -119,18 +119,14 @@ class Runner:
         self._score_tasks: set[asyncio.Future[None]] = set()
         self._commit = store.committer().submit
         self._left: dict[str, int] = {}  # units not yet done, per case
+        # the budget: one gate for every call of the run (models and graders)
+        self.budget = BudgetGate(config.max_cost_usd) if config.max_cost_usd else None
+        self._sizers: dict[str, CallSizer] = {}
 
     # ------------------------------------------------------------------ plan
 
     def units(self) -> list[Unit]:
-        families = set(self.config.tasks) if self.config.tasks else None
-        out = []
-        for case in self.dataset.cases:
-            for item in plan_tasks(case, families):
-                for s in range(self.config.samples):
-                    for spec in self.config.models:
-                        out.append(Unit(case, item, spec, s))
-        return out
+        return plan_units(self.config, self.dataset)
 
     def unplanned(self, units: list[Unit]) -> list[SkippedCase]:
         """The dataset's cases that got no unit, each with the reason."""
@@ -218,6 +214,8 @@ class Runner:
     async def run(self) -> RunStats:
         self.record_passports()
         self._cached = self.store.responses()
+        if self.budget is not None:  # what earlier sessions of the run spent counts too
+            self.budget.spent_usd = sum(o.cost_usd or 0.0 for o in self._cached.values())
         done = {
             (r.case_id, r.task, r.model, r.sample)
             for r in self.store.samples(calls=False, scores=False)
@@ -261,18 +259,26 @@ class Runner:
                     if callable(close):
                         close()
         counts = self.store.counts()
-        self.store.set_status("complete" if counts.of_status("error") == 0 else "incomplete")
+        if self.budget is not None and self.budget.reached is not None:
+            self.stats.budget_reached = str(self.budget.reached)
+            self.store.set_status("stopped")
+        else:
+            self.store.set_status("complete" if counts.of_status("error") == 0 else "incomplete")
         self._progress()
         return self.stats
 
     async def _worker(self, queue: asyncio.Queue[Unit]) -> None:
         while True:
+            if self.budget is not None and self.budget.reached is not None:
+                return  # the budget stopped the run: no new unit (resume does the rest)
             try:
                 unit = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
             try:
                 await self._unit(unit)
+            except BudgetReached:
+                return  # not a failure of the unit: left undone for resume
             except StoreError:
                 raise
             except Exception as exc:  # one bad unit must not stop the run
@@ -376,6 +382,32 @@ class Runner:
         key: str,
         cfg: GenerateConfig,
     ) -> ModelOutput:
+        """Through the budget's gate when the run has one, then ``_send_now``."""
+        spec = call.spec
+        if self.budget is None:
+            return await self._send_now(call, adapter, outbound, gate, key, cfg)
+        sizer = self._sizers.get(spec.name)
+        if sizer is None:
+            sizer = self._sizers[spec.name] = CallSizer(spec)
+        most = await asyncio.to_thread(sizer.most, outbound, cfg.max_tokens)
+        await self.budget.reserve(most)  # raises BudgetReached: nothing is sent
+        cost: float | None = None
+        try:
+            output = await self._send_now(call, adapter, outbound, gate, key, cfg)
+            cost = output.cost_usd
+            return output
+        finally:
+            await self.budget.settle(most, cost)
+
+    async def _send_now(
+        self,
+        call: Call,
+        adapter: ModelAdapter,
+        outbound: list[Message],
+        gate: GateResult,
+        key: str,
+        cfg: GenerateConfig,
+    ) -> ModelOutput:
         """Audit, store the request, call the model, store the response (or the failure)."""
         spec, case = call.spec, call.case
         endpoint = spec.api_base or ("local" if spec.is_local else f"provider:{spec.litellm_model}")
@@ -451,12 +483,18 @@ class Runner:
                     self.config.grader_generate,
                 )
                 for g, is_canary, call in asks
-            )
+            ),
+            return_exceptions=True,  # every grader's call ends (and is stored) before a raise
         )
+        answered: list[tuple[str, ModelOutput]] = []
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+            answered.append(r)
         replies: dict[str, str | None] = {}
         checks: dict[str, str | None] = {}
         records: list[GraderCall] = []
-        for (g, is_canary, _), (key, out) in zip(asks, results, strict=True):
+        for (g, is_canary, _), (key, out) in zip(asks, answered, strict=True):
             (checks if is_canary else replies)[g.name] = None if out.error else out.text
             records.append(GraderCall(grader=g.name, canary=is_canary, cache_key=key))
         return replies, checks, records
@@ -508,8 +546,14 @@ class Runner:
             return
         case = shown_case(unit.case, shown)
         extra = []
-        if self.graders and parsed.status is ParseStatus.OK and unit.item.family in GRADED:
-            replies, checks, grader_records = await self._grade(unit, case, output.text)
+        if graded(unit, self.config) and parsed.status is ParseStatus.OK:
+            try:
+                replies, checks, grader_records = await self._grade(unit, case, output.text)
+            except BudgetReached as exc:
+                # answered but not graded: recorded as not done, so resume grades it (the
+                # answer is stored: resume reuses it, only the graders are asked)
+                await self._record_error(unit, record, shown, f"not graded: {exc}")
+                raise
             from evaluation.scoring.rubric import rubric_from_outputs
 
             extra.append(rubric_from_outputs(replies, output.text, checks))

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from evaluation.case import Case, ImageRef
+from evaluation.case import Case, ImageRef, TaskFamily
 from evaluation.coverage import SkippedCase
 from evaluation.models.spec import ModelSpec
-from evaluation.tasks import TaskItem
+from evaluation.tasks import TaskItem, plan_tasks
+
+if TYPE_CHECKING:
+    from evaluation.datasets import Dataset
+    from evaluation.runconfig import RunConfig
+
+# The families whose answers the rubric graders grade.
+GRADED = {TaskFamily.DIFFERENTIAL, TaskFamily.RATIONALE, TaskFamily.MULTITURN, TaskFamily.LESION}
 
 
 class RunStats(BaseModel):
@@ -32,6 +40,7 @@ class RunStats(BaseModel):
     completion_tokens: int = 0
     retries: int = 0
     cost_unknown: int = 0
+    budget_reached: str | None = None  # why the budget stopped the run (None: it did not)
     skipped: list[SkippedCase] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)  # the loader's other notes on the dataset
 
@@ -59,3 +68,23 @@ def shown_case(case: Case, shown: list[str]) -> Case:
     by_hash: dict[str, ImageRef] = {i.sha256: i for i in case.images}
     images = [by_hash[h] for h in shown if h in by_hash]
     return case.model_copy(update={"images": images})
+
+
+def plan_units(config: RunConfig, dataset: Dataset) -> list[Unit]:
+    """Every (case, task, model, sample) of a run, in the order the runner queues them (the
+    dry run's estimate counts these same units)."""
+    families = set(config.tasks) if config.tasks else None
+    out = []
+    for case in dataset.cases:
+        for item in plan_tasks(case, families):
+            for s in range(config.samples):
+                for spec in config.models:
+                    out.append(Unit(case, item, spec, s))
+    return out
+
+
+def graded(unit: Unit, config: RunConfig) -> bool:
+    """Whether the graders are asked about this unit's answer (when it parses)."""
+    return (
+        bool(config.graders) and unit.item.family in GRADED and unit.case.ground_truth is not None
+    )

@@ -78,6 +78,9 @@ class Script:
     record_bodies: bool = True
     prompt_tokens: int = 100
     completion_tokens: int = 50
+    # computes (prompt_tokens, completion_tokens) of a request and its reply (None: the fixed
+    # numbers above); openai_usage.openai_usage counts them as OpenAI does
+    usage: Callable[[dict[str, Any], str], tuple[int, int]] | None = None
     # What ``GET /v1/models`` lists (an empty list, as before: the server lists nothing).
     models: list[str] = field(default_factory=list)
     # What a reply says about the model that answered: its ``model`` (None: the model asked
@@ -218,13 +221,10 @@ class _Handler(BaseHTTPRequestHandler):
             reply = reply if computed is None else computed
         msg = {"role": "assistant", "content": reply}
         script = state.script
-        out = _completion(
-            msg,
-            "stop",
-            script.prompt_tokens,
-            script.completion_tokens,
-            model=str(body.get("model", "test")),
-        )
+        pt, ct = script.prompt_tokens, script.completion_tokens
+        if script.usage is not None:
+            pt, ct = script.usage(body, reply)
+        out = _completion(msg, "stop", pt, ct, model=str(body.get("model", "test")))
         if script.served_model is not None:
             out["model"] = script.served_model
         if script.system_fingerprint is not None:

@@ -783,6 +783,10 @@ class RunStore:
     def set_status(self, status: str) -> None:
         self._tx([("status", {"status": status, "updated_at": now()})])
 
+    def set_config(self, config: dict[str, Any]) -> None:
+        """Replace the run's recorded configuration (a resume that raises the budget)."""
+        self._tx([("config", {"config_json": json.dumps(config), "updated_at": now()})])
+
     # ------------------------------------------------------------------ writes
 
     def commit(self, statements: Statements) -> None:
@@ -942,6 +946,15 @@ class RunStore:
             k: ModelOutput.model_validate_json(v)
             for k, v in self._rows(sa.select(r.c.cache_key, r.c.output_json).where(self._mine(r)))
         }
+
+    def outputs_by_model(self) -> dict[str, list[ModelOutput]]:
+        """Every stored response, by the run's model name (an estimate's latency and answer
+        length of the model)."""
+        r = t_.responses
+        out: dict[str, list[ModelOutput]] = {}
+        for m, v in self._rows(sa.select(r.c.model, r.c.output_json).where(self._mine(r))):
+            out.setdefault(str(m), []).append(ModelOutput.model_validate_json(v))
+        return out
 
     def requests(self) -> dict[str, str]:
         """Every stored request's JSON by cache key (the request as sent, without image bytes)."""

@@ -95,6 +95,9 @@ def _statements(dialect: str) -> dict[str, sa.UpdateBase]:
         "status": sa.update(t_.run)
         .where(_key(t_.run, *rid))
         .values(status=sa.bindparam("status"), updated_at=sa.bindparam("updated_at")),
+        "config": sa.update(t_.run)
+        .where(_key(t_.run, *rid))
+        .values(config_json=sa.bindparam("config_json"), updated_at=sa.bindparam("updated_at")),
         "run": sa.insert(t_.run).values(_cols(t_.run)),
         "gateway_run": upsert(t_.gateway_runs),
         # the record changed, its SR's evidence (large, written once) left as it is

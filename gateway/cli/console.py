@@ -40,6 +40,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad usage: an option, the dataset could not be loaded, the models, the run folder
     SKIPPED_STRICT = 3  # --strict and the dataset had cases the run skipped (listed)
     CANARY_ALARM = 4  # `neurosandbox canary`: a model answers differently than in its last run
+    BUDGET_REACHED = 5  # --max-cost stopped the run before its end: resumable
 
 
 EXIT_CODES = (
@@ -48,7 +49,9 @@ EXIT_CODES = (
     "1  some samples ended in a call error after their retries (reasons printed per model; "
     "`runs resume` retries them)\n\n"
     "2  bad usage: an option, the models, the run folder, or the dataset could not be loaded\n\n"
-    "3  --strict and some cases of the dataset were skipped (listed, with the reason)"
+    "3  --strict and some cases of the dataset were skipped (listed, with the reason)\n\n"
+    "5  --max-cost: the budget stopped the run before its end (the amount spent is printed; "
+    "`runs resume RUN --max-cost MORE` finishes it)"
 )
 CANARY_EXIT_CODES = (
     "Exit codes (docs/exit-codes.md):\n\n"
@@ -222,6 +225,14 @@ def print_run(stats: RunStats, run_dir: Path) -> RunOutcome:
             f"`neurosandbox runs rescore {escape(str(run_dir))}`[/yellow]"
         )
     outcome = show_run(run_dir)
+    if stats.budget_reached:
+        note(
+            f"[yellow]stopped at the budget: {escape(stats.budget_reached)}; "
+            f"{stats.units_done}/{stats.units_total} samples done. No call was sent past it; "
+            f"`neurosandbox runs resume {escape(str(run_dir))} --max-cost USD` finishes the "
+            "run with a larger budget (stored answers are reused)[/yellow]"
+        )
+        return outcome._replace(budget_reached=True)
     if outcome.errors:
         note(f"`neurosandbox runs resume {escape(str(run_dir))}` retries the failed samples")
     return outcome
@@ -232,8 +243,11 @@ class RunOutcome(NamedTuple):
 
     errors: int
     skipped: int
+    budget_reached: bool = False
 
     def exit_code(self, *, strict: bool = False) -> ExitCode:
+        if self.budget_reached:  # the run is not over: that comes first
+            return ExitCode.BUDGET_REACHED
         if self.errors:
             return ExitCode.SAMPLES_FAILED
         if strict and self.skipped:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
@@ -21,6 +21,9 @@ from gateway.cli.console import (
     note,
     print_run,
 )
+
+if TYPE_CHECKING:
+    from evaluation import RunConfig
 
 
 def eval_command(
@@ -125,6 +128,34 @@ def eval_command(
             "records them)",
         ),
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="print per model the calls, images, input tokens, expected cost and wall "
+            "time; send nothing, create nothing",
+        ),
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="with --dry-run: the estimate as JSON")
+    ] = False,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(
+            "--max-cost",
+            min=0.0,
+            help="budget in USD: no call is sent once the recorded cost plus the calls in "
+            "flight could pass it; the run stops resumable (exit 5)",
+        ),
+    ] = None,
+    allow_unknown_cost: Annotated[
+        bool,
+        typer.Option(
+            "--allow-unknown-cost",
+            help="with --max-cost: run models litellm's price map cannot price (their calls "
+            "count as $0)",
+        ),
+    ] = False,
 ) -> None:
     """Run models on a dataset: every response is stored before it is scored; resumable.
 
@@ -179,9 +210,14 @@ def eval_command(
             bertscore_model=str(bertscore_model.absolute()) if bertscore_model else None,
             bertscore_layer=bertscore_layer,
             durable=durable,
+            max_cost_usd=max_cost or None,
+            allow_unknown_cost=allow_unknown_cost,
         )
     except (EvaluationError, ValueError) as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
+    if dry_run:
+        _dry_run(config, out, settings.database_url, as_json=as_json)
+        return
     console.print(f"loading dataset {escape(str(suite))} ...")
     try:
         with ProgressBar() as bar:
@@ -198,3 +234,22 @@ def eval_command(
 
 # The exit codes are part of the command's help (typer shows the docstring's paragraphs).
 eval_command.__doc__ = f"{inspect.cleandoc(eval_command.__doc__ or '')}\n\n{EXIT_CODES}"
+
+
+def _dry_run(config: RunConfig, out: Path, database_url: str | None, *, as_json: bool) -> None:
+    """The estimate of the run, printed; nothing is sent and no folder is made."""
+    from evaluation.budget import check_prices, estimate_run, history_of_runs
+    from evaluation.datasets import load_dataset
+    from gateway.cli.estimate import earlier_runs, print_estimate
+
+    try:
+        check_prices(config)  # the run itself would refuse: say so now
+        dataset = load_dataset(config.dataset, Path(config.cache_dir or "out/cache"))
+        history = history_of_runs(earlier_runs(out), database_url)
+        estimate = estimate_run(config, dataset, history=history)
+    except EvaluationError as exc:
+        raise fail(str(exc), ExitCode.USAGE) from None
+    if as_json:
+        typer.echo(estimate.model_dump_json(indent=2))
+        return
+    print_estimate(estimate)

@@ -419,11 +419,28 @@ def runs_resume(
             help="resume although the dataset's content hash changed since the run started",
         ),
     ] = False,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(
+            "--max-cost",
+            min=0.0,
+            help="a new budget in USD for the whole run (spent so far included), kept with "
+            "the run; default: the run's own",
+        ),
+    ] = None,
+    allow_unknown_cost: Annotated[
+        bool | None,
+        typer.Option(
+            "--allow-unknown-cost/--refuse-unknown-cost",
+            help="with a budget: run models without a price (default: as the run was started)",
+        ),
+    ] = None,
 ) -> None:
     """Continue a run: stored responses are reused; only missing or failed calls are made.
 
-    Exits like `neurosandbox eval` (docs/exit-codes.md): 1 while samples still end in a call
-    error, 2 when the run cannot be resumed."""
+    A run keeps the budget it was started with (`eval --max-cost`); `--max-cost` here replaces
+    it. Exits like `neurosandbox eval` (docs/exit-codes.md): 1 while samples still end in a call
+    error, 2 when the run cannot be resumed, 4 when the budget stops it again."""
     from evaluation import resume_run
 
     try:
@@ -435,6 +452,8 @@ def runs_resume(
                     on_progress=bar,
                     allow_changed_dataset=allow_changed_dataset,
                     database_url=run_log_url(),
+                    max_cost_usd=max_cost or None,
+                    allow_unknown_cost=allow_unknown_cost,
                 )
             )
     except EvaluationError as exc:
