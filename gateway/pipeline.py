@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pydicom
 
@@ -95,6 +95,10 @@ def sop_digest(sop_uids: Iterable[str]) -> str:
     """What a study's instances are: their SOP UIDs, each with what identifies its content
     where it can change under the same UID (``<sop>#<revision>``, ``<sop>#<file uuid>``)."""
     return hashlib.sha256("\n".join(sorted(set(sop_uids))).encode()).hexdigest()
+
+
+class EstimateUnavailable(Exception):
+    """The pipeline's evaluator has no estimate (a custom ``Evaluator``)."""
 
 
 class StudyHeldError(Exception):
@@ -534,6 +538,18 @@ class StudyPipeline:
             return self._skip(job, SkipKind.UNCHANGED)
         self._stage(job, "fetching series", 0.2)
         folder = self.runs.run_dir(job.run_id) / "study"
+        files = self._fetch_routed(series, sops, route, folder)
+        self.runs.update(job.run_id, n_instances=len(files))
+        job.route = route
+        self._stage(job, "indexing", 0.3)
+        index = index_path(folder, workers=1, keep_headers=True)
+        self._evaluate(job, folder, index, facts, digest)
+
+    def _fetch_routed(
+        self, series: list[Any], sops: dict[str, Any], route: Route, folder: Path
+    ) -> list[Path]:
+        """The instances of the series ``route`` evaluates, fetched into the cache and linked
+        into ``folder`` (a folder per SeriesInstanceUID, files by SOPInstanceUID)."""
         files: list[Path] = []
         for s in series:
             if s.series_class in route.series_classes or any(
@@ -541,14 +557,38 @@ class StudyPipeline:
             ):
                 for key in sops[s.orthanc_id]:
                     self.orthanc.fetch_instance(key, self.cache)
-                # Folders named by SeriesInstanceUID, files by SOPInstanceUID (as in the spool).
                 target = folder / check_uid(s.series_uid)
                 files += self.cache.link_into(sops[s.orthanc_id], target)
-        self.runs.update(job.run_id, n_instances=len(files))
-        job.route = route
-        self._stage(job, "indexing", 0.3)
-        index = index_path(folder, workers=1, keep_headers=True)
-        self._evaluate(job, folder, index, facts, digest)
+        return files
+
+    def estimate(self, orthanc_id: str, route: Route) -> Any:
+        """What evaluating the study with ``route`` would send and cost
+        (``evaluation.budget.RunEstimate``), sending nothing and recording no run: the routed
+        series fetched, indexed and rendered as a run would, in a folder removed after.
+        Raises ``EstimateUnavailable`` when the evaluator cannot estimate."""
+        import tempfile
+
+        from evaluation.budget import history_of_runs
+
+        inner = getattr(self.evaluator, "inner", self.evaluator)  # a worker pool's evaluator
+        estimate = getattr(inner, "estimate", None)
+        if estimate is None:
+            raise EstimateUnavailable(f"the evaluator {self.evaluator.name} cannot estimate")
+        study = self.orthanc.study(orthanc_id)
+        ours = {series_uid_for(study.study_uid, k) for k in ("sr", "pdf")}
+        series = [s for s in self.orthanc.list_series(orthanc_id) if s.series_uid not in ours]
+        sops = {s.orthanc_id: self.orthanc.series_instances(s.orthanc_id) for s in series}
+        earlier = [self.runs.run_dir(r.run_id) for r in self.runs.list(limit=20)]
+        self.runs.root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="estimate-", dir=self.runs.root) as tmp:
+            folder = Path(tmp) / "study"
+            folder.mkdir()
+            self._fetch_routed(series, sops, route, folder)
+            index = index_path(folder, workers=1, keep_headers=True)
+            return estimate(
+                folder, route, Path(tmp) / "work", index,
+                history_of_runs(earlier, self.runs.database_url),
+            )  # fmt: skip
 
     def _skip(self, job: Job, kind: SkipKind, facts: StudyFacts | None = None) -> None:
         METRICS.inc("evaluations_skipped_total")

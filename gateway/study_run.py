@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from dicom import IndexResult, index_path, one_patient
@@ -43,6 +44,7 @@ from evaluation import (
     dataset_hash,
     start_run,
 )
+from evaluation.budget import ModelHistory, RunEstimate, estimate_run
 from evaluation.datasets import RenderPlan, registered_case, render_study
 from evaluation.log import STORE_FILE
 from evaluation.models import warm_up
@@ -79,6 +81,43 @@ class DefaultEvaluator:
     def evaluate(
         self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult | None = None
     ) -> EvaluationResult:
+        study = self._prepare(study_dir, route, work_dir, index)
+        config, dataset, case = study.config, study.dataset, study.case
+        # the run's record: the engine's run store in the run folder (the gateway's note in
+        # it already), read back with the case as held here (a registered case's record and
+        # note are not in the store)
+        url = self.settings.database_url  # the install's PostgreSQL run log (None: run.sqlite)
+        asyncio.run(start_run(config, work_dir, dataset=dataset, database_url=url))
+        run = run_from_store(work_dir / STORE_FILE, dataset=dataset, database_url=url)
+        run.title = f"PACS study, routing rule {route.rule}"
+        return EvaluationResult(
+            evaluator=self.name,
+            study_uid=study.study_uid,
+            images=_publish(case.images, work_dir / "images"),
+            # what the model was shown, not every routed series (the SR cites these)
+            evaluated_series_uids=sorted({i.series_uid for i in case.images if i.series_uid}),
+            warnings=study.warnings,
+            run=run,
+        )
+
+    def estimate(
+        self,
+        study_dir: Path,
+        route: Route,
+        work_dir: Path,
+        index: IndexResult | None = None,
+        history: dict[str, ModelHistory] | None = None,
+    ) -> RunEstimate:
+        """What ``evaluate`` would send and cost (the same case, images and run config);
+        nothing is sent, the rendered images stay in ``work_dir``."""
+        study = self._prepare(study_dir, route, work_dir, index)
+        return estimate_run(study.config, study.dataset, history=history)
+
+    def _prepare(
+        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult | None = None
+    ) -> _Prepared:
+        """The engine's case of the study (rendered into ``work_dir``), its dataset and the run's
+        configuration."""
         index = index or index_path(study_dir, workers=1, keep_headers=True)
         if not index.series:
             raise ValueError("no DICOM series in the study folder")
@@ -145,22 +184,18 @@ class DefaultEvaluator:
             generate=GENERATE.model_copy(),
             bertscore=False,
         )
-        # the run's record: the engine's run store in the run folder (the gateway's note in
-        # it already), read back with the case as held here (a registered case's record and
-        # note are not in the store)
-        url = self.settings.database_url  # the install's PostgreSQL run log (None: run.sqlite)
-        asyncio.run(start_run(config, work_dir, dataset=dataset, database_url=url))
-        run = run_from_store(work_dir / STORE_FILE, dataset=dataset, database_url=url)
-        run.title = f"PACS study, routing rule {route.rule}"
-        return EvaluationResult(
-            evaluator=self.name,
-            study_uid=study_uid,
-            images=_publish(case.images, work_dir / "images"),
-            # what the model was shown, not every routed series (the SR cites these)
-            evaluated_series_uids=sorted({i.series_uid for i in case.images if i.series_uid}),
-            warnings=warnings,
-            run=run,
+        return _Prepared(
+            config=config, dataset=dataset, case=case, study_uid=study_uid, warnings=warnings
         )
+
+
+@dataclass
+class _Prepared:
+    config: RunConfig
+    dataset: Dataset
+    case: EvalCase
+    study_uid: str
+    warnings: list[str]
 
 
 def _publish(refs: list[ImageRef], folder: Path) -> list[ImageRef]:

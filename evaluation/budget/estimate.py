@@ -32,7 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from evaluation.budget.gate import CallSizer
 from evaluation.call_keys import cache_key
@@ -99,20 +99,24 @@ class RunEstimate(BaseModel):
     models: list[ModelEstimate]
     max_cost_usd: float | None = None
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def calls(self) -> int:
         return sum(m.calls for m in self.models)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def cost_usd(self) -> float | None:
         """The known part of the cost (None: nothing priced)."""
         known = [m.cost_usd for m in self.models if m.cost_usd is not None]
         return sum(known) if known else None
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def unpriced_calls(self) -> int:
         return sum(m.calls for m in self.models if m.cost_usd is None)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def wall_s(self) -> float:
         return max((m.wall_s for m in self.models if m.role == "model"), default=0.0)

@@ -8,15 +8,17 @@ anything else happens, so no client-chosen path or provider string is ever opene
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from pydantic import BaseModel, Field
 
 from dicom import SequenceClass
-from evaluation import TaskFamily
+from evaluation import EvaluationError, TaskFamily
+from evaluation.budget import RunEstimate
 from gateway.api.deps import Ctx, Starter, Token, errors
 from gateway.orthanc import OrthancError, SeriesSummary, StudySummary
+from gateway.pipeline import EstimateUnavailable
 from gateway.routing import CLINICAL, Route, api_models
 from gateway.runs.view import RunView
 
@@ -89,20 +91,9 @@ def get_study(ctx: Ctx, _t: Token, study_id: StudyId) -> StudyDetail:
     return StudyDetail(study=study, series=series, runs=runs)
 
 
-@router.post(
-    "/{study_id}/evaluations",
-    response_model=RunCreated,
-    status_code=status.HTTP_202_ACCEPTED,
-    summary="Evaluate a study with the given models and tasks; returns a run id",
-    description="Needs an admin token, or a reviewer token when the routing file grants "
-    "reviewers (`api: {reviewers_may_evaluate: true}`). `models` are names the server "
-    "configures: the reference models, the models file's entries and the routing rules' "
-    "models (a `403` names them); never a `replay:` file.",
-    responses=errors(403, 404, 503),
-)
-def start_evaluation(
-    ctx: Ctx, token: Starter, study_id: StudyId, body: EvaluationRequest
-) -> RunCreated:
+def _route(ctx: Ctx, study_id: str, body: EvaluationRequest) -> Route:
+    """The evaluation's route once its models are ones the server configures (else 403) and
+    the study is in Orthanc (else 404); 503 without an evaluation worker."""
     if ctx.pipeline is None:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail="no evaluation worker")
     allowed = api_models(ctx.pipeline.router, ctx.settings.models_file)
@@ -118,11 +109,57 @@ def start_evaluation(
         ctx.orthanc.study(study_id)
     except OrthancError as exc:
         raise orthanc_failure(exc) from None
-    route = Route(
+    return Route(
         rule="api",
         models=list(dict.fromkeys(body.models)),
         tasks=list(dict.fromkeys(body.tasks)),
         series_classes=[c.value for c in body.series_classes] or list(CLINICAL),
     )
+
+
+@router.post(
+    "/{study_id}/evaluations/estimate",
+    response_model=RunEstimate,
+    summary="The dry run of an evaluation: calls, images, tokens, cost and time per model",
+    description="Takes the body of `POST /studies/{study_id}/evaluations` and the same "
+    "token; sends nothing to any model and records no run. The routed series are fetched, "
+    "rendered and fitted as the evaluation would; per model it answers the calls (rubric "
+    "graders apart), images, input tokens (text by litellm's counter, images by the "
+    "provider's image-token rule), expected output tokens, the expected cost from litellm's "
+    "price map (`null`: unknown, never 0) and the wall time at the model's concurrency. "
+    "`422` when the study cannot be evaluated (no series of the routed classes).",
+    responses=errors(403, 404, 422, 503),
+)
+def estimate_evaluation(
+    ctx: Ctx, token: Starter, study_id: StudyId, body: EvaluationRequest
+) -> RunEstimate:
+    route = _route(ctx, study_id, body)
+    assert ctx.pipeline is not None
+    try:
+        return cast(RunEstimate, ctx.pipeline.estimate(study_id, route))
+    except EstimateUnavailable as exc:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(exc)) from None
+    except OrthancError as exc:
+        raise orthanc_failure(exc) from None
+    except (EvaluationError, ValueError) as exc:  # nothing to evaluate in the study
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail=str(exc)[:500]) from None
+
+
+@router.post(
+    "/{study_id}/evaluations",
+    response_model=RunCreated,
+    status_code=status.HTTP_202_ACCEPTED,
+    summary="Evaluate a study with the given models and tasks; returns a run id",
+    description="Needs an admin token, or a reviewer token when the routing file grants "
+    "reviewers (`api: {reviewers_may_evaluate: true}`). `models` are names the server "
+    "configures: the reference models, the models file's entries and the routing rules' "
+    "models (a `403` names them); never a `replay:` file.",
+    responses=errors(403, 404, 503),
+)
+def start_evaluation(
+    ctx: Ctx, token: Starter, study_id: StudyId, body: EvaluationRequest
+) -> RunCreated:
+    route = _route(ctx, study_id, body)
+    assert ctx.pipeline is not None
     run_id = ctx.pipeline.request(study_id, route, actor=token.id)
     return RunCreated(run_id=run_id, status_url=f"/runs/{run_id}")
