@@ -26,6 +26,8 @@ from evaluation.log.store import RunStore, store_exists
 from evaluation.modelio import GenerateConfig
 from evaluation.models.cost import call_cost
 from evaluation.runconfig import RunConfig
+from gateway.cli.estimate import earlier_runs
+from gateway.settings import Settings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 TOLERANCE = 0.10
@@ -168,6 +170,8 @@ def test_a_budget_refuses_a_model_without_a_price_unless_allowed(tmp_path: Path)
 def test_the_command_line_dry_run_and_the_budget_exit_code(tmp_path: Path) -> None:
     data, answers = write_nmb(tmp_path / "data", 3)
     env = cli_env(tmp_path / "cache")
+    env["NEUROSANDBOX_DATA_DIR"] = str(tmp_path / "var")
+    env["NEUROSANDBOX_RUNS_DIR"] = str(tmp_path / "runs")
     with OpenAIServer(Script(usage=openai_usage)) as server:
         base = [
             neurosandbox_bin(), "eval", "--suite", str(data), "--answers", str(answers),
@@ -178,6 +182,8 @@ def test_the_command_line_dry_run_and_the_budget_exit_code(tmp_path: Path) -> No
         assert out.returncode == 0, out.stderr.decode()[-2000:]
         estimate = json.loads(out.stdout)
         assert estimate["models"][0]["calls"] == 3 and estimate["models"][0]["images"] == 6
+        assert estimate["calls"] == 3 and estimate["cost_usd"] > 0  # the totals are in the JSON
+        assert estimate["models"][0]["output_rule"].startswith("default")  # no earlier run
         assert server.stats.calls == 0 and not (tmp_path / "runs" / "r1").exists()
         # a budget smaller than one call's most: stopped before the first, exit 5
         out = subprocess.run([*base, "--max-cost", "0.001"], env=env, capture_output=True)
@@ -188,3 +194,9 @@ def test_the_command_line_dry_run_and_the_budget_exit_code(tmp_path: Path) -> No
         # (`runs resume RUN --max-cost 1` passes the new budget to resume_run, as here)
         stats = asyncio.run(resume_run(tmp_path / "runs" / "r1", max_cost_usd=1.0))
         assert stats.budget_reached is None and server.stats.calls == 3
+    # the next dry run finds r1 in the install's catalog: its answers' length and latency
+    settings = Settings(data_dir=tmp_path / "var", runs_dir=tmp_path / "runs")
+    found = earlier_runs(settings, ["openai/gpt-4o"], tmp_path / "elsewhere" / "r2")
+    assert found == [(tmp_path / "runs" / "r1").absolute()]
+    seen = history_of_runs(found)["openai/gpt-4o"]
+    assert seen.calls == 3 and seen.output_tokens == openai_usage({}, Script().default_reply)[1]

@@ -9,20 +9,27 @@ from rich.markup import escape
 from rich.table import Table
 
 from gateway.cli.console import note, table_console
+from gateway.settings import Settings
 
 RECENT_RUNS = 20  # earlier runs read for each model's latency and answer length
 
 
-def earlier_runs(out: Path) -> list[Path]:
-    """The runs beside ``out`` (its parent folder), newest first: where a model's recorded
-    latency and answer length come from."""
+def earlier_runs(settings: Settings, models: list[str], out: Path) -> list[Path]:
+    """Where each model's recorded latency and answer length come from: its runs in the
+    install's catalog (``runs index``: the runs folder, DATA_DIR/runs, the PostgreSQL run log),
+    newest first, then the runs beside ``out``."""
+    from gateway.runs.index import install_runs
+
+    found: list[Path] = []
+    for model in models:
+        found += [Path(e.run_dir) for e in install_runs(settings, model=model) if e.run_dir]
     parent = out.absolute().parent
     try:
-        folders = [p for p in parent.iterdir() if p.is_dir() and p != out.absolute()]
+        beside = [p for p in parent.iterdir() if p.is_dir() and p != out.absolute()]
     except OSError:
-        return []
-    folders.sort(key=lambda p: p.stat().st_mtime, reverse=True)
-    return folders[:RECENT_RUNS]
+        beside = []
+    beside.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    return list(dict.fromkeys(p.absolute() for p in [*found, *beside]))[:RECENT_RUNS]
 
 
 def duration(seconds: float) -> str:

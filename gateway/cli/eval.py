@@ -24,6 +24,7 @@ from gateway.cli.console import (
 
 if TYPE_CHECKING:
     from evaluation import RunConfig
+    from gateway.settings import Settings
 
 
 def eval_command(
@@ -216,7 +217,7 @@ def eval_command(
     except (EvaluationError, ValueError) as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
     if dry_run:
-        _dry_run(config, out, settings.database_url, as_json=as_json)
+        _dry_run(config, out, settings, as_json=as_json)
         return
     console.print(f"loading dataset {escape(str(suite))} ...")
     try:
@@ -236,7 +237,7 @@ def eval_command(
 eval_command.__doc__ = f"{inspect.cleandoc(eval_command.__doc__ or '')}\n\n{EXIT_CODES}"
 
 
-def _dry_run(config: RunConfig, out: Path, database_url: str | None, *, as_json: bool) -> None:
+def _dry_run(config: RunConfig, out: Path, settings: Settings, *, as_json: bool) -> None:
     """The estimate of the run, printed; nothing is sent and no folder is made."""
     from evaluation.budget import check_prices, estimate_run, history_of_runs
     from evaluation.datasets import load_dataset
@@ -245,7 +246,8 @@ def _dry_run(config: RunConfig, out: Path, database_url: str | None, *, as_json:
     try:
         check_prices(config)  # the run itself would refuse: say so now
         dataset = load_dataset(config.dataset, Path(config.cache_dir or "out/cache"))
-        history = history_of_runs(earlier_runs(out), database_url)
+        names = [s.name for s in [*config.models, *config.graders]]
+        history = history_of_runs(earlier_runs(settings, names, out), settings.database_url)
         estimate = estimate_run(config, dataset, history=history)
     except EvaluationError as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
