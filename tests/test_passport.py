@@ -314,3 +314,17 @@ def test_a_rubric_grader_has_its_own_passport(tmp_path: Path) -> None:
         "temperature": 0.0,
     }
     assert judge.prompt_digest is None and judge.scoring_versions == []
+
+
+def test_a_legacy_run_sqlite_read_as_it_is_has_passports(tmp_path: Path) -> None:
+    """A run.sqlite of the layout before Alembic, opened read-only (never migrated): its
+    passports come from its configuration and its raw responses."""
+    from store_legacy import make_legacy
+
+    run = _run(tmp_path, "run-l", Script(served_model="gpt-4o-2024-05-13"))
+    make_legacy(run / "run.sqlite", drop=("notes",), no_scoring_version=True)
+    with open_store(run, read_only=True) as store:
+        p = store.passports()["test-model"]
+    assert p.recorded_at is None and p.litellm_model == "openai/gpt-4o"
+    assert [o.value for o in p.served_models] == ["gpt-4o-2024-05-13"]
+    assert p.scoring_versions == ["1 (unrecorded)"]
