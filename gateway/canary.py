@@ -176,6 +176,7 @@ class _Marked(BaseModel):
     run_id: str
     run_dir: str | None
     created_at: str | None
+    dataset_hash: str | None = None
     mark: CanaryMark
 
 
@@ -196,24 +197,48 @@ def _marked_runs(settings: Settings) -> list[_Marked]:
             continue
         out.append(
             _Marked(
-                run_id=entry.run_id, run_dir=entry.run_dir, created_at=entry.created_at, mark=mark
+                run_id=entry.run_id,
+                run_dir=entry.run_dir,
+                created_at=entry.created_at,
+                dataset_hash=entry.dataset_hash,
+                mark=mark,
             )
         )
     return out
 
 
-def earlier_run(canary: Canary, settings: Settings, current: str) -> Earlier | None:
-    """The canary's newest run before ``current`` (a run id) with the same name and file hash,
-    from the catalog of the install's runs (None: this is its first)."""
+def earlier_run(
+    canary: Canary, settings: Settings, current: str, dataset_hash: str
+) -> tuple[Earlier | None, str]:
+    """The canary's newest run before ``current`` (a run id) with the same name, file hash and
+    dataset hash, from the catalog of the install's runs (None: this is its first), and a note
+    when newer runs of the file evaluated another dataset (its cases changed on disk: a new
+    series starts, never compared across two datasets)."""
+    other: _Marked | None = None
     for m in _marked_runs(settings):
         if (
-            m.run_id != current
-            and m.run_dir is not None
-            and m.mark.name == canary.spec.name
-            and m.mark.file_sha256 == canary.sha256
+            m.run_id == current
+            or m.run_dir is None
+            or m.mark.name != canary.spec.name
+            or m.mark.file_sha256 != canary.sha256
         ):
-            return Earlier(run_id=m.run_id, run_dir=m.run_dir, created_at=m.created_at)
-    return None
+            continue
+        if m.dataset_hash != dataset_hash:
+            other = other or m
+            continue
+        said = ""
+        if other is not None:
+            said = _dataset_changed(other, dataset_hash)
+        return Earlier(run_id=m.run_id, run_dir=m.run_dir, created_at=m.created_at), said
+    return None, _dataset_changed(other, dataset_hash) if other is not None else ""
+
+
+def _dataset_changed(other: _Marked, now: str) -> str:
+    return (
+        f"the dataset's content changed since run {other.run_id} (hash "
+        f"{(other.dataset_hash or '?')[:12]} -> {now[:12]}): runs of another dataset are not "
+        "compared"
+    )
 
 
 class FieldChange(BaseModel):
@@ -233,20 +258,22 @@ class CanaryOutcome(BaseModel):
     models: list[ModelDrift] = Field(default_factory=list)
     passport_changes: dict[str, list[FieldChange]] = Field(default_factory=dict)
     rescored: list[str] = Field(default_factory=list)  # what rescoring the earlier run said
+    dataset_note: str = ""  # newer runs of the file evaluated another dataset
     comparison: RunComparison | None = None
 
     def detail(self) -> str:
         """One line for the mark (bounded): the alarming models and why, else a summary."""
         if self.verdict == "first":
-            return "first run of this canary file: nothing to compare yet"
-        parts = []
+            first = "first run of this canary file on this dataset: nothing to compare yet"
+            return f"{first}; {self.dataset_note}" if self.dataset_note else first
+        parts = [self.dataset_note] if self.dataset_note else []
         for m in self.models:
             if m.verdict == "alarm":
                 parts.append(f"{m.model}: " + "; ".join(m.reasons))
             changed = self.passport_changes.get(m.model)
             if changed:
                 parts.append(f"{m.model} passport: " + ", ".join(c.field for c in changed[:10]))
-        if not parts:
+        if not [p for p in parts if p != self.dataset_note]:
             n = len(self.models)
             parts.append(f"{n} model{'s' if n != 1 else ''} quiet against run {self.earlier_id}")
         text = " | ".join(parts)
@@ -289,12 +316,17 @@ def judge(
     database_url = settings.database_url
     store = open_store(run_dir, database_url=database_url, read_only=True)
     try:
-        run_id = store.run_log().run_id
+        row = store.run_log()
     finally:
         store.close()
-    earlier = earlier_run(canary, settings, run_id)
+    run_id = row.run_id
+    earlier, dataset_note = earlier_run(canary, settings, run_id, row.dataset_hash)
     outcome = CanaryOutcome(
-        name=canary.spec.name, run_id=run_id, run_dir=str(run_dir), verdict="first"
+        name=canary.spec.name,
+        run_id=run_id,
+        run_dir=str(run_dir),
+        verdict="first",
+        dataset_note=dataset_note,
     )
     if earlier is not None:
         rescored: list[str] = []

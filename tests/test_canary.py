@@ -255,3 +255,22 @@ def test_the_documented_example_file_is_a_valid_canary() -> None:
     assert Path(canary.dataset().path) == root / "docs" / "manifest.example.yaml"
     assert canary.dataset().case_ids == ["pilot-001", "pilot-002"]
     assert canary.spec.alarm.flip_share == 0.1
+
+
+def test_a_changed_dataset_starts_a_new_series_never_compared_across(
+    setup: tuple[CliRunner, Path, Path], tmp_path: Path
+) -> None:
+    cli, canary, runs = setup
+    assert cli.invoke(app, ["canary", str(canary), "--n-boot", "300"]).exit_code == 0
+    run1 = _newest(runs)
+    write_nmb(tmp_path / "data", N + 2, marker={0: "New line in the record."})  # cases edited
+    res = cli.invoke(app, ["canary", str(canary), "--n-boot", "300"])
+    assert res.exit_code == 0, res.output
+    out = _flat(res.output)
+    run1_id = open_store(run1, read_only=True).run_log().run_id
+    assert f"the dataset's content changed since run {run1_id}" in out and "FIRST" in out
+    assert _mark(_newest(runs)).verdict == "first"  # type: ignore[union-attr]
+    run2_id = open_store(_newest(runs), read_only=True).run_log().run_id
+    res = cli.invoke(app, ["canary", str(canary), "--n-boot", "300"])
+    assert res.exit_code == 0, res.output
+    assert f"against run {run2_id}" in _flat(res.output) and "QUIET" in _flat(res.output)

@@ -83,8 +83,11 @@ def canary_command(
         sys.stdout.write(outcome.model_dump_json(indent=2) + "\n")
     for line in outcome.rescored:
         note(f"earlier run rescored first: {shown(line)}")
+    if outcome.dataset_note:
+        note(f"[yellow]{shown(outcome.dataset_note)}[/yellow]")
     if outcome.earlier is None:
-        note(f"canary {escape(spec.name)}: FIRST run of this file (nothing to compare yet)")
+        on = " on this dataset" if outcome.dataset_note else ""
+        note(f"canary {escape(spec.name)}: FIRST run of this file{on} (nothing to compare yet)")
     else:
         e = outcome.earlier
         note(
