@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_helpers import write_nmb
+from engine_helpers import run_phantoms, write_nmb
 from PIL import Image
 from report_fixtures import BAD, XSS_MODEL, build_run
 from typer.testing import CliRunner
@@ -332,3 +332,30 @@ def test_the_documented_example_statement_is_valid() -> None:
     example = Path(__file__).resolve().parents[1] / "docs" / "intended-use.example.yaml"
     use = load_intended_use(example)
     assert use.purpose and use.out_of_scope and use.title
+
+
+def test_a_phantom_run_shows_its_cohort_and_subgroups(
+    phantom_suite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Phantom studies (CT and MR, the generator's field strength, the record's age and sex):
+    the dataset names the modalities and the cohort, the subgroup tables are the summary's, a
+    subgroup on too few patients says so instead of a figure, and the limits say the cases are
+    synthetic."""
+    run = run_phantoms(phantom_suite, ("stroke", "ich"), ["reference/image-rules"], tmp_path,
+                       monkeypatch)  # fmt: skip
+    code, out = _cli(tmp_path, "pilot-report", str(run), "--out", str(tmp_path / "p"), "--no-pdf")
+    assert code == 0, out
+    pilot = json.loads((tmp_path / "p" / "pilot.json").read_text())
+    (prun,) = pilot["runs"]
+    table = prun["summary"]["subgroups"]
+    assert table and table["rows"]
+    assert set(prun["dataset"]["modalities"]) >= {"CT", "MR"}
+    strengths = prun["dataset"]["cohort"]["field_strength"]
+    assert strengths and "not recorded" not in strengths
+    html = (tmp_path / "p" / "pilot.html").read_text()
+    for attr in ("vendor", "field_strength", "age_band", "sex"):
+        assert f'data-attribute="{attr}"' in html, attr
+    row = next(r for r in table["rows"] if r["attribute"] == "field_strength")
+    assert row["too_small"] and f"too small (n={row['n_patients']})" in html
+    limits = " ".join(prun["limits"])
+    assert "synthetic phantom" in limits and "fewer than 10 patients: shown as too small" in limits

@@ -5,7 +5,7 @@ produced the figures, and the limits of the evidence.
 
 Built from the run log only: every figure is the run summary's own record (``build_summary``:
 the leaderboard, the error taxonomy counts, the review statistics, the cost), never computed a
-second time here; subgroups are ``evaluation.scoring.subgroups``'s rows. What this module adds
+second time here; subgroups are the summary's subgroup table. What this module adds
 is the statement of what the evidence does not show (``evidence_limits``).
 """
 
@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -27,6 +27,7 @@ from evaluation.reports.intended_use import LABELS, IntendedUse
 from evaluation.reports.summary import SummaryReport, build_summary
 from evaluation.review.review_log import CaseReview
 from evaluation.scoring.stats import DEFAULT_BOOT, MIN_PATIENTS, Estimate
+from evaluation.scoring.subgroups import ATTRIBUTE_TITLES, ATTRIBUTES, NOT_RECORDED, SubgroupTable
 
 PILOT_VERSION = 1
 MAX_RUNS = 8
@@ -56,7 +57,9 @@ class DatasetFacts(BaseModel):
     coverage: str  # "60 of 60 cases evaluated"
     sources: dict[str, int] = Field(default_factory=dict)  # provenance source -> cases
     modalities: dict[str, int] = Field(default_factory=dict)  # MR/CT -> cases showing one
-    vendors: dict[str, int] | None = None  # None: not recorded (subgroups not available)
+    # subgroup attribute (vendor, scanner_model, field_strength, age_band, sex) -> subgroup ->
+    # cases, from the summary's subgroup table (None: a summary without one)
+    cohort: dict[str, dict[str, int]] | None = None
     groups: dict[str, int] = Field(default_factory=dict)  # disease group -> cases
     difficulties: dict[str, int] = Field(default_factory=dict)
 
@@ -73,8 +76,6 @@ class PilotRun(BaseModel):
     unrecorded: list[str] = Field(default_factory=list)  # models with no passport (no run store)
     # per model, what changed since the nearest earlier run of the report that has it
     passport_changes: list[PassportChanges] = Field(default_factory=list)
-    subgroups: list[Any] | None = None  # evaluation.scoring.subgroups rows (None: not available)
-    subgroup_min_size: int | None = None
     cost_total_usd: float | None = None  # None: some model's price is unknown
     limits: list[str] = Field(default_factory=list)
     # the run as the runs catalog lists it (its figures over time beside the pilot's other runs)
@@ -119,30 +120,24 @@ def run_catalog_entry(rundir: Path, database_url: str | None = None) -> CatalogE
     return read_entry(Path(rundir), database_url=database_url)
 
 
-def _subgroups(summary: SummaryReport) -> tuple[list[Any] | None, int | None]:
-    """The summary's subgroup rows and minimum size (``SummaryReport.subgroups``, issue 37 part
-    S; None: a summary without them)."""
-    table = getattr(summary, "subgroups", None)
+def _cohort(table: SubgroupTable | None) -> dict[str, dict[str, int]] | None:
+    """The cases in each subgroup of each attribute (the most any model's figure counts)."""
     if table is None:
-        return None, None
-    return list(table.rows), int(table.min_patients)
+        return None
+    out: dict[str, dict[str, int]] = {}
+    for row in table.rows:
+        values = out.setdefault(row.attribute, {})
+        values[row.value] = max(values.get(row.value, 0), row.n_cases)
+    return out
 
 
-def _dataset(run: RunData, summary: SummaryReport, subgroups: list[Any] | None) -> DatasetFacts:
+def _dataset(run: RunData, summary: SummaryReport) -> DatasetFacts:
     modalities: Counter[str] = Counter()
     for case in run.cases:
         seen = {(i.modality or "").upper() for i in case.images} - {""}
         if not seen and case.ground_truth and case.ground_truth.modality:
             seen = {"MR" if case.ground_truth.modality == "MRI" else case.ground_truth.modality}
         modalities.update(seen or {"not recorded"})
-    vendors: dict[str, int] | None = None
-    if subgroups is not None:
-        counted = {
-            str(getattr(r, "value", "")): int(getattr(r, "n", 0))
-            for r in subgroups
-            if getattr(r, "attribute", None) == "vendor"
-        }
-        vendors = counted or None
     truth = [c.ground_truth for c in run.cases if c.ground_truth]
     return DatasetFacts(
         name=run.dataset_name or run.title,
@@ -152,7 +147,7 @@ def _dataset(run: RunData, summary: SummaryReport, subgroups: list[Any] | None) 
         coverage=summary.coverage.headline() if summary.coverage else f"{len(run.cases)} cases",
         sources=dict(Counter(c.provenance.source for c in run.cases).most_common()),
         modalities=dict(modalities.most_common()),
-        vendors=vendors,
+        cohort=_cohort(summary.subgroups),
         groups=dict(
             Counter(str(t.final_diagnosis.group or "not given") for t in truth).most_common()
         ),
@@ -174,9 +169,7 @@ def _estimates(summary: SummaryReport) -> list[tuple[str, str, Estimate]]:
     return out
 
 
-def evidence_limits(
-    run: RunData, summary: SummaryReport, subgroups: list[Any] | None, status: str
-) -> list[str]:
+def evidence_limits(run: RunData, summary: SummaryReport, status: str) -> list[str]:
     """What the run's evidence does not show, in sentences a board reads: the numbers behind
     the figures, wide or thin intervals, what was not tested, what no clinician confirmed."""
     limits: list[str] = []
@@ -232,14 +225,27 @@ def evidence_limits(
             "No ablation was run (images alone, text alone): whether the models' answers rest "
             "on the images was not tested."
         )
-    if subgroups is None:
-        limits.append("Results by subgroup were not computed by this version.")
+    table = summary.subgroups
+    if table is None:
+        limits.append("Results by subgroup were not computed (a summary from before them).")
     else:
-        small = [r for r in subgroups if getattr(r, "too_small", False)]
+        unrecorded = [
+            ATTRIBUTE_TITLES[a].lower()
+            for a in ATTRIBUTES
+            if {r.value for r in table.rows if r.attribute == a} <= {NOT_RECORDED}
+        ]
+        if unrecorded:
+            limits.append(
+                f"Not recorded for any case: {', '.join(unrecorded)}. Whether the results hold "
+                "across these subgroups was not tested."
+            )
+        small = sorted(
+            {(r.attribute, r.value) for r in table.rows if r.too_small and r.value != NOT_RECORDED}
+        )
         if small:
             limits.append(
-                f"{len(small)} subgroup figures rest on too few cases to be read "
-                "(shown as such in the subgroup table)."
+                f"{len(small)} subgroups rest on fewer than {table.min_patients} patients: "
+                "shown as too small, their figures not given."
             )
     reviews = summary.reviews
     if reviews.n_signed_off == 0:
@@ -280,7 +286,6 @@ def pilot_run(
     """One run of the pilot: its summary (with signed-off reviews fed back), passports,
     subgroups, dataset facts and limits."""
     summary = build_summary(run, reviews or [], n_boot=n_boot, now=now)
-    subgroups, min_size = _subgroups(summary)
     status = str(run.config.get("status", ""))
     passports = passports or {}
     return PilotRun(
@@ -288,14 +293,12 @@ def pilot_run(
         created_at=run.created_at,
         status=status,
         code_version=run.code_version,
-        dataset=_dataset(run, summary, subgroups),
+        dataset=_dataset(run, summary),
         summary=summary,
         passports=list(passports.values()),
         unrecorded=[m for m in summary.models if m not in passports],
-        subgroups=subgroups,
-        subgroup_min_size=min_size,
         cost_total_usd=_cost_total(summary),
-        limits=evidence_limits(run, summary, subgroups, status),
+        limits=evidence_limits(run, summary, status),
         catalog=catalog,
     )
 
