@@ -27,8 +27,8 @@ Hostile values, and the rules that read them (one place):
   60-79, 80 and over.
 
 A subgroup resting on fewer than ``min_patients`` patients (default ``stats.MIN_PATIENTS``) is
-reported with ``too_small`` set: its row is kept (never hidden), and pages show "too small (n=3)"
-instead of a figure its interval cannot support.
+reported with ``too_small`` set: its row is kept (never hidden), and pages show "too small (n=3
+patients)" instead of a figure its interval cannot support.
 """
 
 from __future__ import annotations
@@ -130,7 +130,8 @@ class SubgroupRow(BaseModel):
 
     @property
     def too_small_text(self) -> str:
-        return f"too small (n={self.n_patients})"
+        p = self.n_patients
+        return f"too small (n={p} patient{'s' if p != 1 else ''})"
 
 
 class SubgroupTable(BaseModel):
@@ -153,7 +154,8 @@ class SubgroupTable(BaseModel):
         for r in self.rows:
             if r.attribute == attribute:
                 out.setdefault((r.value, r.model), {})[r.metric] = r
-        return [(v, m, figures) for (v, m), figures in out.items()]
+        ordered = sorted(out, key=lambda vm: (_value_order(vm[0]), vm[1]))  # models side by side
+        return [(v, m, out[(v, m)]) for v, m in ordered]
 
 
 # --------------------------------------------------------------------------- the rules
