@@ -16,11 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_helpers import run_phantoms, write_nmb
+from pg_server import fresh_pg_database
 from PIL import Image
 from report_fixtures import BAD, XSS_MODEL, build_run
 from typer.testing import CliRunner
 
-from evaluation.log import ModelPassport, Observed
+from evaluation.log import PG_MARKER, STORE_FILE, ModelPassport, Observed
 from evaluation.reports import (
     IntendedUseError,
     build_pilot,
@@ -359,3 +360,27 @@ def test_a_phantom_run_shows_its_cohort_and_subgroups(
     assert row["too_small"] and f"too small (n={row['n_patients']})" in html
     limits = " ".join(prun["limits"])
     assert "synthetic phantom" in limits and "fewer than 10 patients: shown as too small" in limits
+
+
+def test_pilot_report_of_runs_in_the_postgresql_run_log(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With NEUROSANDBOX_DATABASE_URL the runs' rows are in PostgreSQL (the folders hold only
+    their markers): the report reads the figures, the passports and the catalog entries there."""
+    monkeypatch.setenv("NEUROSANDBOX_DATABASE_URL", fresh_pg_database(pg_url))
+    data, answers = write_nmb(tmp_path / "data", 3)
+    runs = [tmp_path / "runs" / "a", tmp_path / "runs" / "b"]
+    for run in runs:
+        code, out = _cli(tmp_path, "eval", "--suite", str(data), "--answers", str(answers),
+                         "--no-bertscore", "--model", MODELS[0], "--out", str(run))  # fmt: skip
+        assert code == 0, out
+        assert (run / PG_MARKER).is_file() and not (run / STORE_FILE).exists()
+    code, out = _cli(tmp_path, "pilot-report", *map(str, runs), "--out", str(tmp_path / "p"),
+                     "--no-pdf")  # fmt: skip
+    assert code == 0, out
+    pilot = json.loads((tmp_path / "p" / "pilot.json").read_text())
+    a, b = pilot["runs"]
+    assert a["dataset"]["n_cases"] == 3 and a["catalog"]["engine"] == "postgresql"
+    assert [p["model"] for p in b["passports"]] == [MODELS[0]] and b["passports"][0]["recorded_at"]
+    assert b["passport_changes"][0]["changes"] == []  # the same model, asked the same way
+    assert 'id="over-time"' in (tmp_path / "p" / "pilot.html").read_text()
