@@ -16,10 +16,12 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from evaluation.budget.gate import check_prices
 from evaluation.case import Case
 from evaluation.datasets import Dataset, load_dataset
-from evaluation.errors import DatasetError, StoreError
+from evaluation.errors import DatasetError, EvaluationError, StoreError, first_error
 from evaluation.log.records import RunLog
 from evaluation.log.store import open_store, store_exists
 from evaluation.prompts import default_prompts
@@ -128,7 +130,10 @@ async def resume_run(
     if allow_unknown_cost is not None:
         budget["allow_unknown_cost"] = allow_unknown_cost
     if budget:
-        config = RunConfig.model_validate({**config.model_dump(mode="json"), **budget})
+        try:
+            config = RunConfig.model_validate({**config.model_dump(mode="json"), **budget})
+        except ValidationError as exc:
+            raise EvaluationError(f"the new budget: {first_error(exc)}") from None
     check_prices(config)
     dataset = open_dataset(config, cache_dir)
     if dataset.hash != row.dataset_hash and not allow_changed_dataset:

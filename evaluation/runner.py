@@ -389,7 +389,8 @@ class Runner:
         sizer = self._sizers.get(spec.name)
         if sizer is None:
             sizer = self._sizers[spec.name] = CallSizer(spec)
-        most = await asyncio.to_thread(sizer.most, outbound, cfg.max_tokens)
+        # in the loop, as the adapter fits images: the fitting cache is not shared with threads
+        most = sizer.most(outbound, cfg.max_tokens)
         await self.budget.reserve(most)  # raises BudgetReached: nothing is sent
         cost: float | None = None
         try:

@@ -200,3 +200,19 @@ def test_the_command_line_dry_run_and_the_budget_exit_code(tmp_path: Path) -> No
     assert found == [(tmp_path / "runs" / "r1").absolute()]
     seen = history_of_runs(found)["openai/gpt-4o"]
     assert seen.calls == 3 and seen.output_tokens == openai_usage({}, Script().default_reply)[1]
+
+
+@pytest.mark.parametrize("amount", ["0", "inf", "nan"])
+def test_a_budget_is_a_finite_amount_above_zero(amount: str, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    data, answers = write_nmb(tmp_path / "data", 1)
+    args = ["eval", "--suite", str(data), "--answers", str(answers), "--model", "openai/gpt-4o",
+            "--out", str(tmp_path / "run"), "--max-cost", amount]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert not (tmp_path / "run").exists()
+    # (nan is refused by the option's own range check, with its message)
+    assert amount == "nan" or "finite amount above $0" in result.output

@@ -175,6 +175,8 @@ def eval_command(
     from gateway.settings import get_settings
 
     settings = get_settings()
+    if max_cost is not None and not 0 < max_cost < float("inf"):
+        raise fail(f"--max-cost {max_cost}: a budget is a finite amount above $0", ExitCode.USAGE)
     try:
         families = [TaskFamily(t) for t in csv_list(tasks)] or None
         if bertscore_model is not None and not (bertscore_model / "config.json").is_file():
@@ -211,7 +213,7 @@ def eval_command(
             bertscore_model=str(bertscore_model.absolute()) if bertscore_model else None,
             bertscore_layer=bertscore_layer,
             durable=durable,
-            max_cost_usd=max_cost or None,
+            max_cost_usd=max_cost,
             allow_unknown_cost=allow_unknown_cost,
         )
     except (EvaluationError, ValueError) as exc:

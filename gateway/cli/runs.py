@@ -443,6 +443,8 @@ def runs_resume(
     error, 2 when the run cannot be resumed, 4 when the budget stops it again."""
     from evaluation import resume_run
 
+    if max_cost is not None and not 0 < max_cost < float("inf"):
+        raise fail(f"--max-cost {max_cost}: a budget is a finite amount above $0", ExitCode.USAGE)
     try:
         with ProgressBar() as bar:
             stats = asyncio.run(
@@ -452,7 +454,7 @@ def runs_resume(
                     on_progress=bar,
                     allow_changed_dataset=allow_changed_dataset,
                     database_url=run_log_url(),
-                    max_cost_usd=max_cost or None,
+                    max_cost_usd=max_cost,
                     allow_unknown_cost=allow_unknown_cost,
                 )
             )
