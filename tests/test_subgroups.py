@@ -100,7 +100,7 @@ def test_the_subgroup_table_of_a_small_run_matches_a_hand_computation() -> None:
     ge = _row(rows, "vendor", "GE")
     assert (ge.n, ge.n_patients, ge.unscored) == (2, 2, 1)  # the format failure is unscored
     assert ge.estimate == pytest.approx(1.0)
-    assert ge.too_small and ge.too_small_text == "too small (n=2 patients)"
+    assert ge.too_small and ge.too_small_text == "too small (n=2)"
     strict = _row(rows, "vendor", "GE", "strict_accuracy")  # ... and wrong in strict accuracy
     assert (strict.n, strict.estimate) == (3, pytest.approx(2 / 3))
     assert strict.ci_low is not None and strict.ci_high is not None

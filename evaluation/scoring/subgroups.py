@@ -27,8 +27,8 @@ Hostile values, and the rules that read them (one place):
   60-79, 80 and over.
 
 A subgroup resting on fewer than ``min_patients`` patients (default ``stats.MIN_PATIENTS``) is
-reported with ``too_small`` set: its row is kept (never hidden), and pages show "too small (n=3
-patients)" instead of a figure its interval cannot support.
+reported with ``too_small`` set: its row is kept (never hidden), and pages show "too small (n=3)"
+(n: patients) instead of a figure its interval cannot support.
 """
 
 from __future__ import annotations
@@ -130,8 +130,8 @@ class SubgroupRow(BaseModel):
 
     @property
     def too_small_text(self) -> str:
-        p = self.n_patients
-        return f"too small (n={p} patient{'s' if p != 1 else ''})"
+        """As the contract between the reports words it; n counts patients (pages say so)."""
+        return f"too small (n={self.n_patients})"
 
 
 class SubgroupTable(BaseModel):
