@@ -97,6 +97,7 @@ def test_two_runs_compared_as_by_hand(runs: dict[str, Path], cli: CliRunner) -> 
     assert "-0.250" in out
     assert f"right -> wrong: 3 units {case_id(0)} {TASK}" in out
     assert f"only run A has 1 unit: {case_id(8)} {TASK}" in out
+    assert "not recorded for any case: vendor, scanner model, field strength, age band, sex" in out
 
 
 def test_runs_of_different_datasets_are_refused_naming_both_hashes(
@@ -197,6 +198,9 @@ def test_the_compare_page_shows_two_runs_by_id(runs: dict[str, Path], cli: CliRu
         assert "Right → wrong: 3" in text and "Wrong → right: 1" in text
         assert f'href="/review/runs/{ids["b"]}/cases/{case_id(6)}"' in text
         assert f"Only run A scored 1 unit: {case_id(8)}" in text
+        # by subgroup: the records give no sex, the 8 patients are too few for a figure
+        assert 'data-attribute="sex" data-subgroup="not recorded"' in text
+        assert "too small (n=8)" in text
         # runs of two datasets: refused, the page says why with both hashes
         other = c.get(f"/review/compare?a={ids['a']}&b={ids['c']}", headers=auth)
         assert other.status_code == 409 and "different datasets" in other.text
@@ -234,3 +238,53 @@ def test_the_compare_page_escapes_what_runs_hold() -> None:
     assert "<script>alert" not in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt;&#34;" in page
     assert "javascript:" not in page  # only the app's own paths are linked
+
+
+def test_accuracy_by_subgroup_across_two_runs_as_by_hand() -> None:
+    """24 women aged 30 and 24 men aged 70, one case each, plus 3 cases of unrecorded sex: run A
+    right on every case, run B wrong on 12 of the women. By sex and by age band the drop is the
+    women's alone; the 3 cases are a subgroup too small for a figure, kept and marked."""
+    from evaluation.case import Case, Provenance, RecordPatient, TaskFamily
+    from evaluation.scores import ParseStatus, Score
+    from evaluation.scoring import RunSide, ScoredSample, compare_runs
+
+    cases, a, b = {}, [], []
+    people = [("female", 30)] * 24 + [("male", 70)] * 24 + [("", None)] * 3
+    for i, (sex, age) in enumerate(people):
+        cid = f"c{i:02d}"
+        cases[cid] = Case(
+            case_id=cid,
+            patient_id=f"p{i}",
+            provenance=Provenance(source="folder", patient=RecordPatient(age=age, sex=sex)),
+        )
+        for samples, right in ((a, True), (b, not (sex == "female" and i < 12))):
+            samples.append(
+                ScoredSample(
+                    case_id=cid,
+                    patient_id=f"p{i}",
+                    model="m",
+                    family=TaskFamily.DIFFERENTIAL,
+                    task="differential",
+                    status=ParseStatus.OK,
+                    scores=[Score(scorer="diagnosis_match", value=1.0 if right else 0.0)],
+                    scoring_version=SCORING_VERSION,
+                )
+            )
+    side = RunSide(run_id="A", dataset_hash="h")
+    c = compare_runs(side, a, side.model_copy(update={"run_id": "B"}), b, cases=cases, n_boot=300)
+    [m] = c.models
+    rows = {(r.attribute, r.value): r for r in m.subgroups}
+    women, men = rows[("sex", "female")], rows[("sex", "male")]
+    assert (women.n_units, women.n_patients, women.too_small) == (24, 24, False)
+    assert women.a.value == 1.0 and women.b.value == pytest.approx(0.5)
+    assert women.difference.value == pytest.approx(-0.5)
+    assert men.difference.value == 0.0 and men.b.value == 1.0
+    assert rows[("age_band", "18-39")].difference.value == pytest.approx(-0.5)
+    assert rows[("age_band", "60-79")].difference.value == 0.0
+    small = rows[("sex", "not recorded")]
+    assert (small.n_patients, small.too_small) == (3, True)
+    # the whole run: 12 of 51 flipped; vendor unknown for all (one subgroup, every case)
+    assert m.n_right_to_wrong == 12 and rows[("vendor", "not recorded")].n_units == 51
+    # the order a reader expects: age bands youngest first, the unknown last
+    bands = [r.value for r in m.subgroups if r.attribute == "age_band"]
+    assert bands == ["18-39", "60-79", "not recorded"]

@@ -21,6 +21,7 @@ from evaluation.scoring.runcompare import (
     ModelDelta,
     RunComparison,
     RunSide,
+    SubgroupDelta,
     compare_runs,
 )
 from evaluation.scoring.sample import score_sample
@@ -55,6 +56,7 @@ __all__ = [
     "RunSummary",
     "ScoredSample",
     "ScoringVersionMismatch",
+    "SubgroupDelta",
     "SubgroupRow",
     "SubgroupTable",
     "case_attributes",

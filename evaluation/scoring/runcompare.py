@@ -18,17 +18,18 @@ a rescore or a dataset change must not read as drift.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 from pydantic import BaseModel, Field
 
-from evaluation.case import TaskFamily
+from evaluation.case import Case, TaskFamily
 from evaluation.scoring.compare import ScoringVersionMismatch
 from evaluation.scoring.scored import ScoredSample
 from evaluation.scoring.stats import (
     DEFAULT_BOOT,
     DEFAULT_SEED,
+    MIN_PATIENTS,
     Estimate,
     McNemar,
     bootstrap_mean,
@@ -96,6 +97,22 @@ class MetricDelta(BaseModel):
     both_wrong: int | None = None
 
 
+class SubgroupDelta(BaseModel):
+    """Accuracy of one model on one subgroup of the shared cases (``scoring.subgroups``: vendor,
+    scanner model, field strength, age band, sex), both runs, paired. A subgroup resting on fewer
+    than ``min_patients`` patients is kept and marked ``too_small``, never hidden."""
+
+    attribute: str
+    value: str
+    metric: str
+    n_units: int
+    n_patients: int
+    a: Estimate
+    b: Estimate
+    difference: Estimate  # B - A on the subgroup's shared units, clustered by patient
+    too_small: bool
+
+
 class ModelDelta(BaseModel):
     """One model in both runs."""
 
@@ -113,6 +130,7 @@ class ModelDelta(BaseModel):
     # shared units whose sample indices differ: the samples one run has and the other not
     samples_only_a: list[UnitRef] = Field(default_factory=list)
     samples_only_b: list[UnitRef] = Field(default_factory=list)
+    subgroups: list[SubgroupDelta] = Field(default_factory=list)  # empty: no case snapshots
 
     def metric(self, name: str) -> MetricDelta | None:
         return next((m for m in self.metrics if m.metric == name), None)
@@ -136,6 +154,7 @@ class RunComparison(BaseModel):
     models_only_a: list[str] = Field(default_factory=list)
     models_only_b: list[str] = Field(default_factory=list)
     n_boot: int = DEFAULT_BOOT
+    min_patients: int = MIN_PATIENTS  # a subgroup on fewer patients is marked too small
 
     def model(self, name: str) -> ModelDelta | None:
         return next((m for m in self.models if m.model == name), None)
@@ -277,6 +296,59 @@ def _only(
     return units, samples
 
 
+def _subgroups(
+    ua: dict[tuple[str, str], list[ScoredSample]],
+    ub: dict[tuple[str, str], list[ScoredSample]],
+    cases: Mapping[str, Case],
+    n_boot: int,
+    seed: int,
+    min_patients: int,
+) -> list[SubgroupDelta]:
+    """Accuracy B - A by each subgroup attribute of the shared units' cases (a case the runs hold
+    no snapshot of is in "not recorded")."""
+    from evaluation.scoring.subgroups import (
+        ATTRIBUTES,
+        NOT_RECORDED,
+        case_attributes,
+        value_order,
+    )
+
+    attrs = {cid: case_attributes(c) for cid, c in cases.items()}
+    out = []
+    for attribute in ATTRIBUTES:
+        groups: dict[str, set[tuple[str, str]]] = {}
+        for key in set(ua) & set(ub):
+            known = attrs.get(key[0])
+            value = str(getattr(known, attribute)) if known else NOT_RECORDED
+            groups.setdefault(value, set()).add(key)
+        for value in sorted(groups, key=value_order):
+            keys = groups[value]
+            d = _delta(
+                ACCURACY,
+                {k: v for k, v in ua.items() if k in keys},
+                {k: v for k, v in ub.items() if k in keys},
+                n_boot,
+                seed,
+            )
+            if d is None:
+                continue
+            patients = d.difference.patients
+            out.append(
+                SubgroupDelta(
+                    attribute=attribute,
+                    value=value,
+                    metric=ACCURACY,
+                    n_units=d.n_units,
+                    n_patients=patients,
+                    a=d.a,
+                    b=d.b,
+                    difference=d.difference,
+                    too_small=patients < min_patients,
+                )
+            )
+    return out
+
+
 def compare_runs(
     a: RunSide,
     samples_a: list[ScoredSample],
@@ -286,10 +358,13 @@ def compare_runs(
     models: list[str] | None = None,
     family: TaskFamily | None = None,
     checklist: ChecklistLink | None = None,
+    cases: Mapping[str, Case] | None = None,
     n_boot: int = DEFAULT_BOOT,
     seed: int = DEFAULT_SEED,
+    min_patients: int = MIN_PATIENTS,
 ) -> RunComparison:
-    """Run B against run A (the earlier), per model both ran (or ``models``) and per metric.
+    """Run B against run A (the earlier), per model both ran (or ``models``) and per metric;
+    with ``cases`` (the runs' case snapshots, by id), accuracy by subgroup too.
 
     Raises DatasetMismatch (different dataset hashes), ScoringVersionMismatch (scores of more
     than one scoring version), ValueError (a model asked for that neither run has)."""
@@ -321,6 +396,7 @@ def compare_runs(
         models_only_a=[m for m in in_a if m not in in_b and (not models or m in models)],
         models_only_b=[m for m in in_b if m not in in_a and (not models or m in models)],
         n_boot=n_boot,
+        min_patients=min_patients,
     )
     for model in both:
         ua, ub = _by_unit(samples_a, model, family), _by_unit(samples_b, model, family)
@@ -348,6 +424,7 @@ def compare_runs(
                 n_only_b=len(only_b),
                 samples_only_a=more_a[:MAX_LISTED],
                 samples_only_b=more_b[:MAX_LISTED],
+                subgroups=_subgroups(ua, ub, cases, n_boot, seed, min_patients) if cases else [],
             )
         )
     return out

@@ -369,7 +369,7 @@ def subgroup_table(
             for value, g in groups.items():
                 figures[value] = headline_metrics(g, n_boot=n_boot, seed=seed)
                 applies |= {m for m, e in figures[value].items() if e is not None}
-            for value in sorted(groups, key=_value_order):
+            for value in sorted(groups, key=value_order):
                 for metric in HEADLINE_METRICS:
                     if metric in applies:
                         e = figures[value][metric]
@@ -417,7 +417,7 @@ def _row(
     )
 
 
-def _value_order(value: str) -> tuple[int, str]:
+def value_order(value: str) -> tuple[int, str]:
     """Subgroups in a reading order: age bands youngest first, the unknowns last."""
     bands = [name for _, _, name in AGE_BANDS] + ["80 and over"]
     if value in bands:

@@ -66,6 +66,7 @@ def _print_model(m: ModelDelta, out: Console) -> None:
             mc,
         )
     out.print(table)
+    _print_subgroups(m, out)
     for title, flips, n in (
         ("right -> wrong", m.right_to_wrong, m.n_right_to_wrong),
         ("wrong -> right", m.wrong_to_right, m.n_wrong_to_right),
@@ -94,3 +95,33 @@ def _print_model(m: ModelDelta, out: Console) -> None:
                 for u in units[:MAX_PRINTED]
             )
             note(f"  samples only run {side} has: {listed}")
+
+
+def _print_subgroups(m: ModelDelta, out: Console) -> None:
+    """Accuracy by subgroup; an attribute no case records is one line, not a table of unknowns."""
+    known = {r.attribute for r in m.subgroups if r.value != "not recorded"}
+    unknown = list(dict.fromkeys(r.attribute for r in m.subgroups if r.attribute not in known))
+    rows = [r for r in m.subgroups if r.attribute not in unknown]
+    if rows:
+        table = Table(title=f"{shown(m.model, 120)}: accuracy by subgroup (B - A, paired)")
+        for col in ("attribute", "subgroup", "patients", "A", "B", "B - A [95% CI]"):
+            table.add_column(col, justify="left" if col in ("attribute", "subgroup") else "right")
+        for r in rows:
+            diff = r.difference
+            figure = (
+                f"too small (n={r.n_patients})"
+                if r.too_small
+                else (f"{diff.value:+.3f}" if diff.value is not None else "-")
+                + _ci(diff.low, diff.high)
+            )
+            table.add_row(
+                r.attribute.replace("_", " "),
+                shown(r.value, 60),
+                str(r.n_patients),
+                _num(r.a.value),
+                _num(r.b.value),
+                figure,
+            )
+        out.print(table)
+    if unknown:
+        note(f"  not recorded for any case: {', '.join(a.replace('_', ' ') for a in unknown)}")

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evaluation import EvaluationError, TaskFamily, rescore
+from evaluation import Case, EvaluationError, TaskFamily, rescore
 from evaluation.log import open_store
 from evaluation.reports import case_slug
 from evaluation.scoring import (
@@ -127,8 +127,30 @@ def compare_run_dirs(
         sides = [read_side(d, database_url) for d in (dir_a, dir_b)]
     (a, samples_a, _), (b, samples_b, _) = sides
     return compare_runs(
-        a, samples_a, b, samples_b, models=models, family=family, checklist=checklist, n_boot=n_boot
+        a,
+        samples_a,
+        b,
+        samples_b,
+        models=models,
+        family=family,
+        checklist=checklist,
+        cases=case_snapshots(dir_b, dir_a, database_url),
+        n_boot=n_boot,
     )
+
+
+def case_snapshots(dir_b: Path, dir_a: Path, database_url: str | None) -> dict[str, Case]:
+    """The cases as the runs recorded them (run B's, and run A's for any B lacks): what the
+    subgroups (scanner, field strength, age band, sex) are read from."""
+    out: dict[str, Case] = {}
+    for d in (dir_b, dir_a):
+        store = open_store(d, database_url=database_url, read_only=True)
+        try:
+            for cid, case in store.cases().items():
+                out.setdefault(cid, case)
+        finally:
+            store.close()
+    return out
 
 
 LIVE_BOOT = 1000  # bootstrap draws of a comparison the page computes per request
