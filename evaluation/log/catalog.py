@@ -35,7 +35,7 @@ from dicom import atomic_write
 from evaluation.errors import EvaluationError, StoreError
 from evaluation.log import db as db_
 from evaluation.log import schema as t_
-from evaluation.log.records import StoredRecordError
+from evaluation.log.records import CANARY_NOTE, StoredRecordError
 from evaluation.log.store import (
     LAST_WRITE,
     PG_MARKER,
@@ -49,7 +49,6 @@ from evaluation.scoring.stats import Estimate
 
 CATALOG_VERSION = 1  # cached entries of another version are read again
 CACHE_FILE = "catalog-cache.json"
-CANARY_NOTE = "canary"  # the run note the canary marks its runs with
 MAX_TEXT = 300  # characters of a hostile string (a note, a model name) kept in an entry
 Source = Literal["cli", "demo", "gateway"]
 
