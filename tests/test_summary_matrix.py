@@ -231,3 +231,17 @@ def test_runs_show_json_includes_the_subgroups(
     assert sub["sources"]["age_band"].get("record", 0) >= 1
     assert all(r["too_small"] for r in sub["rows"])  # two phantom patients
     assert {"n", "estimate", "ci_low", "ci_high"} <= set(sub["rows"][0])
+
+
+def test_a_hostile_header_value_is_bounded_and_escaped_in_the_subgroup_table() -> None:
+    evil = '<script>alert("vendor")</script>\x00' + "x" * 300
+    c = _case(1)
+    c.provenance.identity = StudyIdentity(
+        scanners=[StudyScanner(manufacturer=evil, model_name=evil, field_strength=1e308)]
+    )
+    report = build_summary(_run([_sample(c, "m", True)], [c]), n_boot=50)
+    html = render_summary(report, {})
+    sub = html[html.index('id="subgroups"') :]
+    assert "<script>alert" not in sub and "&lt;script&gt;" in sub
+    assert "x" * 41 not in sub  # bounded
+    assert "<td>not readable</td>" in sub  # 1e308: neither tesla nor gauss
