@@ -250,7 +250,10 @@ def _dry_run(config: RunConfig, out: Path, settings: Settings, *, as_json: bool)
         dataset = load_dataset(config.dataset, Path(config.cache_dir or "out/cache"))
         names = [s.name for s in [*config.models, *config.graders]]
         history = history_of_runs(earlier_runs(settings, names, out), settings.database_url)
-        estimate = estimate_run(config, dataset, history=history)
+        busy = f"estimating {len(dataset.cases)} cases (as the run would: the PHI gate reads "
+        busy += "the text in each image bound for an endpoint it does not trust)"
+        with console.status(busy):
+            estimate = estimate_run(config, dataset, history=history)
     except EvaluationError as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
     if as_json:
