@@ -154,7 +154,7 @@ class SubgroupTable(BaseModel):
         for r in self.rows:
             if r.attribute == attribute:
                 out.setdefault((r.value, r.model), {})[r.metric] = r
-        ordered = sorted(out, key=lambda vm: (_value_order(vm[0]), vm[1]))  # models side by side
+        ordered = sorted(out, key=lambda vm: (value_order(vm[0]), vm[1]))  # models side by side
         return [(v, m, out[(v, m)]) for v, m in ordered]
 
 
