@@ -33,6 +33,7 @@ from evaluation.reports import (
     render_pilot,
 )
 from evaluation.review import Action, ReviewEvent, ReviewStore, Verdict, answer_key
+from evaluation.scoring import SubgroupRow
 from gateway.cli import app
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -357,7 +358,7 @@ def test_a_phantom_run_shows_its_cohort_and_subgroups(
     for attr in ("vendor", "field_strength", "age_band", "sex"):
         assert f'data-attribute="{attr}"' in html, attr
     row = next(r for r in table["rows"] if r["attribute"] == "field_strength")
-    assert row["too_small"] and f"too small (n={row['n_patients']})" in html
+    assert row["too_small"] and SubgroupRow.model_validate(row).too_small_text in html
     limits = " ".join(prun["limits"])
     assert "synthetic phantom" in limits and "fewer than 10 patients: shown as too small" in limits
 
