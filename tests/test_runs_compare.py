@@ -198,9 +198,9 @@ def test_the_compare_page_shows_two_runs_by_id(runs: dict[str, Path], cli: CliRu
         assert "Right → wrong: 3" in text and "Wrong → right: 1" in text
         assert f'href="/review/runs/{ids["b"]}/cases/{case_id(6)}"' in text
         assert f"Only run A scored 1 unit: {case_id(8)}" in text
-        # by subgroup: the records give no sex, the 8 patients are too few for a figure
-        assert 'data-attribute="sex" data-subgroup="not recorded"' in text
-        assert "too small (n=8)" in text
+        # by subgroup: the records give none of the attributes: one sentence, not five rows
+        assert "Not recorded for any of the shared cases: vendor, scanner model, field" in text
+        assert "data-attribute=" not in text
         # runs of two datasets: refused, the page says why with both hashes
         other = c.get(f"/review/compare?a={ids['a']}&b={ids['c']}", headers=auth)
         assert other.status_code == 409 and "different datasets" in other.text

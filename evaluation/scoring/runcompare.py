@@ -36,6 +36,7 @@ from evaluation.scoring.stats import (
     mcnemar,
     paired_bootstrap,
 )
+from evaluation.scoring.subgroups import ATTRIBUTES, NOT_RECORDED, case_attributes, value_order
 from evaluation.scoring.version import version_name, versions_of
 
 ACCURACY = "accuracy"  # ScoredSample.correct: the diagnosis (or NeuroVLM class) right
@@ -134,6 +135,16 @@ class ModelDelta(BaseModel):
 
     def metric(self, name: str) -> MetricDelta | None:
         return next((m for m in self.metrics if m.metric == name), None)
+
+    def unrecorded_attributes(self) -> list[str]:
+        """Subgroup attributes no shared case records (their one subgroup: "not recorded")."""
+        known = {r.attribute for r in self.subgroups if r.value != NOT_RECORDED}
+        return list(dict.fromkeys(r.attribute for r in self.subgroups if r.attribute not in known))
+
+    def recorded_subgroups(self) -> list[SubgroupDelta]:
+        """The subgroup rows of the attributes some shared case records (shown as a table)."""
+        unknown = set(self.unrecorded_attributes())
+        return [r for r in self.subgroups if r.attribute not in unknown]
 
     @property
     def flip_share(self) -> float | None:
@@ -306,13 +317,6 @@ def _subgroups(
 ) -> list[SubgroupDelta]:
     """Accuracy B - A by each subgroup attribute of the shared units' cases (a case the runs hold
     no snapshot of is in "not recorded")."""
-    from evaluation.scoring.subgroups import (
-        ATTRIBUTES,
-        NOT_RECORDED,
-        case_attributes,
-        value_order,
-    )
-
     attrs = {cid: case_attributes(c) for cid, c in cases.items()}
     out = []
     for attribute in ATTRIBUTES:

@@ -99,9 +99,8 @@ def _print_model(m: ModelDelta, out: Console) -> None:
 
 def _print_subgroups(m: ModelDelta, out: Console) -> None:
     """Accuracy by subgroup; an attribute no case records is one line, not a table of unknowns."""
-    known = {r.attribute for r in m.subgroups if r.value != "not recorded"}
-    unknown = list(dict.fromkeys(r.attribute for r in m.subgroups if r.attribute not in known))
-    rows = [r for r in m.subgroups if r.attribute not in unknown]
+    unknown = m.unrecorded_attributes()
+    rows = m.recorded_subgroups()
     if rows:
         table = Table(title=f"{shown(m.model, 120)}: accuracy by subgroup (B - A, paired)")
         for col in ("attribute", "subgroup", "patients", "A", "B", "B - A [95% CI]"):
