@@ -116,6 +116,9 @@ def test_pilot_report_shows_the_summary_figures_and_every_section(
     assert passports[MODELS[0]]["prompt_digest"] and passports[MODELS[0]]["recorded_at"]
     assert "5 cases from 5 patients" in limits and "fewer than 10 patients" in limits
     assert "No ablation" in limits and "No clinician reviews yet" in limits
+    # no case records a subgroup attribute: one sentence, no tables of "not recorded"
+    assert "Not recorded for any case: vendor, scanner model, field strength" in limits
+    assert "subgroups-unrecorded" in html and 'data-attribute="' not in html
     assert pilot["runs"][0]["dataset"]["n_cases"] == 5 and pilot["runs"][0]["dataset"]["hash"]
 
 

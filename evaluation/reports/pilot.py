@@ -27,7 +27,7 @@ from evaluation.reports.intended_use import LABELS, IntendedUse
 from evaluation.reports.summary import SummaryReport, build_summary
 from evaluation.review.review_log import CaseReview
 from evaluation.scoring.stats import DEFAULT_BOOT, MIN_PATIENTS, Estimate
-from evaluation.scoring.subgroups import ATTRIBUTE_TITLES, ATTRIBUTES, NOT_RECORDED, SubgroupTable
+from evaluation.scoring.subgroups import ATTRIBUTE_TITLES, NOT_RECORDED, SubgroupTable
 
 PILOT_VERSION = 1
 MAX_RUNS = 8
@@ -81,6 +81,10 @@ class PilotRun(BaseModel):
     # the run as the runs catalog lists it (its figures over time beside the pilot's other runs)
     catalog: CatalogEntry | None = None
 
+    def subgroup_attributes(self, recorded: bool = True) -> list[str]:
+        """The subgroup attributes the run's cases record, or (``recorded=False``) none of."""
+        return subgroup_attributes(self.summary.subgroups, recorded)
+
 
 class PilotReport(BaseModel):
     kind: Literal["neurosandbox.pilot_report"] = "neurosandbox.pilot_report"
@@ -118,6 +122,15 @@ def run_catalog_entry(rundir: Path, database_url: str | None = None) -> CatalogE
     if not store_exists(Path(rundir), database_url):
         return None
     return read_entry(Path(rundir), database_url=database_url)
+
+
+def subgroup_attributes(table: SubgroupTable | None, recorded: bool = True) -> list[str]:
+    """The attributes of ``table`` with a value other than "not recorded" for some case, or,
+    ``recorded=False``, those recorded for no case (a board gets no table of the latter)."""
+    if table is None:
+        return []
+    have = {r.attribute for r in table.rows if r.value != NOT_RECORDED}
+    return [a for a in table.attributes() if (a in have) == recorded]
 
 
 def _cohort(table: SubgroupTable | None) -> dict[str, dict[str, int]] | None:
@@ -229,11 +242,7 @@ def evidence_limits(run: RunData, summary: SummaryReport, status: str) -> list[s
     if table is None:
         limits.append("Results by subgroup were not computed (a summary from before them).")
     else:
-        unrecorded = [
-            ATTRIBUTE_TITLES[a].lower()
-            for a in ATTRIBUTES
-            if {r.value for r in table.rows if r.attribute == a} <= {NOT_RECORDED}
-        ]
+        unrecorded = [ATTRIBUTE_TITLES[a].lower() for a in subgroup_attributes(table, False)]
         if unrecorded:
             limits.append(
                 f"Not recorded for any case: {', '.join(unrecorded)}. Whether the results hold "
