@@ -122,7 +122,8 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
     text = pdf_text(document, tmp_path)
     case_id = report["cases"][0]["case_id"]
     assert "UNVERIFIED" in text and case_id in text and "reference/image-rules" in text
-    assert f"Final diagnosis {diagnosis}" in text and "Not assessed" in text
+    # the answer's line (the paper copy's answers table) and the case's want of a reference
+    assert "Final diagnosis" in text and diagnosis in text and "Not assessed" in text
     print(f"storescu start -> SR+PDF in Orthanc: {elapsed:.1f} s")
     assert elapsed < QUIET + STABLE_AGE + 20  # seconds, on a busy 2-core machine
 
@@ -310,7 +311,8 @@ def test_api_evaluation_run_serves_reports_images_metrics_and_audit(
     pdf = gateway.get(f"/runs/{run_id}/report.pdf", gateway.reviewer)
     assert pdf.headers["content-type"] == "application/pdf" and pdf.content.startswith(b"%PDF")
     diagnosis = report["samples"][0]["answer"]["final_diagnosis"]
-    assert f"Final diagnosis {diagnosis}" in pdf_text(pdf.content, tmp_path)
+    printed = pdf_text(pdf.content, tmp_path)
+    assert "Final diagnosis" in printed and diagnosis in printed
     assert diagnosis in html.text and report["cases"][0]["case_id"] in html.text
     review = gateway.get(f"/review/runs/{run_id}/summary.json", gateway.reviewer).json()
     assert review["run_id"] == run_id and len(review["cases"]) == 1

@@ -114,13 +114,19 @@ def runs_index(
         table.add_row(
             f"{escape(e.run_id)}\n({e.source})",
             (e.created_at or "")[:16],
-            escape(f"{e.status}: {e.error}" if e.error else e.status),
+            escape(f"{e.status} (why: below)" if e.error else e.status),
             data,
             "\n".join(lines),
             "-" if e.error else escape(e.cost.text),
             "; ".join(x for x in (escape(", ".join(e.scoring_versions)), canary) if x),
         )
-    table_console().print(table)
+    out = table_console()
+    out.print(table)
+    # why a run is unreadable, whole, one line each (a narrow table cell would fold it)
+    for e in entries:
+        if e.error:
+            where = f" ({e.run_dir})" if e.run_dir else ""
+            out.print(f"{escape(e.run_id)}{escape(where)}: {escape(e.error)}", soft_wrap=True)
 
 
 ReviewsOption = Annotated[
