@@ -120,13 +120,13 @@ def runs_index(
             "-" if e.error else escape(e.cost.text),
             "; ".join(x for x in (escape(", ".join(e.scoring_versions)), canary) if x),
         )
-    out = table_console()
-    out.print(table)
+    shown = table_console()
+    shown.print(table)
     # why a run is unreadable, whole, one line each (a narrow table cell would fold it)
     for e in entries:
         if e.error:
             where = f" ({e.run_dir})" if e.run_dir else ""
-            out.print(f"{escape(e.run_id)}{escape(where)}: {escape(e.error)}", soft_wrap=True)
+            shown.print(f"{escape(e.run_id)}{escape(where)}: {escape(e.error)}", soft_wrap=True)
 
 
 ReviewsOption = Annotated[
