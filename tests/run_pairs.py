@@ -35,17 +35,27 @@ def case_id(i: int) -> str:
     return f"nmb-{i:03d}"
 
 
+UNUSABLE_REPLY = "I cannot say from these images."  # no JSON answer: a format failure
+
+
 def write_replay(
-    path: Path, n: int, wrong: Collection[int] = (), missing: Collection[int] = ()
+    path: Path,
+    n: int,
+    wrong: Collection[int] = (),
+    missing: Collection[int] = (),
+    unusable: Collection[int] = (),
 ) -> Path:
-    """A replay file for cases 0..n-1: wrong on ``wrong``, no answer on ``missing``."""
+    """A replay file for cases 0..n-1: wrong on ``wrong``, no answer on ``missing``, a reply
+    with no JSON answer (a format failure) on ``unusable``."""
     lines = [
         json.dumps(
             {
                 "case_id": case_id(i),
                 "task": TASK,
                 "sample": 0,
-                "text": answer(WRONG if i in wrong else RIGHT),
+                "text": UNUSABLE_REPLY
+                if i in unusable
+                else answer(WRONG if i in wrong else RIGHT),
             }
         )
         for i in range(n)

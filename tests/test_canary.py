@@ -274,3 +274,22 @@ def test_a_changed_dataset_starts_a_new_series_never_compared_across(
     res = cli.invoke(app, ["canary", str(canary), "--n-boot", "300"])
     assert res.exit_code == 0, res.output
     assert f"against run {run2_id}" in _flat(res.output) and "QUIET" in _flat(res.output)
+
+
+def test_answers_that_turn_unusable_are_flips_and_ring_the_alarm(
+    setup: tuple[CliRunner, Path, Path], tmp_path: Path
+) -> None:
+    """A model that starts failing the answer format on cases it answered right has changed:
+    such answers are wrong (as pass@k counts them), never left out of the comparison (a
+    fresh-clone trial: 4 of 12 cases turned to format failures, and the canary said QUIET,
+    '0 of 32 case questions flipped')."""
+    cli, canary, _ = setup
+    assert cli.invoke(app, ["canary", str(canary), "--n-boot", "300"]).exit_code == 0
+    write_replay(tmp_path / "model.jsonl", N + 2, wrong={8}, unusable={0, 1, 2})
+    res = cli.invoke(app, ["canary", str(canary), "--n-boot", "300", "--json"])
+    assert res.exit_code == 4, res.output
+    outcome = json.loads(res.stdout)
+    [m] = outcome["models"]
+    assert (m["flipped"], m["n_shared_units"]) == (3, 10)
+    [cmp] = outcome["comparison"]["models"]
+    assert sorted(u["case_id"] for u in cmp["right_to_wrong"]) == [case_id(i) for i in (0, 1, 2)]

@@ -118,7 +118,7 @@ class ModelDelta(BaseModel):
     """One model in both runs."""
 
     model: str
-    n_shared_units: int  # units both runs scored for accuracy
+    n_shared_units: int  # units both runs answered right or wrong (strict: unusable is wrong)
     metrics: list[MetricDelta] = Field(default_factory=list)
     right_to_wrong: list[FlippedUnit] = Field(default_factory=list)
     wrong_to_right: list[FlippedUnit] = Field(default_factory=list)
@@ -270,13 +270,16 @@ def _flips(
     b: RunSide,
     checklist: ChecklistLink | None,
 ) -> tuple[list[FlippedUnit], list[FlippedUnit]]:
-    """Units whose first scored sample went right -> wrong, and wrong -> right (accuracy)."""
+    """Units whose first scored sample went right -> wrong, and wrong -> right, as pass@k
+    counts right and wrong (``ScoredSample.outcome``): an answer that turned unusable (a
+    format failure, a refusal) on a gradable question is wrong, never left out; a failed
+    call is left out (listed as a sample one run lacks)."""
     worse: list[FlippedUnit] = []
     better: list[FlippedUnit] = []
     for key in sorted(set(ua) & set(ub)):
-        sa = next((s for s in ua[key] if s.correct is not None), None)
-        sb = next((s for s in ub[key] if s.correct is not None), None)
-        if sa is None or sb is None or sa.correct == sb.correct:
+        sa = next((s for s in ua[key] if s.outcome is not None), None)
+        sb = next((s for s in ub[key] if s.outcome is not None), None)
+        if sa is None or sb is None or sa.outcome == sb.outcome:
             continue
         flip = FlippedUnit(
             case_id=key[0],
@@ -285,7 +288,7 @@ def _flips(
             checklist_a=checklist(a.run_id, key[0]) if checklist else None,
             checklist_b=checklist(b.run_id, key[0]) if checklist else None,
         )
-        (worse if sa.correct == 1.0 else better).append(flip)
+        (worse if sa.outcome == 1.0 else better).append(flip)
     return worse, better
 
 
@@ -412,7 +415,8 @@ def compare_runs(
         worse, better = _flips(ua, ub, a, b, checklist)
         only_a, more_a = _only(ua, ub)
         only_b, more_b = _only(ub, ua)
-        acc = next((m for m in metrics if m.metric == ACCURACY), None)
+        # the units the flips are counted on: both runs right or wrong there, as pass@k counts
+        acc = next((m for m in metrics if m.metric == STRICT_ACCURACY), None)
         out.models.append(
             ModelDelta(
                 model=model,
