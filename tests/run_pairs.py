@@ -53,9 +53,7 @@ def write_replay(
                 "case_id": case_id(i),
                 "task": TASK,
                 "sample": 0,
-                "text": UNUSABLE_REPLY
-                if i in unusable
-                else answer(WRONG if i in wrong else RIGHT),
+                "text": UNUSABLE_REPLY if i in unusable else answer(WRONG if i in wrong else RIGHT),
             }
         )
         for i in range(n)
