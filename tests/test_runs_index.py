@@ -203,3 +203,35 @@ def test_the_index_lists_the_runs_of_the_postgresql_run_log(
     # `runs list` of the runs folder: its run (by its marker), not the one elsewhere
     listed = CliRunner().invoke(app, ["runs", "list", str(runs)])
     assert listed.exit_code == 0 and run_id in listed.output and other_id not in listed.output
+
+
+def test_the_table_shows_each_models_passport_line_bounded_and_without_terminal_escapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from evaluation.log.passport import NOTE_PREFIX
+
+    _env(monkeypatch, tmp_path)
+    run = _eval(tmp_path, "r1", 2, ["reference/text-prior", "reference/image-rules"])
+    res = CliRunner().invoke(app, ["runs", "index"])
+    assert res.exit_code == 0, res.output
+    entry = CatalogEntry.model_validate(_index()[0])
+    line = entry.passport_lines["reference/text-prior"]
+    # each model's passport line is printed under its figures (the table folds long cells:
+    # compare without the table's line breaks and borders)
+    flat = " ".join(res.output.replace("│", " ").split())
+    assert f"passport: {' '.join(line.split())[:30]}" in flat
+
+    # a run log edited by hand: a recorded passport naming a provider with terminal escapes
+    # and a thousand characters, a canary note's name with a screen-clearing escape
+    key = NOTE_PREFIX + "reference/text-prior"
+    with open_store(run) as store:
+        note = json.loads(store.note(key) or "{}")
+        note["provider"] = "evil\x1b]0;pwned\x07\x1b[2J" + "p" * 1000
+        store.set_note(key, json.dumps(note))
+        store.set_note("canary", json.dumps({"verdict": "alarm", "name": "w\x1b[31mred"}))
+    res = CliRunner().invoke(app, ["runs", "index"])
+    assert res.exit_code == 0, res.output
+    assert "\x1b" not in res.output and "\x07" not in res.output
+    flat = "".join(res.output.replace("│", " ").split())
+    assert "evil]0;pwned[2J" in flat and "alarmw[31mred" in flat  # shown, as inert text
+    assert "p" * 200 not in flat  # bounded (the catalog keeps 300 characters, the table 160)

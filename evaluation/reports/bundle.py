@@ -14,12 +14,13 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from evaluation.log.catalog import CatalogEntry
 from evaluation.log.rundata import RunData
 from evaluation.reports.checklist import MAX_IMAGE_BYTES, build_checklist, image_path
 from evaluation.reports.checklist_view import CaseChecklist, checklist_schema
@@ -135,12 +136,14 @@ def write_report(
     workers: int = 2,
     summary: bool = True,
     printer: Printer | None = None,
+    catalog: Sequence[CatalogEntry] | None = None,
 ) -> ReportIndex:
     """Write the checklists and the summary of ``run`` into ``out``.
 
     ``summary=False`` writes the checklists alone, their pages without a summary link (the
     gateway: its review pages build the live summary on request). ``printer``: a running
-    Chromium to print with (``Printer``); else one is started for the batch."""
+    Chromium to print with (``Printer``); else one is started for the batch. ``catalog``: the
+    install's runs, for the summary's figures over the earlier runs of this dataset."""
     out = Path(out)
     (out / "cases").mkdir(parents=True, exist_ok=True)
     save_run(run, out / RUNDATA_FILE)
@@ -179,7 +182,7 @@ def write_report(
             if job is not None:
                 jobs.append(job)
     if summary:
-        report = build_summary(run, reviews or [], checklists)
+        report = build_summary(run, reviews or [], checklists, catalog=catalog)
         plots = all_plots(report)
         (out / "summary.json").write_text(report.model_dump_json(indent=2))
         (out / "summary.html").write_text(render_summary(report, plots))

@@ -19,6 +19,7 @@ from matplotlib.ticker import MaxNLocator
 
 from evaluation.log.catalog import CatalogEntry
 from evaluation.models.cost import cost_text
+from evaluation.reports.over_time import no_history_text
 from evaluation.reports.summary import SummaryReport
 from evaluation.scoring.stats import Estimate
 
@@ -147,6 +148,7 @@ WHY_EMPTY: dict[str, Callable[[SummaryReport], str | None]] = {
     "reliability": _why_no_reliability,
     "cost": _why_no_cost,
     "ablations": _why_no_ablations,
+    "over_time": lambda r: no_history_text(r.history),
 }
 
 
@@ -420,6 +422,7 @@ PLOTS: dict[str, Callable[[SummaryReport], bytes | None]] = {
     "cost": cost,
     "ablations": ablations,
     "published": published,
+    "over_time": lambda r: over_time(r),
 }
 
 
@@ -497,3 +500,12 @@ def metrics_over_time(entries: Sequence[CatalogEntry], dataset_hash: str) -> byt
         axes[0].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         axes[0].set_title(f"{len(runs)} runs of dataset {dataset_hash[:12]} (95% CI over patients)")
         return _png(fig)
+
+
+def over_time(r: SummaryReport) -> bytes | None:
+    """The summary's over-time plot: each of the run's models across the earlier runs of its
+    dataset and this one (``SummaryReport.history``); None when there is no earlier run."""
+    h = r.history
+    if h is None or no_history_text(h) is not None:
+        return None
+    return metrics_over_time(h.runs, h.dataset_hash)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -13,10 +14,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from evaluation.coverage import CaseCoverage
+from evaluation.log.catalog import CatalogEntry
 from evaluation.log.passport import ModelPassport
 from evaluation.log.rundata import FULL_INPUT, RunData
 from evaluation.reports.checklist import answer_label, build_checklist
 from evaluation.reports.checklist_view import AnswerChecklist, CaseChecklist
+from evaluation.reports.over_time import RunHistory, run_history, this_run_entry
 from evaluation.reports.published import PublishedBenchmark, neural_medbench
 from evaluation.review.agreement import ReviewStats, apply_overrides, review_stats
 from evaluation.review.review_log import CaseReview
@@ -169,6 +172,9 @@ class SummaryReport(BaseModel):
     # each figure by vendor, scanner model, field strength, age band and sex (None: a summary
     # written before subgroups were)
     subgroups: SubgroupTable | None = None
+    # the earlier runs of this run's dataset in the runs catalog, this run last (over_time.py;
+    # None: no catalog was handed in)
+    history: RunHistory | None = None
 
 
 def _ablations(run: RunData, n_boot: int) -> list[AblationRow]:
@@ -246,8 +252,11 @@ def build_summary(
     *,
     n_boot: int = DEFAULT_BOOT,
     now: datetime | None = None,
+    catalog: Sequence[CatalogEntry] | None = None,
 ) -> SummaryReport:
-    """The run summary; signed-off reviews replace error labels and add agreement figures."""
+    """The run summary; signed-off reviews replace error labels and add agreement figures.
+    ``catalog``: the install's runs (``evaluation.log.list_runs``), for each model's figures
+    over the earlier runs of this dataset (None: that section says no catalog was read)."""
     reviews = reviews or []
     if checklists is None:
         checklists = [
@@ -262,6 +271,13 @@ def build_summary(
         ]
     scored = apply_overrides(run, reviews)
     full = [sc for s, sc in zip(run.samples, scored, strict=True) if s.ablation == FULL_INPUT]
+    figures = summarise(full, n_boot=n_boot)
+    history = None
+    if catalog is not None:
+        this = this_run_entry(
+            run.run_id, run.created_at, run.dataset_name, run.dataset_hash, figures.leaderboard
+        )
+        history = run_history(this, catalog)
     return SummaryReport(
         run_id=run.run_id,
         title=run.title,
@@ -274,7 +290,7 @@ def build_summary(
         models=run.models,
         families=sorted({s.scored.family.value for s in run.samples}),
         ablations=run.ablations,
-        summary=summarise(full, n_boot=n_boot),
+        summary=figures,
         ablation_rows=_ablations(run, n_boot) if len(run.ablations) > 1 else [],
         reviews=review_stats(run, reviews),
         published=neural_medbench(),
@@ -282,4 +298,5 @@ def build_summary(
         coverage=run.coverage,
         passports=run.passports,
         subgroups=subgroup_table(run.cases, full, n_boot=n_boot),
+        history=history,
     )

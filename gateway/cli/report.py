@@ -55,7 +55,11 @@ def report_command(
     target = out or settings.reports_root / case_slug(run.run_id)
     log = reviews or settings.data_dir / "reviews.sqlite"
     feedback = ReviewStore(log).reviews(run.run_id) if log.is_file() else []
-    index = write_report(run, target, pdf=pdf, reviews=feedback, workers=workers)
+    from gateway.runs.index import summary_catalog
+
+    index = write_report(
+        run, target, pdf=pdf, reviews=feedback, workers=workers, catalog=summary_catalog(settings)
+    )
     for w in index.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(w)}")
     console.print(

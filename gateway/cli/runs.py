@@ -25,6 +25,7 @@ from gateway.cli.console import (
     print_run,
     run_log_url,
     show_run,
+    shown,
     table_console,
 )
 
@@ -87,8 +88,7 @@ def runs_index(
 ) -> None:
     """Every run the install knows (CLI, demo, gateway; run folders and the PostgreSQL run log):
     date, dataset and hash, models, status, key metrics with 95% CIs, cost, scoring version,
-    the canary's mark."""
-    from evaluation.log import figures_text
+    the canary's mark; under each model the one line of its passport."""
     from gateway.runs.index import install_runs
     from gateway.settings import get_settings
 
@@ -99,34 +99,51 @@ def runs_index(
         return
     table = Table(title=f"{len(entries)} runs")
     table.add_column("run (source)", no_wrap=True)  # whole: to copy into `runs compare`
-    for col in ("date", "status", "dataset", "models: key metrics (95% CI)", "cost",
+    for col in ("date", "status", "dataset", "models: key metrics (95% CI); passport", "cost",
                 "scoring; canary"):  # fmt: skip
         table.add_column(col, overflow="fold")
     for e in entries:
-        if e.metrics:
-            lines = [f"{escape(m.model)}: {figures_text(m)}" for m in e.metrics]
-        else:
-            lines = [escape(m) for m in e.models]
-        data = escape(e.dataset_name or "-") + (f" {e.dataset_hash[:12]}" if e.dataset_hash else "")
-        canary = ""
-        if e.canary is not None:
-            canary = escape(f"{e.canary.verdict} {e.canary.name}".strip())
+        # every string here came from a run log or a note someone may have written by hand:
+        # `shown` drops control characters (a terminal escape would reach the terminal through
+        # rich), bounds it and escapes rich markup
         table.add_row(
-            f"{escape(e.run_id)}\n({e.source})",
-            (e.created_at or "")[:16],
-            escape(f"{e.status} (why: below)" if e.error else e.status),
-            data,
-            "\n".join(lines),
-            "-" if e.error else escape(e.cost.text),
-            "; ".join(x for x in (escape(", ".join(e.scoring_versions)), canary) if x),
+            f"{shown(e.run_id, 80)}\n({e.source})",
+            shown((e.created_at or "")[:16]),
+            shown(f"{e.status} (why: below)" if e.error else e.status),
+            shown(e.dataset_name or "-", 80)
+            + (f" {shown(e.dataset_hash[:12])}" if e.dataset_hash else ""),
+            "\n".join(_model_lines(e)),
+            "-" if e.error else shown(e.cost.text),
+            "; ".join(x for x in (shown(", ".join(e.scoring_versions)), _canary_text(e)) if x),
         )
-    shown = table_console()
-    shown.print(table)
+    printer = table_console()
+    printer.print(table)
     # why a run is unreadable, whole, one line each (a narrow table cell would fold it)
     for e in entries:
         if e.error:
             where = f" ({e.run_dir})" if e.run_dir else ""
-            shown.print(f"{escape(e.run_id)}{escape(where)}: {escape(e.error)}", soft_wrap=True)
+            printer.print(f"{shown(e.run_id, 80)}{shown(where)}: {shown(e.error)}", soft_wrap=True)
+
+
+PASSPORT_SHOWN = 160  # characters of a model's passport line in the index table
+
+
+def _model_lines(e: Any) -> list[str]:
+    """A run's models in the index table: each with its key figures, its passport's one line
+    under it (what was asked, the provider, what answered)."""
+    from evaluation.log import figures_text
+
+    lines = []
+    figures = {m.model: figures_text(m) for m in e.metrics}
+    for model in list(figures) + [m for m in e.models if m not in figures]:
+        lines.append(shown(model, 80) + (f": {figures[model]}" if model in figures else ""))
+        if passport := e.passport_lines.get(model):
+            lines.append(f"  passport: {shown(passport, PASSPORT_SHOWN)}")
+    return lines
+
+
+def _canary_text(e: Any) -> str:
+    return shown(f"{e.canary.verdict} {e.canary.name}".strip(), 80) if e.canary else ""
 
 
 ReviewsOption = Annotated[

@@ -36,6 +36,7 @@ from evaluation.review import ReviewStore
 from gateway.report_versions import ReportVersions
 from gateway.review.auth import SessionStore
 from gateway.runs import RunNotFoundError, StudyRunStore
+from gateway.runs.index import summary_catalog
 from gateway.runs.reading import RunNotReadableError, evaluated_runs, read_run
 from gateway.settings import Settings
 
@@ -200,7 +201,13 @@ class ReviewService:
         if hit is not None and hit[0][0] is run and hit[0][1] == key[1]:
             return hit[1], hit[2], key
         checklists = self.checklists(report)
-        summary = build_summary(run, self.store.reviews(run.run_id), checklists, n_boot=LIVE_BOOT)
+        summary = build_summary(
+            run,
+            self.store.reviews(run.run_id),
+            checklists,
+            n_boot=LIVE_BOOT,
+            catalog=summary_catalog(self.settings),
+        )
         with self._lock:
             self._summaries[report] = (key, summary, None)
         return summary, None, key

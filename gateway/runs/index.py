@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from evaluation import EvaluationError
 from evaluation.log import CatalogEntry, list_runs
 from gateway.settings import Settings
 
@@ -29,3 +30,13 @@ def install_runs(
         dataset=dataset,
         model=model,
     )
+
+
+def summary_catalog(settings: Settings) -> list[CatalogEntry] | None:
+    """The install's runs for a run summary's figures over time; None when they cannot be
+    listed (a summary is written all the same, its over-time section saying no catalog was
+    read)."""
+    try:
+        return install_runs(settings)
+    except (OSError, EvaluationError):
+        return None
