@@ -36,6 +36,7 @@ def case_id(i: int) -> str:
 
 
 UNUSABLE_REPLY = "I cannot say from these images."  # no JSON answer: a format failure
+REFUSAL_REPLY = "As an AI model, I must decline to give a medical diagnosis."  # a refusal
 
 
 def write_replay(
@@ -44,16 +45,21 @@ def write_replay(
     wrong: Collection[int] = (),
     missing: Collection[int] = (),
     unusable: Collection[int] = (),
+    refused: Collection[int] = (),
 ) -> Path:
     """A replay file for cases 0..n-1: wrong on ``wrong``, no answer on ``missing``, a reply
-    with no JSON answer (a format failure) on ``unusable``."""
+    with no JSON answer (a format failure) on ``unusable``, a refusal on ``refused``."""
     lines = [
         json.dumps(
             {
                 "case_id": case_id(i),
                 "task": TASK,
                 "sample": 0,
-                "text": UNUSABLE_REPLY if i in unusable else answer(WRONG if i in wrong else RIGHT),
+                "text": UNUSABLE_REPLY
+                if i in unusable
+                else REFUSAL_REPLY
+                if i in refused
+                else answer(WRONG if i in wrong else RIGHT),
             }
         )
         for i in range(n)

@@ -293,3 +293,20 @@ def test_answers_that_turn_unusable_are_flips_and_ring_the_alarm(
     assert (m["flipped"], m["n_shared_units"]) == (3, 10)
     [cmp] = outcome["comparison"]["models"]
     assert sorted(u["case_id"] for u in cmp["right_to_wrong"]) == [case_id(i) for i in (0, 1, 2)]
+
+
+def test_answers_that_turn_into_refusals_are_flips_too(
+    setup: tuple[CliRunner, Path, Path], tmp_path: Path
+) -> None:
+    """Another member of the class: a model that starts declining cases it answered right."""
+    cli, canary, runs = setup
+    assert cli.invoke(app, ["canary", str(canary), "--n-boot", "300"]).exit_code == 0
+    write_replay(tmp_path / "model.jsonl", N + 2, wrong={8}, refused={3, 4, 5})
+    res = cli.invoke(app, ["canary", str(canary), "--n-boot", "300", "--json"])
+    assert res.exit_code == 4, res.output
+    store = open_store(_newest(runs), read_only=True)
+    statuses = {s.case_id: s.status for s in store.samples(calls=False, scores=False)}
+    store.close()
+    assert {statuses[case_id(i)] for i in (3, 4, 5)} == {"refusal"}
+    [cmp] = json.loads(res.stdout)["comparison"]["models"]
+    assert sorted(u["case_id"] for u in cmp["right_to_wrong"]) == [case_id(i) for i in (3, 4, 5)]
