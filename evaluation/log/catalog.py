@@ -26,7 +26,7 @@ import json
 import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import sqlalchemy as sa
 from pydantic import BaseModel, Field, ValidationError
@@ -46,6 +46,9 @@ from evaluation.log.store import (
 )
 from evaluation.models.cost import cost_text
 from evaluation.scoring.stats import Estimate
+
+if TYPE_CHECKING:
+    from evaluation.scoring.summary import LeaderboardRow
 
 CATALOG_VERSION = 1  # cached entries of another version are read again
 CACHE_FILE = "catalog-cache.json"
@@ -75,6 +78,20 @@ class ModelMetrics(BaseModel):
     pass_at_1: Estimate | None = None  # sampled pass@1
     ranked_pass_at_1: Estimate | None = None
     cost: CostFigure = Field(default_factory=CostFigure)
+
+    @classmethod
+    def of_row(cls, row: LeaderboardRow, cost: CostFigure | None = None) -> ModelMetrics:
+        """A leaderboard row's key figures (the one mapping: the catalog and the summary's
+        over-time section both read runs through it)."""
+        return cls(
+            model=row.model,
+            n_samples=row.n_samples,
+            n_scored=row.n_scored,
+            accuracy=row.accuracy,
+            pass_at_1=row.sampled_pass_at.get("1"),
+            ranked_pass_at_1=row.ranked_pass_at.get("1"),
+            cost=cost or CostFigure(),
+        )
 
 
 def ci_text(e: Estimate | None) -> str:
@@ -388,18 +405,7 @@ def _metrics(store: RunStore, costs: dict[str, CostFigure]) -> list[ModelMetrics
     if not samples:
         return []
     summary = summarise(samples)
-    return [
-        ModelMetrics(
-            model=row.model,
-            n_samples=row.n_samples,
-            n_scored=row.n_scored,
-            accuracy=row.accuracy,
-            pass_at_1=row.sampled_pass_at.get("1"),
-            ranked_pass_at_1=row.ranked_pass_at.get("1"),
-            cost=costs.get(row.model, CostFigure()),
-        )
-        for row in summary.leaderboard
-    ]
+    return [ModelMetrics.of_row(row, costs.get(row.model)) for row in summary.leaderboard]
 
 
 def _passports(store: RunStore) -> tuple[dict[str, dict[str, str]], dict[str, str]]:

@@ -58,17 +58,7 @@ def this_run_entry(
         dataset_name=dataset_name or None,
         dataset_hash=dataset_hash or None,
         models=[row.model for row in leaderboard],
-        metrics=[
-            ModelMetrics(
-                model=row.model,
-                n_samples=row.n_samples,
-                n_scored=row.n_scored,
-                accuracy=row.accuracy,
-                pass_at_1=row.sampled_pass_at.get("1"),
-                ranked_pass_at_1=row.ranked_pass_at.get("1"),
-            )
-            for row in leaderboard
-        ],
+        metrics=[ModelMetrics.of_row(row) for row in leaderboard],
     )
 
 

@@ -13,6 +13,16 @@ from gateway.cli.console import cli_console, show_coverage
 console = cli_console(stderr=True)
 
 
+# the review log both reports feed back (one option, one help text)
+ReviewsFedBack = Annotated[
+    Path | None,
+    typer.Option(
+        "--reviews",
+        help="review log (reviews.sqlite) to feed back; default DATA_DIR/reviews.sqlite if present",
+    ),
+]
+
+
 def report_command(
     rundir: Annotated[
         Path, typer.Argument(help="a run folder (or a rundata.json exported from one)")
@@ -26,12 +36,7 @@ def report_command(
     pdf: Annotated[
         bool, typer.Option("--pdf/--no-pdf", help="also print PDFs with Chromium")
     ] = True,
-    reviews: Annotated[
-        Path | None,
-        typer.Option(
-            help="review log (reviews.sqlite) to feed back; default DATA_DIR/reviews.sqlite if present"
-        ),
-    ] = None,
+    reviews: ReviewsFedBack = None,
     workers: Annotated[int, typer.Option(min=1, max=8, help="Chromium processes at once")] = 2,
 ) -> None:
     """Write per-case checklists (JSON, HTML, PDF) and the run summary (JSON, HTML, PDF).
@@ -92,12 +97,7 @@ def pilot_report_command(
     pdf: Annotated[
         bool, typer.Option("--pdf/--no-pdf", help="also print pilot.pdf with Chromium")
     ] = True,
-    reviews: Annotated[
-        Path | None,
-        typer.Option(
-            help="review log (reviews.sqlite) to feed back; default DATA_DIR/reviews.sqlite if present"
-        ),
-    ] = None,
+    reviews: ReviewsFedBack = None,
 ) -> None:
     """Write one pilot report for an AI governance board over the pilot's runs (HTML and PDF).
 
