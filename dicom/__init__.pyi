@@ -2,7 +2,10 @@
 # type checkers read this stub. Nothing outside the package imports past it.
 from .atomic import atomic_write as atomic_write
 from .classify import classify as classify
+from .credentials import PACS_CREDENTIAL_ENV as PACS_CREDENTIAL_ENV
+from .credentials import CredentialNameError as CredentialNameError
 from .credentials import credential as credential
+from .credentials import pacs_credential as pacs_credential
 from .deid import Deidentifier as Deidentifier
 from .deid import DeidPolicy as DeidPolicy
 from .deid_study import DeidentifiedStudy as DeidentifiedStudy

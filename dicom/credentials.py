@@ -12,6 +12,26 @@ bottom layer so that every layer reads secrets the same way.
 from __future__ import annotations
 
 import os
+import re
+
+# The name of an environment variable a manifest or a PACS file may read a PACS credential
+# from: it contains PACS or ORTHANC, so a file that came from elsewhere cannot make the sandbox
+# send another secret of this machine (a model's API key) to the server it names.
+PACS_CREDENTIAL_ENV = r"^[A-Z0-9_]{0,60}(PACS|ORTHANC)[A-Z0-9_]{0,60}$"
+
+
+class CredentialNameError(ValueError):
+    """A PACS credential named by a variable that is not meant for a PACS."""
+
+
+def pacs_credential(env_name: str | None) -> str | None:
+    """``credential(env_name)`` for a PACS: the name must match ``PACS_CREDENTIAL_ENV``."""
+    if env_name and not re.fullmatch(PACS_CREDENTIAL_ENV, env_name):
+        raise CredentialNameError(
+            f"{env_name[:80]!r} is not a PACS credential's variable: its name must be upper-case "
+            "letters, digits and _ and contain PACS or ORTHANC (e.g. HOSPITAL_PACS_PASSWORD)"
+        )
+    return credential(env_name)
 
 
 def credential(env_name: str | None) -> str | None:

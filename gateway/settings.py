@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     # the run log in PostgreSQL (postgresql+psycopg://...) for every run of the install;
     # None: one run.sqlite per run folder. Read here only, passed to evaluation.log.
     database_url: str | None = None
+    # the PACS the sandbox finds, pulls from and writes back to, by name (YAML; docs/gateway.md
+    # "Using your own PACS"); None: only `local`, the Orthanc above
+    pacs_file: Path | None = None
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
     # how the runs index lists this gateway's runs: gateway, or demo (`neurosandbox demo`'s)
     run_source: Literal["gateway", "demo"] = "gateway"

@@ -30,6 +30,7 @@ from pydantic import (
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import ErrorDetails, PydanticCustomError, core_schema
 
+from dicom import PACS_CREDENTIAL_ENV
 from evaluation.case import VOCABULARY_CONTEXT, GroundTruth, Question, TaskFamily, Turn
 from evaluation.errors import field_path, is_union_tag
 from evaluation.scoring.vocabulary import TRUTH_VOCABULARY
@@ -59,8 +60,8 @@ def case_label(case_id: Any, id_: Any, n: int) -> str:
     return f"case-{n + 1:03d}"
 
 
-# The name of an environment variable a manifest may read a PACS credential from.
-CREDENTIAL_ENV = r"^[A-Z0-9_]{0,60}(PACS|ORTHANC)[A-Z0-9_]{0,60}$"
+# The name of an environment variable a manifest may read a PACS credential from (dicom's rule).
+CREDENTIAL_ENV = PACS_CREDENTIAL_ENV
 
 
 class _OrthancAccess(BaseModel):
