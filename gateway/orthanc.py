@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -29,7 +30,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from dicom import SeriesInfo, check_uid, index_path
+from dicom import SeriesInfo, atomic_write, check_uid, index_path
 from gateway.cache import CacheKey, InstanceCache
 from gateway.study_key import orthanc_id
 
@@ -121,6 +122,7 @@ class OrthancClient:
         timeout_s: float = 600.0,
         retries: int = 3,
         backoff_s: float = BACKOFF_S,
+        verify: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.retries = retries  # further attempts of an idempotent call after the first
@@ -130,7 +132,8 @@ class OrthancClient:
             username=username,
             password=password,
             timeout=httpx.Timeout(timeout_s, connect=10.0, pool=60.0),
-            transport=httpx.HTTPTransport(retries=retries),  # connection errors only
+            # connection errors only; ``verify``: the hospital's CA for https (None: the system's)
+            transport=httpx.HTTPTransport(retries=retries, verify=verify or True),
         )
         self._class_cache: dict[tuple[str, str], list[StackClass]] = {}
 
@@ -191,6 +194,35 @@ class OrthancClient:
             return r.json()
 
         return self._retry(f"GET {path.split('?')[0]}", call)
+
+    def post_json(self, path: str, body: Any) -> Any:
+        """POST a JSON body and read the JSON reply (for queries such as /tools/find: retried)."""
+
+        def call() -> Any:
+            r = self.api.post(f"{self.url}{path}", json=body)
+            r.raise_for_status()
+            return r.json()
+
+        return self._retry(f"POST {path}", call)
+
+    def download_instance(self, instance_id: str, target: Path, max_bytes: int) -> None:
+        """Stream one instance's file to ``target`` (written whole or not at all); an instance
+        over ``max_bytes`` is an OrthancError."""
+
+        def call() -> None:
+            with (
+                self.api.stream("GET", f"{self.url}/instances/{instance_id}/file") as r,
+                atomic_write(target, fsync=False) as fh,
+            ):
+                r.raise_for_status()
+                size = 0
+                for chunk in r.iter_bytes(1 << 20):
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise OrthancError(f"instance {instance_id}: over {max_bytes} bytes")
+                    fh.write(chunk)
+
+        self._retry("GET instance file", call)
 
     def open_stream(
         self, path: str, query: str, headers: dict[str, str], timeout: httpx.Timeout
