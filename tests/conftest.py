@@ -9,8 +9,16 @@ import pytest
 
 # A session-wide real Orthanc (fixture ``orthanc_server``) for the gateway tests; a small
 # phantom suite (fixture ``phantom_suite``) for the phantom tests; a session-wide PostgreSQL
-# (fixture ``pg_url``, ``pg_server.fresh_pg_database``) for the store on PostgreSQL.
-pytest_plugins = ["orthanc_fixture", "phantom_fixture", "pg_server"]
+# (fixture ``pg_url``, ``pg_server.fresh_pg_database``) for the store on PostgreSQL; dcmtk's
+# dcmqrscp as a non-Orthanc archive (``dcmqrscp``); a hospital CA and a TLS Orthanc (``tls_pki``,
+# ``tls_orthanc``, ``https_orthanc``).
+pytest_plugins = [
+    "orthanc_fixture",
+    "phantom_fixture",
+    "pg_server",
+    "dcmqrscp_fixture",
+    "tls_fixture",
+]
 
 CORPUS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "dicom"
 

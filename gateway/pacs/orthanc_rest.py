@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import ssl
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,22 +28,12 @@ from gateway.pacs.client import (
     StudyQuery,
     keep_the_study,
 )
-from gateway.pacs.config import OrthancPacs, TlsConfig
+from gateway.pacs.config import OrthancPacs
+from gateway.pacs.tls import client_context
 from gateway.study_key import orthanc_id
 
 MAX_INSTANCE_BYTES = 2 * 1024**3  # one instance pulled
 _TEXT = 256  # characters kept of any value Orthanc lists
-
-
-def tls_context(tls: TlsConfig | None) -> ssl.SSLContext | None:
-    """The client TLS context a PACS's settings ask for (verification always on); None: the
-    system's defaults."""
-    if tls is None:
-        return None
-    ctx = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
-    if tls.cert_file and tls.key_file:
-        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file))
-    return ctx
 
 
 def _text(v: Any) -> str:
@@ -70,7 +59,7 @@ class OrthancRestClient:
         user = pacs_credential(cfg.username_env) or cfg.username
         password = pacs_credential(cfg.password_env)
         client = OrthancClient(
-            cfg.url, user, password, timeout_s=cfg.timeout_s, verify=tls_context(cfg.tls)
+            cfg.url, user, password, timeout_s=cfg.timeout_s, verify=client_context(cfg.tls)
         )
         return cls(name, client)
 

@@ -1,0 +1,453 @@
+"""A DICOM archive as a ``PacsClient``, over DIMSE (pynetdicom): C-FIND, C-GET or C-MOVE, C-STORE.
+
+- Finding: Study Root C-FIND at STUDY level, one request per listed accession number or patient
+  ID (only UID lists may be multi-valued), then one SERIES-level C-FIND per study when the
+  archive did not return the modalities or counts (dcmqrscp does not). Every value the archive
+  returns is bounded; what it returns is filtered again by the query.
+- Pulling: C-GET (the archive sends the instances back on the same association: we offer the
+  storage classes of neuro imaging and reports in SCP role), or C-MOVE to ``move_destination``:
+  a receiver of ours listens on ``receive_host:receive_port`` for the archive's association
+  (only from the archive's AE title) while the move runs. Each instance is written as a Part 10
+  file named by a hash of its bytes, never by a UID from the peer; then ``keep_the_study``.
+- Storing: C-STORE of each object (the SR, the Encapsulated PDF).
+- TLS: the PACS's ``tls:`` settings (``gateway.pacs.tls``), for the association and the receiver.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
+from pydicom.uid import (
+    JPEG2000,
+    UID,
+    DeflatedExplicitVRLittleEndian,
+    ExplicitVRBigEndian,
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+    JPEG2000Lossless,
+    JPEGBaseline8Bit,
+    JPEGExtended12Bit,
+    JPEGLosslessSV1,
+    JPEGLSLossless,
+    JPEGLSNearLossless,
+    RLELossless,
+)
+from pynetdicom import AE, build_context, build_role, evt
+from pynetdicom.association import Association
+from pynetdicom.sop_class import (  # type: ignore[attr-defined]
+    BasicTextSRStorage,
+    ComprehensiveSRStorage,
+    CTImageStorage,
+    EncapsulatedPDFStorage,
+    EnhancedCTImageStorage,
+    EnhancedMRColorImageStorage,
+    EnhancedMRImageStorage,
+    EnhancedSRStorage,
+    GrayscaleSoftcopyPresentationStateStorage,
+    LegacyConvertedEnhancedCTImageStorage,
+    LegacyConvertedEnhancedMRImageStorage,
+    MRImageStorage,
+    MRSpectroscopyStorage,
+    MultiFrameGrayscaleByteSecondaryCaptureImageStorage,
+    MultiFrameGrayscaleWordSecondaryCaptureImageStorage,
+    MultiFrameTrueColorSecondaryCaptureImageStorage,
+    PositronEmissionTomographyImageStorage,
+    RawDataStorage,
+    SecondaryCaptureImageStorage,
+    StudyRootQueryRetrieveInformationModelFind,
+    StudyRootQueryRetrieveInformationModelGet,
+    StudyRootQueryRetrieveInformationModelMove,
+    XRayRadiationDoseSRStorage,
+)
+
+from gateway.pacs.client import (
+    MAX_MATCHES,
+    PacsRequestError,
+    Progress,
+    RetrievedStudy,
+    StoreResult,
+    StudyMatch,
+    StudyQuery,
+    keep_the_study,
+)
+from gateway.pacs.config import DimsePacs
+from gateway.pacs.tls import client_context, describe_tls_error, server_context
+
+Comprehensive3DSRStorage = "1.2.840.10008.5.1.4.1.1.88.34"
+# What C-GET offers to receive (SCP role): neuro imaging, its reports and captures. A study
+# holding another class loses those instances, listed in ``failed`` by the archive's count.
+GET_STORAGE = [
+    MRImageStorage, EnhancedMRImageStorage, EnhancedMRColorImageStorage,
+    LegacyConvertedEnhancedMRImageStorage, MRSpectroscopyStorage,
+    CTImageStorage, EnhancedCTImageStorage, LegacyConvertedEnhancedCTImageStorage,
+    PositronEmissionTomographyImageStorage,
+    SecondaryCaptureImageStorage, MultiFrameGrayscaleByteSecondaryCaptureImageStorage,
+    MultiFrameGrayscaleWordSecondaryCaptureImageStorage,
+    MultiFrameTrueColorSecondaryCaptureImageStorage,
+    BasicTextSRStorage, EnhancedSRStorage, ComprehensiveSRStorage, Comprehensive3DSRStorage,
+    XRayRadiationDoseSRStorage, EncapsulatedPDFStorage,
+    GrayscaleSoftcopyPresentationStateStorage, RawDataStorage,
+]  # fmt: skip
+TRANSFER_SYNTAXES: list[str | UID] = [
+    ExplicitVRLittleEndian, ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian,
+    ExplicitVRBigEndian, JPEGBaseline8Bit, JPEGExtended12Bit, JPEGLosslessSV1, JPEGLSLossless,
+    JPEGLSNearLossless, JPEG2000Lossless, JPEG2000, RLELossless,
+]  # fmt: skip
+MAX_INSTANCE_BYTES = 2 * 1024**3
+_TEXT = 256
+_FIND_KEYS = (
+    "PatientID", "IssuerOfPatientID", "PatientName", "PatientBirthDate", "AccessionNumber",
+    "StudyDate", "ModalitiesInStudy", "StudyDescription", "NumberOfStudyRelatedSeries",
+    "NumberOfStudyRelatedInstances",
+)  # fmt: skip
+_PENDING = (0xFF00, 0xFF01)
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, list | tuple | MultiValue):
+        v = "\\".join(str(x) for x in v)
+    return "".join(c for c in str(v)[:_TEXT] if c.isprintable())
+
+
+def _count(v: Any) -> int | None:
+    try:
+        n = int(str(v).strip())
+    except (TypeError, ValueError):
+        return None
+    return n if 0 <= n <= 10_000_000 else None
+
+
+def _date(v: Any) -> Any:
+    import datetime as dt
+
+    try:
+        return dt.datetime.strptime(_text(v)[:8], "%Y%m%d").date()
+    except ValueError:
+        return None
+
+
+class DimseClient:
+    """Find, pull and store on a DICOM node by DIMSE."""
+
+    def __init__(self, name: str, cfg: DimsePacs) -> None:
+        self.name = name
+        self.cfg = cfg
+        self._tls = client_context(cfg.tls)
+
+    def close(self) -> None:
+        pass
+
+    def _where(self) -> str:
+        c = self.cfg
+        return f"PACS {self.name!r} ({c.ae_title}@{c.host}:{c.port})"
+
+    def _ae(self, title: str | None = None) -> AE:
+        ae = AE(ae_title=title or self.cfg.calling_ae)
+        t = self.cfg.timeout_s
+        ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = t
+        ae.connection_timeout = min(t, 30.0)
+        ae.maximum_pdu_size = 0  # no limit: fewer PDUs for large instances
+        return ae
+
+    @contextmanager
+    def _associate(self, ae: AE, ext_neg: list[Any] | None = None) -> Iterator[Association]:
+        tls_args = (
+            (self._tls, self.cfg.tls.server_name or self.cfg.host)
+            if self._tls is not None and self.cfg.tls is not None
+            else None
+        )
+        failure: list[BaseException] = []
+        try:
+            assoc = ae.associate(self.cfg.host, self.cfg.port, ae_title=self.cfg.ae_title,
+                                 ext_neg=ext_neg, tls_args=tls_args)  # fmt: skip
+        except (OSError, ValueError) as exc:
+            failure.append(exc)
+            assoc = None
+        if assoc is None or not assoc.is_established:
+            why = describe_tls_error(failure[0]) if failure else None
+            if why is None and assoc is not None and assoc.is_rejected:
+                why = "the association was rejected (is our AE title known to the archive?)"
+            if why is None and self._tls is not None:
+                why = "no association over TLS (the certificate may not be trusted: tls.ca_file)"
+            raise PacsRequestError(f"{self._where()}: {why or 'cannot associate (down?)'}")
+        try:
+            yield assoc
+        finally:
+            if assoc.is_established:
+                assoc.release()
+
+    # ----------------------------------------------------------------- finding
+
+    def _requests(self, query: StudyQuery) -> list[Dataset]:
+        base = Dataset()
+        base.QueryRetrieveLevel = "STUDY"
+        base.StudyInstanceUID = "\\".join(query.study_uids) if query.study_uids else ""
+        for k in _FIND_KEYS:
+            setattr(base, k, "")
+        base.StudyDate = query.dicom_date_range()
+        base.StudyDescription = query.description or ""
+        if len(query.modalities) == 1:
+            base.ModalitiesInStudy = query.modalities[0]
+        out = [base]
+        # DIMSE matching of a description is case-sensitive in most archives: a pattern typed
+        # in lower case is also asked in upper case (the usual case of StudyDescription); the
+        # answers are filtered again case-insensitively
+        if query.description and query.description.upper() != query.description:
+            upper = copy.deepcopy(base)
+            upper.StudyDescription = query.description.upper()
+            out.append(upper)
+        for key, values in (("AccessionNumber", query.accession_numbers),
+                            ("PatientID", query.patient_ids)):  # fmt: skip
+            if values:
+                grown = []
+                for ds in out:
+                    for v in values:
+                        d = copy.deepcopy(ds)  # update() would share the elements
+                        setattr(d, key, v)
+                        grown.append(d)
+                out = grown
+        return out
+
+    def _find(self, assoc: Association, request: Dataset, model: str) -> Iterator[Dataset]:
+        for status, ident in assoc.send_c_find(request, model):
+            code = int(getattr(status, "Status", -1)) if status else -1
+            if code in _PENDING and ident is not None:
+                yield ident
+            elif code != 0x0000:
+                raise PacsRequestError(
+                    f"{self._where()}: C-FIND failed (status 0x{code & 0xFFFF:04X})"
+                    if code >= 0
+                    else f"{self._where()}: C-FIND: no answer (timeout or abort)"
+                )
+
+    def find_studies(self, query: StudyQuery) -> list[StudyMatch]:
+        ae = self._ae()
+        ae.add_requested_context(StudyRootQueryRetrieveInformationModelFind)
+        found: dict[tuple[str, str], StudyMatch] = {}
+        with self._associate(ae) as assoc:
+            for request in self._requests(query):
+                for ident in self._find(assoc, request, StudyRootQueryRetrieveInformationModelFind):
+                    m = self._match(ident)
+                    if m is not None:
+                        found.setdefault((m.study_uid, m.patient_id), m)
+                    if len(found) >= MAX_MATCHES:
+                        break
+            done = []
+            for m in found.values():
+                if not m.modalities or m.n_series is None or m.n_instances is None:
+                    m = self._series_of(assoc, m)
+                if query.matches(m):
+                    done.append(m)
+        done.sort(key=lambda m: (str(m.study_date or ""), m.study_uid))
+        return done[: query.limit]
+
+    def _match(self, ident: Dataset) -> StudyMatch | None:
+        g = ident.get
+        try:
+            return StudyMatch(
+                pacs=self.name,
+                study_uid=_text(g("StudyInstanceUID")),
+                patient_id=_text(g("PatientID")),
+                issuer=_text(g("IssuerOfPatientID")),
+                patient_name=_text(g("PatientName")),
+                birth_date=_text(g("PatientBirthDate"))[:8],
+                accession=_text(g("AccessionNumber")),
+                study_date=_date(g("StudyDate")),
+                modalities=[m for m in _text(g("ModalitiesInStudy")).split("\\") if m][:16],
+                description=_text(g("StudyDescription")),
+                n_series=_count(g("NumberOfStudyRelatedSeries")),
+                n_instances=_count(g("NumberOfStudyRelatedInstances")),
+            )
+        except ValueError:  # no valid StudyInstanceUID: not a study the sandbox can name
+            return None
+
+    def _series_of(self, assoc: Association, m: StudyMatch) -> StudyMatch:
+        """Modalities and counts from the study's series (and, when the archive has no count
+        per series, its instances)."""
+        req = Dataset()
+        req.QueryRetrieveLevel = "SERIES"
+        req.StudyInstanceUID = m.study_uid
+        req.PatientID = m.patient_id
+        req.SeriesInstanceUID = req.Modality = req.NumberOfSeriesRelatedInstances = ""
+        series = list(self._find(assoc, req, StudyRootQueryRetrieveInformationModelFind))[:1000]
+        mods = sorted({_text(s.get("Modality")) for s in series} - {""})
+        counts = [_count(s.get("NumberOfSeriesRelatedInstances")) for s in series]
+        n_inst: int | None = sum(c for c in counts if c is not None)
+        if any(c is None for c in counts):
+            n_inst = self._count_instances(assoc, m)
+        return m.model_copy(update={
+            "modalities": m.modalities or mods,
+            "n_series": m.n_series if m.n_series is not None else len(series),
+            "n_instances": m.n_instances if m.n_instances is not None else n_inst,
+        })  # fmt: skip
+
+    def _count_instances(self, assoc: Association, m: StudyMatch) -> int | None:
+        req = Dataset()
+        req.QueryRetrieveLevel = "IMAGE"
+        req.StudyInstanceUID = m.study_uid
+        req.PatientID = m.patient_id
+        req.SeriesInstanceUID = req.SOPInstanceUID = ""
+        n = 0
+        for _ in self._find(assoc, req, StudyRootQueryRetrieveInformationModelFind):
+            n += 1
+            if n > 1_000_000:
+                return None
+        return n
+
+    # ----------------------------------------------------------------- pulling
+
+    def _identifier(self, match: StudyMatch) -> Dataset:
+        ds = Dataset()
+        ds.QueryRetrieveLevel = "STUDY"
+        ds.StudyInstanceUID = match.study_uid
+        ds.PatientID = match.patient_id
+        return ds
+
+    def _writer(
+        self, dest: Path, progress: Progress | None, total: int | None, failed: list[str]
+    ) -> Callable[[Any], int]:
+        lock = threading.Lock()
+        done = [0]
+
+        def on_store(event: Any) -> int:
+            try:
+                data = event.encoded_dataset(include_meta=True)
+            except Exception as exc:  # a dataset pynetdicom cannot encode: refused, listed
+                failed.append(f"an instance could not be written: {str(exc)[:120]}")
+                return 0xC210
+            if len(data) > MAX_INSTANCE_BYTES:
+                failed.append(f"an instance over {MAX_INSTANCE_BYTES} bytes was refused")
+                return 0xA700
+            name = hashlib.sha256(data).hexdigest()[:32] + ".dcm"
+            tmp = dest / f".{name}.part"
+            tmp.write_bytes(data)
+            tmp.replace(dest / name)
+            with lock:
+                done[0] += 1
+                if progress:
+                    progress(done[0], total)
+            return 0x0000
+
+        return on_store
+
+    def retrieve(
+        self, match: StudyMatch, dest: Path, progress: Progress | None = None
+    ) -> RetrievedStudy:
+        started = time.monotonic()
+        dest.mkdir(parents=True, exist_ok=True)
+        failed: list[str] = []
+        on_store = self._writer(dest, progress, match.n_instances, failed)
+        if self.cfg.retrieve == "c-move":
+            self._move(match, on_store, failed)
+        else:
+            self._get(match, on_store, failed)
+        out = keep_the_study(match, dest, started)
+        out.failed = failed[:50]
+        return out
+
+    def _check_retrieve(self, what: str, responses: Iterator[Any], failed: list[str]) -> None:
+        last = -1
+        for status, _ in responses:
+            if not status:
+                raise PacsRequestError(f"{self._where()}: {what}: no answer (timeout or abort)")
+            last = int(getattr(status, "Status", -1))
+            n_failed = _count(status.get("NumberOfFailedSuboperations"))
+            if last not in _PENDING and n_failed:
+                failed.append(f"{what}: the archive could not send {n_failed} instance(s)")
+        if last not in (0x0000, 0xB000):
+            raise PacsRequestError(f"{self._where()}: {what} failed (status 0x{last & 0xFFFF:04X})")
+
+    def _get(self, match: StudyMatch, on_store: Callable[[Any], int], failed: list[str]) -> None:
+        ae = self._ae()
+        ae.add_requested_context(StudyRootQueryRetrieveInformationModelGet)
+        roles = []
+        for cls in GET_STORAGE:
+            ae.add_requested_context(cls, TRANSFER_SYNTAXES)
+            roles.append(build_role(cls, scp_role=True))
+        with self._associate(ae, ext_neg=roles) as assoc:
+            assoc.bind(evt.EVT_C_STORE, on_store)
+            responses = assoc.send_c_get(
+                self._identifier(match), StudyRootQueryRetrieveInformationModelGet
+            )
+            self._check_retrieve("C-GET", responses, failed)
+
+    def _move(self, match: StudyMatch, on_store: Callable[[Any], int], failed: list[str]) -> None:
+        cfg = self.cfg
+        if cfg.receive_port is None:
+            raise PacsRequestError(
+                f"{self._where()}: retrieve: c-move needs receive_port (where the archive "
+                f"sends to; it must know {cfg.move_destination or cfg.calling_ae} at this port)"
+            )
+        dest_ae = cfg.move_destination or cfg.calling_ae
+        receiver = self._ae(dest_ae)
+        receiver.require_calling_aet = [cfg.ae_title]
+        receiver.supported_contexts = [build_context(c, TRANSFER_SYNTAXES) for c in GET_STORAGE]
+        try:
+            server = receiver.start_server(
+                (cfg.receive_host, cfg.receive_port),
+                block=False,
+                ssl_context=server_context(cfg.tls) if cfg.tls else None,
+                evt_handlers=[(evt.EVT_C_STORE, on_store)],
+            )
+        except OSError as exc:
+            raise PacsRequestError(
+                f"{self._where()}: cannot listen on {cfg.receive_host}:{cfg.receive_port} "
+                f"for C-MOVE: {exc.strerror}"
+            ) from None
+        try:
+            ae = self._ae()
+            ae.add_requested_context(StudyRootQueryRetrieveInformationModelMove)
+            with self._associate(ae) as assoc:
+                responses = assoc.send_c_move(
+                    self._identifier(match), dest_ae, StudyRootQueryRetrieveInformationModelMove
+                )
+                self._check_retrieve("C-MOVE", responses, failed)
+        finally:
+            if server is not None:
+                server.shutdown()
+
+    # ----------------------------------------------------------------- storing
+
+    def store(self, objects: Sequence[Dataset]) -> list[StoreResult]:
+        if not objects:
+            return []
+        ae = self._ae()
+        seen: set[tuple[str, str]] = set()
+        for ds in objects:
+            key = (str(ds.SOPClassUID), str(ds.file_meta.TransferSyntaxUID))
+            if key not in seen and len(seen) < 120:
+                seen.add(key)
+                ae.add_requested_context(key[0], [key[1], ExplicitVRLittleEndian])
+        out = []
+        with self._associate(ae) as assoc:
+            for ds in objects:
+                uid = str(ds.get("SOPInstanceUID", ""))
+                try:
+                    status = assoc.send_c_store(ds)
+                except ValueError as exc:  # no accepted context for this class
+                    out.append(StoreResult(sop_instance_uid=uid, stored=False,
+                                           detail=f"not accepted: {str(exc)[:200]}"))  # fmt: skip
+                    continue
+                code = int(getattr(status, "Status", -1)) if status else -1
+                ok = code == 0x0000 or (code & 0xF000) == 0xB000  # success or warning
+                detail = (
+                    "" if ok else (f"status 0x{code & 0xFFFF:04X}" if code >= 0 else "no answer")
+                )
+                out.append(StoreResult(sop_instance_uid=uid, stored=ok, detail=detail))
+                if not assoc.is_established:
+                    break
+        while len(out) < len(objects):
+            uid = str(objects[len(out)].get("SOPInstanceUID", ""))
+            out.append(StoreResult(sop_instance_uid=uid, stored=False, detail="association lost"))
+        return out
