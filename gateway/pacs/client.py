@@ -85,6 +85,15 @@ class StudyQuery(BaseModel):
         t = self.date_to.strftime("%Y%m%d") if self.date_to else ""
         return f if f == t else f"{f}-{t}"
 
+    def description_patterns(self) -> list[str]:
+        """The description patterns to send: as typed and, when it has lower-case letters, in
+        upper case too (matching is case-sensitive in most archives, and StudyDescription is
+        usually upper case); the answers are filtered again case-insensitively."""
+        if not self.description:
+            return []
+        upper = self.description.upper()
+        return [self.description] if upper == self.description else [self.description, upper]
+
     def description_matches(self, value: str) -> bool:
         """Whether a StudyDescription matches the pattern (True when there is none): the
         client filters again what a PACS returned, as archives differ on case and wildcards."""

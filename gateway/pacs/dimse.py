@@ -196,17 +196,13 @@ class DimseClient:
         for k in _FIND_KEYS:
             setattr(base, k, "")
         base.StudyDate = query.dicom_date_range()
-        base.StudyDescription = query.description or ""
         if len(query.modalities) == 1:
             base.ModalitiesInStudy = query.modalities[0]
-        out = [base]
-        # DIMSE matching of a description is case-sensitive in most archives: a pattern typed
-        # in lower case is also asked in upper case (the usual case of StudyDescription); the
-        # answers are filtered again case-insensitively
-        if query.description and query.description.upper() != query.description:
-            upper = copy.deepcopy(base)
-            upper.StudyDescription = query.description.upper()
-            out.append(upper)
+        out = []
+        for pattern in query.description_patterns() or [""]:
+            d = copy.deepcopy(base)
+            d.StudyDescription = pattern
+            out.append(d)
         for key, values in (("AccessionNumber", query.accession_numbers),
                             ("PatientID", query.patient_ids)):  # fmt: skip
             if values:

@@ -1,0 +1,419 @@
+"""A DICOMweb server as a ``PacsClient``: QIDO-RS to find, WADO-RS to pull, STOW-RS to store.
+
+- QIDO-RS ``GET {qido}/studies``: one request per listed accession number or patient ID (and
+  per description pattern), paged with ``limit``/``offset``, the counts asked by
+  ``includefield``; the DICOM JSON answer is read defensively (bounded, every value checked)
+  and filtered again by the query.
+- WADO-RS ``GET {wado}/studies/{uid}`` as ``multipart/related; type="application/dicom"``,
+  streamed part by part into files named by a hash of their bytes (``gateway.pacs.multipart``);
+  the archive may hold the UID under two patients, so ``keep_the_study`` keeps the match's.
+- STOW-RS ``POST {stow}/studies``: the objects as one multipart/related body; the answer's
+  ReferencedSOPSequence and FailedSOPSequence become one ``StoreResult`` per object.
+- Authentication from the variables the configuration names (basic, or a bearer token); HTTPS
+  verified with the hospital's CA (``gateway.pacs.tls``); GETs retried on a connection error
+  and on 502/503/504.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import io
+import os
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import httpx
+import pydicom
+from pydicom.dataset import Dataset
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from dicom import pacs_credential
+from gateway.pacs.client import (
+    MAX_MATCHES,
+    PacsRequestError,
+    Progress,
+    RetrievedStudy,
+    StoreResult,
+    StudyMatch,
+    StudyQuery,
+    keep_the_study,
+)
+from gateway.pacs.config import DicomwebPacs
+from gateway.pacs.multipart import MultipartError, MultipartReader, related_boundary
+from gateway.pacs.tls import client_context, describe_tls_error
+
+DICOM_JSON = "application/dicom+json"
+MULTIPART_DICOM = 'multipart/related; type="application/dicom"'
+MAX_JSON_BYTES = 64 * 1024 * 1024  # one QIDO page or STOW answer
+MAX_INSTANCE_BYTES = 2 * 1024**3
+MAX_INSTANCES = 200_000  # parts of one WADO-RS answer
+PAGE = 200
+MAX_SCANNED = 20_000  # studies one find may page through
+_UID = re.compile(r"[0-9.]{1,64}")
+_TEXT = 256
+_INCLUDE = ("NumberOfStudyRelatedSeries", "NumberOfStudyRelatedInstances", "ModalitiesInStudy",
+            "StudyDescription", "IssuerOfPatientID", "PatientBirthDate")  # fmt: skip
+# DICOM JSON tags (PS3.18 F.2)
+T = {
+    "study_uid": "0020000D", "patient_id": "00100020", "issuer": "00100021",
+    "patient_name": "00100010", "birth_date": "00100030", "accession": "00080050",
+    "study_date": "00080020", "modalities": "00080061", "description": "00081030",
+    "n_series": "00201206", "n_instances": "00201208",
+}  # fmt: skip
+REFERENCED_SOP_SEQ, FAILED_SOP_SEQ = "00081199", "00081198"
+REFERENCED_SOP_UID, FAILURE_REASON = "00081155", "00081197"
+
+
+def _values(item: Any, tag: str, limit: int = 64) -> list[Any]:
+    el = item.get(tag) if isinstance(item, dict) else None
+    vals = el.get("Value") if isinstance(el, dict) else None
+    return vals[:limit] if isinstance(vals, list) else []
+
+
+def _text(item: Any, tag: str) -> str:
+    vals = _values(item, tag)
+    if not vals:
+        return ""
+    v = vals[0]
+    if isinstance(v, dict):  # PN: {"Alphabetic": ...}
+        v = v.get("Alphabetic", "")
+    return "".join(c for c in str(v)[:_TEXT] if c.isprintable())
+
+
+def _count(item: Any, tag: str) -> int | None:
+    vals = _values(item, tag)
+    try:
+        n = int(str(vals[0])) if vals else None
+    except ValueError:
+        return None
+    return n if n is not None and 0 <= n <= 10_000_000 else None
+
+
+def _date(v: str) -> dt.date | None:
+    try:
+        return dt.datetime.strptime(v[:8], "%Y%m%d").date()
+    except ValueError:
+        return None
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, httpx.TransportError):
+        return not isinstance(exc, httpx.ConnectError) or describe_tls_error_of(exc) is None
+    return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (502, 503, 504)
+
+
+def describe_tls_error_of(exc: BaseException) -> str | None:
+    """The TLS sentence for an httpx error caused by a TLS failure, None otherwise."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        why = describe_tls_error(seen)
+        if why:
+            return why
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text:
+        return f"TLS: the PACS's certificate is not trusted ({text[:160]}); check tls.ca_file"
+    return None
+
+
+class DicomwebClient:
+    """Find, pull and store on a DICOMweb server."""
+
+    def __init__(self, name: str, cfg: DicomwebPacs) -> None:
+        self.name = name
+        self.cfg = cfg
+        headers = {}
+        auth: httpx.BasicAuth | None = None
+        token = pacs_credential(cfg.token_env)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        elif cfg.username_env:
+            auth = httpx.BasicAuth(
+                pacs_credential(cfg.username_env) or "", pacs_credential(cfg.password_env) or ""
+            )
+        self.http = httpx.Client(
+            auth=auth,
+            headers=headers,
+            verify=client_context(cfg.tls) or True,
+            timeout=httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0)),
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _where(self) -> str:
+        return f"PACS {self.name!r} (DICOMweb {self.cfg.url or self.cfg.qido_url})"
+
+    def _fail(self, what: str, exc: BaseException) -> PacsRequestError:
+        why = describe_tls_error_of(exc)
+        if why is None and isinstance(exc, httpx.HTTPStatusError):
+            r = exc.response
+            why = f"HTTP {r.status_code}" + (
+                " (check the PACS's username_env/password_env or token_env)"
+                if r.status_code in (401, 403)
+                else ""
+            )
+        if why is None:
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return PacsRequestError(f"{self._where()}: {what}: {why}")
+
+    def _retrying(self) -> Retrying:
+        return Retrying(
+            stop=stop_after_attempt(3),
+            wait=wait_exponential(multiplier=0.5, max=5),
+            retry=retry_if_exception(_retryable),
+            reraise=True,
+        )
+
+    def _get_json(self, url: str, params: list[tuple[str, str]]) -> list[Any]:
+        def call() -> list[Any]:
+            with self.http.stream("GET", url, params=tuple(params),
+                                  headers={"Accept": DICOM_JSON}) as r:  # fmt: skip
+                r.raise_for_status()
+                if r.status_code == 204:
+                    return []
+                body = bytearray()
+                for chunk in r.iter_bytes():
+                    body += chunk
+                    if len(body) > MAX_JSON_BYTES:
+                        raise PacsRequestError(
+                            f"{self._where()}: an answer over {MAX_JSON_BYTES} bytes"
+                        )
+            import json
+
+            try:
+                data = json.loads(bytes(body)) if body.strip() else []
+            except ValueError:
+                raise PacsRequestError(f"{self._where()}: QIDO-RS answered no JSON") from None
+            return data if isinstance(data, list) else []
+
+        try:
+            return self._retrying()(call)
+        except httpx.HTTPError as exc:
+            raise self._fail("QIDO-RS", exc) from None
+
+    # ----------------------------------------------------------------- finding
+
+    def _param_sets(self, query: StudyQuery) -> list[list[tuple[str, str]]]:
+        base: list[tuple[str, str]] = [("includefield", f) for f in _INCLUDE]
+        if query.dicom_date_range():
+            base.append(("StudyDate", query.dicom_date_range()))
+        if len(query.modalities) == 1:
+            base.append(("ModalitiesInStudy", query.modalities[0]))
+        if query.study_uids:
+            base.append(("StudyInstanceUID", ",".join(query.study_uids)))
+        # the description is matched here, not by the server: servers differ (Orthanc 1.10's
+        # plugin neither filters on StudyDescription nor returns it)
+        out = [base]
+        for key, values in (("AccessionNumber", query.accession_numbers),
+                            ("PatientID", query.patient_ids)):  # fmt: skip
+            if values:
+                out = [[*ps, (key, v)] for ps in out for v in values]
+        return out
+
+    def find_studies(self, query: StudyQuery) -> list[StudyMatch]:
+        url = self.cfg.service("qido") + "/studies"
+        found: dict[tuple[str, str], StudyMatch] = {}
+        scanned = 0
+        for params in self._param_sets(query):
+            offset = 0
+            while len(found) < MAX_MATCHES:
+                page = self._get_json(url, [*params, ("limit", str(PAGE)), ("offset", str(offset))])
+                scanned += len(page)
+                if scanned > MAX_SCANNED:
+                    raise PacsRequestError(
+                        f"{self._where()}: over {MAX_SCANNED} studies match the keys the server "
+                        "can filter on; narrow the query (a date range, a modality, IDs)"
+                    )
+                for item in page[:PAGE]:
+                    m = self._match(item)
+                    if m is not None and query.description and T["description"] not in item:
+                        m = m.model_copy(update={"description": self._description_of(m)})
+                    if m is not None and query.matches(m):
+                        found.setdefault((m.study_uid, m.patient_id), m)
+                if len(page) < PAGE:
+                    break
+                offset += PAGE
+        done = sorted(found.values(), key=lambda m: (str(m.study_date or ""), m.study_uid))
+        return done[: query.limit]
+
+    def _description_of(self, m: StudyMatch) -> str:
+        """StudyDescription from one instance's metadata, for a server whose study answers
+        leave it out."""
+        qido, wado = self.cfg.service("qido"), self.cfg.service("wado")
+        one = self._get_json(f"{qido}/studies/{m.study_uid}/instances",
+                             [("PatientID", m.patient_id), ("limit", "1")])  # fmt: skip
+        if not one:
+            return ""
+        series, sop = _text(one[0], "0020000E"), _text(one[0], "00080018")
+        if not (_UID.fullmatch(series) and _UID.fullmatch(sop)):
+            return ""
+        meta = self._get_json(
+            f"{wado}/studies/{m.study_uid}/series/{series}/instances/{sop}/metadata", []
+        )
+        return _text(meta[0], T["description"]) if meta else ""
+
+    def _match(self, item: Any) -> StudyMatch | None:
+        try:
+            return StudyMatch(
+                pacs=self.name,
+                study_uid=_text(item, T["study_uid"]),
+                patient_id=_text(item, T["patient_id"]),
+                issuer=_text(item, T["issuer"]),
+                patient_name=_text(item, T["patient_name"]),
+                birth_date=_text(item, T["birth_date"])[:8],
+                accession=_text(item, T["accession"]),
+                study_date=_date(_text(item, T["study_date"])),
+                modalities=sorted({str(v)[:16] for v in _values(item, T["modalities"])})[:16],
+                description=_text(item, T["description"]),
+                n_series=_count(item, T["n_series"]),
+                n_instances=_count(item, T["n_instances"]),
+            )
+        except ValueError:
+            return None
+
+    # ----------------------------------------------------------------- pulling
+
+    def _series_of(self, match: StudyMatch) -> list[str]:
+        """The series of the match's study that are its patient's (QIDO-RS lists them with
+        their PatientID: an archive may hold one study UID under two patients)."""
+        url = f"{self.cfg.service('qido')}/studies/{match.study_uid}/series"
+        out: list[str] = []
+        for item in self._get_json(url, [("includefield", "00100021")])[:10_000]:
+            uid = _text(item, "0020000E")
+            pid = _text(item, T["patient_id"])
+            issuer = _text(item, T["issuer"])
+            same_issuer = not issuer or not match.issuer or issuer.strip() == match.issuer.strip()
+            if _UID.fullmatch(uid) and pid.strip() == match.patient_id.strip() and same_issuer:
+                out.append(uid)
+        return out
+
+    def retrieve(
+        self, match: StudyMatch, dest: Path, progress: Progress | None = None
+    ) -> RetrievedStudy:
+        """Series by series (WADO-RS of a whole study fails or mixes patients on an archive
+        that holds its UID twice), each streamed part by part into files."""
+        started = time.monotonic()
+        dest.mkdir(parents=True, exist_ok=True)
+        failed: list[str] = []
+        open_files: list[tuple[BinaryIO, Path]] = []
+        done = [0]
+
+        def on_part(headers: dict[str, str]) -> BinaryIO:
+            finish()
+            fd, tmp = tempfile.mkstemp(dir=dest, prefix=".part-")
+            fh = os.fdopen(fd, "wb")
+            open_files.append((fh, Path(tmp)))
+            return fh
+
+        def finish() -> None:
+            while open_files:
+                fh, tmp = open_files.pop()
+                fh.close()
+                digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:32]
+                tmp.replace(dest / f"{digest}.dcm")
+                done[0] += 1
+                if progress:
+                    progress(done[0], match.n_instances)
+
+        series = self._series_of(match)
+        if not series:
+            raise PacsRequestError(
+                f"{self._where()}: no series of study {match.study_uid} for this patient"
+            )
+        base = f"{self.cfg.service('wado')}/studies/{match.study_uid}/series"
+        try:
+            for uid in series:
+                try:
+                    with self.http.stream("GET", f"{base}/{uid}",
+                                          headers={"Accept": MULTIPART_DICOM}) as r:  # fmt: skip
+                        r.raise_for_status()
+                        reader = MultipartReader(
+                            related_boundary(r.headers.get("content-type", "")),
+                            on_part,
+                            max_part_bytes=MAX_INSTANCE_BYTES,
+                            max_parts=MAX_INSTANCES,
+                        )
+                        for chunk in r.iter_bytes(1 << 20):
+                            reader.feed(chunk)
+                        reader.close()
+                        finish()
+                except httpx.HTTPStatusError as exc:
+                    failed.append(f"series {uid}: HTTP {exc.response.status_code}")
+                except MultipartError as exc:
+                    failed.append(f"series {uid}: the WADO-RS answer is cut or malformed: {exc}")
+                finally:
+                    for fh, tmp in open_files:
+                        fh.close()
+                        tmp.unlink(missing_ok=True)
+                    open_files.clear()
+        except httpx.HTTPError as exc:
+            raise self._fail(f"WADO-RS of study {match.study_uid}", exc) from None
+        finally:
+            for tmp in dest.glob(".part-*"):
+                tmp.unlink(missing_ok=True)
+        out = keep_the_study(match, dest, started)
+        out.failed = failed[:50]
+        return out
+
+    # ----------------------------------------------------------------- storing
+
+    def store(self, objects: Sequence[Dataset]) -> list[StoreResult]:
+        from gateway.pacs.multipart import encode_related
+
+        if not objects:
+            return []
+        blobs = []
+        for ds in objects:
+            buf = io.BytesIO()
+            pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+            blobs.append(buf.getvalue())
+        content_type, body = encode_related(blobs)
+        url = self.cfg.service("stow") + "/studies"
+        try:
+            r = self.http.post(
+                url, content=b"".join(body),
+                headers={"Content-Type": content_type, "Accept": DICOM_JSON},
+            )  # fmt: skip
+        except httpx.HTTPError as exc:
+            raise self._fail("STOW-RS", exc) from None
+        uids = [str(ds.get("SOPInstanceUID", "")) for ds in objects]
+        if r.status_code not in (200, 202, 409):
+            detail = f"STOW-RS: HTTP {r.status_code} {r.text[:200]}"
+            if r.status_code in (401, 403) or r.status_code >= 500:
+                raise PacsRequestError(f"{self._where()}: {detail}")
+            return [StoreResult(sop_instance_uid=u, stored=False, detail=detail) for u in uids]
+        return self._store_results(r, uids)
+
+    def _store_results(self, r: httpx.Response, uids: list[str]) -> list[StoreResult]:
+        try:
+            data = r.json() if r.content and len(r.content) <= MAX_JSON_BYTES else {}
+        except ValueError:
+            data = {}
+        if isinstance(data, list):
+            data = data[0] if data else {}
+        stored = {
+            _text(item, REFERENCED_SOP_UID) for item in _values(data, REFERENCED_SOP_SEQ, 100_000)
+        }
+        failed = {
+            _text(item, REFERENCED_SOP_UID): _count(item, FAILURE_REASON)
+            for item in _values(data, FAILED_SOP_SEQ, 100_000)
+        }
+        out = []
+        for u in uids:
+            if u in failed:
+                code = failed[u]
+                out.append(StoreResult(sop_instance_uid=u, stored=False,
+                                       detail=f"failure reason 0x{code or 0:04X}"))  # fmt: skip
+            elif u in stored or (r.status_code == 200 and not failed):
+                out.append(StoreResult(sop_instance_uid=u, stored=True))
+            else:
+                out.append(StoreResult(sop_instance_uid=u, stored=False,
+                                       detail=f"not in the STOW-RS answer (HTTP {r.status_code})"))  # fmt: skip
+        return out

@@ -1,0 +1,130 @@
+"""A DICOMweb server as a PacsClient (gateway/pacs/dicomweb.py): Orthanc's DICOMweb plugin, and
+the same over HTTPS with the hospital's CA."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from pathlib import Path
+
+import pydicom
+import pytest
+from pydicom.uid import generate_uid
+
+from gateway.orthanc import OrthancClient
+from gateway.pacs import DicomwebPacs, PacsRequestError, StudyQuery, TlsConfig
+from gateway.pacs.dicomweb import DicomwebClient
+from tests.gateway_synth import make_study
+from tests.orthanc_fixture import OrthancServer
+from tests.tls_fixture import TlsOrthanc, TlsProxy
+
+
+@pytest.fixture(scope="module")
+def loaded(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory):
+    ep = orthanc_server.endpoints
+    orthanc = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
+    tag = uuid.uuid4().hex[:8].upper()
+    root = tmp_path_factory.mktemp("web")
+    a = make_study(root / "a", classes=("FLAIR", "T2"), n_slices=2, patient_id=f"A{tag}")
+    b = make_study(root / "b", classes=("T1",), n_slices=2, patient_id=f"B{tag}")
+    c = make_study(root / "c", classes=("T1",), n_slices=1, patient_id=f"C{tag}",
+                   study_uid=a.study_uid)  # fmt: skip
+    for study, acc, date, desc in (
+        (a, f"A{tag}", "20240305", "MRI HEAD W/O"),
+        (b, f"B{tag}", "20240412", "MR SPINE"),
+        (c, f"C{tag}", "20240305", "MRI HEAD W/O"),
+    ):
+        for f in study.files:
+            ds = pydicom.dcmread(f)
+            ds.AccessionNumber, ds.StudyDate, ds.StudyDescription = acc, date, desc
+            ds.save_as(f)
+            orthanc.upload(f)
+    orthanc.close()
+    return tag, a, b
+
+
+@pytest.fixture
+def client(orthanc_server: OrthancServer, monkeypatch: pytest.MonkeyPatch):
+    ep = orthanc_server.endpoints
+    monkeypatch.setenv("TEST_PACS_USER", ep.username)
+    monkeypatch.setenv("TEST_PACS_PASSWORD", orthanc_server.password)
+    cfg = DicomwebPacs(kind="dicomweb", url=f"{ep.orthanc_url}/dicom-web",
+                       username_env="TEST_PACS_USER", password_env="TEST_PACS_PASSWORD")  # fmt: skip
+    c = DicomwebClient("web", cfg)
+    yield c
+    c.close()
+
+
+def test_the_cohort_is_found_by_qido(client: DicomwebClient, loaded) -> None:
+    tag, a, _ = loaded
+    (m,) = client.find_studies(StudyQuery(accession_numbers=[f"A{tag}"]))
+    assert (m.study_uid, m.patient_id, m.accession) == (a.study_uid, f"A{tag}", f"A{tag}")
+    assert m.modalities == ["MR"] and m.n_series == 2 and m.n_instances == 4
+    assert m.study_date == dt.date(2024, 3, 5) and m.description == "MRI HEAD W/O"
+    assert m.birth_date == "19700101" and m.patient_name == "Test^Synthetic"
+    both = client.find_studies(StudyQuery(patient_ids=[f"A{tag}", f"B{tag}"]))
+    assert [x.patient_id for x in both] == [f"A{tag}", f"B{tag}"]
+    march = client.find_studies(StudyQuery(patient_ids=[f"A{tag}", f"B{tag}"],
+        date_from=dt.date(2024, 3, 1), date_to=dt.date(2024, 3, 31), description="mri head*"))  # fmt: skip
+    assert [x.patient_id for x in march] == [f"A{tag}"]
+    assert client.find_studies(StudyQuery(accession_numbers=[f"A{tag}"], modalities=["CT"])) == []
+
+
+def test_the_study_is_pulled_by_wado_for_its_patient_only(
+    client: DicomwebClient, loaded, tmp_path: Path
+) -> None:
+    tag, _a, _ = loaded
+    (m,) = client.find_studies(StudyQuery(accession_numbers=[f"A{tag}"]))
+    seen: list[tuple[int, int | None]] = []
+    got = client.retrieve(m, tmp_path / "w", lambda d, t: seen.append((d, t)))
+    # the archive holds this UID for two patients: only this patient's series are pulled
+    assert got.n_files == 4 and not got.failed and not got.rejected, got
+    assert seen[-1] == (4, 4)
+    assert {str(pydicom.dcmread(p).PatientID) for p in got.folder.iterdir()} == {f"A{tag}"}
+    assert not list((tmp_path / "w").glob(".part-*"))
+
+
+def test_an_sr_is_stored_by_stow_and_read_back(
+    client: DicomwebClient, loaded, tmp_path: Path
+) -> None:
+    tag, _, b = loaded
+    ds = pydicom.dcmread(b.files[0])
+    ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+    ds.SeriesInstanceUID = generate_uid()
+    (res,) = client.store([ds])
+    assert res.stored and res.sop_instance_uid == ds.SOPInstanceUID, res
+    (m,) = client.find_studies(StudyQuery(accession_numbers=[f"B{tag}"]))
+    assert m.n_series == 2 and m.n_instances == 3
+    got = client.retrieve(m, tmp_path / "b")
+    assert ds.SOPInstanceUID in {
+        str(pydicom.dcmread(p).SOPInstanceUID) for p in got.folder.iterdir()
+    }
+
+
+def test_a_wrong_password_is_said(
+    orthanc_server: OrthancServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_PACS_USER", "nobody")
+    monkeypatch.setenv("TEST_PACS_PASSWORD", "wrong")
+    cfg = DicomwebPacs(kind="dicomweb", url=f"{orthanc_server.endpoints.orthanc_url}/dicom-web",
+                       username_env="TEST_PACS_USER", password_env="TEST_PACS_PASSWORD")  # fmt: skip
+    with pytest.raises(PacsRequestError, match=r"HTTP 401.*password_env"):
+        DicomwebClient("web", cfg).find_studies(StudyQuery(patient_ids=["X"]))
+
+
+def test_https_with_the_hospitals_ca(
+    tls_orthanc: TlsOrthanc, https_orthanc: TlsProxy, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=2, patient_id="HTTPS1")
+    for f in study.files:
+        tls_orthanc.upload(f)
+
+    def client(ca: Path) -> DicomwebClient:
+        return DicomwebClient("secure", DicomwebPacs(kind="dicomweb",
+            url=f"{https_orthanc.url}/dicom-web", tls=TlsConfig(ca_file=ca), timeout_s=20))  # fmt: skip
+
+    (m,) = client(tls_orthanc.pki.ca).find_studies(StudyQuery(patient_ids=["HTTPS1"]))
+    got = client(tls_orthanc.pki.ca).retrieve(m, tmp_path / "pulled")
+    assert m.study_uid == study.study_uid and got.n_files == 2
+    with pytest.raises(PacsRequestError, match="TLS: the PACS's certificate is not trusted"):
+        client(tls_orthanc.pki.other_ca).find_studies(StudyQuery(patient_ids=["HTTPS1"]))
