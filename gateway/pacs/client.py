@@ -23,6 +23,7 @@ import pydicom
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydicom.dataset import Dataset
 from pydicom.errors import InvalidDicomError
+from pydicom.multival import MultiValue
 
 from dicom import PatientKey, check_uid
 
@@ -197,6 +198,35 @@ class PacsClient(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+MAX_TEXT = 256  # characters kept of any value a PACS returns
+
+
+def pacs_text(v: object) -> str:
+    """A value a PACS returned, as bounded printable text (a multi-valued one joined by \\)."""
+    if v is None:
+        return ""
+    if isinstance(v, list | tuple | MultiValue):
+        v = "\\".join(str(x) for x in list(v)[:64])
+    return "".join(c for c in str(v)[:MAX_TEXT] if c.isprintable())
+
+
+def pacs_date(v: object) -> dt.date | None:
+    """A DICOM date (YYYYMMDD) a PACS returned, None when it is not one."""
+    try:
+        return dt.datetime.strptime(pacs_text(v)[:8], "%Y%m%d").date()
+    except ValueError:
+        return None
+
+
+def pacs_count(v: object) -> int | None:
+    """A count a PACS returned (0 to ten million), None when it is not one."""
+    try:
+        n = int(pacs_text(v).strip())
+    except ValueError:
+        return None
+    return n if 0 <= n <= 10_000_000 else None
 
 
 _KEY_TAGS = ["StudyInstanceUID", "PatientID", "IssuerOfPatientID", "SOPInstanceUID"]

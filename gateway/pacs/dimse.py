@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from pydicom.dataset import Dataset
-from pydicom.multival import MultiValue
 from pydicom.uid import (
     JPEG2000,
     UID,
@@ -78,6 +77,9 @@ from gateway.pacs.client import (
     StudyMatch,
     StudyQuery,
     keep_the_study,
+    pacs_count,
+    pacs_date,
+    pacs_text,
 )
 from gateway.pacs.config import DimsePacs
 from gateway.pacs.tls import client_context, describe_tls_error, server_context
@@ -103,38 +105,12 @@ TRANSFER_SYNTAXES: list[str | UID] = [
     JPEGLSNearLossless, JPEG2000Lossless, JPEG2000, RLELossless,
 ]  # fmt: skip
 MAX_INSTANCE_BYTES = 2 * 1024**3
-_TEXT = 256
 _FIND_KEYS = (
     "PatientID", "IssuerOfPatientID", "PatientName", "PatientBirthDate", "AccessionNumber",
     "StudyDate", "ModalitiesInStudy", "StudyDescription", "NumberOfStudyRelatedSeries",
     "NumberOfStudyRelatedInstances",
 )  # fmt: skip
 _PENDING = (0xFF00, 0xFF01)
-
-
-def _text(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, list | tuple | MultiValue):
-        v = "\\".join(str(x) for x in v)
-    return "".join(c for c in str(v)[:_TEXT] if c.isprintable())
-
-
-def _count(v: Any) -> int | None:
-    try:
-        n = int(str(v).strip())
-    except (TypeError, ValueError):
-        return None
-    return n if 0 <= n <= 10_000_000 else None
-
-
-def _date(v: Any) -> Any:
-    import datetime as dt
-
-    try:
-        return dt.datetime.strptime(_text(v)[:8], "%Y%m%d").date()
-    except ValueError:
-        return None
 
 
 class DimseClient:
@@ -253,17 +229,17 @@ class DimseClient:
         try:
             return StudyMatch(
                 pacs=self.name,
-                study_uid=_text(g("StudyInstanceUID")),
-                patient_id=_text(g("PatientID")),
-                issuer=_text(g("IssuerOfPatientID")),
-                patient_name=_text(g("PatientName")),
-                birth_date=_text(g("PatientBirthDate"))[:8],
-                accession=_text(g("AccessionNumber")),
-                study_date=_date(g("StudyDate")),
-                modalities=[m for m in _text(g("ModalitiesInStudy")).split("\\") if m][:16],
-                description=_text(g("StudyDescription")),
-                n_series=_count(g("NumberOfStudyRelatedSeries")),
-                n_instances=_count(g("NumberOfStudyRelatedInstances")),
+                study_uid=pacs_text(g("StudyInstanceUID")),
+                patient_id=pacs_text(g("PatientID")),
+                issuer=pacs_text(g("IssuerOfPatientID")),
+                patient_name=pacs_text(g("PatientName")),
+                birth_date=pacs_text(g("PatientBirthDate"))[:8],
+                accession=pacs_text(g("AccessionNumber")),
+                study_date=pacs_date(g("StudyDate")),
+                modalities=[m for m in pacs_text(g("ModalitiesInStudy")).split("\\") if m][:16],
+                description=pacs_text(g("StudyDescription")),
+                n_series=pacs_count(g("NumberOfStudyRelatedSeries")),
+                n_instances=pacs_count(g("NumberOfStudyRelatedInstances")),
             )
         except ValueError:  # no valid StudyInstanceUID: not a study the sandbox can name
             return None
@@ -277,8 +253,8 @@ class DimseClient:
         req.PatientID = m.patient_id
         req.SeriesInstanceUID = req.Modality = req.NumberOfSeriesRelatedInstances = ""
         series = list(self._find(assoc, req, StudyRootQueryRetrieveInformationModelFind))[:1000]
-        mods = sorted({_text(s.get("Modality")) for s in series} - {""})
-        counts = [_count(s.get("NumberOfSeriesRelatedInstances")) for s in series]
+        mods = sorted({pacs_text(s.get("Modality")) for s in series} - {""})
+        counts = [pacs_count(s.get("NumberOfSeriesRelatedInstances")) for s in series]
         n_inst: int | None = sum(c for c in counts if c is not None)
         if any(c is None for c in counts):
             n_inst = self._count_instances(assoc, m)
@@ -358,7 +334,7 @@ class DimseClient:
             if not status:
                 raise PacsRequestError(f"{self._where()}: {what}: no answer (timeout or abort)")
             last = int(getattr(status, "Status", -1))
-            n_failed = _count(status.get("NumberOfFailedSuboperations"))
+            n_failed = pacs_count(status.get("NumberOfFailedSuboperations"))
             if last not in _PENDING and n_failed:
                 failed.append(f"{what}: the archive could not send {n_failed} instance(s)")
         if last not in (0x0000, 0xB000):

@@ -27,24 +27,14 @@ from gateway.pacs.client import (
     StudyMatch,
     StudyQuery,
     keep_the_study,
+    pacs_date,
+    pacs_text,
 )
 from gateway.pacs.config import OrthancPacs
 from gateway.pacs.tls import client_context
 from gateway.study_key import orthanc_id
 
 MAX_INSTANCE_BYTES = 2 * 1024**3  # one instance pulled
-_TEXT = 256  # characters kept of any value Orthanc lists
-
-
-def _text(v: Any) -> str:
-    return "".join(c for c in str(v or "")[:_TEXT] if c.isprintable())
-
-
-def _date(v: Any) -> dt.date | None:
-    try:
-        return dt.datetime.strptime(str(v or "")[:8], "%Y%m%d").date()
-    except ValueError:
-        return None
 
 
 class OrthancRestClient:
@@ -113,24 +103,27 @@ class OrthancRestClient:
             return None
         t, pt = s.get("MainDicomTags") or {}, s.get("PatientMainDicomTags") or {}
         try:
-            series = self.orthanc.get_json(f"/studies/{_text(s.get('ID'))}/series", {"expand": ""})
+            series = self.orthanc.get_json(
+                f"/studies/{pacs_text(s.get('ID'))}/series", {"expand": ""}
+            )
         except OrthancError:
             series = []
         modalities = sorted(
-            {_text((x.get("MainDicomTags") or {}).get("Modality")) for x in series[:1000]} - {""}
+            {pacs_text((x.get("MainDicomTags") or {}).get("Modality")) for x in series[:1000]}
+            - {""}
         )
         try:
             return StudyMatch(
                 pacs=self.name,
                 study_uid=str(t.get("StudyInstanceUID", "")),
-                patient_id=_text(pt.get("PatientID")),
-                issuer=_text(pt.get("IssuerOfPatientID")),
-                patient_name=_text(pt.get("PatientName")),
-                birth_date=_text(pt.get("PatientBirthDate"))[:8],
-                accession=_text(t.get("AccessionNumber")),
-                study_date=_date(t.get("StudyDate")),
+                patient_id=pacs_text(pt.get("PatientID")),
+                issuer=pacs_text(pt.get("IssuerOfPatientID")),
+                patient_name=pacs_text(pt.get("PatientName")),
+                birth_date=pacs_text(pt.get("PatientBirthDate"))[:8],
+                accession=pacs_text(t.get("AccessionNumber")),
+                study_date=pacs_date(t.get("StudyDate")),
                 modalities=modalities,
-                description=_text(t.get("StudyDescription")),
+                description=pacs_text(t.get("StudyDescription")),
                 n_series=len(series),
                 n_instances=sum(len(x.get("Instances") or []) for x in series[:1000]),
             )
@@ -152,7 +145,7 @@ class OrthancRestClient:
         failed: list[str] = []
         total = len(instances)
         for n, inst in enumerate(instances, 1):
-            iid = _text(inst.get("ID") if isinstance(inst, dict) else "")
+            iid = pacs_text(inst.get("ID") if isinstance(inst, dict) else "")
             name = hashlib.sha256(iid.encode()).hexdigest()[:32] + ".dcm"
             try:
                 self.orthanc.download_instance(iid, dest / name, MAX_INSTANCE_BYTES)
