@@ -126,3 +126,9 @@ def test_a_pulled_file_of_another_study_or_patient_is_removed_and_listed(tmp_pat
     assert len(got.rejected) == 4
     assert sum("another patient" in r for r in got.rejected) == 2
     assert sum("another study" in r for r in got.rejected) == 1
+
+
+def test_the_documented_example_file_loads() -> None:
+    example = Path(__file__).resolve().parents[1] / "docs" / "pacs.example.yaml"
+    pacs = load_pacs_file(example)
+    assert set(pacs.pacs) == {"archive", "web"} and pacs.writeback == "local"
