@@ -18,6 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # (module, function, call): renames that are not a write of the module's own temporary file
 RENAMES = {
+    ("gateway/pacs/dicomweb.py", "keep", "os.replace(self.tmp, final)"): (
+        "names an instance streamed from a WADO-RS answer by the hash of its bytes"
+    ),
     ("dicom/atomic.py", "_atomic_write", "os.replace(tmp, dest)"): "the helper itself",
     ("evaluation/datasets/rendering.py", "render_study", "os.replace(tmp, folder)"): (
         "publishes a rendered study's folder"

@@ -87,3 +87,26 @@ def test_the_content_type_must_be_related_dicom() -> None:
                 'multipart/related; type="application/dicom"'):  # fmt: skip
         with pytest.raises(MultipartError):
             related_boundary(bad)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "multipart/related; boundary=\u20ac",  # not ASCII: was a UnicodeEncodeError (a 500)
+        'multipart/related; boundary="a\\"b"',
+        "multipart/related; boundary=a\x01b",
+        'multipart/related; boundary="ends with space "',
+        'multipart/related; boundary="a;b"',
+    ],
+)
+def test_a_boundary_outside_rfc_2046_is_refused(header: str) -> None:
+    with pytest.raises(MultipartError, match="boundary"):
+        related_boundary(header)
+    with pytest.raises(MultipartError, match="boundary"):
+        MultipartReader("\u20ac\r\n", lambda h: io.BytesIO(), 10, 10)
+
+
+def test_a_header_with_control_characters_is_refused() -> None:
+    body = b"--b\r\nContent-Type: application/dicom\x00\x1b[2J\r\n\r\nx\r\n--b--\r\n"
+    with pytest.raises(MultipartError, match="control characters"):
+        _read(body, "b", 64)

@@ -119,12 +119,22 @@ def test_https_with_the_hospitals_ca(
     for f in study.files:
         tls_orthanc.upload(f)
 
-    def client(ca: Path) -> DicomwebClient:
+    def client(ca: Path, server_name: str | None = None) -> DicomwebClient:
+        tls = TlsConfig(ca_file=ca, server_name=server_name)
         return DicomwebClient("secure", DicomwebPacs(kind="dicomweb",
-            url=f"{https_orthanc.url}/dicom-web", tls=TlsConfig(ca_file=ca), timeout_s=20))  # fmt: skip
+            url=f"{https_orthanc.url}/dicom-web", tls=tls, timeout_s=20))  # fmt: skip
 
     (m,) = client(tls_orthanc.pki.ca).find_studies(StudyQuery(patient_ids=["HTTPS1"]))
     got = client(tls_orthanc.pki.ca).retrieve(m, tmp_path / "pulled")
     assert m.study_uid == study.study_uid and got.n_files == 2
     with pytest.raises(PacsRequestError, match="TLS: the PACS's certificate is not trusted"):
         client(tls_orthanc.pki.other_ca).find_studies(StudyQuery(patient_ids=["HTTPS1"]))
+    # tls.server_name is the name the certificate must carry (not the URL's host)
+    (same,) = client(tls_orthanc.pki.ca, "localhost").find_studies(
+        StudyQuery(patient_ids=["HTTPS1"])
+    )
+    assert same.study_uid == study.study_uid
+    with pytest.raises(PacsRequestError, match=r"TLS: .*(mismatch|doesn't match)"):
+        client(tls_orthanc.pki.ca, "pacs.elsewhere.example").find_studies(
+            StudyQuery(patient_ids=["HTTPS1"])
+        )

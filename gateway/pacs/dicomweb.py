@@ -19,13 +19,14 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import io
+import json
 import os
 import re
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import httpx
 import pydicom
@@ -42,18 +43,26 @@ from gateway.pacs.client import (
     StudyMatch,
     StudyQuery,
     keep_the_study,
+    pacs_text,
 )
-from gateway.pacs.config import DicomwebPacs
+from gateway.pacs.config import DicomwebPacs, PacsConfigError
 from gateway.pacs.multipart import MultipartError, MultipartReader, related_boundary
 from gateway.pacs.tls import client_context, describe_tls_error
 
 DICOM_JSON = "application/dicom+json"
 MULTIPART_DICOM = 'multipart/related; type="application/dicom"'
+# the instances as the archive stores them (PS3.18 8.7.3.5.2); without it a server must
+# transcode every compressed image to Explicit VR Little Endian (and may fail or refuse)
+MULTIPART_AS_STORED = MULTIPART_DICOM + "; transfer-syntax=*"
 MAX_JSON_BYTES = 64 * 1024 * 1024  # one QIDO page or STOW answer
 MAX_INSTANCE_BYTES = 2 * 1024**3
 MAX_INSTANCES = 200_000  # parts of one WADO-RS answer
 PAGE = 200
 MAX_SCANNED = 20_000  # studies one find may page through
+MAX_SERIES = 10_000  # series of one study
+RETRY_WAIT_S = 0.5  # the first wait before a GET is tried again (then doubled, 3 tries)
+# PS3.18 8.3.4.4: a server that caps its answers says more can be asked in a Warning
+_MORE = re.compile(r"\b299\b.*additional results", re.IGNORECASE)
 _UID = re.compile(r"[0-9.]{1,64}")
 _TEXT = 256
 _INCLUDE = ("NumberOfStudyRelatedSeries", "NumberOfStudyRelatedInstances", "ModalitiesInStudy",
@@ -121,6 +130,43 @@ def describe_tls_error_of(exc: BaseException) -> str | None:
     return None
 
 
+def _named(env_name: str | None) -> str:
+    """The credential a configured variable holds; PacsConfigError when it is not set (an
+    unset secret would send the requests without it and fail as a puzzling 401)."""
+    value = pacs_credential(env_name)
+    if env_name and value is None:
+        raise PacsConfigError(
+            f"{env_name} is not set: the PACS file names it for this PACS's credentials"
+        )
+    return value or ""
+
+
+class _Part:
+    """One instance as it streams in: written to a hidden temporary file and hashed on the
+    way, then named by the hash of its bytes (``keep``) or removed (``drop``)."""
+
+    def __init__(self, folder: Path) -> None:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".part-")
+        self.fh = os.fdopen(fd, "wb")
+        self.tmp = Path(tmp)
+        self.folder = folder
+        self.sha = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        return self.fh.write(data)
+
+    def keep(self) -> Path:
+        self.fh.close()
+        final = self.folder / f"{self.sha.hexdigest()[:32]}.dcm"
+        os.replace(self.tmp, final)
+        return final
+
+    def drop(self) -> None:
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
+
+
 class DicomwebClient:
     """Find, pull and store on a DICOMweb server."""
 
@@ -129,13 +175,10 @@ class DicomwebClient:
         self.cfg = cfg
         headers = {}
         auth: httpx.BasicAuth | None = None
-        token = pacs_credential(cfg.token_env)
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
-        elif cfg.username_env:
-            auth = httpx.BasicAuth(
-                pacs_credential(cfg.username_env) or "", pacs_credential(cfg.password_env) or ""
-            )
+        if cfg.token_env:
+            headers["Authorization"] = f"Bearer {_named(cfg.token_env)}"
+        elif cfg.username_env or cfg.password_env:
+            auth = httpx.BasicAuth(_named(cfg.username_env), _named(cfg.password_env))
         self.http = httpx.Client(
             auth=auth,
             headers=headers,
@@ -143,6 +186,10 @@ class DicomwebClient:
             timeout=httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, 30.0)),
             follow_redirects=False,
         )
+        # TLS: the name the certificate must carry, when it is not the URL's host
+        server_name = cfg.tls.server_name if cfg.tls else None
+        self._ext = {"sni_hostname": server_name} if server_name else {}
+        self._wado_accept = MULTIPART_AS_STORED
 
     def close(self) -> None:
         self.http.close()
@@ -166,18 +213,25 @@ class DicomwebClient:
     def _retrying(self) -> Retrying:
         return Retrying(
             stop=stop_after_attempt(3),
-            wait=wait_exponential(multiplier=0.5, max=5),
+            wait=wait_exponential(multiplier=RETRY_WAIT_S, max=5),
             retry=retry_if_exception(_retryable),
             reraise=True,
         )
 
     def _get_json(self, url: str, params: list[tuple[str, str]]) -> list[Any]:
-        def call() -> list[Any]:
+        return self._get_page(url, params)[0]
+
+    def _get_page(self, url: str, params: list[tuple[str, str]]) -> tuple[list[Any], bool]:
+        """One QIDO-RS answer (a JSON array, bounded) and whether the server says, by a
+        Warning header, that it holds more than it answered."""
+
+        def call() -> tuple[list[Any], bool]:
             with self.http.stream("GET", url, params=tuple(params),
-                                  headers={"Accept": DICOM_JSON}) as r:  # fmt: skip
+                                  headers={"Accept": DICOM_JSON}, extensions=self._ext) as r:  # fmt: skip
                 r.raise_for_status()
+                more = any(_MORE.search(w) for w in r.headers.get_list("warning"))
                 if r.status_code == 204:
-                    return []
+                    return [], False
                 body = bytearray()
                 for chunk in r.iter_bytes():
                     body += chunk
@@ -185,18 +239,48 @@ class DicomwebClient:
                         raise PacsRequestError(
                             f"{self._where()}: an answer over {MAX_JSON_BYTES} bytes"
                         )
-            import json
-
             try:
                 data = json.loads(bytes(body)) if body.strip() else []
             except ValueError:
                 raise PacsRequestError(f"{self._where()}: QIDO-RS answered no JSON") from None
-            return data if isinstance(data, list) else []
+            if not isinstance(data, list):
+                raise PacsRequestError(
+                    f"{self._where()}: QIDO-RS answered {type(data).__name__}, not a JSON array "
+                    f"of results ({pacs_text(json.dumps(data))[:160]})"
+                )
+            return data, more
 
         try:
             return self._retrying()(call)
         except httpx.HTTPError as exc:
             raise self._fail("QIDO-RS", exc) from None
+
+    def _pages(
+        self, url: str, params: list[tuple[str, str]], budget: list[int], what: str = "studies"
+    ) -> Iterator[Any]:
+        """Every item of a paged QIDO-RS query. The next page starts after what the server
+        answered (it may cap a page below our limit, PS3.18 8.3.4.4); paging ends on a short
+        page without a more-results warning, or on a page with nothing new (a server that
+        ignores offset answers the same page again). ``budget``: [items left to scan, bound]."""
+        offset = 0
+        seen: set[str] = set()
+        while True:
+            page, more = self._get_page(url, [*params, ("limit", str(PAGE)),
+                                                  ("offset", str(offset))])  # fmt: skip
+            keys = {json.dumps(item, sort_keys=True)[:4096] for item in page}
+            if not page or keys <= seen:
+                return
+            seen |= keys
+            budget[0] -= len(page)
+            if budget[0] < 0:
+                raise PacsRequestError(
+                    f"{self._where()}: over {budget[1]} {what} match the keys the server "
+                    "can filter on; narrow the query (a date range, a modality, IDs)"
+                )
+            yield from page
+            if len(page) < PAGE and not more:
+                return
+            offset += len(page)
 
     # ----------------------------------------------------------------- finding
 
@@ -220,26 +304,16 @@ class DicomwebClient:
     def find_studies(self, query: StudyQuery) -> list[StudyMatch]:
         url = self.cfg.service("qido") + "/studies"
         found: dict[tuple[str, str], StudyMatch] = {}
-        scanned = 0
+        budget = [MAX_SCANNED, MAX_SCANNED]
         for params in self._param_sets(query):
-            offset = 0
-            while len(found) < MAX_MATCHES:
-                page = self._get_json(url, [*params, ("limit", str(PAGE)), ("offset", str(offset))])
-                scanned += len(page)
-                if scanned > MAX_SCANNED:
-                    raise PacsRequestError(
-                        f"{self._where()}: over {MAX_SCANNED} studies match the keys the server "
-                        "can filter on; narrow the query (a date range, a modality, IDs)"
-                    )
-                for item in page[:PAGE]:
-                    m = self._match(item)
-                    if m is not None and query.description and T["description"] not in item:
-                        m = m.model_copy(update={"description": self._description_of(m)})
-                    if m is not None and query.matches(m):
-                        found.setdefault((m.study_uid, m.patient_id), m)
-                if len(page) < PAGE:
+            for item in self._pages(url, params, budget):
+                m = self._match(item)
+                if m is not None and query.description and T["description"] not in item:
+                    m = m.model_copy(update={"description": self._description_of(m)})
+                if m is not None and query.matches(m):
+                    found.setdefault((m.study_uid, m.patient_id), m)
+                if len(found) >= MAX_MATCHES:
                     break
-                offset += PAGE
         done = sorted(found.values(), key=lambda m: (str(m.study_date or ""), m.study_uid))
         return done[: query.limit]
 
@@ -281,16 +355,21 @@ class DicomwebClient:
     # ----------------------------------------------------------------- pulling
 
     def _series_of(self, match: StudyMatch) -> list[str]:
-        """The series of the match's study that are its patient's (QIDO-RS lists them with
-        their PatientID: an archive may hold one study UID under two patients)."""
+        """The series of the match's study, less those QIDO-RS lists under another patient (an
+        archive may hold one study UID under two patients). PS3.18 does not ask a study's
+        series answer to carry PatientID: a series listed without it is pulled, and
+        ``keep_the_study`` judges its files."""
         url = f"{self.cfg.service('qido')}/studies/{match.study_uid}/series"
+        params = [("includefield", "00100020"), ("includefield", "00100021")]
+        want_pid, want_issuer = match.patient_id.strip(), match.issuer.strip()
         out: list[str] = []
-        for item in self._get_json(url, [("includefield", "00100021")])[:10_000]:
+        for item in self._pages(url, params, [MAX_SERIES, MAX_SERIES], "series"):
             uid = _text(item, "0020000E")
-            pid = _text(item, T["patient_id"])
-            issuer = _text(item, T["issuer"])
-            same_issuer = not issuer or not match.issuer or issuer.strip() == match.issuer.strip()
-            if _UID.fullmatch(uid) and pid.strip() == match.patient_id.strip() and same_issuer:
+            pid = _text(item, T["patient_id"]).strip() if T["patient_id"] in item else None
+            issuer = _text(item, T["issuer"]).strip()
+            other_patient = pid is not None and pid != want_pid
+            other_issuer = bool(issuer and want_issuer and issuer != want_issuer)
+            if _UID.fullmatch(uid) and not other_patient and not other_issuer and uid not in out:
                 out.append(uid)
         return out
 
@@ -298,29 +377,18 @@ class DicomwebClient:
         self, match: StudyMatch, dest: Path, progress: Progress | None = None
     ) -> RetrievedStudy:
         """Series by series (WADO-RS of a whole study fails or mixes patients on an archive
-        that holds its UID twice), each streamed part by part into files."""
+        that holds its UID twice), each streamed part by part into files named by the hash
+        of their bytes; a series is tried again on a connection error or 502/503/504 (the
+        names make a second pull of the same instance the same file)."""
         started = time.monotonic()
         dest.mkdir(parents=True, exist_ok=True)
         failed: list[str] = []
-        open_files: list[tuple[BinaryIO, Path]] = []
-        done = [0]
+        done: set[str] = set()
 
-        def on_part(headers: dict[str, str]) -> BinaryIO:
-            finish()
-            fd, tmp = tempfile.mkstemp(dir=dest, prefix=".part-")
-            fh = os.fdopen(fd, "wb")
-            open_files.append((fh, Path(tmp)))
-            return fh
-
-        def finish() -> None:
-            while open_files:
-                fh, tmp = open_files.pop()
-                fh.close()
-                digest = hashlib.sha256(tmp.read_bytes()).hexdigest()[:32]
-                tmp.replace(dest / f"{digest}.dcm")
-                done[0] += 1
-                if progress:
-                    progress(done[0], match.n_instances)
+        def kept(path: Path) -> None:
+            done.add(path.name)  # a series tried again counts its instances once
+            if progress:
+                progress(len(done), match.n_instances)
 
         series = self._series_of(match)
         if not series:
@@ -331,28 +399,11 @@ class DicomwebClient:
         try:
             for uid in series:
                 try:
-                    with self.http.stream("GET", f"{base}/{uid}",
-                                          headers={"Accept": MULTIPART_DICOM}) as r:  # fmt: skip
-                        r.raise_for_status()
-                        reader = MultipartReader(
-                            related_boundary(r.headers.get("content-type", "")),
-                            on_part,
-                            max_part_bytes=MAX_INSTANCE_BYTES,
-                            max_parts=MAX_INSTANCES,
-                        )
-                        for chunk in r.iter_bytes(1 << 20):
-                            reader.feed(chunk)
-                        reader.close()
-                        finish()
+                    self._retrying()(self._pull_series, f"{base}/{uid}", dest, kept)
                 except httpx.HTTPStatusError as exc:
                     failed.append(f"series {uid}: HTTP {exc.response.status_code}")
                 except MultipartError as exc:
                     failed.append(f"series {uid}: the WADO-RS answer is cut or malformed: {exc}")
-                finally:
-                    for fh, tmp in open_files:
-                        fh.close()
-                        tmp.unlink(missing_ok=True)
-                    open_files.clear()
         except httpx.HTTPError as exc:
             raise self._fail(f"WADO-RS of study {match.study_uid}", exc) from None
         finally:
@@ -361,6 +412,45 @@ class DicomwebClient:
         out = keep_the_study(match, dest, started)
         out.failed = failed[:50]
         return out
+
+    def _pull_series(self, url: str, dest: Path, kept: Callable[[Path], None]) -> None:
+        """One series by WADO-RS into ``dest``: each whole part kept as it ends, a part the
+        answer cut is removed."""
+        current: list[_Part] = []
+
+        def on_part(headers: dict[str, str]) -> BinaryIO:
+            finish()
+            current.append(_Part(dest))
+            return cast(BinaryIO, current[-1])
+
+        def finish() -> None:
+            while current:
+                kept(current.pop().keep())
+
+        try:
+            with self.http.stream("GET", url, headers={"Accept": self._wado_accept},
+                                  extensions=self._ext) as r:  # fmt: skip
+                if r.status_code in (400, 406) and self._wado_accept == MULTIPART_AS_STORED:
+                    self._wado_accept = MULTIPART_DICOM  # a server without transfer-syntax=*
+                    again = True
+                else:
+                    again = False
+                    r.raise_for_status()
+                    reader = MultipartReader(
+                        related_boundary(r.headers.get("content-type", "")),
+                        on_part,
+                        max_part_bytes=MAX_INSTANCE_BYTES,
+                        max_parts=MAX_INSTANCES,
+                    )
+                    for chunk in r.iter_bytes(1 << 20):
+                        reader.feed(chunk)
+                    reader.close()
+                    finish()
+        finally:
+            for part in current:
+                part.drop()
+        if again:
+            self._pull_series(url, dest, kept)
 
     # ----------------------------------------------------------------- storing
 

@@ -10,6 +10,7 @@ saying which. ``encode_related`` writes the same format.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Callable, Iterable, Iterator
 from email.message import Message
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 MAX_BOUNDARY = 70  # RFC 2046
+# RFC 2046 5.1.1: 1-70 of these characters, the last not a space
+_BOUNDARY = re.compile(r"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")
 _CHUNK = 1 << 20
 
 
@@ -42,8 +45,10 @@ def related_boundary(content_type: str, part_type: str = "application/dicom") ->
     if declared is not None and str(declared).lower() != part_type:
         raise MultipartError(f"multipart/related of type {str(declared)[:80]!r}, not {part_type!r}")
     boundary = msg.get_param("boundary")
-    if not isinstance(boundary, str) or not 1 <= len(boundary) <= MAX_BOUNDARY:
-        raise MultipartError("multipart/related without a valid boundary parameter")
+    if not isinstance(boundary, str) or not _BOUNDARY.fullmatch(boundary):
+        raise MultipartError(
+            "multipart/related without a valid boundary parameter (1-70 of RFC 2046's characters)"
+        )
     return boundary
 
 
@@ -58,7 +63,9 @@ class MultipartReader:
         max_parts: int,
         max_header_bytes: int = 16384,
     ) -> None:
-        self._delim = b"\r\n--" + boundary.encode("latin-1")
+        if not _BOUNDARY.fullmatch(boundary):
+            raise MultipartError(f"not an RFC 2046 boundary: {boundary[:80]!r}")
+        self._delim = b"\r\n--" + boundary.encode("ascii")
         self._on_part = on_part
         self.max_part_bytes = max_part_bytes
         self.max_parts = max_parts
@@ -175,6 +182,8 @@ class MultipartReader:
             name, sep, value = line.partition(":")
             if not sep or not name.strip() or any(c in name for c in " \t"):
                 raise MultipartError(f"part {self.parts + 1}: a malformed header line")
+            if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in line):
+                raise MultipartError(f"part {self.parts + 1}: a header with control characters")
             out[name.strip().lower()[:100]] = value.strip()[:1000]
         return out
 
