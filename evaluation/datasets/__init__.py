@@ -37,6 +37,7 @@ __all__ = [
     "Dataset",
     "DatasetSpec",
     "ImageStore",
+    "ManifestCase",
     "ManifestCheck",
     "ManifestProblem",
     "RenderPlan",
@@ -235,6 +236,7 @@ class ImageStore:
 _LAZY = {
     "AnatomyError": "evaluation.datasets.phantoms.anatomy",
     "GENERATOR_VERSION": "evaluation.datasets.phantoms.series",
+    "ManifestCase": "evaluation.datasets.manifest",
     "ManifestCheck": "evaluation.datasets.suite",
     "ManifestProblem": "evaluation.datasets.manifest",
     "RenderPlan": "evaluation.datasets.rendering",

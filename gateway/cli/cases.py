@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -90,3 +90,250 @@ def cases_schema(
     from evaluation.datasets import manifest_schema
 
     typer.echo(json.dumps(manifest_schema(), indent=2, sort_keys=True))
+
+
+def _lines(path: Path | None, column: str) -> list[str]:
+    """Values from a file: one per line, or the named column of a CSV with a header."""
+    if path is None:
+        return []
+    import csv
+
+    try:
+        text = path.read_text(encoding="utf-8-sig")[:4_000_000]
+    except OSError as exc:
+        raise typer.BadParameter(f"{path}: {exc.strerror}") from None
+    first = text.splitlines()[0] if text else ""
+    if "," in first and column in [c.strip().lower() for c in first.split(",")]:
+        rows = csv.DictReader(text.splitlines())
+        key = next(c for c in rows.fieldnames or [] if c.strip().lower() == column)
+        return [r[key].strip() for r in rows if (r.get(key) or "").strip()]
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@cases_app.command("from-pacs")
+def cases_from_pacs(
+    pacs: Annotated[
+        str,
+        typer.Option(
+            "--pacs",
+            help="the PACS by name (NEUROSANDBOX_PACS_FILE; `local`: the sandbox's Orthanc)",
+            show_default=False,
+        ),
+    ],
+    accession: Annotated[
+        list[str] | None, typer.Option("--accession", help="an accession number (repeatable)")
+    ] = None,
+    accession_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--accession-file",
+            help="accession numbers: one per line, or a CSV's accession_number column",
+        ),
+    ] = None,
+    patient_id: Annotated[
+        list[str] | None, typer.Option("--patient-id", help="a patient ID (repeatable)")
+    ] = None,
+    patient_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--patient-file", help="patient IDs: one per line, or a CSV's patient_id column"
+        ),
+    ] = None,
+    date_from: Annotated[
+        str | None, typer.Option("--date-from", help="studies on or after YYYY-MM-DD")
+    ] = None,
+    date_to: Annotated[
+        str | None, typer.Option("--date-to", help="studies on or before YYYY-MM-DD")
+    ] = None,
+    modality: Annotated[
+        list[str] | None, typer.Option("--modality", help="MR, CT... (repeatable)")
+    ] = None,
+    description: Annotated[
+        str | None,
+        typer.Option(
+            "--description",
+            help="study description pattern: * and ? are wildcards, case-insensitive",
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option("--limit", help="at most this many studies")] = 500,
+    list_only: Annotated[
+        bool, typer.Option("--list-only", help="list the studies; pull nothing, write nothing")
+    ] = False,
+    diagnoses: Annotated[
+        Path | None,
+        typer.Option(
+            "--diagnoses",
+            help="the team's diagnoses CSV to join (columns: "
+            "docs/cases.md, 'A cohort from your PACS')",
+        ),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", help="the manifest to write (YAML)")] = Path(
+        "cohort.yaml"
+    ),
+    name: Annotated[
+        str | None, typer.Option("--name", help="the dataset's name in runs and reports")
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="replace --out if it exists")] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="print what was found, pulled and joined as JSON")
+    ] = False,
+) -> None:
+    """Find a cohort on a PACS (DICOMweb, DIMSE or Orthanc), pull each study once into the
+    cache, join the team's diagnoses, and write a case manifest to edit. Every study found is a
+    study of a patient; a file of another study or patient is left out and listed. A diagnosis
+    row that matches no study, a study with no row, and a row whose patient ID is not the
+    study's are listed, never joined. Exit code 0: done; 1: some studies could not be pulled;
+    2: bad usage or configuration (the PACS file, an option, the CSV's columns)."""
+    import datetime as dt
+
+    from pydantic import ValidationError
+
+    from gateway.pacs import PacsConfigError, PacsRequestError, StudyQuery, open_client
+    from gateway.pacs.cohort import (
+        Cohort,
+        CohortError,
+        CohortStudy,
+        case_ids,
+        join_diagnoses,
+        read_diagnoses,
+        write_manifest,
+    )
+    from gateway.settings import get_settings
+
+    err = cli_console(stderr=True)
+
+    def usage(message: str) -> typer.Exit:
+        err.print(f"[red]error[/red] {escape(message)}", soft_wrap=True)
+        return typer.Exit(2)
+
+    try:
+        query = StudyQuery(
+            accession_numbers=[*(accession or []), *_lines(accession_file, "accession_number")],
+            patient_ids=[*(patient_id or []), *_lines(patient_file, "patient_id")],
+            date_from=dt.date.fromisoformat(date_from) if date_from else None,
+            date_to=dt.date.fromisoformat(date_to) if date_to else None,
+            modalities=[m.upper() for m in modality or []],
+            description=description,
+            limit=limit,
+        )
+    except ValidationError as exc:
+        first = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise usage(f"{where or 'query'}: {first['msg']}") from None
+    except ValueError as exc:  # a date that is not YYYY-MM-DD
+        raise usage(f"a date must be YYYY-MM-DD: {exc}") from None
+    if query == StudyQuery(limit=limit):
+        raise usage(
+            "give at least one of --accession(-file), --patient-id/--patient-file, --date-from/"
+            "--date-to, --modality, --description: an empty query would list the whole archive"
+        )
+    settings = get_settings()
+    rows: list[Any] = []
+    issues: list[Any] = []
+    try:
+        if diagnoses is not None:
+            rows, issues = read_diagnoses(diagnoses)
+        client = open_client(pacs, settings)
+    except (PacsConfigError, CohortError) as exc:
+        raise usage(str(exc)) from None
+    try:
+        try:
+            matches = client.find_studies(query)
+        except PacsRequestError as exc:
+            err.print(f"[red]error[/red] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(1) from None
+        ids = case_ids(matches, name or "case")
+        cohort = Cohort(
+            pacs=pacs,
+            studies=[CohortStudy(match=m, case_id=i) for m, i in zip(matches, ids, strict=True)],
+        )
+        if not as_json:
+            _print_matches(cohort)
+        if not list_only and matches:
+            _pull(client, cohort, Path(settings.data_dir) / "cache", quiet=as_json)
+    finally:
+        client.close()
+    if diagnoses is not None:
+        cohort.issues = issues + join_diagnoses([s for s in cohort.studies if not s.error], rows)
+    if not list_only and matches:
+        try:
+            write_manifest(out, cohort, name, force)
+            cohort.manifest = out
+        except CohortError as exc:
+            err.print(f"[red]error[/red] {escape(str(exc))}", soft_wrap=True)
+    if as_json:
+        typer.echo(cohort.model_dump_json(indent=2))
+    else:
+        _print_outcome(cohort, list_only)
+    if cohort.failed or (not list_only and matches and cohort.manifest is None):
+        raise typer.Exit(1)
+
+
+def _print_matches(cohort: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{len(cohort.studies)} studies on {escape(cohort.pacs)}")
+    for column in ("case", "accession", "date", "modalities", "description", "series", "instances"):
+        table.add_column(column)
+    for s in cohort.studies:
+        m = s.match
+        table.add_row(
+            escape(s.case_id),
+            escape(m.accession),
+            str(m.study_date or ""),
+            escape("/".join(m.modalities)),
+            escape(m.description[:60]),
+            str(m.n_series if m.n_series is not None else "?"),
+            str(m.n_instances if m.n_instances is not None else "?"),
+        )
+    console.print(table)
+
+
+def _pull(client: Any, cohort: Any, cache_root: Path, quiet: bool) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from gateway.pacs.cohort import retrieve_cohort
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=cli_console(stderr=True),
+        disable=quiet,
+    )
+    tasks: dict[str, Any] = {}
+
+    def on_study(s: Any, done: int, total: int | None) -> None:
+        if s.case_id not in tasks:
+            tasks[s.case_id] = bar.add_task(f"pulling {s.case_id}", total=total)
+        bar.update(tasks[s.case_id], completed=done, total=total)
+
+    with bar:
+        retrieve_cohort(client, cohort.studies, cache_root, on_study)
+
+
+def _print_outcome(cohort: Any, list_only: bool) -> None:
+    err = cli_console(stderr=True)
+    for s in cohort.studies:
+        r = s.retrieved
+        if s.error:
+            err.print(
+                f"[red]not pulled[/red] {escape(s.case_id)}: {escape(s.error)}", soft_wrap=True
+            )
+        elif r is not None:
+            how = "already in the cache" if r.cached else f"{r.n_files} files in {r.seconds:.1f} s"
+            console.print(f"{escape(s.case_id)}: {how}", soft_wrap=True)
+            for line in [*r.failed, *r.rejected][:20]:
+                console.print(f"  [yellow]left out[/yellow] {escape(line)}", soft_wrap=True)
+    for issue in cohort.issues:
+        console.print(f"[yellow]diagnoses[/yellow] {escape(str(issue))}", soft_wrap=True)
+    if cohort.manifest is not None:
+        joined = sum(1 for s in cohort.studies if s.truth)
+        console.print(
+            f"[green]wrote {escape(str(cohort.manifest))}[/green]: "
+            f"{sum(1 for s in cohort.studies if not s.error)} cases, {joined} with a diagnosis; "
+            f"next: neurosandbox cases check {escape(str(cohort.manifest))}",
+            soft_wrap=True,
+        )
+    elif list_only:
+        console.print("--list-only: nothing pulled, nothing written")

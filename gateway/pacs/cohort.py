@@ -1,0 +1,319 @@
+"""A pilot's cohort from the hospital's own archive: found, pulled once, joined with the team's
+diagnoses, written as a case manifest to edit (``neurosandbox cases from-pacs``).
+
+- ``retrieve_cohort``: each study is pulled once into the cache, in a folder named by its UID
+  and its patient (``StudyKey.name``, no PHI in the name), with ``retrieved.json`` beside it once
+  complete: a study already there is not pulled again. One study failing does not stop the
+  others.
+- ``read_diagnoses`` / ``join_diagnoses``: the team's CSV (columns in ``DIAGNOSIS_COLUMNS``,
+  documented in docs/cases.md) joined to the studies by StudyInstanceUID or accession number,
+  each row cross-checked by PatientID. A row that matches no study, a study with no row, a row
+  whose patient is not the study's, two rows for one study and a row that is not a valid truth
+  are each listed (``JoinIssue``), never joined and never dropped silently.
+- ``write_manifest``: the cases (pseudonymous case and patient ids; the accession, date and
+  description as YAML comments for the team, never as fields that travel into runs), each
+  checked as a manifest case before it is written, so ``cases check`` passes on the file.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import hashlib
+import io
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError
+
+from dicom import atomic_write
+from gateway.pacs.client import (
+    PacsClient,
+    PacsRequestError,
+    Progress,
+    RetrievedStudy,
+    StudyMatch,
+)
+from gateway.study_key import StudyKey
+
+RETRIEVED = "retrieved.json"
+MAX_CSV_BYTES = 16 * 1024 * 1024
+MAX_ROWS = 100_000
+DIAGNOSIS_COLUMNS = {
+    "study_uid": "StudyInstanceUID of the study (this or accession_number)",
+    "accession_number": "the study's accession number (this or study_uid)",
+    "patient_id": "PatientID as the archive has it (required: a row is joined only to a study "
+    "of this patient)",
+    "diagnosis": "the final diagnosis (required)",
+    "icd10": "its ICD-10 code (optional)",
+    "disease_group": "its disease group (optional; the vocabulary of docs/cases.md)",
+    "synonyms": "other names of the diagnosis, separated by ; (optional)",
+    "differential": "the reference differential, most likely first, separated by ; (optional)",
+}
+IssueKind = Literal[
+    "row_matches_no_study", "study_without_row", "patient_disagrees", "duplicate_rows", "bad_row"
+]
+
+
+class CohortError(ValueError):
+    """The diagnoses file or the output cannot be used; the message says why."""
+
+
+class DiagnosisRow(BaseModel):
+    """One row of the team's diagnoses, checked."""
+
+    line: int
+    study_uid: str = ""
+    accession: str = ""
+    patient_id: str
+    truth: dict[str, Any]  # a manifest case's ground_truth, checked by ManifestCase
+
+
+class JoinIssue(BaseModel):
+    """A row or a study the join could not pair, and why."""
+
+    kind: IssueKind
+    line: int | None = None  # the CSV line (1: the header)
+    study_uid: str = ""
+    accession: str = ""
+    detail: str = ""
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line else ""
+        what = (self.accession and f"accession {self.accession}") or self.study_uid
+        return f"{where}{self.kind.replace('_', ' ')}: {what}" + (
+            f" ({self.detail})" if self.detail else ""
+        )
+
+
+class CohortStudy(BaseModel):
+    """One study of the cohort: what the archive listed, and what became of it."""
+
+    match: StudyMatch
+    case_id: str
+    folder: Path | None = None
+    retrieved: RetrievedStudy | None = None
+    error: str = ""
+    truth: dict[str, Any] | None = None
+
+
+class Cohort(BaseModel):
+    """What ``cases from-pacs`` found, pulled, joined and wrote."""
+
+    pacs: str
+    studies: list[CohortStudy] = Field(default_factory=list)
+    issues: list[JoinIssue] = Field(default_factory=list)
+    manifest: Path | None = None
+
+    @property
+    def failed(self) -> list[CohortStudy]:
+        return [s for s in self.studies if s.error]
+
+
+def case_ids(matches: list[StudyMatch], prefix: str) -> list[str]:
+    """Pseudonymous case ids, stable for a study: the prefix and a short hash of its UID and
+    patient (never the accession number or a name)."""
+    out = []
+    for m in matches:
+        key = StudyKey(study_uid=m.study_uid, patient_id=m.patient_id, issuer=m.issuer)
+        out.append(f"{prefix}-{hashlib.sha256(key.name.encode()).hexdigest()[:12]}")
+    return out
+
+
+def cache_folder(cache_root: Path, pacs: str, m: StudyMatch) -> Path:
+    """Where a study of a PACS is kept: by its UID and patient, never by a name or an ID."""
+    key = StudyKey(study_uid=m.study_uid, patient_id=m.patient_id, issuer=m.issuer)
+    return cache_root / "pacs" / pacs / key.name
+
+
+def retrieve_cohort(
+    client: PacsClient,
+    studies: list[CohortStudy],
+    cache_root: Path,
+    on_study: Callable[[CohortStudy, int, int | None], None] | None = None,
+) -> None:
+    """Pull each study not already in the cache; ``on_study(study, done, total)`` hears the
+    progress of each instance. A failure is the study's ``error``; the others go on."""
+    for s in studies:
+        folder = cache_folder(cache_root, client.name, s.match)
+        marker = folder / RETRIEVED
+        s.folder = folder
+        if marker.exists():
+            try:
+                s.retrieved = RetrievedStudy.model_validate_json(marker.read_text())
+                s.retrieved.cached = True
+                continue
+            except (ValidationError, OSError):
+                pass  # an unreadable record: pull again
+        if folder.exists():  # a pull that did not finish: start again from nothing
+            for p in sorted(folder.rglob("*"), reverse=True):
+                p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+        progress: Progress | None = None
+        if on_study is not None:
+            progress = functools.partial(on_study, s)
+        try:
+            got = client.retrieve(s.match, folder, progress)
+        except PacsRequestError as exc:
+            s.error = str(exc)[:500]
+            continue
+        s.retrieved = got
+        if got.n_files == 0:
+            s.error = "nothing was retrieved" + (f": {got.failed[0]}" if got.failed else "")
+            continue
+        with atomic_write(marker, "w") as fh:
+            fh.write(got.model_dump_json(indent=2))
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower().replace(" ", "_").replace("-", "_")
+
+
+def read_diagnoses(path: Path) -> tuple[list[DiagnosisRow], list[JoinIssue]]:
+    """The rows of the team's diagnoses CSV, each checked; a bad row is an issue, not an end."""
+    try:
+        if path.stat().st_size > MAX_CSV_BYTES:
+            raise CohortError(f"{path}: over {MAX_CSV_BYTES} bytes")
+        text = path.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise CohortError(f"{path}: cannot read the diagnoses: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise CohortError(f"{path}: not UTF-8 text (save the CSV as UTF-8)") from None
+    reader = csv.DictReader(io.StringIO(text))
+    columns = {_norm(c): c for c in reader.fieldnames or []}
+    missing = [c for c in ("patient_id", "diagnosis") if c not in columns]
+    if "study_uid" not in columns and "accession_number" not in columns:
+        missing.append("study_uid or accession_number")
+    if missing:
+        raise CohortError(
+            f"{path}: missing column(s) {', '.join(missing)} (columns: docs/cases.md, "
+            f"'A cohort from your PACS'; found: {', '.join(list(columns)[:20]) or 'none'})"
+        )
+    from evaluation.datasets import ManifestCase
+
+    rows: list[DiagnosisRow] = []
+    issues: list[JoinIssue] = []
+    for n, raw in enumerate(reader, start=2):
+        if n - 1 > MAX_ROWS:
+            raise CohortError(f"{path}: over {MAX_ROWS} rows")
+        row = {k: (raw.get(v) or "").strip()[:500] for k, v in columns.items()}
+        if not any(row.values()):
+            continue
+        uid, acc, pid = row.get("study_uid", ""), row.get("accession_number", ""), row["patient_id"]
+        if not (uid or acc) or not pid or not row["diagnosis"]:
+            issues.append(JoinIssue(kind="bad_row", line=n, study_uid=uid, accession=acc,
+                                    detail="needs study_uid or accession_number, patient_id and "
+                                    "diagnosis"))  # fmt: skip
+            continue
+        truth: dict[str, Any] = {"final_diagnosis": {"name": row["diagnosis"]}}
+        if row.get("icd10"):
+            truth["final_diagnosis"]["icd10"] = row["icd10"]
+        if row.get("disease_group"):
+            truth["final_diagnosis"]["group"] = row["disease_group"]
+        for key, column in (("synonyms", "synonyms"), ("differential", "differential")):
+            values = [v.strip() for v in row.get(column, "").split(";") if v.strip()][:20]
+            if values:
+                truth[key] = values if key == "synonyms" else [{"name": v} for v in values]
+        try:  # the rule a manifest case's truth obeys, checked here, not after writing
+            ManifestCase.model_validate({"study": ".", "ground_truth": truth})
+        except ValidationError as exc:
+            first = exc.errors(include_url=False, include_input=False)[0]
+            where = ".".join(str(p) for p in first["loc"][1:])
+            issues.append(JoinIssue(kind="bad_row", line=n, study_uid=uid, accession=acc,
+                                    detail=f"{where}: {first['msg']}"[:300]))  # fmt: skip
+            continue
+        rows.append(DiagnosisRow(line=n, study_uid=uid, accession=acc, patient_id=pid, truth=truth))
+    return rows, issues
+
+
+def join_diagnoses(studies: list[CohortStudy], rows: Iterable[DiagnosisRow]) -> list[JoinIssue]:
+    """Give each study the truth of its one row of the same patient; list everything else."""
+    issues: list[JoinIssue] = []
+    claimed: dict[int, list[DiagnosisRow]] = {}
+    for row in rows:
+        hits = [
+            i for i, s in enumerate(studies)
+            if (row.study_uid and s.match.study_uid == row.study_uid)
+            or (not row.study_uid and row.accession and s.match.accession == row.accession)
+        ]  # fmt: skip
+        if not hits:
+            issues.append(JoinIssue(kind="row_matches_no_study", line=row.line,
+                                    study_uid=row.study_uid, accession=row.accession))  # fmt: skip
+            continue
+        mine = [i for i in hits if studies[i].match.patient_id.strip() == row.patient_id.strip()]
+        if not mine:
+            issues.append(JoinIssue(
+                kind="patient_disagrees", line=row.line, study_uid=row.study_uid,
+                accession=row.accession,
+                detail="the archive holds this study for another patient; not joined",
+            ))  # fmt: skip
+            continue
+        for i in mine:
+            claimed.setdefault(i, []).append(row)
+    for i, s in enumerate(studies):
+        got = claimed.get(i, [])
+        if len(got) == 1:
+            s.truth = got[0].truth
+        elif len(got) > 1:
+            lines = ", ".join(str(r.line) for r in got[:10])
+            issues.append(JoinIssue(kind="duplicate_rows", study_uid=s.match.study_uid,
+                                    accession=s.match.accession,
+                                    detail=f"lines {lines}; none joined"))  # fmt: skip
+        else:
+            issues.append(JoinIssue(kind="study_without_row", study_uid=s.match.study_uid,
+                                    accession=s.match.accession, detail=s.case_id))  # fmt: skip
+    return issues
+
+
+def _comment(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)[:120]
+
+
+def write_manifest(path: Path, cohort: Cohort, name: str | None, force: bool) -> int:
+    """Write the cases of the retrieved studies as a manifest; the number of cases written."""
+    from evaluation.datasets import ManifestCase
+
+    if path.exists() and not force:
+        raise CohortError(f"{path} exists: give --force to replace it, or another --out")
+    parts = [
+        f"# Written by `neurosandbox cases from-pacs --pacs {cohort.pacs}`: edit, then\n"
+        f"# `neurosandbox cases check {path.name}`. Case and patient ids are pseudonyms; the\n"
+        "# comments (accession, date, description) stay in this file and never enter a run.\n"
+    ]
+    if name:
+        parts.append(yaml.safe_dump({"name": name}, allow_unicode=True, sort_keys=False))
+    parts.append("cases:\n")
+    n = 0
+    for s in cohort.studies:
+        if s.error or s.folder is None:
+            continue
+        m = s.match
+        key = StudyKey(study_uid=m.study_uid, patient_id=m.patient_id, issuer=m.issuer)
+        case: dict[str, Any] = {
+            "case_id": s.case_id,
+            "patient_id": f"P-{key.patient_hash}",
+            "study": str(s.folder.resolve()),
+        }
+        if s.truth:
+            case["ground_truth"] = s.truth
+        ManifestCase.model_validate(case)  # what is written is a valid case
+        shown = ", ".join(x for x in (f"accession {m.accession}" if m.accession else "",
+                                      str(m.study_date or ""), "/".join(m.modalities),
+                                      json.dumps(m.description)[:80] if m.description else "")
+                          if x)  # fmt: skip
+        parts.append(f"# {_comment(shown)}\n")
+        if not s.truth:
+            parts.append(
+                "# TODO: no diagnosis yet (ground_truth: {final_diagnosis: {name: ...}})\n"
+            )
+        block = yaml.safe_dump([case], allow_unicode=True, sort_keys=False)
+        parts.append("".join(f"  {line}\n" for line in block.splitlines()))
+        n += 1
+    if n == 0:
+        raise CohortError("no study was retrieved: no manifest written")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_write(path, "w") as fh:
+        fh.write("".join(parts))
+    return n

@@ -1,0 +1,123 @@
+"""`neurosandbox cases from-pacs`: a cohort found on a PACS, pulled once, joined with the team's
+diagnoses, written as a manifest that `cases check` passes (gateway/pacs/cohort.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pydicom
+import pytest
+import yaml
+
+from gateway.orthanc import OrthancClient
+from tests.dcmqrscp_fixture import AE_TITLE, Dcmqrscp
+from tests.gateway_synth import make_study
+from tests.orthanc_fixture import OrthancServer
+
+CLI = [str(Path(sys.executable).with_name("neurosandbox"))]
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], env={**os.environ, **env}, cwd=cwd, text=True,
+                          capture_output=True, timeout=120)  # fmt: skip
+
+
+def _studies(root: Path, tag: str) -> dict[str, object]:
+    """Three studies of two patients, accession numbers A1-tag, A2-tag, B1-tag."""
+    made = {}
+    for acc, pid in ((f"A1{tag}", f"PA{tag}"), (f"A2{tag}", f"PA{tag}"), (f"B1{tag}", f"PB{tag}")):
+        s = make_study(root / acc, classes=("FLAIR",), n_slices=2, patient_id=pid)
+        for f in s.files:
+            ds = pydicom.dcmread(f)
+            ds.AccessionNumber, ds.StudyDescription = acc, "MRI HEAD"
+            ds.save_as(f)
+        made[acc] = s
+    return made
+
+
+@pytest.fixture(scope="module")
+def on_orthanc(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory):
+    tag = uuid.uuid4().hex[:6].upper()
+    root = tmp_path_factory.mktemp("cohort")
+    made = _studies(root, tag)
+    ep = orthanc_server.endpoints
+    orthanc = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
+    for s in made.values():
+        for f in s.files:  # type: ignore[attr-defined]
+            orthanc.upload(f)
+    orthanc.close()
+    return tag, made
+
+
+def test_a_cohort_is_listed_pulled_once_joined_and_checked(
+    on_orthanc, orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    tag, _ = on_orthanc
+    csv = tmp_path / "dx.csv"
+    csv.write_text(
+        "accession_number,patient_id,diagnosis,icd10,synonyms\n"
+        f"A1{tag},PA{tag},Multiple sclerosis,G35,MS;disseminated sclerosis\n"
+        f"A2{tag},SOMEONE-ELSE,Glioblastoma,C71.9,\n"  # the archive's study is PA's: not joined
+        f"ZZ{tag},PA{tag},Migraine,,\n"  # no such study
+    )
+    args = ["cases", "from-pacs", "--pacs", "local", "--accession", f"A1{tag}", "--accession",
+            f"A2{tag}", "--accession", f"B1{tag}", "--diagnoses", str(csv), "--out", "m.yaml",
+            "--name", "pilot", "--json"]  # fmt: skip
+    run = _run(args, orthanc_server.env, tmp_path)
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    assert len(out["studies"]) == 3 and all(s["retrieved"]["n_files"] == 2 for s in out["studies"])
+    kinds = sorted((i["kind"], i.get("accession") or "") for i in out["issues"])
+    assert kinds == [
+        ("patient_disagrees", f"A2{tag}"),
+        ("row_matches_no_study", f"ZZ{tag}"),
+        ("study_without_row", f"A2{tag}"),
+        ("study_without_row", f"B1{tag}"),
+    ]
+    manifest = yaml.safe_load((tmp_path / "m.yaml").read_text())
+    truths = [c.get("ground_truth") for c in manifest["cases"]]
+    assert [t["final_diagnosis"]["name"] for t in truths if t] == ["Multiple sclerosis"]
+    text = (tmp_path / "m.yaml").read_text()
+    assert f"PA{tag}" not in yaml.safe_dump(manifest)  # pseudonyms only in the fields
+    assert f"accession A1{tag}" in text  # the team's reference, as a comment
+    check = _run(["cases", "check", "m.yaml"], orthanc_server.env, tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # a second run pulls nothing, and will not overwrite the manifest without --force
+    again = _run([*args[:-5], "--out", "m2.yaml", "--json"], orthanc_server.env, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert all(s["retrieved"]["cached"] for s in json.loads(again.stdout)["studies"])
+    refused = _run([*args[:-5], "--out", "m.yaml"], orthanc_server.env, tmp_path)
+    assert refused.returncode == 1 and "--force" in refused.stderr
+
+
+def test_a_cohort_from_a_dimse_archive(dcmqrscp: Dcmqrscp, tmp_path: Path) -> None:
+    tag = uuid.uuid4().hex[:6].upper()
+    made = _studies(tmp_path / "src", tag)
+    dcmqrscp.store(*[tmp_path / "src" / acc for acc in made])
+    pacs = tmp_path / "pacs.yaml"
+    pacs.write_text(yaml.safe_dump({"pacs": {"archive": {
+        "kind": "dimse", "ae_title": AE_TITLE, "host": "127.0.0.1", "port": dcmqrscp.port,
+        "retrieve": "c-get"}}}))  # fmt: skip
+    env = {"NEUROSANDBOX_PACS_FILE": str(pacs), "NEUROSANDBOX_DATA_DIR": str(tmp_path / "var")}
+    run = _run(["cases", "from-pacs", "--pacs", "archive", "--patient-id", f"PA{tag}",
+                "--description", "mri*", "--out", "m.yaml"], env, tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 studies on archive" in run.stdout and "wrote m.yaml" in run.stdout
+    assert _run(["cases", "check", "m.yaml"], env, tmp_path).returncode == 0
+
+
+def test_usage_errors_say_what_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "pacs.yaml"
+    bad.write_text("pacs: {web: {kind: dicomweb, url: 'https://x', password_env: OPENAI_API_KEY}}")
+    env = {"NEUROSANDBOX_PACS_FILE": str(bad), "NEUROSANDBOX_DATA_DIR": str(tmp_path / "var")}
+    run = _run(["cases", "from-pacs", "--pacs", "web", "--patient-id", "X"], env, tmp_path)
+    assert run.returncode == 2 and "pacs.web.dicomweb.password_env" in run.stderr
+    empty = _run(["cases", "from-pacs", "--pacs", "local"], env, tmp_path)
+    assert empty.returncode == 2 and "whole archive" in empty.stderr
+    date = _run(["cases", "from-pacs", "--pacs", "local", "--date-from", "03/2024"], env, tmp_path)
+    assert date.returncode == 2 and "YYYY-MM-DD" in date.stderr
