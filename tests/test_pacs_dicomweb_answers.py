@@ -381,3 +381,49 @@ def test_a_named_credential_that_is_not_set_is_said(server: tuple[str, Script], 
     monkeypatch.delenv("TEST_PACS_TOKEN", raising=False)
     with pytest.raises(PacsConfigError, match="TEST_PACS_TOKEN is not set"):
         DicomwebClient("tok", DicomwebPacs(kind="dicomweb", url=url, token_env="TEST_PACS_TOKEN"))
+
+
+def test_a_long_uid_list_is_asked_in_batches_short_urls(web: tuple[DicomwebClient, Script]):
+    client, script = web
+    uids = [f"1.2.826.0.1.3680043.8.498.{10**30 + i}" for i in range(200)]  # 12 KB joined
+
+    def answer(req: Request) -> Answer:
+        asked = dict(req.params)["StudyInstanceUID"]
+        if len(asked) > 4096:  # what a proxy with 4-8 KB header buffers answers
+            return 414, {}, [b"URI Too Long"]
+        return js([study_item(0, uid=u) for u in asked.split(",")])
+
+    script.routes["GET", "/dw/studies"] = answer
+    found = client.find_studies(StudyQuery(study_uids=uids))
+    assert sorted(m.study_uid for m in found) == sorted(uids)
+    assert all(len(dict(r.params)["StudyInstanceUID"]) <= 1800 for r in script.requests)
+
+
+def test_stow_warnings_and_refusals_are_said_plainly(
+    web: tuple[DicomwebClient, Script], tmp_path: Path
+) -> None:
+    client, script = web
+    (a,) = _objects(tmp_path, 1)
+    ref = {"00081155": {"vr": "UI", "Value": [a.SOPInstanceUID]},
+           "00081196": {"vr": "US", "Value": [0xB000]}}  # fmt: skip
+    script.routes["POST", "/dw/studies"] = lambda req: js({"00081199": {"Value": [ref]}}, 202)
+    (r,) = client.store([a])
+    assert r.stored and r.detail == "stored with warning 0xB000"
+    hostile = b"<html>\x1b[31mbad\x00 request" + b"x" * 5000
+    script.routes["POST", "/dw/studies"] = lambda req: (400, {"Content-Type": "text/html"},
+                                                        [hostile])  # fmt: skip
+    (r,) = client.store([a])
+    assert not r.stored and r.detail.startswith("STOW-RS: HTTP 400 <html>")
+    assert "\x1b" not in r.detail and "\x00" not in r.detail and len(r.detail) < 260
+
+
+def test_a_redirect_is_not_followed_and_is_said(web: tuple[DicomwebClient, Script]) -> None:
+    client, script = web
+    script.routes["GET", "/dw/studies"] = lambda req: (
+        302,
+        {"Location": "https://sso.hospital.example/login"},
+        [b""],
+    )
+    with pytest.raises(PacsRequestError, match=r"redirected to 'https://sso\.hospital\.example"):
+        client.find_studies(StudyQuery(patient_ids=["P1"]))
+    assert len(script.requests) == 1

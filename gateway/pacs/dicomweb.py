@@ -60,6 +60,7 @@ MAX_INSTANCES = 200_000  # parts of one WADO-RS answer
 PAGE = 200
 MAX_SCANNED = 20_000  # studies one find may page through
 MAX_SERIES = 10_000  # series of one study
+UID_LIST_CHARS = 1800  # characters of a StudyInstanceUID list in one QIDO-RS URL
 RETRY_WAIT_S = 0.5  # the first wait before a GET is tried again (then doubled, 3 tries)
 # PS3.18 8.3.4.4: a server that caps its answers says more can be asked in a Warning
 _MORE = re.compile(r"\b299\b.*additional results", re.IGNORECASE)
@@ -75,7 +76,7 @@ T = {
     "n_series": "00201206", "n_instances": "00201208",
 }  # fmt: skip
 REFERENCED_SOP_SEQ, FAILED_SOP_SEQ = "00081199", "00081198"
-REFERENCED_SOP_UID, FAILURE_REASON = "00081155", "00081197"
+REFERENCED_SOP_UID, FAILURE_REASON, WARNING_REASON = "00081155", "00081197", "00081196"
 
 
 def _values(item: Any, tag: str, limit: int = 64) -> list[Any]:
@@ -141,6 +142,19 @@ def _named(env_name: str | None) -> str:
     return value or ""
 
 
+def _batches(uids: list[str], max_chars: int = UID_LIST_CHARS) -> list[list[str]]:
+    """UIDs in lists whose comma-joined length stays within ``max_chars``."""
+    out: list[list[str]] = [[]]
+    size = 0
+    for uid in uids:
+        if out[-1] and size + 1 + len(uid) > max_chars:
+            out.append([])
+            size = 0
+        size += len(uid) + (1 if out[-1] else 0)
+        out[-1].append(uid)
+    return out
+
+
 class _Part:
     """One instance as it streams in: written to a hidden temporary file and hashed on the
     way, then named by the hash of its bytes (``keep``) or removed (``drop``)."""
@@ -201,11 +215,15 @@ class DicomwebClient:
         why = describe_tls_error_of(exc)
         if why is None and isinstance(exc, httpx.HTTPStatusError):
             r = exc.response
-            why = f"HTTP {r.status_code}" + (
-                " (check the PACS's username_env/password_env or token_env)"
-                if r.status_code in (401, 403)
-                else ""
-            )
+            why = f"HTTP {r.status_code}"
+            if r.status_code in (401, 403):
+                why += " (check the PACS's username_env/password_env or token_env)"
+            elif r.is_redirect:
+                where = pacs_text(r.headers.get("location", ""))[:200]
+                why += (
+                    f" redirected to {where!r}: put that URL in the PACS file (redirects are "
+                    "not followed, so credentials go only where the file says)"
+                )
         if why is None:
             why = f"{type(exc).__name__}: {str(exc)[:200]}"
         return PacsRequestError(f"{self._where()}: {what}: {why}")
@@ -290,11 +308,11 @@ class DicomwebClient:
             base.append(("StudyDate", query.dicom_date_range()))
         if len(query.modalities) == 1:
             base.append(("ModalitiesInStudy", query.modalities[0]))
-        if query.study_uids:
-            base.append(("StudyInstanceUID", ",".join(query.study_uids)))
         # the description is matched here, not by the server: servers differ (Orthanc 1.10's
         # plugin neither filters on StudyDescription nor returns it)
         out = [base]
+        if query.study_uids:  # a UID list, in batches that keep the URL short (414 past ~8 KB)
+            out = [[*base, ("StudyInstanceUID", ",".join(b))] for b in _batches(query.study_uids)]
         for key, values in (("AccessionNumber", query.accession_numbers),
                             ("PatientID", query.patient_ids)):  # fmt: skip
             if values:
@@ -467,29 +485,42 @@ class DicomwebClient:
         content_type, body = encode_related(blobs)
         url = self.cfg.service("stow") + "/studies"
         try:
-            r = self.http.post(
-                url, content=b"".join(body),
-                headers={"Content-Type": content_type, "Accept": DICOM_JSON},
-            )  # fmt: skip
+            with self.http.stream("POST", url, content=b"".join(body), extensions=self._ext,
+                                  headers={"Content-Type": content_type,
+                                           "Accept": DICOM_JSON}) as r:  # fmt: skip
+                answer = bytearray()
+                for chunk in r.iter_bytes():
+                    answer += chunk
+                    if len(answer) > MAX_JSON_BYTES:
+                        raise PacsRequestError(
+                            f"{self._where()}: a STOW-RS answer over {MAX_JSON_BYTES} bytes"
+                        )
         except httpx.HTTPError as exc:
             raise self._fail("STOW-RS", exc) from None
         uids = [str(ds.get("SOPInstanceUID", "")) for ds in objects]
         if r.status_code not in (200, 202, 409):
-            detail = f"STOW-RS: HTTP {r.status_code} {r.text[:200]}"
+            shown = pacs_text(bytes(answer[:400]).decode("utf-8", "replace"))[:200]
+            detail = f"STOW-RS: HTTP {r.status_code} {shown}".rstrip()
+            if r.status_code in (401, 403):
+                detail += " (check the PACS's username_env/password_env or token_env)"
             if r.status_code in (401, 403) or r.status_code >= 500:
                 raise PacsRequestError(f"{self._where()}: {detail}")
             return [StoreResult(sop_instance_uid=u, stored=False, detail=detail) for u in uids]
-        return self._store_results(r, uids)
+        return self._store_results(r.status_code, bytes(answer), uids)
 
-    def _store_results(self, r: httpx.Response, uids: list[str]) -> list[StoreResult]:
+    def _store_results(self, status: int, answer: bytes, uids: list[str]) -> list[StoreResult]:
+        """One result per object from a STOW-RS answer (PS3.18 10.5.3): failed when in the
+        FailedSOPSequence, stored when in the ReferencedSOPSequence (with its warning, if
+        any) or when the answer is 200 and names no failure."""
         try:
-            data = r.json() if r.content and len(r.content) <= MAX_JSON_BYTES else {}
+            data = json.loads(answer) if answer.strip() else {}
         except ValueError:
             data = {}
         if isinstance(data, list):
             data = data[0] if data else {}
         stored = {
-            _text(item, REFERENCED_SOP_UID) for item in _values(data, REFERENCED_SOP_SEQ, 100_000)
+            _text(item, REFERENCED_SOP_UID): _count(item, WARNING_REASON)
+            for item in _values(data, REFERENCED_SOP_SEQ, 100_000)
         }
         failed = {
             _text(item, REFERENCED_SOP_UID): _count(item, FAILURE_REASON)
@@ -498,12 +529,15 @@ class DicomwebClient:
         out = []
         for u in uids:
             if u in failed:
-                code = failed[u]
                 out.append(StoreResult(sop_instance_uid=u, stored=False,
-                                       detail=f"failure reason 0x{code or 0:04X}"))  # fmt: skip
-            elif u in stored or (r.status_code == 200 and not failed):
+                                       detail=f"failure reason 0x{failed[u] or 0:04X}"))  # fmt: skip
+            elif u in stored:
+                warning = stored[u]
+                detail = f"stored with warning 0x{warning:04X}" if warning else ""
+                out.append(StoreResult(sop_instance_uid=u, stored=True, detail=detail))
+            elif status == 200 and not failed:
                 out.append(StoreResult(sop_instance_uid=u, stored=True))
             else:
                 out.append(StoreResult(sop_instance_uid=u, stored=False,
-                                       detail=f"not in the STOW-RS answer (HTTP {r.status_code})"))  # fmt: skip
+                                       detail=f"not in the STOW-RS answer (HTTP {status})"))  # fmt: skip
         return out
