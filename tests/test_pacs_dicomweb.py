@@ -4,6 +4,10 @@ the same over HTTPS with the hospital's CA."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -82,6 +86,39 @@ def test_the_study_is_pulled_by_wado_for_its_patient_only(
     assert seen[-1] == (4, 4)
     assert {str(pydicom.dcmread(p).PatientID) for p in got.folder.iterdir()} == {f"A{tag}"}
     assert not list((tmp_path / "w").glob(".part-*"))
+
+
+def test_a_cohort_is_found_and_pulled_by_dicomweb_alone(
+    orthanc_server: OrthancServer, loaded, tmp_path: Path
+) -> None:
+    # the command a hospital runs, with a PACS file naming Orthanc's DICOMweb root only
+    tag, a, b = loaded
+    ep = orthanc_server.endpoints
+    pacs_file = tmp_path / "pacs.yaml"
+    pacs_file.write_text(
+        f"pacs:\n  web:\n    kind: dicomweb\n    url: {ep.orthanc_url}/dicom-web\n"
+        "    username_env: TEST_PACS_USER\n    password_env: TEST_PACS_PASSWORD\n"
+    )
+    env = {**os.environ, **orthanc_server.env, "NEUROSANDBOX_PACS_FILE": str(pacs_file),
+           "TEST_PACS_USER": ep.username, "TEST_PACS_PASSWORD": orthanc_server.password,
+           "NEUROSANDBOX_ORTHANC_URL": "http://127.0.0.1:9"}  # fmt: skip
+    cli = str(Path(sys.executable).with_name("neurosandbox"))
+    run = subprocess.run(
+        [cli, "cases", "from-pacs", "--pacs", "web", "--accession", f"A{tag}", "--accession",
+         f"B{tag}", "--date-from", "2024-03-01", "--modality", "MR", "--out", "web.yaml",
+         "--name", "web-pilot", "--json"],
+        env=env, cwd=tmp_path, text=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    pulled = {s["match"]["study_uid"]: s["retrieved"] for s in out["studies"]}
+    assert set(pulled) == {a.study_uid, b.study_uid}
+    # A's UID is also held under patient C: only A's 4 instances are kept
+    assert pulled[a.study_uid]["n_files"] == 4 and not pulled[a.study_uid]["rejected"]
+    assert pulled[b.study_uid]["n_files"] >= 2
+    check = subprocess.run([cli, "cases", "check", "web.yaml"], env=env, cwd=tmp_path,
+                           text=True, capture_output=True, timeout=120)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_an_sr_is_stored_by_stow_and_read_back(
