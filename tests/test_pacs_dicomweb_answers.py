@@ -427,3 +427,18 @@ def test_a_redirect_is_not_followed_and_is_said(web: tuple[DicomwebClient, Scrip
     with pytest.raises(PacsRequestError, match=r"redirected to 'https://sso\.hospital\.example"):
         client.find_studies(StudyQuery(patient_ids=["P1"]))
     assert len(script.requests) == 1
+
+
+@pytest.mark.parametrize("token", ["s3cret\r\nX-Injected: 1", "s3cret\n", "s3cr\u00e9t", "s3 cret"])
+def test_a_token_that_cannot_be_a_header_is_refused_without_showing_it(
+    server: tuple[str, Script], monkeypatch: pytest.MonkeyPatch, token: str
+) -> None:
+    # was: an error quoting the header (the secret) into logs, or a UnicodeEncodeError
+    url, _ = server
+    monkeypatch.setenv("TEST_PACS_TOKEN", token)
+    with pytest.raises(PacsConfigError, match="TEST_PACS_TOKEN") as err:
+        c = DicomwebClient(
+            "tok", DicomwebPacs(kind="dicomweb", url=url, token_env="TEST_PACS_TOKEN")
+        )
+        c.find_studies(StudyQuery(patient_ids=["P1"]))
+    assert "s3" not in str(err.value)

@@ -60,6 +60,7 @@ MAX_INSTANCES = 200_000  # parts of one WADO-RS answer
 PAGE = 200
 MAX_SCANNED = 20_000  # studies one find may page through
 MAX_SERIES = 10_000  # series of one study
+_BEARER = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 b64token
 UID_LIST_CHARS = 1800  # characters of a StudyInstanceUID list in one QIDO-RS URL
 RETRY_WAIT_S = 0.5  # the first wait before a GET is tried again (then doubled, 3 tries)
 # PS3.18 8.3.4.4: a server that caps its answers says more can be asked in a Warning
@@ -190,9 +191,21 @@ class DicomwebClient:
         headers = {}
         auth: httpx.BasicAuth | None = None
         if cfg.token_env:
-            headers["Authorization"] = f"Bearer {_named(cfg.token_env)}"
+            token = _named(cfg.token_env)
+            if not _BEARER.fullmatch(token):  # never quote it: it is a secret
+                raise PacsConfigError(
+                    f"{cfg.token_env} does not hold a bearer token (RFC 6750: letters, digits "
+                    "and -._~+/ then = padding; no spaces or line breaks)"
+                )
+            headers["Authorization"] = f"Bearer {token}"
         elif cfg.username_env or cfg.password_env:
-            auth = httpx.BasicAuth(_named(cfg.username_env), _named(cfg.password_env))
+            user, password = _named(cfg.username_env), _named(cfg.password_env)
+            if ":" in user or any(not c.isprintable() for c in user + password):
+                raise PacsConfigError(
+                    f"{cfg.username_env or cfg.password_env}: a user name with ':' or a "
+                    "credential with control characters cannot be sent by HTTP basic auth"
+                )
+            auth = httpx.BasicAuth(user, password)
         self.http = httpx.Client(
             auth=auth,
             headers=headers,
