@@ -175,3 +175,37 @@ def test_https_with_the_hospitals_ca(
         client(tls_orthanc.pki.ca, "pacs.elsewhere.example").find_studies(
             StudyQuery(patient_ids=["HTTPS1"])
         )
+
+
+def test_https_with_a_client_certificate(
+    tls_orthanc: TlsOrthanc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # an archive that asks for the sandbox's certificate (mutual TLS): tls.cert_file/key_file
+    import ssl
+    import time
+
+    import gateway.pacs.dicomweb as dw
+
+    proxy = TlsProxy(tls_orthanc.pki, tls_orthanc.http_port)
+    proxy.ctx.verify_mode = ssl.CERT_REQUIRED
+    proxy.ctx.load_verify_locations(str(tls_orthanc.pki.ca))
+    pki = tls_orthanc.pki
+    try:
+        study = make_study(tmp_path / "s", classes=("T2",), n_slices=1, patient_id="MTLS1")
+        tls_orthanc.upload(study.files[0])
+
+        def client(**mine: Path) -> DicomwebClient:
+            tls = TlsConfig(ca_file=pki.ca, **mine)
+            return DicomwebClient("mtls", DicomwebPacs(kind="dicomweb",
+                url=f"{proxy.url}/dicom-web", tls=tls, timeout_s=10))  # fmt: skip
+
+        with_cert = client(cert_file=pki.client_cert, key_file=pki.client_key)
+        (m,) = with_cert.find_studies(StudyQuery(patient_ids=["MTLS1"]))
+        assert with_cert.retrieve(m, tmp_path / "p").n_files == 1
+        monkeypatch.setattr(dw, "RETRY_WAIT_S", 2.0)
+        started = time.monotonic()
+        with pytest.raises(PacsRequestError, match=r"TLS: .*CERTIFICATE_REQUIRED"):
+            client().find_studies(StudyQuery(patient_ids=["MTLS1"]))
+        assert time.monotonic() - started < 1.5  # a TLS refusal is not tried again
+    finally:
+        proxy.close()

@@ -113,8 +113,8 @@ def _date(v: str) -> dt.date | None:
 
 
 def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, httpx.TransportError):
-        return not isinstance(exc, httpx.ConnectError) or describe_tls_error_of(exc) is None
+    if isinstance(exc, httpx.TransportError):  # a TLS refusal stays one: never tried again
+        return describe_tls_error_of(exc) is None
     return isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code in (502, 503, 504)
 
 
