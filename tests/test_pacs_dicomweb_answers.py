@@ -442,3 +442,24 @@ def test_a_token_that_cannot_be_a_header_is_refused_without_showing_it(
         )
         c.find_studies(StudyQuery(patient_ids=["P1"]))
     assert "s3" not in str(err.value)
+
+
+def test_objects_built_in_memory_are_stored_and_an_unusable_one_is_a_result(
+    web: tuple[DicomwebClient, Script], tmp_path: Path
+) -> None:
+    # was: a dataset without file meta (an SR built in memory) raised ValueError out of store()
+    client, script = web
+    a, b = _objects(tmp_path, 2)
+    del a.file_meta  # as a dataset built in memory has none
+    broken = pydicom.Dataset()
+    broken.SOPInstanceUID = generate_uid()  # no SOPClassUID: cannot be a DICOM file
+    script.routes["POST", "/dw/studies"] = stow_answer(
+        [a.SOPInstanceUID, b.SOPInstanceUID], {}, 200
+    )
+    res = client.store([a, broken, b])
+    assert [r.stored for r in res] == [True, False, True]
+    assert res[1].sop_instance_uid == broken.SOPInstanceUID and "not sent" in res[1].detail
+    assert not hasattr(a, "file_meta") or "TransferSyntaxUID" not in a.file_meta  # unchanged
+    (post,) = script.calls("/dw/studies")
+    assert post.body.count(b"Content-Type: application/dicom\r\n") == 2
+    assert b"1.2.840.10008.1.2.1" in post.body  # written as Explicit VR Little Endian

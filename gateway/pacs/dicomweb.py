@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import hashlib
 import io
@@ -30,7 +31,8 @@ from typing import Any, BinaryIO, cast
 
 import httpx
 import pydicom
-from pydicom.dataset import Dataset
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from dicom import pacs_credential
@@ -46,7 +48,12 @@ from gateway.pacs.client import (
     pacs_text,
 )
 from gateway.pacs.config import DicomwebPacs, PacsConfigError
-from gateway.pacs.multipart import MultipartError, MultipartReader, related_boundary
+from gateway.pacs.multipart import (
+    MultipartError,
+    MultipartReader,
+    encode_related,
+    related_boundary,
+)
 from gateway.pacs.tls import client_context, describe_tls_error
 
 DICOM_JSON = "application/dicom+json"
@@ -154,6 +161,24 @@ def _batches(uids: list[str], max_chars: int = UID_LIST_CHARS) -> list[list[str]
         size += len(uid) + (1 if out[-1] else 0)
         out[-1].append(uid)
     return out
+
+
+def _part10(ds: Dataset) -> bytes:
+    """The object as a DICOM file: with its own file meta, or, when it has none (a dataset
+    built in memory), Explicit VR Little Endian (STOW-RS's default). The caller's dataset is
+    not changed."""
+    buf = io.BytesIO()
+    meta = getattr(ds, "file_meta", None)
+    if meta is not None and meta.get("TransferSyntaxUID"):
+        pydicom.dcmwrite(buf, ds, enforce_file_format=True)
+        return buf.getvalue()
+    mine = copy.copy(ds)
+    mine.file_meta = FileMetaDataset(meta) if meta is not None else FileMetaDataset()
+    mine.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    mine.file_meta.MediaStorageSOPClassUID = ds.SOPClassUID
+    mine.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    pydicom.dcmwrite(buf, mine, enforce_file_format=True)
+    return buf.getvalue()
 
 
 class _Part:
@@ -486,15 +511,25 @@ class DicomwebClient:
     # ----------------------------------------------------------------- storing
 
     def store(self, objects: Sequence[Dataset]) -> list[StoreResult]:
-        from gateway.pacs.multipart import encode_related
-
         if not objects:
             return []
-        blobs = []
-        for ds in objects:
-            buf = io.BytesIO()
-            pydicom.dcmwrite(buf, ds, enforce_file_format=True)
-            blobs.append(buf.getvalue())
+        uids = [pacs_text(ds.get("SOPInstanceUID", "")) for ds in objects]
+        blobs: dict[int, bytes] = {}
+        unusable: dict[int, StoreResult] = {}
+        for i, ds in enumerate(objects):
+            try:
+                blobs[i] = _part10(ds)
+            except (ValueError, AttributeError, TypeError, KeyError) as exc:
+                unusable[i] = StoreResult(sop_instance_uid=uids[i], stored=False,
+                    detail=f"not sent: not a storable DICOM object ({pacs_text(exc)[:160]})")  # fmt: skip
+        if not blobs:
+            return [unusable[i] for i in range(len(objects))]
+        sent = [uids[i] for i in blobs]
+        results = iter(self._post(list(blobs.values()), sent))
+        return [unusable[i] if i in unusable else next(results) for i in range(len(objects))]
+
+    def _post(self, blobs: list[bytes], uids: list[str]) -> list[StoreResult]:
+        """One STOW-RS request of ``blobs``; one result per object."""
         content_type, body = encode_related(blobs)
         url = self.cfg.service("stow") + "/studies"
         try:
@@ -510,7 +545,6 @@ class DicomwebClient:
                         )
         except httpx.HTTPError as exc:
             raise self._fail("STOW-RS", exc) from None
-        uids = [str(ds.get("SOPInstanceUID", "")) for ds in objects]
         if r.status_code not in (200, 202, 409):
             shown = pacs_text(bytes(answer[:400]).decode("utf-8", "replace"))[:200]
             detail = f"STOW-RS: HTTP {r.status_code} {shown}".rstrip()
