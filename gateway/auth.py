@@ -3,7 +3,8 @@
 A token reads ``nsbx_<id>_<secret>``; the id finds the record, the secret is checked in
 constant time. Roles: ``reviewer`` (read studies, runs, reports; review and sign off; start
 evaluations only when the routing file grants it: ``api: {reviewers_may_evaluate: true}``) and
-``admin`` (also start evaluations, and the audit log). The token file is 0600 and re-read when it changes, so
+``admin`` (also start evaluations, and the audit log), and ``sender`` (only sends studies to
+evaluate by STOW-RS: ``verify`` refuses it everywhere else). The token file is 0600 and re-read when it changes, so
 ``neurosandbox tokens create`` works while the server runs.
 """
 
@@ -29,6 +30,7 @@ PREFIX = "nsbx"
 class Role(StrEnum):
     REVIEWER = "reviewer"
     ADMIN = "admin"
+    SENDER = "sender"  # STOW-RS only (POST /dicomweb/studies); nothing to read
 
 
 class TokenRecord(BaseModel):
@@ -110,8 +112,9 @@ class TokenStore:
             self._save(records)
         return rec, f"{PREFIX}_{tid}_{secret}"
 
-    def verify(self, token: str) -> TokenRecord | None:
-        """The record of a valid, unrevoked token; None otherwise (never raises on bad input)."""
+    def verify(self, token: str, *, sending: bool = False) -> TokenRecord | None:
+        """The record of a valid, unrevoked token; None otherwise (never raises on bad input).
+        A ``sender`` token is valid only where ``sending`` is asked (STOW-RS): it reads nothing."""
         parts = token.strip().split("_", 2)
         if len(parts) != 3 or parts[0] != PREFIX or len(token) > 200:
             return None
@@ -124,7 +127,9 @@ class TokenStore:
             # Same work either way, so timing does not tell whether the id exists.
             hmac.compare_digest(_digest("x", parts[2]), "0" * 64)
             return None
-        return rec if hmac.compare_digest(_digest(rec.salt, parts[2]), rec.sha256) else None
+        if not hmac.compare_digest(_digest(rec.salt, parts[2]), rec.sha256):
+            return None
+        return rec if sending or rec.role is not Role.SENDER else None
 
     def list(self) -> list[TokenRecord]:
         with self._lock:

@@ -43,14 +43,16 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from io import BytesIO
 from itertools import count
 from pathlib import Path
 from typing import Any
 
 import pydicom
 from pydantic import BaseModel
+from pydicom.filereader import _read_file_meta_info, read_preamble
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
@@ -78,6 +80,7 @@ STATUS_SUCCESS = 0x0000
 STATUS_OUT_OF_RESOURCES = 0xA700
 STATUS_CANNOT_UNDERSTAND = 0xC000
 STATUS_DATASET_MISMATCH = 0xA900
+STOW_SENDER = "STOW-RS"  # the "calling AE" of studies received by STOW-RS
 CLOSE_GRACE_S = 3.0  # after a connection closes, how long to wait for the release event
 ARTIM_TIMEOUT_S = 5.0  # from connection to accepted association; then the network timeout
 NETWORK_TIMEOUT_S = 60.0  # an accepted association may be silent this long (between images)
@@ -109,6 +112,15 @@ class ReceivedStudy(BaseModel):
     # how many re-sends with other bytes were refused since the last completion (the PACS
     # keeps the original, and so does the spool)
     refused_resends: int = 0
+
+
+class StoreOutcome(BaseModel):
+    """What became of one instance sent by STOW-RS: its C-STORE status (0 is stored)."""
+
+    sop_class: str = ""  # empty when the part was unreadable
+    sop_instance: str = ""
+    status: int
+    reason: str = ""  # for a failure: what was wrong, for the sender
 
 
 class FailedStudy(BaseModel):
@@ -377,24 +389,38 @@ class StorageSCP:
             log.warning("C-STORE refused: undecodable dataset (%s)", type(exc).__name__)
             METRICS.inc("dicom_instances_refused_total")
             return STATUS_CANNOT_UNDERSTAND
+        # A view of the received bytes: no copy; released before pynetdicom closes them.
+        with req.DataSet.getbuffer() as body:
+            return self._stage(a, key, series, sop, sop_class, ts, body)
+
+    def _stage(
+        self,
+        a: _Assoc,
+        key: StudyKey,
+        series: str,
+        sop: str,
+        sop_class: str,
+        ts: str,
+        body: bytes | memoryview,
+    ) -> int:
+        """Write one instance (its dataset bytes as received) into the association's staging
+        folder; the status to answer. The one path of C-STORE and STOW-RS."""
         folder = a.staging / key.name / series
         dest = folder / f"{next(a.writes)}.dcm"  # a name of its own: duplicates are two files
         try:
             if folder not in a.dirs:
                 folder.mkdir(parents=True, exist_ok=True)
                 a.dirs.add(folder)
-            # A view of the received bytes: no copy; released before pynetdicom closes them.
-            with req.DataSet.getbuffer() as body:
-                meta = file_meta_bytes(sop_class, sop, ts, a.calling_aet)
-                tmp = folder / f".{next(a.writes)}.part"
-                write_instance(dest, tmp, (meta, body), self.fsync, self._syncer, a.batch)
-                size = len(body)
-                if self.forwarder is not None:
-                    try:
-                        # one copy; its journal lets a restart undo what a crash left behind
-                        self.forwarder.submit(a.id, key.name, sop, meta + body, (a.staging, dest))
-                    except Exception:  # forwarding is best effort: the pipeline uploads it
-                        log.exception("forwarding a received instance failed")
+            meta = file_meta_bytes(sop_class, sop, ts, a.calling_aet)
+            tmp = folder / f".{next(a.writes)}.part"
+            write_instance(dest, tmp, (meta, body), self.fsync, self._syncer, a.batch)
+            size = len(body)
+            if self.forwarder is not None:
+                try:
+                    # one copy; its journal lets a restart undo what a crash left behind
+                    self.forwarder.submit(a.id, key.name, sop, meta + body, (a.staging, dest))
+                except Exception:  # forwarding is best effort: the pipeline uploads it
+                    log.exception("forwarding a received instance failed")
         except OSError as exc:
             # Disk full, file too large, read-only: the sender must keep (and resend) it.
             log.error(
@@ -413,6 +439,100 @@ class StorageSCP:
         METRICS.inc("dicom_instances_received_total")
         METRICS.inc("dicom_bytes_received_total", size)
         return STATUS_SUCCESS
+
+    def receive_files(
+        self, files: Sequence[bytes | memoryview], sender: str = STOW_SENDER
+    ) -> list[StoreOutcome]:
+        """STOW-RS: the Part 10 files of one request, taken as one association. Each goes
+        through the C-STORE path (``_stage``: identity from its UIDs and patient, per-file
+        status), then the staged files are committed together, as on A-RELEASE, and the
+        study waits for its quiet time like any other. An instance that cannot be staged is
+        refused alone; a failed commit fails every instance of the request (nothing of it is
+        in the spool)."""
+        a = _Assoc(
+            id=uuid.uuid4().hex, calling_aet=sender, staging=self.incoming / uuid.uuid4().hex
+        )
+        handle = object()
+        with self._lock:
+            self._assocs[id(handle)] = a  # the study is busy while the request is staged
+        outcomes: list[StoreOutcome] = []
+        try:
+            for data in files:
+                outcomes.append(self._stage_file(a, data))
+        except BaseException:
+            with self._lock:
+                self._assocs.pop(id(handle), None)
+                a.done = True
+            self._discard(a, "STOW-RS request interrupted")
+            raise
+        with self._lock:
+            self._assocs.pop(id(handle), None)
+            a.done = True
+            self._committing += 1
+        try:
+            committed = self._commit(a)
+        finally:
+            with self._lock:
+                self._committing -= 1
+        if not committed:
+            why = "the instances could not be committed to the spool"
+            outcomes = [
+                o
+                if o.status != STATUS_SUCCESS
+                else o.model_copy(update={"status": STATUS_OUT_OF_RESOURCES, "reason": why})
+                for o in outcomes
+            ]
+        return outcomes
+
+    def _stage_file(self, a: _Assoc, data: bytes | memoryview) -> StoreOutcome:
+        """Stage one Part 10 file of a STOW-RS request (its File Meta Information read, the
+        dataset's bytes staged as a C-STORE'd instance's)."""
+        if a.batch.error is not None:
+            METRICS.inc("dicom_store_failures_total")
+            return StoreOutcome(status=STATUS_OUT_OF_RESOURCES, reason="an earlier file failed")
+        sop = sop_class = ""
+        try:
+            fp = BytesIO(data)
+            read_preamble(fp, False)  # 128 bytes and DICM, else InvalidDicomError
+            meta = _read_file_meta_info(fp)
+            body = memoryview(data)[fp.tell() :]
+            sop = check_uid(str(meta.MediaStorageSOPInstanceUID))
+            sop_class = check_uid(str(meta.MediaStorageSOPClassUID))
+            ts = check_uid(str(meta.TransferSyntaxUID))
+            uids = read_uids(BytesIO(body), ts)
+            if uids is None:  # deflated: decode the whole dataset
+                ds = pydicom.dcmread(BytesIO(data), stop_before_pixels=True)
+                uids = InstanceKeys(
+                    str(ds.StudyInstanceUID),
+                    str(ds.SeriesInstanceUID),
+                    str(ds.get("PatientID", "") or "").strip()[:64],
+                    str(ds.get("IssuerOfPatientID", "") or "").strip()[:64],
+                )
+            study, series = check_uid(uids.study_uid), check_uid(uids.series_uid)
+            key = StudyKey(study_uid=study, patient_id=uids.patient_id, issuer=uids.issuer)
+        except (AttributeError, InvalidUIDError, KeyError) as exc:
+            log.warning(
+                "STOW-RS instance refused: missing or invalid UIDs (%s)", type(exc).__name__
+            )
+            METRICS.inc("dicom_instances_refused_total")
+            return StoreOutcome(
+                sop_class=sop_class,
+                sop_instance=sop,
+                status=STATUS_DATASET_MISMATCH,
+                reason="missing or invalid UIDs (study, series, SOP instance or class)",
+            )
+        except Exception as exc:
+            log.warning("STOW-RS instance refused: not a DICOM file (%s)", type(exc).__name__)
+            METRICS.inc("dicom_instances_refused_total")
+            return StoreOutcome(
+                sop_class=sop_class,
+                sop_instance=sop,
+                status=STATUS_CANNOT_UNDERSTAND,
+                reason="not a readable DICOM Part 10 file (preamble, DICM, file meta)",
+            )
+        status = self._stage(a, key, series, sop, sop_class, ts, body)
+        reason = "" if status == STATUS_SUCCESS else "not written to the spool (disk)"
+        return StoreOutcome(sop_class=sop_class, sop_instance=sop, status=status, reason=reason)
 
     def _on_released(self, event: Any) -> None:
         with self._lock:
@@ -459,19 +579,20 @@ class StorageSCP:
 
     # ----------------------------------------------------------------- spool
 
-    def _commit(self, a: _Assoc) -> None:
+    def _commit(self, a: _Assoc) -> bool:
+        """Commit the staged files of a released association; False: nothing committed."""
         # The files enter the study only once on disk: an evaluation never reads data that a
         # power loss could still undo.
         a.batch.wait()
         if a.batch.error is not None:
             self._discard(a, f"files not on disk ({a.batch.error.strerror})")
-            return
+            return False
         try:
             revised, refused = self._place(a)
         except Exception as exc:  # nothing of it is evaluated; the queue says why
             log.exception("committing an association's instances failed")
             self._commit_failed(a, f"{type(exc).__name__}: {exc}")
-            return
+            return False
         if self.forwarder is not None:
             self.forwarder.commit(a.id)
         # (a journal line written after this names a file no longer staged: never undone)
@@ -495,6 +616,7 @@ class StorageSCP:
                 len(a.files),
                 len(a.studies),
             )
+        return True
 
     def _place(self, a: _Assoc) -> tuple[dict[StudyKey, set[str]], dict[StudyKey, int]]:
         """Move the staged files into their study folders, idempotently: an instance already

@@ -42,6 +42,25 @@ def require_token(
     return rec
 
 
+def require_sender(
+    request: Request,
+    ctx: Ctx,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> TokenRecord:
+    """Sending a study (STOW-RS): an admin or a ``sender`` token."""
+    if creds is None or creds.scheme.lower() != "bearer":
+        raise _unauthorized("a bearer token is required")
+    rec = ctx.tokens.verify(creds.credentials, sending=True)
+    if rec is None:
+        raise _unauthorized("invalid or revoked token")
+    request.state.actor = rec.id
+    if rec.role not in (Role.ADMIN, Role.SENDER):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, detail="sending studies needs an admin or sender token"
+        )
+    return rec
+
+
 def require_admin(token: Annotated[TokenRecord, Depends(require_token)]) -> TokenRecord:
     if token.role is not Role.ADMIN:
         raise HTTPException(status.HTTP_403_FORBIDDEN, detail="this needs an admin token")
@@ -65,6 +84,7 @@ def require_evaluation_starter(
 
 
 Token = Annotated[TokenRecord, Depends(require_token)]
+Sender = Annotated[TokenRecord, Depends(require_sender)]
 Admin = Annotated[TokenRecord, Depends(require_admin)]
 Starter = Annotated[TokenRecord, Depends(require_evaluation_starter)]
 

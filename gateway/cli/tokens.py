@@ -15,7 +15,10 @@ tokens_app = typer.Typer(help="API bearer tokens (stored hashed).", no_args_is_h
 
 @tokens_app.command("create")
 def tokens_create(
-    role: Annotated[str, typer.Option("--role", help="reviewer or admin")] = "reviewer",
+    role: Annotated[
+        str,
+        typer.Option("--role", help="reviewer, admin, or sender (sends studies by STOW-RS only)"),
+    ] = "reviewer",
     name: Annotated[str, typer.Option("--name", help="who or what uses it")] = "",
     person: Annotated[
         str,
@@ -40,7 +43,7 @@ def tokens_create(
     try:
         r = Role(role)
     except ValueError:
-        raise fail(f"--role must be reviewer or admin, not {role!r}", 2) from None
+        raise fail(f"--role must be reviewer, admin or sender, not {role!r}", 2) from None
     if not person and not program and r is Role.REVIEWER:
         if not sys.stdin.isatty():
             raise fail(
