@@ -52,7 +52,7 @@ from typing import Any
 
 import pydicom
 from pydantic import BaseModel
-from pydicom.filereader import _read_file_meta_info, read_preamble
+from pydicom.filereader import read_file_meta_info
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
@@ -112,6 +112,17 @@ class ReceivedStudy(BaseModel):
     # how many re-sends with other bytes were refused since the last completion (the PACS
     # keeps the original, and so does the spool)
     refused_resends: int = 0
+
+
+def _dataset_offset(data: bytes) -> int:
+    """Where a Part 10 file's dataset starts: after the preamble, DICM and the File Meta
+    Information group, whose length its first element, (0002,0000) UL, gives."""
+    if len(data) < 144 or data[128:132] != b"DICM" or data[132:138] != b"\x02\x00\x00\x00UL":
+        raise ValueError("no File Meta Information Group Length after DICM")
+    length = int.from_bytes(data[140:144], "little")
+    if 144 + length > len(data):
+        raise ValueError("the File Meta Information is longer than the file")
+    return 144 + length
 
 
 class StoreOutcome(BaseModel):
@@ -440,9 +451,7 @@ class StorageSCP:
         METRICS.inc("dicom_bytes_received_total", size)
         return STATUS_SUCCESS
 
-    def receive_files(
-        self, files: Sequence[bytes | memoryview], sender: str = STOW_SENDER
-    ) -> list[StoreOutcome]:
+    def receive_files(self, files: Sequence[Path], sender: str = STOW_SENDER) -> list[StoreOutcome]:
         """STOW-RS: the Part 10 files of one request, taken as one association. Each goes
         through the C-STORE path (``_stage``: identity from its UIDs and patient, per-file
         status), then the staged files are committed together, as on A-RELEASE, and the
@@ -457,8 +466,8 @@ class StorageSCP:
             self._assocs[id(handle)] = a  # the study is busy while the request is staged
         outcomes: list[StoreOutcome] = []
         try:
-            for data in files:
-                outcomes.append(self._stage_file(a, data))
+            for path in files:  # one instance in memory at a time, as a C-STORE holds one
+                outcomes.append(self._stage_file(a, path))
         except BaseException:
             with self._lock:
                 self._assocs.pop(id(handle), None)
@@ -484,18 +493,17 @@ class StorageSCP:
             ]
         return outcomes
 
-    def _stage_file(self, a: _Assoc, data: bytes | memoryview) -> StoreOutcome:
+    def _stage_file(self, a: _Assoc, path: Path) -> StoreOutcome:
         """Stage one Part 10 file of a STOW-RS request (its File Meta Information read, the
-        dataset's bytes staged as a C-STORE'd instance's)."""
+        dataset's bytes after it staged as a C-STORE'd instance's)."""
         if a.batch.error is not None:
             METRICS.inc("dicom_store_failures_total")
             return StoreOutcome(status=STATUS_OUT_OF_RESOURCES, reason="an earlier file failed")
         sop = sop_class = ""
         try:
-            fp = BytesIO(data)
-            read_preamble(fp, False)  # 128 bytes and DICM, else InvalidDicomError
-            meta = _read_file_meta_info(fp)
-            body = memoryview(data)[fp.tell() :]
+            data = path.read_bytes()
+            meta = read_file_meta_info(path)  # the preamble, DICM and group 2, else an error
+            body = memoryview(data)[_dataset_offset(data) :]
             sop = check_uid(str(meta.MediaStorageSOPInstanceUID))
             sop_class = check_uid(str(meta.MediaStorageSOPClassUID))
             ts = check_uid(str(meta.TransferSyntaxUID))

@@ -192,6 +192,7 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
             known_hosts=frozenset(settings.gateway_sender_hosts),
         ),
     )
+    ctx.scp = scp  # STOW-RS (POST /dicomweb/studies) stores through the DICOM node's path
     follower = (
         ChangesFollower(ctx.orthanc, pipeline.on_stable, data / "state" / "changes.json")
         if settings.follow_changes

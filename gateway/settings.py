@@ -76,6 +76,10 @@ class Settings(BaseSettings):
     api_port: int | None = None
     api_max_body_bytes: int = 1_048_576
     api_body_timeout_s: float = 30.0  # a request body must be complete this long after it starts
+    # STOW-RS (POST /dicomweb/studies): a request's body, and each instance in it, at most this
+    # many bytes, complete this long after it starts (every other route keeps the bounds above)
+    stow_max_body_bytes: Annotated[int, Field(gt=0)] = 2 * 1024**3
+    stow_body_timeout_s: Annotated[float, Field(gt=0)] = 600.0
     # Slow and idle clients (gateway/http_guard.py): request headers must be complete this long
     # after the connection (or the previous response); one client address holds at most
     # API_MAX_CONNECTIONS_PER_CLIENT connections (behind a reverse proxy: raise it), all

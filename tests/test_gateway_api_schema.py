@@ -59,11 +59,13 @@ def test_api_conforms_to_its_openapi_contract(api_schema) -> None:  # type: igno
     # operation's strategy is driven by hypothesis directly.
     headers = {"Authorization": f"Bearer {TOKEN['admin']}"}
     # The review pages (/review, issue 7) are HTML forms with their own session auth; their
-    # owner fuzzes them. This test covers the gateway's JSON API.
+    # owner fuzzes them. This test covers the gateway's JSON API. STOW-RS (/dicomweb) takes
+    # multipart/related DICOM bodies no schema generator makes: tests/test_multipart.py and
+    # tests/test_stow_receive.py send it hostile ones.
     operations = [
         op
         for op in (r.ok() for r in api_schema.get_all_operations())
-        if not op.path.startswith("/review")
+        if not op.path.startswith(("/review", "/dicomweb"))
     ]
     assert len(operations) >= 10
     for op in operations:

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.api.context import GatewayContext
 from gateway.api.middleware import AccessLog, BodyLimit, StrictJson
-from gateway.api.routers import admin, health, review, review_api, runs, studies, viewer
+from gateway.api.routers import admin, dicomweb, health, review, review_api, runs, studies, viewer
 
 DESCRIPTION = """NeuroSandbox gateway: studies from Orthanc, evaluations of vision-language
 models on them, their reports, and the audit log. Every endpoint except `/health` needs
@@ -66,6 +66,7 @@ def create_app(ctx: GatewayContext, extra_routers: Iterable[APIRouter] = ()) -> 
         review.router,
         review_api.router,
         viewer.router,
+        dicomweb.router,
     )
     for r in (*routers, *extra_routers):
         app.include_router(r)
@@ -74,6 +75,8 @@ def create_app(ctx: GatewayContext, extra_routers: Iterable[APIRouter] = ()) -> 
         BodyLimit,
         max_bytes=ctx.settings.api_max_body_bytes,
         timeout_s=ctx.settings.api_body_timeout_s,
+        # studies sent by STOW-RS: their own bound and time
+        wider={"/dicomweb/": (ctx.settings.stow_max_body_bytes, ctx.settings.stow_body_timeout_s)},
     )
     app.add_middleware(AccessLog, audit=ctx.audit)
     return app

@@ -9,6 +9,7 @@ from gateway.auth import TokenStore, tokens_file
 from gateway.orthanc import OrthancClient
 from gateway.pipeline import StudyPipeline
 from gateway.runs import StudyRunStore
+from gateway.scp import StorageSCP
 from gateway.settings import Settings
 
 
@@ -20,6 +21,7 @@ class GatewayContext:
     audit: AuditLog
     tokens: TokenStore
     pipeline: StudyPipeline | None = None  # None: the API can read but not start evaluations
+    scp: StorageSCP | None = None  # the DICOM node: STOW-RS stores through it (None: 503)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayContext:

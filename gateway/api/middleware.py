@@ -130,27 +130,40 @@ class BodyLimit:
     and bodies not complete within ``timeout_s`` of the request's start (408): a client that
     sends half a body and waits must not hold a worker forever."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0) -> None:
-        self.app, self.max_bytes, self.timeout_s = app, max_bytes, timeout_s
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        timeout_s: float = 30.0,
+        wider: dict[str, tuple[int, float]] | None = None,
+    ) -> None:
+        """``wider``: path prefix -> (max_bytes, timeout_s) for routes that take studies
+        (STOW-RS), every other route keeps the API's bound."""
+        self.app, self.default = app, (max_bytes, timeout_s)
+        self.wider = dict(wider or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path = str(scope.get("path", ""))
+        max_bytes, timeout_s = next(
+            (v for prefix, v in self.wider.items() if path.startswith(prefix)), self.default
+        )
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > self.max_bytes
+                    too_big = int(value) > max_bytes
                 except ValueError:
                     await _send_json(send, 400, "invalid Content-Length")
                     return
                 if too_big:
-                    await _send_json(send, 413, f"request body over {self.max_bytes} bytes")
+                    await _send_json(send, 413, f"request body over {max_bytes} bytes")
                     return
         seen = 0
         started = False
         body_done = False
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + timeout_s
 
         async def limited() -> Message:
             nonlocal seen, body_done
@@ -162,7 +175,7 @@ class BodyLimit:
                 raise _SlowBody from None
             if msg["type"] == "http.request":
                 seen += len(msg.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     raise _TooLarge
                 body_done = not msg.get("more_body", False)
             else:
@@ -178,13 +191,13 @@ class BodyLimit:
             await self.app(scope, limited, watch)
         except _TooLarge:
             if not started:
-                await _send_json(send, 413, f"request body over {self.max_bytes} bytes")
+                await _send_json(send, 413, f"request body over {max_bytes} bytes")
         except _SlowBody:
             if not started:
                 await _send_json(
                     send,
                     408,
-                    f"request body not complete within {self.timeout_s:g} s: send it whole",
+                    f"request body not complete within {timeout_s:g} s: send it whole",
                     close=True,
                 )
 

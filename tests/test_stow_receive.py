@@ -1,0 +1,158 @@
+"""STOW-RS into the gateway (POST /dicomweb/studies): a study sent by a real HTTP client (curl)
+is evaluated like one sent by C-STORE; a malformed or oversize body is a clear 4xx and nothing
+of it is stored; only admin and sender tokens may send, and a sender token reads nothing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pydicom
+import pytest
+import uvicorn
+from gateway_inproc import finished_runs, rules_file, start_gateway
+from orthanc_fixture import OrthancServer
+
+from gateway.api import create_app
+from gateway.auth import Role
+from gateway.pacs.multipart import encode_related
+from gateway.pacs_local import free_port
+from gateway.runs import RunStatus
+from gateway.serve import Gateway, api_server_config
+from tests.gateway_synth import make_study
+
+pytestmark = pytest.mark.integration
+CURL = shutil.which("curl")
+MAX_BODY = 400_000  # the test's STOW bound (the default is 2 GiB)
+
+
+class Stow:
+    def __init__(self, gw: Gateway, base: str, tokens: dict[str, str]) -> None:
+        self.gw, self.base, self.tokens = gw, base, tokens
+
+    def post(self, body: Path, content_type: str, who: str = "sender", path: str = "/dicomweb/studies",
+             chunked: bool = False) -> tuple[int, dict]:  # fmt: skip
+        """curl, as a hospital's script would send it; (status, JSON answer)."""
+        args = [str(CURL), "-s", "-o", "-", "-w", "\n%{http_code}", "-X", "POST",
+                "-H", f"Content-Type: {content_type}", "-H", "Accept: application/dicom+json"]  # fmt: skip
+        if who:
+            args += ["-H", f"Authorization: Bearer {self.tokens[who]}"]
+        if chunked:
+            args += ["-H", "Transfer-Encoding: chunked"]
+        args += ["--data-binary", f"@{body}", f"{self.base}{path}"]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=60, check=True).stdout
+        text, _, code = out.rpartition("\n")
+        return int(code), (json.loads(text) if text.strip().startswith("{") else {"raw": text})
+
+    def spooled(self) -> list[str]:
+        spool = self.gw.ctx.settings.data_dir / "spool"
+        return sorted(p.name for p in (spool / "studies").iterdir() if p.is_dir()) + sorted(
+            p.name for p in (spool / "incoming").iterdir()
+        )
+
+
+@pytest.fixture(scope="module")
+def stow(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stow]:
+    if CURL is None:
+        pytest.skip("curl is not installed")
+    data = tmp_path_factory.mktemp("stow-data")
+    routing = rules_file(data.parent / "stow-rules.yaml", ["differential"])
+    gw = start_gateway(orthanc_server, data, routing, 1.0, stow_max_body_bytes=MAX_BODY)
+    port = free_port()
+    server = uvicorn.Server(api_server_config(create_app(gw.ctx), gw.ctx.settings, port))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/health", timeout=2)
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "the API did not start"
+            time.sleep(0.1)
+    tokens = {
+        "sender": gw.ctx.tokens.create(Role.SENDER, "mri-1")[1],
+        "admin": gw.ctx.tokens.create(Role.ADMIN, "stow-admin")[1],
+        "reviewer": gw.ctx.tokens.create(Role.REVIEWER, "stow-reviewer", "Rev^Iewer")[1],
+    }
+    try:
+        yield Stow(gw, base, tokens)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        gw.stop()
+
+
+def _body(tmp: Path, parts: list[bytes | Path]) -> tuple[Path, str]:
+    content_type, chunks = encode_related(parts)
+    path = tmp / "body.bin"
+    path.write_bytes(b"".join(chunks))
+    return path, content_type
+
+
+def test_a_study_sent_by_stow_is_evaluated_like_one_sent_by_c_store(
+    stow: Stow, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "s", classes=("FLAIR", "T2"), n_slices=3, patient_id="STOW-1")
+    body, ct = _body(tmp_path, list(study.files))
+    code, answer = stow.post(body, ct)
+    assert code == 200, answer
+    stored = answer["00081199"]["Value"]
+    assert len(stored) == 6 and "00081198" not in answer
+    assert {i["00081155"]["Value"][0] for i in stored} == {
+        str(pydicom.dcmread(f).SOPInstanceUID) for f in study.files
+    }
+    (run,) = finished_runs(stow.gw, 1, study.study_uid, timeout_s=120)
+    assert run.status is RunStatus.DONE, run
+    assert not [n for n in stow.spooled() if n.startswith("stow-")]  # nothing left behind
+
+
+def test_a_bad_body_is_a_clear_4xx_and_nothing_is_stored(stow: Stow, tmp_path: Path) -> None:
+    study = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=2, patient_id="STOW-BAD")
+    before = stow.spooled()
+    body, ct = _body(tmp_path, list(study.files))
+    cut = tmp_path / "cut.bin"
+    cut.write_bytes(body.read_bytes()[:-40])  # the closing boundary never comes
+    code, answer = stow.post(cut, ct)
+    assert code == 400 and "before the closing boundary" in answer["detail"]
+    code, answer = stow.post(body, "application/dicom")
+    assert code == 415 and "multipart/related" in answer["detail"]
+    big = [study.files[0]] * (MAX_BODY // study.files[0].stat().st_size + 2)
+    body, ct = _body(tmp_path, list(big))
+    for chunked in (False, True):  # by Content-Length, and by counting a chunked stream
+        code, answer = stow.post(body, ct, chunked=chunked)
+        assert code == 413 and str(MAX_BODY) in answer.get("detail", ""), (chunked, answer)
+    assert stow.spooled() == before
+
+
+def test_each_file_has_its_own_outcome(stow: Stow, tmp_path: Path) -> None:
+    study = make_study(tmp_path / "s", classes=("T1",), n_slices=2, patient_id="STOW-MIX")
+    other = make_study(tmp_path / "o", classes=("T1",), n_slices=1, patient_id="STOW-MIX")
+    body, ct = _body(tmp_path, [*study.files, b"not a DICOM file at all", *other.files])
+    code, answer = stow.post(body, ct, path=f"/dicomweb/studies/{study.study_uid}")
+    assert code == 202, answer
+    assert len(answer["00081199"]["Value"]) == 2
+    reasons = sorted(i["00081197"]["Value"][0] for i in answer["00081198"]["Value"])
+    assert reasons == [0xA900, 0xC000]  # another study than the URL's; not DICOM
+
+
+def test_only_admin_and_sender_tokens_send_and_a_sender_reads_nothing(
+    stow: Stow, tmp_path: Path
+) -> None:
+    study = make_study(tmp_path / "s", classes=("T1",), n_slices=1, patient_id="STOW-AUTH")
+    body, ct = _body(tmp_path, list(study.files))
+    assert stow.post(body, ct, who="")[0] == 401
+    assert stow.post(body, ct, who="reviewer")[0] == 403
+    assert stow.post(body, ct, who="admin")[0] == 200
+    req = urllib.request.Request(f"{stow.base}/studies",
+                                 headers={"Authorization": f"Bearer {stow.tokens['sender']}"})  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 401
