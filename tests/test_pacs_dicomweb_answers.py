@@ -463,3 +463,22 @@ def test_objects_built_in_memory_are_stored_and_an_unusable_one_is_a_result(
     (post,) = script.calls("/dw/studies")
     assert post.body.count(b"Content-Type: application/dicom\r\n") == 2
     assert b"1.2.840.10008.1.2.1" in post.body  # written as Explicit VR Little Endian
+
+
+def test_every_value_of_a_study_answer_is_bounded_printable_text(
+    web: tuple[DicomwebClient, Script],
+) -> None:
+    # was: ModalitiesInStudy taken as it came (escape sequences into the cohort's table)
+    client, script = web
+    item = study_item(1) | {
+        "00080061": {"vr": "CS", "Value": ["MR\x1b]0;pwned\x07", {"x": 1}, "CT" * 40, None]},
+        "00100010": {"vr": "PN", "Value": [{"Alphabetic": "Doe^\x1b[2JJohn" + "x" * 900}]},
+        "00201208": {"vr": "IS", "Value": ["12\n"]},
+        "00201206": {"vr": "IS", "Value": [{"nested": "no"}]},
+    }
+    script.routes["GET", "/dw/studies"] = lambda req: js([item])
+    (m,) = client.find_studies(StudyQuery(patient_ids=["P1"]))
+    shown = [*m.modalities, m.patient_name]
+    assert all(s.isprintable() for s in shown), shown
+    assert m.modalities == ["CT" * 8, "MR]0;pwned"] and len(m.patient_name) <= 256
+    assert m.n_instances == 12 and m.n_series is None

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import hashlib
 import io
 import json
@@ -36,6 +35,7 @@ from pydicom.uid import ExplicitVRLittleEndian
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from dicom import pacs_credential
+from gateway.pacs import dicom_json as dj
 from gateway.pacs.client import (
     MAX_MATCHES,
     PacsRequestError,
@@ -73,50 +73,6 @@ RETRY_WAIT_S = 0.5  # the first wait before a GET is tried again (then doubled, 
 # PS3.18 8.3.4.4: a server that caps its answers says more can be asked in a Warning
 _MORE = re.compile(r"\b299\b.*additional results", re.IGNORECASE)
 _UID = re.compile(r"[0-9.]{1,64}")
-_TEXT = 256
-_INCLUDE = ("NumberOfStudyRelatedSeries", "NumberOfStudyRelatedInstances", "ModalitiesInStudy",
-            "StudyDescription", "IssuerOfPatientID", "PatientBirthDate")  # fmt: skip
-# DICOM JSON tags (PS3.18 F.2)
-T = {
-    "study_uid": "0020000D", "patient_id": "00100020", "issuer": "00100021",
-    "patient_name": "00100010", "birth_date": "00100030", "accession": "00080050",
-    "study_date": "00080020", "modalities": "00080061", "description": "00081030",
-    "n_series": "00201206", "n_instances": "00201208",
-}  # fmt: skip
-REFERENCED_SOP_SEQ, FAILED_SOP_SEQ = "00081199", "00081198"
-REFERENCED_SOP_UID, FAILURE_REASON, WARNING_REASON = "00081155", "00081197", "00081196"
-
-
-def _values(item: Any, tag: str, limit: int = 64) -> list[Any]:
-    el = item.get(tag) if isinstance(item, dict) else None
-    vals = el.get("Value") if isinstance(el, dict) else None
-    return vals[:limit] if isinstance(vals, list) else []
-
-
-def _text(item: Any, tag: str) -> str:
-    vals = _values(item, tag)
-    if not vals:
-        return ""
-    v = vals[0]
-    if isinstance(v, dict):  # PN: {"Alphabetic": ...}
-        v = v.get("Alphabetic", "")
-    return "".join(c for c in str(v)[:_TEXT] if c.isprintable())
-
-
-def _count(item: Any, tag: str) -> int | None:
-    vals = _values(item, tag)
-    try:
-        n = int(str(vals[0])) if vals else None
-    except ValueError:
-        return None
-    return n if n is not None and 0 <= n <= 10_000_000 else None
-
-
-def _date(v: str) -> dt.date | None:
-    try:
-        return dt.datetime.strptime(v[:8], "%Y%m%d").date()
-    except ValueError:
-        return None
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -341,7 +297,7 @@ class DicomwebClient:
     # ----------------------------------------------------------------- finding
 
     def _param_sets(self, query: StudyQuery) -> list[list[tuple[str, str]]]:
-        base: list[tuple[str, str]] = [("includefield", f) for f in _INCLUDE]
+        base: list[tuple[str, str]] = [("includefield", f) for f in dj.INCLUDE]
         if query.dicom_date_range():
             base.append(("StudyDate", query.dicom_date_range()))
         if len(query.modalities) == 1:
@@ -363,8 +319,8 @@ class DicomwebClient:
         budget = [MAX_SCANNED, MAX_SCANNED]
         for params in self._param_sets(query):
             for item in self._pages(url, params, budget):
-                m = self._match(item)
-                if m is not None and query.description and T["description"] not in item:
+                m = dj.study_match(item, self.name)
+                if m is not None and query.description and not dj.has(item, dj.DESCRIPTION):
                     m = m.model_copy(update={"description": self._description_of(m)})
                 if m is not None and query.matches(m):
                     found.setdefault((m.study_uid, m.patient_id), m)
@@ -381,32 +337,13 @@ class DicomwebClient:
                              [("PatientID", m.patient_id), ("limit", "1")])  # fmt: skip
         if not one:
             return ""
-        series, sop = _text(one[0], "0020000E"), _text(one[0], "00080018")
+        series, sop = dj.text(one[0], dj.SERIES_UID), dj.text(one[0], dj.SOP_UID)
         if not (_UID.fullmatch(series) and _UID.fullmatch(sop)):
             return ""
         meta = self._get_json(
             f"{wado}/studies/{m.study_uid}/series/{series}/instances/{sop}/metadata", []
         )
-        return _text(meta[0], T["description"]) if meta else ""
-
-    def _match(self, item: Any) -> StudyMatch | None:
-        try:
-            return StudyMatch(
-                pacs=self.name,
-                study_uid=_text(item, T["study_uid"]),
-                patient_id=_text(item, T["patient_id"]),
-                issuer=_text(item, T["issuer"]),
-                patient_name=_text(item, T["patient_name"]),
-                birth_date=_text(item, T["birth_date"])[:8],
-                accession=_text(item, T["accession"]),
-                study_date=_date(_text(item, T["study_date"])),
-                modalities=sorted({str(v)[:16] for v in _values(item, T["modalities"])})[:16],
-                description=_text(item, T["description"]),
-                n_series=_count(item, T["n_series"]),
-                n_instances=_count(item, T["n_instances"]),
-            )
-        except ValueError:
-            return None
+        return dj.text(meta[0], dj.DESCRIPTION) if meta else ""
 
     # ----------------------------------------------------------------- pulling
 
@@ -420,9 +357,9 @@ class DicomwebClient:
         want_pid, want_issuer = match.patient_id.strip(), match.issuer.strip()
         out: list[str] = []
         for item in self._pages(url, params, [MAX_SERIES, MAX_SERIES], "series"):
-            uid = _text(item, "0020000E")
-            pid = _text(item, T["patient_id"]).strip() if T["patient_id"] in item else None
-            issuer = _text(item, T["issuer"]).strip()
+            uid = dj.text(item, dj.SERIES_UID)
+            pid = dj.text(item, dj.PATIENT_ID).strip() if dj.has(item, dj.PATIENT_ID) else None
+            issuer = dj.text(item, dj.ISSUER).strip()
             other_patient = pid is not None and pid != want_pid
             other_issuer = bool(issuer and want_issuer and issuer != want_issuer)
             if _UID.fullmatch(uid) and not other_patient and not other_issuer and uid not in out:
@@ -553,38 +490,4 @@ class DicomwebClient:
             if r.status_code in (401, 403) or r.status_code >= 500:
                 raise PacsRequestError(f"{self._where()}: {detail}")
             return [StoreResult(sop_instance_uid=u, stored=False, detail=detail) for u in uids]
-        return self._store_results(r.status_code, bytes(answer), uids)
-
-    def _store_results(self, status: int, answer: bytes, uids: list[str]) -> list[StoreResult]:
-        """One result per object from a STOW-RS answer (PS3.18 10.5.3): failed when in the
-        FailedSOPSequence, stored when in the ReferencedSOPSequence (with its warning, if
-        any) or when the answer is 200 and names no failure."""
-        try:
-            data = json.loads(answer) if answer.strip() else {}
-        except ValueError:
-            data = {}
-        if isinstance(data, list):
-            data = data[0] if data else {}
-        stored = {
-            _text(item, REFERENCED_SOP_UID): _count(item, WARNING_REASON)
-            for item in _values(data, REFERENCED_SOP_SEQ, 100_000)
-        }
-        failed = {
-            _text(item, REFERENCED_SOP_UID): _count(item, FAILURE_REASON)
-            for item in _values(data, FAILED_SOP_SEQ, 100_000)
-        }
-        out = []
-        for u in uids:
-            if u in failed:
-                out.append(StoreResult(sop_instance_uid=u, stored=False,
-                                       detail=f"failure reason 0x{failed[u] or 0:04X}"))  # fmt: skip
-            elif u in stored:
-                warning = stored[u]
-                detail = f"stored with warning 0x{warning:04X}" if warning else ""
-                out.append(StoreResult(sop_instance_uid=u, stored=True, detail=detail))
-            elif status == 200 and not failed:
-                out.append(StoreResult(sop_instance_uid=u, stored=True))
-            else:
-                out.append(StoreResult(sop_instance_uid=u, stored=False,
-                                       detail=f"not in the STOW-RS answer (HTTP {status})"))  # fmt: skip
-        return out
+        return dj.store_results(r.status_code, bytes(answer), uids)
