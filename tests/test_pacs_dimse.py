@@ -94,6 +94,17 @@ def test_an_sr_is_stored_by_c_store_and_found_again(dcmqrscp: Dcmqrscp, loaded) 
     assert m.n_series == 2 and m.n_instances == 3
 
 
+def test_an_object_built_in_memory_is_stored(dcmqrscp: Dcmqrscp, loaded) -> None:
+    """An SR or PDF made by write-back has no File Meta: it is sent as Explicit VR LE."""
+    b = loaded[2]
+    ds = pydicom.dcmread(b.files[1])
+    del ds.file_meta
+    ds.SOPInstanceUID, ds.SeriesInstanceUID = generate_uid(), generate_uid()
+    (res,) = _client(dcmqrscp).store([ds])
+    assert res.stored, res
+    assert not hasattr(ds, "file_meta")  # the caller's dataset is left as it was
+
+
 def test_an_archive_that_is_down_is_a_clear_error_in_bounded_time() -> None:
     cfg = DimsePacs(kind="dimse", ae_title="NOBODY", host="127.0.0.1", port=free_port(),
                     timeout_s=5)  # fmt: skip

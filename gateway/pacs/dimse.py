@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pydicom.dataset import Dataset
+from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import (
     JPEG2000,
     UID,
@@ -111,6 +111,19 @@ _FIND_KEYS = (
     "NumberOfStudyRelatedInstances",
 )  # fmt: skip
 _PENDING = (0xFF00, 0xFF01)
+
+
+def _with_transfer_syntax(ds: Dataset) -> Dataset:
+    """The dataset with a transfer syntax to send it in: one built in memory (an SR, a PDF)
+    has no File Meta; it goes as Explicit VR Little Endian (a shallow copy, the caller's
+    dataset unchanged)."""
+    meta = getattr(ds, "file_meta", None)
+    if meta is not None and "TransferSyntaxUID" in meta:
+        return ds
+    out = copy.copy(ds)
+    out.file_meta = FileMetaDataset(meta) if meta is not None else FileMetaDataset()
+    out.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    return out
 
 
 class DimseClient:
@@ -395,6 +408,7 @@ class DimseClient:
         if not objects:
             return []
         ae = self._ae()
+        objects = [_with_transfer_syntax(ds) for ds in objects]
         seen: set[tuple[str, str]] = set()
         for ds in objects:
             key = (str(ds.SOPClassUID), str(ds.file_meta.TransferSyntaxUID))
