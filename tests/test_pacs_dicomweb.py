@@ -74,6 +74,23 @@ def test_the_cohort_is_found_by_qido(client: DicomwebClient, loaded) -> None:
     assert client.find_studies(StudyQuery(accession_numbers=[f"A{tag}"], modalities=["CT"])) == []
 
 
+def test_qido_pages_past_one_page_on_a_real_server(
+    client: DicomwebClient, loaded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gateway.pacs.dicomweb as dw
+
+    tag, a, b = loaded
+    monkeypatch.setattr(dw, "PAGE", 1)  # every study its own page: limit=1&offset=n
+    found = client.find_studies(
+        StudyQuery(date_from=dt.date(2024, 3, 5), date_to=dt.date(2024, 4, 12))
+    )
+    mine = sorted((m.patient_id, m.study_uid) for m in found if m.patient_id.endswith(tag))
+    # A's UID is held under A and C: two studies of two patients, and B's
+    assert mine == sorted(
+        [(f"A{tag}", a.study_uid), (f"C{tag}", a.study_uid), (f"B{tag}", b.study_uid)]
+    )
+
+
 def test_the_study_is_pulled_by_wado_for_its_patient_only(
     client: DicomwebClient, loaded, tmp_path: Path
 ) -> None:

@@ -315,7 +315,7 @@ class DicomwebClient:
 
     def find_studies(self, query: StudyQuery) -> list[StudyMatch]:
         url = self.cfg.service("qido") + "/studies"
-        found: dict[tuple[str, str], StudyMatch] = {}
+        found: dict[tuple[str, str, str], StudyMatch] = {}
         budget = [MAX_SCANNED, MAX_SCANNED]
         for params in self._param_sets(query):
             for item in self._pages(url, params, budget):
@@ -323,7 +323,7 @@ class DicomwebClient:
                 if m is not None and query.description and not dj.has(item, dj.DESCRIPTION):
                     m = m.model_copy(update={"description": self._description_of(m)})
                 if m is not None and query.matches(m):
-                    found.setdefault((m.study_uid, m.patient_id), m)
+                    found.setdefault((m.study_uid, m.patient_id, m.issuer), m)
                 if len(found) >= MAX_MATCHES:
                     break
         done = sorted(found.values(), key=lambda m: (str(m.study_date or ""), m.study_uid))
