@@ -482,3 +482,17 @@ def test_every_value_of_a_study_answer_is_bounded_printable_text(
     assert all(s.isprintable() for s in shown), shown
     assert m.modalities == ["CT" * 8, "MR]0;pwned"] and len(m.patient_name) <= 256
     assert m.n_instances == 12 and m.n_series is None
+
+
+def test_one_uid_and_patient_id_under_two_issuers_are_two_studies(
+    web: tuple[DicomwebClient, Script],
+) -> None:
+    client, script = web
+    uid = "1.2.826.0.1.3680043.99.7"
+    items = [
+        study_item(7, uid=uid) | {"00100021": {"vr": "LO", "Value": [issuer]}}
+        for issuer in ("HOSP-A", "HOSP-B")
+    ]
+    script.routes["GET", "/dw/studies"] = lambda req: js(items)
+    found = client.find_studies(StudyQuery(patient_ids=["P1"]))
+    assert sorted(m.issuer for m in found) == ["HOSP-A", "HOSP-B"]
