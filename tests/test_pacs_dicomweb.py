@@ -11,6 +11,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import httpx
 import pydicom
 import pytest
 from pydicom.uid import generate_uid
@@ -57,6 +58,23 @@ def client(orthanc_server: OrthancServer, monkeypatch: pytest.MonkeyPatch):
     c = DicomwebClient("web", cfg)
     yield c
     c.close()
+
+
+def test_the_rendered_orthanc_serves_dicomweb_at_its_root(orthanc_server: OrthancServer) -> None:
+    # the configuration `neurosandbox pacs up` renders loads the plugin, and the root it names
+    # is the one a PACS file's url ends with
+    config = json.loads(orthanc_server.pacs.config_file.read_text())
+    assert any(p.endswith("libOrthancDicomWeb.so") for p in config["Plugins"])
+    assert config["DicomWeb"]["Enable"] is True and config["DicomWeb"]["Root"] == "/dicom-web/"
+    ep = orthanc_server.endpoints
+    auth = (ep.username, orthanc_server.password)
+    with httpx.Client(auth=auth, timeout=20) as http:
+        assert "dicom-web" in http.get(f"{ep.orthanc_url}/plugins").json()
+        r = http.get(f"{ep.orthanc_url}/dicom-web/studies", params={"limit": "1"},
+                     headers={"Accept": "application/dicom+json"})  # fmt: skip
+        assert r.status_code == 200 and r.headers["content-type"].startswith(
+            "application/dicom+json"
+        )
 
 
 def test_the_cohort_is_found_by_qido(client: DicomwebClient, loaded) -> None:
