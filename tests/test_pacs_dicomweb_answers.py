@@ -496,3 +496,16 @@ def test_one_uid_and_patient_id_under_two_issuers_are_two_studies(
     script.routes["GET", "/dw/studies"] = lambda req: js(items)
     found = client.find_studies(StudyQuery(patient_ids=["P1"]))
     assert sorted(m.issuer for m in found) == ["HOSP-A", "HOSP-B"]
+
+
+def test_paging_tells_long_answers_apart(
+    web: tuple[DicomwebClient, Script], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # items alike in their first kilobytes (a long value sorted before the UID) are not "the
+    # same page again": paging went on only while a page brought something new
+    client, script = web
+    monkeypatch.setattr(dw, "PAGE", 5)
+    items = [study_item(i) | {"00080005": {"vr": "CS", "Value": ["ISO_IR 192" * 600]}}
+             for i in range(8)]  # fmt: skip
+    script.routes["GET", "/dw/studies"] = paged(items, cap=5, warn=False)
+    assert len(client.find_studies(StudyQuery(patient_ids=["P1"]))) == 8

@@ -275,11 +275,13 @@ class DicomwebClient:
         page without a more-results warning, or on a page with nothing new (a server that
         ignores offset answers the same page again). ``budget``: [items left to scan, bound]."""
         offset = 0
-        seen: set[str] = set()
+        seen: set[bytes] = set()
         while True:
             page, more = self._get_page(url, [*params, ("limit", str(PAGE)),
                                                   ("offset", str(offset))])  # fmt: skip
-            keys = {json.dumps(item, sort_keys=True)[:4096] for item in page}
+            keys = {
+                hashlib.sha256(json.dumps(item, sort_keys=True).encode()).digest() for item in page
+            }
             if not page or keys <= seen:
                 return
             seen |= keys
