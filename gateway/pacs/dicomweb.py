@@ -1,17 +1,18 @@
 """A DICOMweb server as a ``PacsClient``: QIDO-RS to find, WADO-RS to pull, STOW-RS to store.
 
-- QIDO-RS ``GET {qido}/studies``: one request per listed accession number or patient ID (and
-  per description pattern), paged with ``limit``/``offset``, the counts asked by
-  ``includefield``; the DICOM JSON answer is read defensively (bounded, every value checked)
-  and filtered again by the query.
-- WADO-RS ``GET {wado}/studies/{uid}`` as ``multipart/related; type="application/dicom"``,
-  streamed part by part into files named by a hash of their bytes (``gateway.pacs.multipart``);
-  the archive may hold the UID under two patients, so ``keep_the_study`` keeps the match's.
+- QIDO-RS ``GET {qido}/studies``: one request per listed accession number or patient ID, study
+  UIDs as short comma lists, the counts asked by ``includefield``; paged from where the server
+  stopped (PS3.18 8.3.4.4), bounded; the DICOM JSON answer is read by ``dicom_json`` (every
+  value checked) and filtered again by the query (the description is matched here).
+- WADO-RS ``GET {wado}/studies/{uid}/series/{uid}``, series by series (an archive may hold one
+  study UID under two patients: only the match's patient's series are asked for), instances as
+  stored (``transfer-syntax=*``), streamed part by part (``multipart``) into files named by the
+  hash of their bytes; ``keep_the_study`` then keeps the study's and patient's files.
 - STOW-RS ``POST {stow}/studies``: the objects as one multipart/related body; the answer's
   ReferencedSOPSequence and FailedSOPSequence become one ``StoreResult`` per object.
 - Authentication from the variables the configuration names (basic, or a bearer token); HTTPS
-  verified with the hospital's CA (``gateway.pacs.tls``); GETs retried on a connection error
-  and on 502/503/504.
+  always verified (``tls``: the hospital's CA, a client certificate, the server name); GETs
+  tried again on a connection error and on 502/503/504, never a POST nor a TLS refusal.
 """
 
 from __future__ import annotations
