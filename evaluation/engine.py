@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from evaluation.budget.gate import check_prices
 from evaluation.case import Case
-from evaluation.datasets import Dataset, load_dataset
+from evaluation.datasets import Dataset, StudyFetcher, load_dataset
 from evaluation.errors import DatasetError, EvaluationError, StoreError, first_error
 from evaluation.log.records import RunLog
 from evaluation.log.store import open_store, store_exists
@@ -38,8 +38,10 @@ def _cache(config: RunConfig, cache_dir: Path | None) -> Path:
     return Path(config.cache_dir) if config.cache_dir else (cache_dir or Path("out/cache"))
 
 
-def open_dataset(config: RunConfig, cache_dir: Path | None = None) -> Dataset:
-    return load_dataset(config.dataset, _cache(config, cache_dir))
+def open_dataset(
+    config: RunConfig, cache_dir: Path | None = None, fetch_study: StudyFetcher | None = None
+) -> Dataset:
+    return load_dataset(config.dataset, _cache(config, cache_dir), fetch_study)
 
 
 async def start_run(
@@ -51,13 +53,15 @@ async def start_run(
     on_progress: Progress | None = None,
     score: bool = True,
     database_url: str | None = None,
+    fetch_study: StudyFetcher | None = None,
 ) -> RunStats:
     """Create the run folder and store, record the configuration, and run every unit.
-    ``database_url``: the PostgreSQL run log (None: the folder's own run.sqlite)."""
+    ``database_url``: the PostgreSQL run log (None: the folder's own run.sqlite);
+    ``fetch_study``: how a manifest's study on a configured PACS is fetched."""
     if store_exists(run_dir, database_url) and _holds_run(run_dir, database_url):
         raise StoreError(f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`")
     check_prices(config)  # a budget the run could not keep refuses it before anything exists
-    dataset = dataset or open_dataset(config, cache_dir)
+    dataset = dataset or open_dataset(config, cache_dir, fetch_study)
     run_dir.mkdir(parents=True, exist_ok=True)
     # a store holding only notes (the gateway's record of a queued run) gets its run now
     store = open_store(
@@ -114,6 +118,7 @@ async def resume_run(
     database_url: str | None = None,
     max_cost_usd: float | None = None,
     allow_unknown_cost: bool | None = None,
+    fetch_study: StudyFetcher | None = None,
 ) -> RunStats:
     """Continue a run: stored responses are reused, missing and failed calls are made.
 
@@ -135,7 +140,7 @@ async def resume_run(
         except ValidationError as exc:
             raise EvaluationError(f"the new budget: {first_error(exc)}") from None
     check_prices(config)
-    dataset = open_dataset(config, cache_dir)
+    dataset = open_dataset(config, cache_dir, fetch_study)
     if dataset.hash != row.dataset_hash and not allow_changed_dataset:
         raise StoreError(
             f"the dataset changed since the run started (hash {row.dataset_hash[:12]} -> "

@@ -14,7 +14,12 @@ import pydicom
 import pytest
 import yaml
 
+from evaluation.coverage import SkippedCase
+from evaluation.datasets.manifest import parse_case
+from evaluation.datasets.suite import check_manifest, load_manifest
+from evaluation.errors import DatasetError
 from gateway.orthanc import OrthancClient
+from gateway.pacs.cohort import RETRIEVED, PacsFetcher
 from tests.dcmqrscp_fixture import AE_TITLE, Dcmqrscp
 from tests.gateway_synth import make_study
 from tests.orthanc_fixture import OrthancServer
@@ -88,11 +93,61 @@ def test_a_cohort_is_listed_pulled_once_joined_and_checked(
     check = _run(["cases", "check", "m.yaml"], orthanc_server.env, tmp_path)
     assert check.returncode == 0, check.stdout + check.stderr
     # a second run pulls nothing, and will not overwrite the manifest without --force
-    again = _run([*args[:-5], "--out", "m2.yaml", "--json"], orthanc_server.env, tmp_path)
+    again = _run([*args[:-5], "--out", "m2.yaml", "--by-uid", "--json"], orthanc_server.env,
+                 tmp_path)  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert all(s["retrieved"]["cached"] for s in json.loads(again.stdout)["studies"])
     refused = _run([*args[:-5], "--out", "m.yaml"], orthanc_server.env, tmp_path)
-    assert refused.returncode == 1 and "--force" in refused.stderr
+    assert refused.returncode == 2 and "--force" in refused.stderr
+    # the by-UID form: each study named on the PACS by its UID and the archive's patient
+    by_uid = yaml.safe_load((tmp_path / "m2.yaml").read_text())["cases"]
+    assert sorted(c["study"]["patient_id"] for c in by_uid) == [f"PA{tag}", f"PA{tag}", f"PB{tag}"]
+    assert {c["study"]["pacs"] for c in by_uid} == {"local"}
+    check = _run(["cases", "check", "m2.yaml"], orthanc_server.env, tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "on the PACS 'local', not fetched" in check.stdout
+
+
+def test_a_manifest_names_a_study_on_a_pacs_by_uid_and_patient(
+    on_orthanc, orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """Fetched on first use into the cache by the gateway's fetcher, once, and only for the
+    patient the case names; without a fetcher, or on a PACS not configured, the case says why."""
+    tag, made = on_orthanc
+    uid = {acc: str(pydicom.dcmread(s.files[0]).StudyInstanceUID) for acc, s in made.items()}
+    cases = [
+        {"case_id": "a1", "study": {"pacs": "local", "study_uid": uid[f"A1{tag}"],
+                                    "patient_id": f"PA{tag}"}},
+        {"case_id": "b1-wrong-patient", "study": {"pacs": "local", "study_uid": uid[f"B1{tag}"],
+                                                  "patient_id": f"PA{tag}"}},
+    ]  # fmt: skip
+    manifest = tmp_path / "m.yaml"
+    manifest.write_text(yaml.safe_dump({"name": "by-uid", "cases": cases}))
+    fetcher = PacsFetcher(orthanc_server.settings, tmp_path / "studies")
+    _, loaded, notes = load_manifest(manifest, tmp_path / "render", fetch_study=fetcher)
+    assert [c.case_id for c in loaded] == ["a1"]
+    case = loaded[0]
+    assert case.provenance.source == "pacs" and case.provenance.study_uids == [uid[f"A1{tag}"]]
+    folder = Path(case.study_path or "")
+    assert folder.parent == tmp_path / "studies" / "pacs" / "local" and case.images
+    files = [p for p in folder.rglob("*.dcm")]
+    assert len(files) == 2 and all(pydicom.dcmread(f).PatientID == f"PA{tag}" for f in files)
+    skipped = [n for n in notes if isinstance(n, SkippedCase)]
+    assert [s.case_id for s in skipped] == ["b1-wrong-patient"]
+    assert "no such study for the manifest's patient_id" in skipped[0].reason
+    # once: the second load finds the study in the cache, whatever the PACS says now
+    stamp = (folder / RETRIEVED).stat().st_mtime_ns
+    assert fetcher(parse_case(cases[0]).study, tmp_path / "render") == folder
+    assert (folder / RETRIEVED).stat().st_mtime_ns == stamp
+    # no fetcher (a command that cannot reach a PACS): the case is skipped, saying why
+    with pytest.raises(DatasetError, match="cannot fetch from a PACS"):
+        load_manifest(manifest, tmp_path / "render")
+    # a PACS the PACS file does not configure: `cases check` names the field
+    report = check_manifest(manifest, known_pacs={"local"})
+    assert report.ok
+    report = check_manifest(manifest, known_pacs={"archive"})
+    assert [p.path for p in report.problems] == ["cases[0].study.pacs", "cases[1].study.pacs"]
+    assert "no PACS named 'local'" in report.problems[0].message
 
 
 def test_a_cohort_from_a_dimse_archive(dcmqrscp: Dcmqrscp, tmp_path: Path) -> None:

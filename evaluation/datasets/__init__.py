@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from evaluation.case import Case, ImageRef
 from evaluation.coverage import LoadNotes, SkippedCase
+from evaluation.datasets.manifest import StudyFetcher
 from evaluation.datasets.neural_medbench import ColumnMap, load_neural_medbench
 from evaluation.datasets.neurovlm import load_neurovlm
 from evaluation.datasets.rendering import RenderPlan
@@ -40,8 +41,10 @@ __all__ = [
     "ManifestCase",
     "ManifestCheck",
     "ManifestProblem",
+    "PacsStudyRef",
     "RenderPlan",
     "SharedCase",
+    "StudyFetcher",
     "SuiteManifest",
     "case_registry",
     "check_manifest",
@@ -151,8 +154,12 @@ def _pinned(
     return [c for c in cases if c.case_id in wanted], kept
 
 
-def load_dataset(spec: DatasetSpec | str | Path, cache_dir: Path) -> Dataset:
-    """Load every case of a dataset (rendering studies into ``cache_dir`` as needed)."""
+def load_dataset(
+    spec: DatasetSpec | str | Path, cache_dir: Path, fetch_study: StudyFetcher | None = None
+) -> Dataset:
+    """Load every case of a dataset (rendering studies into ``cache_dir`` as needed).
+    ``fetch_study``: how a manifest's study on a configured PACS is fetched (the gateway's
+    ``pacs_fetcher``); without it such a case is skipped, saying why."""
     if not isinstance(spec, DatasetSpec):
         spec = DatasetSpec(path=str(spec))
     cache_dir = Path(cache_dir).expanduser().resolve()  # image paths must not depend on the cwd
@@ -169,7 +176,7 @@ def load_dataset(spec: DatasetSpec | str | Path, cache_dir: Path) -> Dataset:
     if kind == "suite":
         name, cases, notes = load_suite(path, cache_dir, spec.render)
     elif kind == "manifest":
-        name, cases, notes = load_manifest(path, cache_dir, spec.render)
+        name, cases, notes = load_manifest(path, cache_dir, spec.render, fetch_study)
     elif kind == "neural-medbench":
         name, cases, notes = load_neural_medbench(
             path,
@@ -239,6 +246,7 @@ _LAZY = {
     "ManifestCase": "evaluation.datasets.manifest",
     "ManifestCheck": "evaluation.datasets.suite",
     "ManifestProblem": "evaluation.datasets.manifest",
+    "PacsStudyRef": "evaluation.datasets.manifest",
     "RenderPlan": "evaluation.datasets.rendering",
     "SharedCase": "evaluation.sharing",
     "SuiteManifest": "evaluation.datasets.phantoms.suite",

@@ -14,6 +14,8 @@ import copy
 import difflib
 import functools
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
@@ -155,6 +157,39 @@ class OrthancStudy(_OrthancAccess):
         return OrthancServer.model_validate({**inner, **outer})
 
 
+# A PACS's name in the PACS file (gateway/pacs/config.py's rule, repeated here: this layer cannot
+# import the gateway) and a DICOM UID (PS3.5 9.1; dicom.check_uid's rule, as a schema pattern)
+PACS_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+UID_PATTERN = r"^(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*$"
+
+
+class PacsStudyRef(BaseModel):
+    """A study on a PACS configured by name (DIMSE, DICOMweb or Orthanc; the PACS file), by its
+    UID and its patient: fetched once into the cache on first use, by a fetcher the gateway
+    gives the loader (this layer cannot reach a PACS itself)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    pacs: str = Field(
+        pattern=PACS_NAME, description="the PACS by its name in the PACS file ('local': Orthanc)"
+    )
+    study_uid: str = Field(max_length=64, pattern=UID_PATTERN, description="StudyInstanceUID")
+    patient_id: Id = Field(
+        min_length=1,
+        max_length=64,
+        description="PatientID as the archive holds it: only this patient's study is fetched, "
+        "a file of another patient is left out",
+    )
+    issuer: str | None = Field(
+        default=None, max_length=64, description="IssuerOfPatientID, when the archive uses one"
+    )
+
+
+# What the loader asks for a study on a PACS: (the study, the cache folder) -> its DICOM folder.
+# The gateway builds it (gateway/pacs/cohort.py); it raises DatasetError when it cannot fetch.
+StudyFetcher = Callable[[PacsStudyRef, Path], Path]
+
+
 class StudyFolder(BaseModel):
     """A study on disk, given as a mapping."""
 
@@ -167,18 +202,22 @@ def _study_tag(value: Any) -> str | None:
     if isinstance(value, str):
         return "~path"
     if isinstance(value, dict):
-        return "~orthanc" if "orthanc" in value else "~folder"
+        if "orthanc" in value:
+            return "~orthanc"
+        return "~pacs" if "pacs" in value else "~folder"
     return None
 
 
 StudyRef = Annotated[
     Annotated[str, Tag("~path")]
     | Annotated[StudyFolder, Tag("~folder")]
-    | Annotated[OrthancStudy, Tag("~orthanc")],
+    | Annotated[OrthancStudy, Tag("~orthanc")]
+    | Annotated[PacsStudyRef, Tag("~pacs")],
     Discriminator(
         _study_tag,
         custom_error_type="study",
-        custom_error_message="a path, {path: ...} or {orthanc: ..., study_uid: ...}",
+        custom_error_message="a path, {path: ...}, {orthanc: ..., study_uid: ...} or "
+        "{pacs: NAME, study_uid: ..., patient_id: ...}",
     ),
 ]
 
@@ -213,7 +252,8 @@ class ManifestCase(BaseModel):
     )
     study: StudyRef = Field(
         description="the DICOM study: a folder, zip or file relative to the manifest, "
-        "{path: ...}, or {orthanc: URL, study_uid: ...}"
+        "{path: ...}, {orthanc: URL, study_uid: ...}, or a configured PACS's study "
+        "{pacs: NAME, study_uid: ..., patient_id: ...}"
     )
     ehr: EhrRef | None = Field(
         default=None,

@@ -3,13 +3,15 @@
 A suite folder holds ``suite.json`` (optional: name and the ordered case list) and one folder
 per case with ``case.json`` (an ``evaluation.case.Case``), ``ehr.json``, ``note.txt`` and the
 study (``study_path``, relative to the case folder, or absolute). A manifest lists cases whose
-study lives in a folder/zip or in Orthanc (``orthanc: {url, study_uid}``), with the EHR bundle,
-the note and the ground truth given inline or as files next to the manifest.
+study lives in a folder/zip, in Orthanc (``orthanc: {url, study_uid}``) or on a PACS configured
+by name (``pacs: NAME, study_uid, patient_id``: fetched by the ``StudyFetcher`` the caller gives),
+with the EHR bundle, the note and the ground truth given inline or as files next to the manifest.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ from evaluation.datasets.manifest import (
     ManifestProblem,
     OrthancServer,
     OrthancStudy,
+    PacsStudyRef,
     ParsedManifest,
+    StudyFetcher,
     StudyFolder,
     case_label,
     files_of,
@@ -198,6 +202,20 @@ def _orthanc_study(server: OrthancServer, cache_dir: Path) -> Path:
     return target
 
 
+def _pacs_study(ref: PacsStudyRef, cache_dir: Path, fetch_study: StudyFetcher | None) -> Path:
+    """The folder of a study on a configured PACS, fetched (once) by the caller's fetcher."""
+    if fetch_study is None:
+        raise DatasetError(
+            f"study {ref.study_uid} is on the PACS {ref.pacs!r}, and this command cannot fetch "
+            "from a PACS: load the manifest with `neurosandbox eval` (it fetches from the PACS "
+            "file's PACS), or write the study's folder instead"
+        )
+    folder = fetch_study(ref, cache_dir)
+    if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
+        raise DatasetError(f"study {ref.study_uid} on the PACS {ref.pacs!r}: nothing was fetched")
+    return folder
+
+
 def _note_file(value: str) -> bool:
     """Whether a note names a file (one short line ending in .txt) rather than being the text."""
     return len(value) < 500 and "\n" not in value and Path(value).suffix == ".txt"
@@ -342,9 +360,19 @@ class ManifestCheck(BaseModel):
         return not self.problems
 
 
-def check_manifest(path: Path) -> ManifestCheck:
+def _unknown_pacs(name: str, n: int, known: Collection[str]) -> ManifestProblem:
+    listed = ", ".join(sorted(known)[:20]) or "none"
+    return ManifestProblem(
+        path=f"cases[{n}].study.pacs",
+        message=f"no PACS named {name!r} is configured (NEUROSANDBOX_PACS_FILE; known: {listed})",
+        case=n,
+    )
+
+
+def check_manifest(path: Path, known_pacs: Collection[str] | None = None) -> ManifestCheck:
     """Check a case manifest without loading its studies: every field (by the loader's rule),
-    every local study, record and note file, and the case ids."""
+    every local study, record and note file, and the case ids; with ``known_pacs`` (the
+    configured PACS names), that each study named on a PACS names one of them."""
     try:
         data = read_manifest(path)
     except DatasetError as exc:
@@ -359,11 +387,19 @@ def check_manifest(path: Path) -> ManifestCheck:
             continue
         if isinstance(case.study, OrthancStudy):
             notes.append(f"cases[{n}].study: in Orthanc ({case.study.server().url}), not fetched")
+        if isinstance(case.study, PacsStudyRef):
+            if known_pacs is not None and case.study.pacs not in known_pacs:
+                problems.append(_unknown_pacs(case.study.pacs, n, known_pacs))
+                bad.add(n)
+                continue
+            else:
+                notes.append(f"cases[{n}].study: on the PACS {case.study.pacs!r}, not fetched")
         if case.ground_truth is None:
             notes.append(f"cases[{n}]: no ground_truth, so its answers are stored but not scored")
         if TaskFamily.MULTITURN in (case.tasks or []) and not case.turns:
             notes.append(f"cases[{n}].tasks: 'multiturn' has no turns to ask, so it will not run")
     total = len(parsed.cases)
+    problems.sort(key=lambda p: -1 if p.case is None else p.case)
     return ManifestCheck(
         manifest=str(path),
         name=parsed.name or path.stem,
@@ -375,11 +411,15 @@ def check_manifest(path: Path) -> ManifestCheck:
 
 
 def load_manifest(
-    path: Path, cache_dir: Path, plan: RenderPlan | None = None
+    path: Path,
+    cache_dir: Path,
+    plan: RenderPlan | None = None,
+    fetch_study: StudyFetcher | None = None,
 ) -> tuple[str, list[Case], LoadNotes]:
     """A hospital's case manifest (YAML or JSON). A case with a bad field or a missing file is
     skipped (a SkippedCase) with every problem named by its path; a problem of the manifest
-    itself raises."""
+    itself raises. ``fetch_study`` fetches a study named on a configured PACS (none: such a
+    case is skipped, saying so)."""
     base = path.parent
     data = read_manifest(path)
     parsed, problems, records = _manifest_problems(data, base)
@@ -394,7 +434,7 @@ def load_manifest(
         reason = "; ".join(mine)
         if entry is not None and not mine:
             try:
-                case = _build_case(entry, base, cache_dir, n, records.get(n))
+                case = _build_case(entry, base, cache_dir, n, records.get(n), fetch_study)
                 case, w = _finish(case, base, cache_dir, plan)
             except DatasetError as exc:
                 reason = str(exc)
@@ -430,7 +470,12 @@ def manifest_case(entry: Any, base: Path, cache_dir: Path, n: int) -> Case:
 
 
 def _build_case(
-    entry: ManifestCase, base: Path, cache_dir: Path, n: int, record: dict[str, Any] | None = None
+    entry: ManifestCase,
+    base: Path,
+    cache_dir: Path,
+    n: int,
+    record: dict[str, Any] | None = None,
+    fetch_study: StudyFetcher | None = None,
 ) -> Case:
     """The case of a checked manifest entry; ``record``: its record file as already read."""
     study_path: str | None = None
@@ -443,6 +488,9 @@ def _build_case(
         server = entry.study.server()
         study_path = str(_orthanc_study(server, cache_dir))
         source, uids = "orthanc", [str(server.study_uid)]
+    elif isinstance(entry.study, PacsStudyRef):
+        study_path = str(_pacs_study(entry.study, cache_dir, fetch_study))
+        source, uids = "pacs", [entry.study.study_uid]
     ehr = entry.ehr
     if isinstance(entry.ehr, str):
         ehr = record if record is not None else read_json(inside_folder(base, entry.ehr, "ehr"))

@@ -29,11 +29,21 @@ def cases_check(
     ] = False,
 ) -> None:
     """Name every bad field of a case manifest with its path (cases[1].tasks[0]) and every
-    study, record or note file it names that is not there. Reads no pixel data and fetches
-    nothing from Orthanc. Exit code 0: every case is fine; 1: any problem."""
+    study, record or note file it names that is not there, and a study named on a PACS the
+    PACS file does not configure. Reads no pixel data and fetches nothing from a PACS. Exit
+    code 0: every case is fine; 1: any problem."""
     from evaluation.datasets import check_manifest
+    from gateway.pacs import LOCAL, PacsConfigError, configured
+    from gateway.settings import get_settings
 
-    report = check_manifest(manifest)
+    try:  # a case's study on a PACS must name a configured one
+        known: set[str] | None = {LOCAL, *configured(get_settings()).pacs}
+    except PacsConfigError as exc:
+        known = None
+        cli_console(stderr=True).print(
+            f"[yellow]warning[/yellow] PACS names not checked: {escape(str(exc))}", soft_wrap=True
+        )
+    report = check_manifest(manifest, known)
     if as_json:
         body = report.model_dump(mode="json", exclude={"problems": {"__all__": {"case"}}})
         typer.echo(json.dumps({"ok": report.ok, **body}, indent=2))
@@ -174,6 +184,14 @@ def cases_from_pacs(
         str | None, typer.Option("--name", help="the dataset's name in runs and reports")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="replace --out if it exists")] = False,
+    by_uid: Annotated[
+        bool,
+        typer.Option(
+            "--by-uid",
+            help="name each case's study on the PACS ({pacs, study_uid, patient_id}, fetched "
+            "on first use) rather than its folder in the cache",
+        ),
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="print what was found, pulled and joined as JSON")
     ] = False,
@@ -183,7 +201,8 @@ def cases_from_pacs(
     study of a patient; a file of another study or patient is left out and listed. A diagnosis
     row that matches no study, a study with no row, and a row whose patient ID is not the
     study's are listed, never joined. Exit code 0: done; 1: some studies could not be pulled;
-    2: bad usage or configuration (the PACS file, an option, the CSV's columns)."""
+    2: bad usage or configuration (the PACS file, an option, the CSV's columns, an --out that
+    exists without --force)."""
     import datetime as dt
 
     from pydantic import ValidationError
@@ -227,6 +246,8 @@ def cases_from_pacs(
             "give at least one of --accession(-file), --patient-id/--patient-file, --date-from/"
             "--date-to, --modality, --description: an empty query would list the whole archive"
         )
+    if not list_only and out.exists() and not force:  # said before anything is pulled
+        raise usage(f"{out} exists: give --force to replace it, or another --out")
     settings = get_settings()
     rows: list[Any] = []
     issues: list[Any] = []
@@ -257,7 +278,7 @@ def cases_from_pacs(
         cohort.issues = issues + join_diagnoses([s for s in cohort.studies if not s.error], rows)
     if not list_only and matches:
         try:
-            write_manifest(out, cohort, name, force)
+            write_manifest(out, cohort, name, force, by_uid)
             cohort.manifest = out
         except CohortError as exc:
             err.print(f"[red]error[/red] {escape(str(exc))}", soft_wrap=True)

@@ -172,6 +172,7 @@ def eval_command(
         TaskFamily,
         start_run,
     )
+    from gateway.pacs.cohort import pacs_fetcher
     from gateway.settings import get_settings
 
     settings = get_settings()
@@ -225,7 +226,13 @@ def eval_command(
     try:
         with ProgressBar() as bar:
             stats = asyncio.run(
-                start_run(config, out, on_progress=bar, database_url=settings.database_url)
+                start_run(
+                    config,
+                    out,
+                    on_progress=bar,
+                    database_url=settings.database_url,
+                    fetch_study=pacs_fetcher(settings),
+                )
             )
     except EvaluationError as exc:  # the dataset, the models or the run folder
         raise fail(str(exc), ExitCode.USAGE) from None
@@ -244,10 +251,13 @@ def _dry_run(config: RunConfig, out: Path, settings: Settings, *, as_json: bool)
     from evaluation.budget import check_prices, estimate_run, history_of_runs
     from evaluation.datasets import load_dataset
     from gateway.cli.estimate import earlier_runs, print_estimate
+    from gateway.pacs.cohort import pacs_fetcher
 
     try:
         check_prices(config)  # the run itself would refuse: say so now
-        dataset = load_dataset(config.dataset, Path(config.cache_dir or "out/cache"))
+        dataset = load_dataset(
+            config.dataset, Path(config.cache_dir or "out/cache"), pacs_fetcher(settings)
+        )
         names = [s.name for s in [*config.models, *config.graders]]
         history = history_of_runs(earlier_runs(settings, names, out), settings.database_url)
         busy = f"estimating {len(dataset.cases)} cases (as the run would: the PHI gate reads "

@@ -465,6 +465,8 @@ def runs_resume(
     it. Exits like `neurosandbox eval` (docs/exit-codes.md): 1 while samples still end in a call
     error, 2 when the run cannot be resumed, 4 when the budget stops it again."""
     from evaluation import resume_run
+    from gateway.pacs.cohort import pacs_fetcher
+    from gateway.settings import get_settings
 
     if max_cost is not None and not 0 < max_cost < float("inf"):
         raise fail(f"--max-cost {max_cost}: a budget is a finite amount above $0", ExitCode.USAGE)
@@ -479,6 +481,7 @@ def runs_resume(
                     database_url=run_log_url(),
                     max_cost_usd=max_cost,
                     allow_unknown_cost=allow_unknown_cost,
+                    fetch_study=pacs_fetcher(get_settings()),
                 )
             )
     except EvaluationError as exc:

@@ -123,10 +123,43 @@ def case_ids(matches: list[StudyMatch], prefix: str) -> list[str]:
     return out
 
 
-def cache_folder(cache_root: Path, pacs: str, m: StudyMatch) -> Path:
+def cache_folder(cache_root: Path, pacs: str, m: StudyMatch | StudyKey) -> Path:
     """Where a study of a PACS is kept: by its UID and patient, never by a name or an ID."""
     key = StudyKey(study_uid=m.study_uid, patient_id=m.patient_id, issuer=m.issuer)
     return cache_root / "pacs" / pacs / key.name
+
+
+def cached_study(folder: Path) -> RetrievedStudy | None:
+    """The record of a study pulled whole into ``folder`` before, None when it was not."""
+    marker = folder / RETRIEVED
+    try:
+        got = RetrievedStudy.model_validate_json(marker.read_text())
+    except (ValidationError, OSError):
+        return None  # not there, or an unreadable record: pull again
+    got.cached = True
+    return got
+
+
+def retrieve_once(
+    client: PacsClient, match: StudyMatch, folder: Path, progress: Progress | None = None
+) -> RetrievedStudy:
+    """The study in ``folder``: as pulled before (its record there), else pulled now and its
+    record written once every file is in. PacsRequestError when the PACS fails or sends
+    nothing of the study."""
+    got = cached_study(folder)
+    if got is not None:
+        return got
+    if folder.exists():  # a pull that did not finish: start again from nothing
+        for p in sorted(folder.rglob("*"), reverse=True):
+            p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+    got = client.retrieve(match, folder, progress)
+    if got.n_files == 0:
+        raise PacsRequestError(
+            "nothing was retrieved" + (f": {got.failed[0]}" if got.failed else "")
+        )
+    with atomic_write(folder / RETRIEVED, "w") as fh:
+        fh.write(got.model_dump_json(indent=2))
+    return got
 
 
 def retrieve_cohort(
@@ -138,33 +171,65 @@ def retrieve_cohort(
     """Pull each study not already in the cache; ``on_study(study, done, total)`` hears the
     progress of each instance. A failure is the study's ``error``; the others go on."""
     for s in studies:
-        folder = cache_folder(cache_root, client.name, s.match)
-        marker = folder / RETRIEVED
-        s.folder = folder
-        if marker.exists():
-            try:
-                s.retrieved = RetrievedStudy.model_validate_json(marker.read_text())
-                s.retrieved.cached = True
-                continue
-            except (ValidationError, OSError):
-                pass  # an unreadable record: pull again
-        if folder.exists():  # a pull that did not finish: start again from nothing
-            for p in sorted(folder.rglob("*"), reverse=True):
-                p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+        s.folder = cache_folder(cache_root, client.name, s.match)
         progress: Progress | None = None
         if on_study is not None:
             progress = functools.partial(on_study, s)
         try:
-            got = client.retrieve(s.match, folder, progress)
+            s.retrieved = retrieve_once(client, s.match, s.folder, progress)
         except PacsRequestError as exc:
             s.error = str(exc)[:500]
-            continue
-        s.retrieved = got
-        if got.n_files == 0:
-            s.error = "nothing was retrieved" + (f": {got.failed[0]}" if got.failed else "")
-            continue
-        with atomic_write(marker, "w") as fh:
-            fh.write(got.model_dump_json(indent=2))
+
+
+class PacsFetcher:
+    """The loader's ``StudyFetcher`` (evaluation.datasets): a manifest's study named on a
+    configured PACS (``study: {pacs, study_uid, patient_id}``), pulled on first use into the
+    same cache as ``cases from-pacs`` (``<cache>/pacs/<name>/<UID>_<patient hash>``), found by
+    its UID **and** patient: a study of that UID held for another patient is not this case's,
+    and the pull keeps only the patient's files (``keep_the_study``)."""
+
+    def __init__(self, settings: Any, cache_root: Path | None = None) -> None:
+        self.settings = settings
+        self.cache_root = cache_root
+
+    def __call__(self, ref: Any, cache_dir: Path) -> Path:
+        from evaluation import DatasetError
+        from gateway.pacs.client import StudyQuery
+        from gateway.pacs.config import PacsConfigError
+        from gateway.pacs.open import open_client
+
+        key = StudyKey(study_uid=ref.study_uid, patient_id=ref.patient_id, issuer=ref.issuer or "")
+        folder = cache_folder(self.cache_root or cache_dir, ref.pacs, key)
+        if cached_study(folder) is not None:
+            return folder
+        where = f"study {ref.study_uid} on the PACS {ref.pacs!r}"
+        try:
+            client = open_client(ref.pacs, self.settings)
+        except PacsConfigError as exc:
+            raise DatasetError(f"{where}: {exc}") from None
+        try:
+            query = StudyQuery(study_uids=[ref.study_uid], patient_ids=[ref.patient_id])
+            found = [
+                m for m in client.find_studies(query)
+                if m.study_uid == ref.study_uid and m.patient_id.strip() == ref.patient_id.strip()
+                and (not ref.issuer or m.issuer == ref.issuer)
+            ]  # fmt: skip
+            if not found:
+                raise DatasetError(
+                    f"{where}: the PACS holds no such study for the manifest's patient_id "
+                    "(a study of that UID held for another patient is not fetched)"
+                )
+            retrieve_once(client, found[0], folder)
+        except PacsRequestError as exc:
+            raise DatasetError(f"{where}: {str(exc)[:500]}") from None
+        finally:
+            client.close()
+        return folder
+
+
+def pacs_fetcher(settings: Any) -> PacsFetcher:
+    """The fetcher the commands give the loader: the sandbox's study cache (DATA_DIR/cache)."""
+    return PacsFetcher(settings, Path(settings.data_dir) / "cache")
 
 
 def _norm(name: str) -> str:
@@ -271,8 +336,12 @@ def _comment(text: str) -> str:
     return "".join(c if c.isprintable() else "?" for c in text)[:120]
 
 
-def write_manifest(path: Path, cohort: Cohort, name: str | None, force: bool) -> int:
-    """Write the cases of the retrieved studies as a manifest; the number of cases written."""
+def write_manifest(
+    path: Path, cohort: Cohort, name: str | None, force: bool, by_uid: bool = False
+) -> int:
+    """Write the cases of the retrieved studies as a manifest; the number of cases written.
+    ``by_uid``: each case names its study on the PACS (``{pacs, study_uid, patient_id}``,
+    fetched on first use) rather than its folder in the cache."""
     from evaluation.datasets import ManifestCase
 
     if path.exists() and not force:
@@ -282,6 +351,11 @@ def write_manifest(path: Path, cohort: Cohort, name: str | None, force: bool) ->
         f"# `neurosandbox cases check {path.name}`. Case and patient ids are pseudonyms; the\n"
         "# comments (accession, date, description) stay in this file and never enter a run.\n"
     ]
+    if by_uid:
+        parts.append(
+            "# Each study is named on the PACS by its UID and the archive's PatientID (needed to\n"
+            "# fetch it, never sent to a model): keep this file inside the hospital.\n"
+        )
     if name:
         parts.append(yaml.safe_dump({"name": name}, allow_unicode=True, sort_keys=False))
     parts.append("cases:\n")
@@ -291,10 +365,15 @@ def write_manifest(path: Path, cohort: Cohort, name: str | None, force: bool) ->
             continue
         m = s.match
         key = StudyKey(study_uid=m.study_uid, patient_id=m.patient_id, issuer=m.issuer)
+        study: Any = str(s.folder.resolve())
+        if by_uid and m.patient_id.strip():  # the archive's study with no PatientID: its folder
+            study = {"pacs": cohort.pacs, "study_uid": m.study_uid, "patient_id": m.patient_id}
+            if m.issuer:
+                study["issuer"] = m.issuer
         case: dict[str, Any] = {
             "case_id": s.case_id,
             "patient_id": f"P-{key.patient_hash}",
-            "study": str(s.folder.resolve()),
+            "study": study,
         }
         if s.truth:
             case["ground_truth"] = s.truth
