@@ -509,3 +509,19 @@ def test_paging_tells_long_answers_apart(
              for i in range(8)]  # fmt: skip
     script.routes["GET", "/dw/studies"] = paged(items, cap=5, warn=False)
     assert len(client.find_studies(StudyQuery(patient_ids=["P1"]))) == 8
+
+
+def test_an_endless_wado_answer_is_stopped_and_nothing_of_it_kept(
+    web: tuple[DicomwebClient, Script], study: SynthStudy, tmp_path: Path, monkeypatch
+) -> None:
+    # was: no bound on a study (2 GB a part, 200 000 parts a series): a server streaming
+    # parts without end filled the disk
+    client, script = web
+    serve_study(script, study)
+    size = sum(f.stat().st_size for f in study.files)
+    monkeypatch.setattr(dw, "MAX_STUDY_BYTES", size - 100)
+    with pytest.raises(PacsRequestError, match=r"over \d+ bytes; stopped"):
+        client.retrieve(match_of(study), tmp_path / "w")
+    assert list((tmp_path / "w").iterdir()) == []
+    monkeypatch.setattr(dw, "MAX_STUDY_BYTES", size + 100)
+    assert client.retrieve(match_of(study), tmp_path / "w2").n_files == 4

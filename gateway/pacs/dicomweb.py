@@ -65,6 +65,7 @@ MULTIPART_AS_STORED = MULTIPART_DICOM + "; transfer-syntax=*"
 MAX_JSON_BYTES = 64 * 1024 * 1024  # one QIDO page or STOW answer
 MAX_INSTANCE_BYTES = 2 * 1024**3
 MAX_INSTANCES = 200_000  # parts of one WADO-RS answer
+MAX_STUDY_BYTES = 64 * 1024**3  # received for one study (a neuro study is rarely over a few GB)
 PAGE = 200
 MAX_SCANNED = 20_000  # studies one find may page through
 MAX_SERIES = 10_000  # series of one study
@@ -138,18 +139,26 @@ def _part10(ds: Dataset) -> bytes:
     return buf.getvalue()
 
 
+class _StudyTooLarge(Exception):
+    """A WADO-RS answer brought more than one study may take."""
+
+
 class _Part:
     """One instance as it streams in: written to a hidden temporary file and hashed on the
     way, then named by the hash of its bytes (``keep``) or removed (``drop``)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, budget: list[int]) -> None:
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".part-")
         self.fh = os.fdopen(fd, "wb")
         self.tmp = Path(tmp)
         self.folder = folder
         self.sha = hashlib.sha256()
+        self.budget = budget  # [bytes the study may still take]
 
     def write(self, data: bytes) -> int:
+        self.budget[0] -= len(data)
+        if self.budget[0] < 0:
+            raise _StudyTooLarge(f"over {MAX_STUDY_BYTES} bytes")
         self.sha.update(data)
         return self.fh.write(data)
 
@@ -380,6 +389,7 @@ class DicomwebClient:
         dest.mkdir(parents=True, exist_ok=True)
         failed: list[str] = []
         done: set[str] = set()
+        budget = [MAX_STUDY_BYTES]
 
         def kept(path: Path) -> None:
             done.add(path.name)  # a series tried again counts its instances once
@@ -395,13 +405,19 @@ class DicomwebClient:
         try:
             for uid in series:
                 try:
-                    self._retrying()(self._pull_series, f"{base}/{uid}", dest, kept)
+                    self._retrying()(self._pull_series, f"{base}/{uid}", dest, kept, budget)
                 except httpx.HTTPStatusError as exc:
                     failed.append(f"series {uid}: HTTP {exc.response.status_code}")
                 except MultipartError as exc:
                     failed.append(f"series {uid}: the WADO-RS answer is cut or malformed: {exc}")
         except httpx.HTTPError as exc:
             raise self._fail(f"WADO-RS of study {match.study_uid}", exc) from None
+        except _StudyTooLarge as exc:  # an endless answer: nothing of it is kept
+            for name in done:
+                (dest / name).unlink(missing_ok=True)
+            raise PacsRequestError(
+                f"{self._where()}: WADO-RS of study {match.study_uid} brought {exc}; stopped"
+            ) from None
         finally:
             for tmp in dest.glob(".part-*"):
                 tmp.unlink(missing_ok=True)
@@ -409,14 +425,16 @@ class DicomwebClient:
         out.failed = failed[:50]
         return out
 
-    def _pull_series(self, url: str, dest: Path, kept: Callable[[Path], None]) -> None:
+    def _pull_series(
+        self, url: str, dest: Path, kept: Callable[[Path], None], budget: list[int]
+    ) -> None:
         """One series by WADO-RS into ``dest``: each whole part kept as it ends, a part the
         answer cut is removed."""
         current: list[_Part] = []
 
         def on_part(headers: dict[str, str]) -> BinaryIO:
             finish()
-            current.append(_Part(dest))
+            current.append(_Part(dest, budget))
             return cast(BinaryIO, current[-1])
 
         def finish() -> None:
@@ -446,7 +464,7 @@ class DicomwebClient:
             for part in current:
                 part.drop()
         if again:
-            self._pull_series(url, dest, kept)
+            self._pull_series(url, dest, kept, budget)
 
     # ----------------------------------------------------------------- storing
 
