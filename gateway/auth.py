@@ -114,7 +114,8 @@ class TokenStore:
 
     def verify(self, token: str, *, sending: bool = False) -> TokenRecord | None:
         """The record of a valid, unrevoked token; None otherwise (never raises on bad input).
-        A ``sender`` token is valid only where ``sending`` is asked (STOW-RS): it reads nothing."""
+        A ``sender`` token is valid only where ``sending`` is asked (the API, which lets it
+        send by STOW-RS and answers 403 elsewhere); the review pages never know it."""
         parts = token.strip().split("_", 2)
         if len(parts) != 3 or parts[0] != PREFIX or len(token) > 200:
             return None

@@ -208,3 +208,43 @@ def _skip_items(buf: Any, pos: int, implicit: bool, depth: int) -> int:
             else:
                 pos += length
     return -1
+
+
+class FileMeta(NamedTuple):
+    """What a Part 10 file's File Meta Information says of its dataset, and where it starts."""
+
+    sop_class: str
+    sop_instance: str
+    transfer_syntax: str
+    dataset_offset: int  # the first byte of the dataset after the meta group
+
+
+_META_WANTED = {0x00020002: "sop_class", 0x00020003: "sop_instance", 0x00020010: "ts"}
+
+
+def read_file_meta(buf: Any) -> FileMeta:
+    """The File Meta Information of a Part 10 file's bytes (a buffer): a walk over the group
+    0002 elements (explicit VR little endian by the standard) up to the first element of
+    another group. ValueError when there is no ``DICM`` prefix, the group is malformed or
+    lacks one of the three UIDs. The UIDs are as written (check them)."""
+    end = len(buf)
+    if end < 132 + 8 or bytes(buf[128:132]) != b"DICM":
+        raise ValueError("not a DICOM Part 10 file: no 128-byte preamble and 'DICM'")
+    pos = 132
+    found: dict[str, str] = {}
+    while pos + 8 <= end:
+        group = _HEADER.unpack_from(buf, pos)[0]
+        if group != 0x0002:
+            break
+        tag, length, hdr = _element_header(buf, pos, False)
+        if tag < 0 or length == _UNDEFINED or pos + hdr + length > end:
+            raise ValueError(f"a malformed File Meta Information element at byte {pos}")
+        name = _META_WANTED.get(tag)
+        if name is not None:
+            raw = bytes(buf[pos + hdr : pos + hdr + min(length, 128)])
+            found[name] = raw.decode("ascii", "replace").strip("\0 ")
+        pos += hdr + length
+    missing = [n for n in ("sop_class", "sop_instance", "ts") if not found.get(n)]
+    if missing:
+        raise ValueError(f"File Meta Information without {', '.join(missing)}")
+    return FileMeta(found["sop_class"], found["sop_instance"], found["ts"], pos)

@@ -52,14 +52,13 @@ from typing import Any
 
 import pydicom
 from pydantic import BaseModel
-from pydicom.filereader import read_file_meta_info
 from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
 from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
 from dicom import InvalidUIDError, check_uid
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS
-from gateway.part10 import InstanceKeys, file_meta_bytes, read_uids
+from gateway.part10 import InstanceKeys, file_meta_bytes, read_file_meta, read_uids
 from gateway.scp_transport import PeerLimits, start_store_server
 from gateway.spool import (
     FSYNC_POLICIES,
@@ -112,17 +111,6 @@ class ReceivedStudy(BaseModel):
     # how many re-sends with other bytes were refused since the last completion (the PACS
     # keeps the original, and so does the spool)
     refused_resends: int = 0
-
-
-def _dataset_offset(data: bytes) -> int:
-    """Where a Part 10 file's dataset starts: after the preamble, DICM and the File Meta
-    Information group, whose length its first element, (0002,0000) UL, gives."""
-    if len(data) < 144 or data[128:132] != b"DICM" or data[132:138] != b"\x02\x00\x00\x00UL":
-        raise ValueError("no File Meta Information Group Length after DICM")
-    length = int.from_bytes(data[140:144], "little")
-    if 144 + length > len(data):
-        raise ValueError("the File Meta Information is longer than the file")
-    return 144 + length
 
 
 class StoreOutcome(BaseModel):
@@ -451,13 +439,16 @@ class StorageSCP:
         METRICS.inc("dicom_bytes_received_total", size)
         return STATUS_SUCCESS
 
-    def receive_files(self, files: Sequence[Path], sender: str = STOW_SENDER) -> list[StoreOutcome]:
+    def receive_files(
+        self, files: Sequence[Path], sender: str = STOW_SENDER, study_uid: str | None = None
+    ) -> list[StoreOutcome]:
         """STOW-RS: the Part 10 files of one request, taken as one association. Each goes
         through the C-STORE path (``_stage``: identity from its UIDs and patient, per-file
         status), then the staged files are committed together, as on A-RELEASE, and the
-        study waits for its quiet time like any other. An instance that cannot be staged is
-        refused alone; a failed commit fails every instance of the request (nothing of it is
-        in the spool)."""
+        study waits for its quiet time like any other. ``study_uid``: the request's target
+        study; an instance of another is refused (0xA900, named by its UIDs). An instance
+        that cannot be staged is refused alone; a failed commit fails every instance of the
+        request (nothing of it is in the spool)."""
         a = _Assoc(
             id=uuid.uuid4().hex, calling_aet=sender, staging=self.incoming / uuid.uuid4().hex
         )
@@ -467,7 +458,7 @@ class StorageSCP:
         outcomes: list[StoreOutcome] = []
         try:
             for path in files:  # one instance in memory at a time, as a C-STORE holds one
-                outcomes.append(self._stage_file(a, path))
+                outcomes.append(self._stage_file(a, path, study_uid))
         except BaseException:
             with self._lock:
                 self._assocs.pop(id(handle), None)
@@ -493,20 +484,22 @@ class StorageSCP:
             ]
         return outcomes
 
-    def _stage_file(self, a: _Assoc, path: Path) -> StoreOutcome:
-        """Stage one Part 10 file of a STOW-RS request (its File Meta Information read, the
-        dataset's bytes after it staged as a C-STORE'd instance's)."""
+    def _stage_file(self, a: _Assoc, path: Path, study_uid: str | None) -> StoreOutcome:
+        """Stage one Part 10 file of a STOW-RS request: its File Meta Information read element
+        by element (``part10.read_file_meta``: its group length may be missing or wrong, as
+        some writers leave it), the dataset's bytes after it staged as a C-STORE'd
+        instance's."""
         if a.batch.error is not None:
             METRICS.inc("dicom_store_failures_total")
             return StoreOutcome(status=STATUS_OUT_OF_RESOURCES, reason="an earlier file failed")
         sop = sop_class = ""
         try:
             data = path.read_bytes()
-            meta = read_file_meta_info(path)  # the preamble, DICM and group 2, else an error
-            body = memoryview(data)[_dataset_offset(data) :]
-            sop = check_uid(str(meta.MediaStorageSOPInstanceUID))
-            sop_class = check_uid(str(meta.MediaStorageSOPClassUID))
-            ts = check_uid(str(meta.TransferSyntaxUID))
+            meta = read_file_meta(data)  # the preamble, DICM and group 2, else ValueError
+            sop = check_uid(meta.sop_instance)
+            sop_class = check_uid(meta.sop_class)
+            ts = check_uid(meta.transfer_syntax)
+            body = memoryview(data)[meta.dataset_offset :]
             uids = read_uids(BytesIO(body), ts)
             if uids is None:  # deflated: decode the whole dataset
                 ds = pydicom.dcmread(BytesIO(data), stop_before_pixels=True)
@@ -537,6 +530,14 @@ class StorageSCP:
                 sop_instance=sop,
                 status=STATUS_CANNOT_UNDERSTAND,
                 reason="not a readable DICOM Part 10 file (preamble, DICM, file meta)",
+            )
+        if study_uid is not None and study != study_uid:
+            METRICS.inc("dicom_instances_refused_total")
+            return StoreOutcome(
+                sop_class=sop_class,
+                sop_instance=sop,
+                status=STATUS_DATASET_MISMATCH,
+                reason="an instance of another study than the one in the request's URL",
             )
         status = self._stage(a, key, series, sop, sop_class, ts, body)
         reason = "" if status == STATUS_SUCCESS else "not written to the spool (disk)"

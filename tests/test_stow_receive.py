@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -30,6 +31,7 @@ from tests.gateway_synth import make_study
 pytestmark = pytest.mark.integration
 CURL = shutil.which("curl")
 MAX_BODY = 400_000  # the test's STOW bound (the default is 2 GiB)
+BODY_TIMEOUT_S = 2.0  # the test's STOW body deadline (the default is 600 s)
 
 
 class Stow:
@@ -63,7 +65,8 @@ def stow(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory
         pytest.skip("curl is not installed")
     data = tmp_path_factory.mktemp("stow-data")
     routing = rules_file(data.parent / "stow-rules.yaml", ["differential"])
-    gw = start_gateway(orthanc_server, data, routing, 1.0, stow_max_body_bytes=MAX_BODY)
+    gw = start_gateway(orthanc_server, data, routing, 1.0, stow_max_body_bytes=MAX_BODY,
+                       stow_body_timeout_s=BODY_TIMEOUT_S)  # fmt: skip
     port = free_port()
     server = uvicorn.Server(api_server_config(create_app(gw.ctx), gw.ctx.settings, port))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -141,6 +144,43 @@ def test_each_file_has_its_own_outcome(stow: Stow, tmp_path: Path) -> None:
     assert len(answer["00081199"]["Value"]) == 2
     reasons = sorted(i["00081197"]["Value"][0] for i in answer["00081198"]["Value"])
     assert reasons == [0xA900, 0xC000]  # another study than the URL's; not DICOM
+    # PS3.18: a failed item names its instance (Type 1), so the sender knows which to resend;
+    # only a part that is not DICOM at all has no UIDs to name
+    (refused,) = [i for i in answer["00081198"]["Value"] if i["00081197"]["Value"] == [0xA900]]
+    theirs = pydicom.dcmread(other.files[0])
+    assert refused["00081155"]["Value"] == [str(theirs.SOPInstanceUID)]
+    assert refused["00081150"]["Value"] == [str(theirs.SOPClassUID)]
+    assert not [n for n in stow.spooled() if n.startswith(other.study_uid)]
+
+
+def _without_group_length(src: Path, dest: Path, shift: int | None = None) -> Path:
+    """A copy of a Part 10 file whose File Meta Information Group Length (0002,0000), a UL
+    right after DICM, is left out (``shift`` None) or off by ``shift`` bytes: other writers
+    omit it or get it wrong, and the group is still read element by element (as pydicom and
+    dcmtk do)."""
+    data = src.read_bytes()
+    assert data[132:138] == b"\x02\x00\x00\x00UL"
+    if shift is None:
+        dest.write_bytes(data[:132] + data[144:])
+    else:
+        length = int.from_bytes(data[140:144], "little") + shift
+        dest.write_bytes(data[:140] + length.to_bytes(4, "little") + data[144:])
+    pydicom.dcmread(dest)  # still a file pydicom reads
+    return dest
+
+
+@pytest.mark.parametrize("shift", [None, 8, -8])
+def test_a_file_meta_without_a_right_group_length_is_read_by_its_elements(
+    stow: Stow, tmp_path: Path, shift: int | None
+) -> None:
+    study = make_study(tmp_path / "s", classes=("T1",), n_slices=1, patient_id="STOW-META")
+    odd = _without_group_length(study.files[0], tmp_path / "odd.dcm", shift)
+    body, ct = _body(tmp_path, [odd])
+    code, answer = stow.post(body, ct)
+    assert code == 200, answer
+    (folder,) = [n for n in stow.spooled() if n.startswith(study.study_uid)]
+    (spooled,) = (stow.gw.ctx.settings.data_dir / "spool" / "studies" / folder).rglob("*.dcm")
+    assert pydicom.dcmread(spooled).SOPInstanceUID == pydicom.dcmread(odd).SOPInstanceUID
 
 
 def test_only_admin_and_sender_tokens_send_and_a_sender_reads_nothing(
@@ -155,4 +195,46 @@ def test_only_admin_and_sender_tokens_send_and_a_sender_reads_nothing(
                                  headers={"Authorization": f"Bearer {stow.tokens['sender']}"})  # fmt: skip
     with pytest.raises(urllib.error.HTTPError) as exc:
         urllib.request.urlopen(req, timeout=10)
-    assert exc.value.code == 401
+    assert exc.value.code == 403  # a known token, not allowed here: it says what it may do
+    assert b"sender token" in exc.value.read()
+    for path in ("/runs", "/audit"):
+        req = urllib.request.Request(f"{stow.base}{path}",
+                                     headers={"Authorization": f"Bearer {stow.tokens['sender']}"})  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(req, timeout=10)
+        assert exc.value.code == 403, path
+    # the audit log: the sender's request, by its token id, and what came of it
+    sender_id = stow.tokens["sender"].split("_")[1]
+    events = [json.loads(line) for line in
+              (stow.gw.ctx.settings.data_dir / "audit.jsonl").read_text().splitlines()]  # fmt: skip
+    mine = {(e["action"], e["outcome"]) for e in events if e["actor"] == sender_id}
+    assert {("POST /dicomweb/studies", "200"), ("GET /runs", "403")} <= mine, mine
+
+
+def test_stow_has_its_own_body_deadline_and_every_other_route_keeps_the_api_bound(
+    stow: Stow,
+) -> None:
+    port = int(stow.base.rsplit(":", 1)[1])
+    ct = 'multipart/related; type="application/dicom"; boundary=x'
+    with socket.create_connection(("127.0.0.1", port), timeout=BODY_TIMEOUT_S + 10) as s:
+        s.sendall(
+            f"POST /dicomweb/studies HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\n"
+            f"Authorization: Bearer {stow.tokens['sender']}\r\nContent-Length: 100000\r\n\r\n"
+            "--x\r\n\r\n".encode()
+            + b"\0" * 1000
+        )
+        t0, reply = time.monotonic(), b""
+        while chunk := s.recv(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert time.monotonic() - t0 < BODY_TIMEOUT_S + 3
+    assert not [n for n in stow.spooled() if n.startswith("stow-")]
+    # the API's 1 MiB bound still holds on the other routes
+    req = urllib.request.Request(
+        f"{stow.base}/studies/abc/evaluations", data=b"{" + b" " * (1 << 20) + b"}",
+        headers={"Authorization": f"Bearer {stow.tokens['admin']}",
+                 "Content-Type": "application/json"},
+    )  # fmt: skip
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req, timeout=10)
+    assert exc.value.code == 413

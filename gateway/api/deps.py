@@ -35,10 +35,15 @@ def require_token(
 ) -> TokenRecord:
     if creds is None or creds.scheme.lower() != "bearer":
         raise _unauthorized("a bearer token is required")
-    rec = ctx.tokens.verify(creds.credentials)
+    rec = ctx.tokens.verify(creds.credentials, sending=True)
     if rec is None:
         raise _unauthorized("invalid or revoked token")
     request.state.actor = rec.id
+    if rec.role is Role.SENDER:  # known, but not allowed here: say what it may do
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            detail="a sender token may only send studies (POST /dicomweb/studies)",
+        )
     return rec
 
 
