@@ -53,6 +53,15 @@ def _failure(exc: BaseException | None) -> str:
     return type(exc).__name__
 
 
+def _body(response: httpx.Response) -> str:
+    """The start of an error answer's body; "" for a streamed answer (its body was not read:
+    reading ``.text`` would raise ResponseNotRead instead of the error)."""
+    try:
+        return response.text[:200]
+    except httpx.ResponseNotRead:
+        return ""
+
+
 class OrthancError(RuntimeError):
     """Orthanc refused or failed a request (message says which, without credentials)."""
 
@@ -179,9 +188,7 @@ class OrthancClient:
             return retrying(fn)
         except httpx.HTTPStatusError as exc:
             code = exc.response.status_code
-            raise OrthancError(
-                f"Orthanc {what}: HTTP {code} {exc.response.text[:200]}", code
-            ) from None
+            raise OrthancError(f"Orthanc {what}: HTTP {code} {_body(exc.response)}", code) from None
         except httpx.TransportError as exc:
             raise OrthancError(
                 f"Orthanc {what}: {type(exc).__name__} talking to {self.url}"

@@ -19,7 +19,21 @@ from evaluation.datasets.manifest import parse_case
 from evaluation.datasets.suite import check_manifest, load_manifest
 from evaluation.errors import DatasetError
 from gateway.orthanc import OrthancClient
-from gateway.pacs.cohort import RETRIEVED, PacsFetcher
+from gateway.pacs import LOCAL, StudyQuery
+from gateway.pacs.cohort import (
+    RETRIEVED,
+    Cohort,
+    CohortError,
+    CohortStudy,
+    PacsFetcher,
+    read_diagnoses,
+    read_values,
+    retrieve_cohort,
+    write_manifest,
+)
+from gateway.pacs.orthanc_rest import OrthancRestClient
+from gateway.settings import Settings
+from gateway.study_key import orthanc_id
 from tests.dcmqrscp_fixture import AE_TITLE, Dcmqrscp
 from tests.gateway_synth import make_study
 from tests.orthanc_fixture import OrthancServer
@@ -160,10 +174,16 @@ def test_a_cohort_from_a_dimse_archive(dcmqrscp: Dcmqrscp, tmp_path: Path) -> No
         "retrieve": "c-get"}}}))  # fmt: skip
     env = {"NEUROSANDBOX_PACS_FILE": str(pacs), "NEUROSANDBOX_DATA_DIR": str(tmp_path / "var")}
     run = _run(["cases", "from-pacs", "--pacs", "archive", "--patient-id", f"PA{tag}",
-                "--description", "mri*", "--out", "m.yaml"], env, tmp_path)  # fmt: skip
+                "--description", "mri*", "--out", "m.yaml", "--by-uid"], env, tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 studies on archive" in run.stdout and "wrote m.yaml" in run.stdout
     assert _run(["cases", "check", "m.yaml"], env, tmp_path).returncode == 0
+    # the by-UID cases load from the archive itself (C-GET), into a cache of their own
+    settings = Settings(data_dir=tmp_path / "var", pacs_file=pacs)
+    fetcher = PacsFetcher(settings, tmp_path / "fresh")
+    _, loaded, _ = load_manifest(tmp_path / "m.yaml", tmp_path / "render", fetch_study=fetcher)
+    assert len(loaded) == 2 and all(c.images for c in loaded)
+    assert all(Path(c.study_path or "").is_relative_to(tmp_path / "fresh") for c in loaded)
 
 
 def test_usage_errors_say_what_and_exit_2(tmp_path: Path) -> None:
@@ -176,3 +196,91 @@ def test_usage_errors_say_what_and_exit_2(tmp_path: Path) -> None:
     assert empty.returncode == 2 and "whole archive" in empty.stderr
     date = _run(["cases", "from-pacs", "--pacs", "local", "--date-from", "03/2024"], env, tmp_path)
     assert date.returncode == 2 and "YYYY-MM-DD" in date.stderr
+
+
+# --------------------------------------------------------------------------- hostile inputs
+
+
+def test_a_study_failing_midway_is_listed_and_not_cached_as_whole(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """An instance the PACS cannot send in the middle of a pull: the study is not pulled (a
+    partial study is never cached as whole nor written as a case), the next study goes on, and
+    the next run pulls it again."""
+    tag = uuid.uuid4().hex[:6].upper()
+    made = _studies(tmp_path / "src", tag)
+    ep = orthanc_server.endpoints
+    orthanc = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
+    for s in made.values():
+        for f in s.files:  # type: ignore[attr-defined]
+            orthanc.upload(f)
+    client = OrthancRestClient(LOCAL, orthanc)
+    matches = client.find_studies(StudyQuery(accession_numbers=[f"A1{tag}", f"B1{tag}"]))
+    studies = [CohortStudy(match=m, case_id=m.accession) for m in matches]
+    doomed = studies[0].match
+    sid = orthanc_id(doomed.patient_id, doomed.study_uid)
+    deleted: list[str] = []
+
+    def on_study(s: CohortStudy, done: int, total: int | None) -> None:
+        if s.match is doomed and done == 1:  # the second instance vanishes mid-pull
+            gone = orthanc.study_instances(sid)[1]["ID"]  # the order the pull follows
+            orthanc.delete_instance(gone)
+            deleted.append(gone)
+
+    try:
+        retrieve_cohort(client, studies, tmp_path / "cache", on_study)
+        assert deleted, "the pull never reached its second instance"
+        assert "1 of 2 instances could not be pulled" in studies[0].error
+        assert studies[1].error == "" and studies[1].retrieved.n_files == 2  # type: ignore[union-attr]
+        assert not (studies[0].folder / RETRIEVED).exists()  # type: ignore[operator]
+        with pytest.raises(CohortError, match="no study was retrieved"):
+            write_manifest(
+                tmp_path / "m.yaml", Cohort(pacs=LOCAL, studies=studies[:1]), None, False
+            )
+        for f in made[doomed.accession].files:  # type: ignore[attr-defined]
+            orthanc.upload(f)  # the archive holds the whole study again
+        again = [CohortStudy(match=m, case_id=m.accession) for m in matches]
+        retrieve_cohort(client, again, tmp_path / "cache")
+        assert [s.error for s in again] == ["", ""]
+        assert [s.retrieved.cached for s in again] == [False, True]  # type: ignore[union-attr]
+        assert again[0].retrieved.n_files == 2  # type: ignore[union-attr]
+    finally:
+        client.close()
+
+
+def test_query_value_files_read_one_column_or_say_why_not(tmp_path: Path) -> None:
+    f = tmp_path / "acc.txt"
+    f.write_text("# the pilot\nA1\n\n  A2  \n")
+    assert read_values(f, "accession_number") == ["A1", "A2"]
+    f.write_text("Accession Number\nA1\nA2\n")  # a one-column CSV: its header is not a value
+    assert read_values(f, "accession_number") == ["A1", "A2"]
+    f.write_text("patient_id;accession_number\nP1;A1\nP2;A2\n")  # a spreadsheet's ; export
+    assert read_values(f, "accession_number") == ["A1", "A2"]
+    f.write_text("mrn,acc\nP1,A1\n")  # a CSV without the column: no value is guessed
+    with pytest.raises(CohortError, match=r"no accession_number column \(found: mrn, acc\)"):
+        read_values(f, "accession_number")
+    f.write_bytes(b"\xff\xfeA\x001\x00")
+    with pytest.raises(CohortError, match="not UTF-8"):
+        read_values(f, "accession_number")
+    f.write_text("A1\n" * 3_000_000)
+    with pytest.raises(CohortError, match="over"):
+        read_values(f, "accession_number")
+
+
+def test_a_hostile_diagnoses_csv_is_refused_or_its_rows_listed(tmp_path: Path) -> None:
+    f = tmp_path / "dx.csv"
+    f.write_text("study_uid,patient_id,diagnosis\n1.2.3,P1," + "x" * 200_000 + "\n")
+    with pytest.raises(CohortError, match="line 2"):  # not csv's own error, uncaught
+        read_diagnoses(f)
+    f.write_text("study_uid,patient_id,Diagnosis,diagnosis\n1.2.3,P1,MS,Glioma\n")
+    with pytest.raises(CohortError, match="'diagnosis' twice"):
+        read_diagnoses(f)
+    f.write_text("study_uid,patient_id,diagnosis,icd_10\n1.2.3,P1,MS,G35\n")  # the code would go
+    with pytest.raises(CohortError, match="did you mean 'icd10'"):
+        read_diagnoses(f)
+    f.write_text("study_uid,patient_id,diagnosis,comment\n1.2.3,P1,MS\x00\x1b[2J,ok\n"
+                 "1.2.4,P2,Glioma,other columns are the team's\n")  # fmt: skip
+    rows, issues = read_diagnoses(f)
+    assert [r.line for r in rows] == [3]
+    assert [(i.kind, i.line) for i in issues] == [("bad_row", 2)]
+    assert "control character" in issues[0].detail

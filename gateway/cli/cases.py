@@ -102,24 +102,6 @@ def cases_schema(
     typer.echo(json.dumps(manifest_schema(), indent=2, sort_keys=True))
 
 
-def _lines(path: Path | None, column: str) -> list[str]:
-    """Values from a file: one per line, or the named column of a CSV with a header."""
-    if path is None:
-        return []
-    import csv
-
-    try:
-        text = path.read_text(encoding="utf-8-sig")[:4_000_000]
-    except OSError as exc:
-        raise typer.BadParameter(f"{path}: {exc.strerror}") from None
-    first = text.splitlines()[0] if text else ""
-    if "," in first and column in [c.strip().lower() for c in first.split(",")]:
-        rows = csv.DictReader(text.splitlines())
-        key = next(c for c in rows.fieldnames or [] if c.strip().lower() == column)
-        return [r[key].strip() for r in rows if (r.get(key) or "").strip()]
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
-
-
 @cases_app.command("from-pacs")
 def cases_from_pacs(
     pacs: Annotated[
@@ -215,6 +197,7 @@ def cases_from_pacs(
         case_ids,
         join_diagnoses,
         read_diagnoses,
+        read_values,
         write_manifest,
     )
     from gateway.settings import get_settings
@@ -225,10 +208,13 @@ def cases_from_pacs(
         err.print(f"[red]error[/red] {escape(message)}", soft_wrap=True)
         return typer.Exit(2)
 
+    def values(path: Path | None, column: str) -> list[str]:
+        return read_values(path, column) if path is not None else []
+
     try:
         query = StudyQuery(
-            accession_numbers=[*(accession or []), *_lines(accession_file, "accession_number")],
-            patient_ids=[*(patient_id or []), *_lines(patient_file, "patient_id")],
+            accession_numbers=[*(accession or []), *values(accession_file, "accession_number")],
+            patient_ids=[*(patient_id or []), *values(patient_file, "patient_id")],
             date_from=dt.date.fromisoformat(date_from) if date_from else None,
             date_to=dt.date.fromisoformat(date_to) if date_to else None,
             modalities=[m.upper() for m in modality or []],
@@ -239,6 +225,8 @@ def cases_from_pacs(
         first = exc.errors(include_url=False, include_input=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         raise usage(f"{where or 'query'}: {first['msg']}") from None
+    except CohortError as exc:  # a query file that cannot be read
+        raise usage(str(exc)) from None
     except ValueError as exc:  # a date that is not YYYY-MM-DD
         raise usage(f"a date must be YYYY-MM-DD: {exc}") from None
     if query == StudyQuery(limit=limit):
@@ -275,7 +263,8 @@ def cases_from_pacs(
     finally:
         client.close()
     if diagnoses is not None:
-        cohort.issues = issues + join_diagnoses([s for s in cohort.studies if not s.error], rows)
+        # every study found, pulled or not: a row of a study that failed is not "no study"
+        cohort.issues = issues + join_diagnoses(cohort.studies, rows)
     if not list_only and matches:
         try:
             write_manifest(out, cohort, name, force, by_uid)

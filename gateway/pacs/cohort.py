@@ -18,6 +18,7 @@ diagnoses, written as a case manifest to edit (``neurosandbox cases from-pacs``)
 from __future__ import annotations
 
 import csv
+import difflib
 import functools
 import hashlib
 import io
@@ -31,6 +32,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from dicom import atomic_write
 from gateway.pacs.client import (
+    MAX_LISTED,
     PacsClient,
     PacsRequestError,
     Progress,
@@ -157,6 +159,13 @@ def retrieve_once(
         raise PacsRequestError(
             "nothing was retrieved" + (f": {got.failed[0]}" if got.failed else "")
         )
+    if got.failed:  # a part of a study is not the study: not cached, pulled again next time
+        n = len(got.failed)
+        raise PacsRequestError(
+            f"{n}{' or more' if n >= MAX_LISTED else ''} of {got.n_files + n} instances could "
+            f"not be pulled, so the study is not used (run again to pull it whole): "
+            f"{got.failed[0]}"
+        )
     with atomic_write(folder / RETRIEVED, "w") as fh:
         fh.write(got.model_dump_json(indent=2))
     return got
@@ -236,18 +245,71 @@ def _norm(name: str) -> str:
     return name.strip().lower().replace(" ", "_").replace("-", "_")
 
 
+MAX_VALUES_BYTES = 4 * 1024 * 1024
+
+
+def _read_text(path: Path, what: str, limit: int) -> str:
+    """A file the team gives, as text: bounded, UTF-8 (a BOM allowed), or CohortError."""
+    try:
+        if path.stat().st_size > limit:
+            raise CohortError(f"{path}: over {limit} bytes; is it the right file?")
+        return path.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise CohortError(f"{path}: cannot read the {what}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise CohortError(f"{path}: not UTF-8 text (save the {what} as UTF-8)") from None
+
+
+def read_values(path: Path, column: str) -> list[str]:
+    """The values of a query file (``--accession-file``, ``--patient-file``): one per line
+    (``#`` starts a comment), or the ``column`` of a CSV with a header (``,``, ``;`` or tab
+    separated, the column named in any case and with spaces or dashes: ``Accession Number``).
+    A first line with a separator but no such column is refused: no value is guessed."""
+    text = _read_text(path, f"{column} list", MAX_VALUES_BYTES)
+    lines = text.splitlines()
+    first = lines[0] if lines else ""
+    delimiter = next((d for d in (",", ";", "\t") if d in first), None)
+    names = [_norm(c) for c in first.split(delimiter)] if delimiter else [_norm(first)]
+    if column in names:
+        try:
+            rows = list(csv.reader(lines[1:], delimiter=delimiter or ","))
+        except csv.Error as exc:
+            raise CohortError(f"{path}: not a CSV: {exc}") from None
+        at = names.index(column)
+        return [r[at].strip() for r in rows if len(r) > at and r[at].strip()]
+    if delimiter:
+        found = ", ".join(n[:40] for n in names[:20])
+        raise CohortError(
+            f"{path}: no {column} column (found: {found}); give a CSV with a {column} column, "
+            "or one value per line"
+        )
+    return [v.strip() for v in lines if v.strip() and not v.lstrip().startswith("#")]
+
+
+def _unprintable(value: str) -> bool:
+    return any(not c.isprintable() for c in value)
+
+
 def read_diagnoses(path: Path) -> tuple[list[DiagnosisRow], list[JoinIssue]]:
     """The rows of the team's diagnoses CSV, each checked; a bad row is an issue, not an end."""
-    try:
-        if path.stat().st_size > MAX_CSV_BYTES:
-            raise CohortError(f"{path}: over {MAX_CSV_BYTES} bytes")
-        text = path.read_text(encoding="utf-8-sig")
-    except OSError as exc:
-        raise CohortError(f"{path}: cannot read the diagnoses: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise CohortError(f"{path}: not UTF-8 text (save the CSV as UTF-8)") from None
+    text = _read_text(path, "diagnoses CSV", MAX_CSV_BYTES)
     reader = csv.DictReader(io.StringIO(text))
-    columns = {_norm(c): c for c in reader.fieldnames or []}
+    try:
+        header = reader.fieldnames or []
+    except csv.Error as exc:
+        raise CohortError(f"{path}: line 1: not a CSV header: {exc}") from None
+    columns: dict[str, str] = {}
+    for c in header:
+        if _norm(c) in columns:
+            raise CohortError(f"{path}: the column {_norm(c)[:40]!r} twice; keep one")
+        columns[_norm(c)] = c
+    for c in columns:  # a misspelt known column would drop its values silently
+        near = difflib.get_close_matches(c, DIAGNOSIS_COLUMNS, n=1, cutoff=0.8)
+        if c not in DIAGNOSIS_COLUMNS and near:
+            raise CohortError(
+                f"{path}: column {c[:40]!r}: did you mean {near[0]!r}? (columns: docs/cases.md, "
+                "'A cohort from your PACS'; other columns are ignored)"
+            )
     missing = [c for c in ("patient_id", "diagnosis") if c not in columns]
     if "study_uid" not in columns and "accession_number" not in columns:
         missing.append("study_uid or accession_number")
@@ -260,11 +322,24 @@ def read_diagnoses(path: Path) -> tuple[list[DiagnosisRow], list[JoinIssue]]:
 
     rows: list[DiagnosisRow] = []
     issues: list[JoinIssue] = []
-    for n, raw in enumerate(reader, start=2):
-        if n - 1 > MAX_ROWS:
+    n = 1
+    while True:
+        try:
+            raw = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:  # a field over csv's limit, a broken quote...
+            raise CohortError(f"{path}: line {reader.line_num + 1}: not a CSV row: {exc}") from None
+        n = reader.line_num
+        if len(rows) + len(issues) >= MAX_ROWS:
             raise CohortError(f"{path}: over {MAX_ROWS} rows")
-        row = {k: (raw.get(v) or "").strip()[:500] for k, v in columns.items()}
+        row = {k: (raw.get(v) or "").strip() for k, v in columns.items() if k in DIAGNOSIS_COLUMNS}
         if not any(row.values()):
+            continue
+        odd = next((k for k, v in row.items() if _unprintable(v) or len(v) > 500), None)
+        if odd:
+            issues.append(JoinIssue(kind="bad_row", line=n, detail=f"{odd}: over 500 characters "
+                                    "or a control character"))  # fmt: skip
             continue
         uid, acc, pid = row.get("study_uid", ""), row.get("accession_number", ""), row["patient_id"]
         if not (uid or acc) or not pid or not row["diagnosis"]:
