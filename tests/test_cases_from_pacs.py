@@ -19,13 +19,14 @@ from evaluation.datasets.manifest import parse_case
 from evaluation.datasets.suite import check_manifest, load_manifest
 from evaluation.errors import DatasetError
 from gateway.orthanc import OrthancClient
-from gateway.pacs import LOCAL, StudyQuery
+from gateway.pacs import LOCAL, StudyMatch, StudyQuery
 from gateway.pacs.cohort import (
     RETRIEVED,
     Cohort,
     CohortError,
     CohortStudy,
     PacsFetcher,
+    found_cohort,
     read_diagnoses,
     read_values,
     retrieve_cohort,
@@ -284,3 +285,14 @@ def test_a_hostile_diagnoses_csv_is_refused_or_its_rows_listed(tmp_path: Path) -
     assert [r.line for r in rows] == [3]
     assert [(i.kind, i.line) for i in issues] == [("bad_row", 2)]
     assert "control character" in issues[0].detail
+
+
+def test_a_study_listed_twice_is_one_case_and_a_full_list_says_there_may_be_more() -> None:
+    a = StudyMatch(pacs="x", study_uid="1.2.3", patient_id="P1", accession="A1")
+    other_patient = StudyMatch(pacs="x", study_uid="1.2.3", patient_id="P2")
+    cohort = found_cohort("x", [a, a.model_copy(), other_patient], "pilot ../2024 étude", 3)
+    assert [s.match.patient_id for s in cohort.studies] == ["P1", "P2"]
+    ids = [s.case_id for s in cohort.studies]
+    assert len(set(ids)) == 2 and all(i.startswith("pilot-2024-tude-") for i in ids), ids
+    assert cohort.limit_reached
+    assert not found_cohort("x", [a], "case", 500).limit_reached

@@ -191,10 +191,8 @@ def cases_from_pacs(
 
     from gateway.pacs import PacsConfigError, PacsRequestError, StudyQuery, open_client
     from gateway.pacs.cohort import (
-        Cohort,
         CohortError,
-        CohortStudy,
-        case_ids,
+        found_cohort,
         join_diagnoses,
         read_diagnoses,
         read_values,
@@ -251,11 +249,13 @@ def cases_from_pacs(
         except PacsRequestError as exc:
             err.print(f"[red]error[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1) from None
-        ids = case_ids(matches, name or "case")
-        cohort = Cohort(
-            pacs=pacs,
-            studies=[CohortStudy(match=m, case_id=i) for m, i in zip(matches, ids, strict=True)],
-        )
+        cohort = found_cohort(pacs, matches, name or "case", query.limit)
+        if cohort.limit_reached:
+            err.print(
+                f"[yellow]warning[/yellow] the archive listed {query.limit} studies, the "
+                "--limit: there may be more; narrow the query or raise --limit",
+                soft_wrap=True,
+            )
         if not as_json:
             _print_matches(cohort)
         if not list_only and matches:

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import io
 import json
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -107,6 +108,8 @@ class Cohort(BaseModel):
 
     pacs: str
     studies: list[CohortStudy] = Field(default_factory=list)
+    # the archive listed as many studies as --limit allows: there may be more
+    limit_reached: bool = False
     issues: list[JoinIssue] = Field(default_factory=list)
     manifest: Path | None = None
 
@@ -118,11 +121,30 @@ class Cohort(BaseModel):
 def case_ids(matches: list[StudyMatch], prefix: str) -> list[str]:
     """Pseudonymous case ids, stable for a study: the prefix and a short hash of its UID and
     patient (never the accession number or a name)."""
+    prefix = re.sub(r"[^A-Za-z0-9_-]+", "-", prefix).strip("-")[:40] or "case"
     out = []
     for m in matches:
         key = StudyKey(study_uid=m.study_uid, patient_id=m.patient_id, issuer=m.issuer)
         out.append(f"{prefix}-{hashlib.sha256(key.name.encode()).hexdigest()[:12]}")
     return out
+
+
+def found_cohort(pacs: str, matches: list[StudyMatch], prefix: str, limit: int) -> Cohort:
+    """The cohort of what a PACS listed: one study per UID and patient (a client may list one
+    twice: two cases of one study would be one case id twice), each with its case id."""
+    distinct: dict[StudyKey, StudyMatch] = {}
+    for m in matches:
+        key = StudyKey(study_uid=m.study_uid, patient_id=m.patient_id, issuer=m.issuer)
+        distinct.setdefault(key, m)
+    kept = list(distinct.values())
+    return Cohort(
+        pacs=pacs,
+        studies=[
+            CohortStudy(match=m, case_id=i)
+            for m, i in zip(kept, case_ids(kept, prefix), strict=True)
+        ],
+        limit_reached=len(matches) >= limit,
+    )
 
 
 def cache_folder(cache_root: Path, pacs: str, m: StudyMatch | StudyKey) -> Path:
