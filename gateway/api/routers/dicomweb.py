@@ -13,6 +13,7 @@ FailedSOPSequence with their reason; 200 all stored, 202 some, 409 none.
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import uuid
@@ -23,8 +24,11 @@ from fastapi import APIRouter, HTTPException, Request, status
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
+from gateway.api.context import GatewayContext
 from gateway.api.deps import Ctx, ErrorBody, Sender, errors
+from gateway.auth import TokenRecord
 from gateway.pacs.multipart import (
     MultipartError,
     MultipartReader,
@@ -52,6 +56,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
     415: {"model": ErrorBody, "description": "not multipart/related; type=\"application/dicom\""},
     503: {"model": ErrorBody, "description": "the DICOM node is not running"},
 }  # fmt: skip
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/dicomweb", tags=["dicomweb"], responses=RESPONSES)
 
 DICOM_JSON = "application/dicom+json"
@@ -119,6 +124,11 @@ async def _read_parts(request: Request, folder: Path, max_part_bytes: int) -> li
                 pending.clear()
         await run_in_threadpool(reader.feed, bytes(pending))
         reader.close()
+    except ClientDisconnect:  # the sender left mid-body: nothing stored, nothing to log loudly
+        log.info("STOW-RS: the client left before the end of its body; nothing stored")
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST, detail="the body ended early (disconnected)"
+        ) from None
     except PartTooLargeError as exc:
         raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, detail=str(exc)) from None
     except MultipartError as exc:
@@ -129,7 +139,9 @@ async def _read_parts(request: Request, folder: Path, max_part_bytes: int) -> li
     return paths
 
 
-async def _stow(request: Request, ctx: Any, sender: Any, study_uid: str | None) -> JSONResponse:
+async def _stow(
+    request: Request, ctx: GatewayContext, sender: TokenRecord, study_uid: str | None
+) -> JSONResponse:
     try:  # the request's form first: a wrong one is the client's error, whatever our state
         related_boundary(request.headers.get("content-type", ""))
     except MultipartError as exc:
@@ -146,9 +158,15 @@ async def _stow(request: Request, ctx: Any, sender: Any, study_uid: str | None) 
         # only this study's instances when the URL names one (PS3.18 10.5.1): the node refuses
         # another's by its UIDs, read once with the rest (0xA900, the instance named)
         outcomes = await run_in_threadpool(scp.receive_files, paths, STOW_SENDER, study_uid)
-        return stow_answer(outcomes)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    answer = stow_answer(outcomes)
+    # the route's own audit line says who and the status; this one what came of it
+    n_ok = sum(o.status == STATUS_SUCCESS for o in outcomes)
+    detail = f"{n_ok} stored, {len(outcomes) - n_ok} refused"
+    ctx.audit.write(sender.id, "stow-rs store", "", str(answer.status_code), detail)
+    log.info("STOW-RS: %s", detail)
+    return answer
 
 
 @router.post(
