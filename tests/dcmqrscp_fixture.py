@@ -1,8 +1,9 @@
 """A non-Orthanc archive for the tests: dcmtk's dcmqrscp (Debian dcmtk) on a free loopback port.
 
 dcmqrscp forks a process per association (its single-process mode, -s, crashes after an
-association here, dcmtk 3.6.7). The test writes its configuration (the archive's AE title and storage area, and an AE table
-naming our C-MOVE destination at its own free loopback port), starts it, loads studies into it
+association here, dcmtk 3.6.7). The test writes its configuration (the archive's AE title and storage area, two more AE titles
+that refuse storing (a full quota, read-only), and an AE table naming our C-MOVE destination at
+its own free loopback port), starts it, loads studies into it
 with dcmtk's storescu (``/usr/bin/storescu``: the venv has pynetdicom tools of the same names)
 and stops it by PID at the end of the session.
 """
@@ -22,6 +23,8 @@ import pytest
 from gateway.pacs_local import free_port
 
 AE_TITLE = "ARCHIVE"
+FULL_AE = "FULLARCHIVE"  # the same archive under a quota no instance fits: refuses C-STORE (A700)
+READ_ONLY_AE = "READONLY"  # read-only storage area: accepts no storage presentation context
 MOVE_AE = "NSBXMOVE"  # our C-MOVE destination as the archive knows it
 CALLING_AE = "NEUROSANDBOX"
 
@@ -62,8 +65,9 @@ def dcmqrscp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dcmqrscp]:
     if shutil.which("dcmqrscp") is None or not Path("/usr/bin/storescu").exists():
         pytest.skip("dcmtk is not installed (apt-get install dcmtk)")
     folder = tmp_path_factory.mktemp("dcmqrscp")
-    db = folder / "db"
-    db.mkdir()
+    db, full, read_only = folder / "db", folder / "full", folder / "readonly"
+    for d in (db, full, read_only):
+        d.mkdir()
     port, move_port = free_port(), free_port()
     (folder / "dcmqrscp.cfg").write_text(
         f"NetworkTCPPort = {port}\nMaxPDUSize = 65536\nMaxAssociations = 16\n"
@@ -73,6 +77,8 @@ def dcmqrscp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dcmqrscp]:
         "VendorTable BEGIN\nVendorTable END\n"
         "AETable BEGIN\n"
         f"{AE_TITLE} {db} RW (200, 1024mb) ANY\n"
+        f"{FULL_AE} {full} RW (1, 1kb) ANY\n"
+        f"{READ_ONLY_AE} {read_only} R (10, 10mb) ANY\n"
         "AETable END\n"
     )
     log = open(folder / "dcmqrscp.log", "wb")  # noqa: SIM115 (closed at the end)

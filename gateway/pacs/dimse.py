@@ -1,13 +1,19 @@
 """A DICOM archive as a ``PacsClient``, over DIMSE (pynetdicom): C-FIND, C-GET or C-MOVE, C-STORE.
 
 - Finding: Study Root C-FIND at STUDY level, one request per listed accession number or patient
-  ID (only UID lists may be multi-valued), then one SERIES-level C-FIND per study when the
-  archive did not return the modalities or counts (dcmqrscp does not). Every value the archive
-  returns is bounded; what it returns is filtered again by the query.
+  ID (only UID lists may be multi-valued), then one SERIES-level C-FIND per study listed (until
+  the query's limit) when the archive did not return the modalities or counts (dcmqrscp does
+  not). Every value the archive returns is bounded; what it returns is filtered again by the
+  query. A find that reaches its bound asks the archive to stop (C-CANCEL) and reads the rest of
+  its answers, so that the association stays in order for the next request.
+- Statuses are named as the standard names them (``status_text``: ``0xA700 (Refused: Out of
+  Resources)``, with the archive's ErrorComment); a C-MOVE destination the archive does not
+  know (A801) is an error naming it; an archive that accepts none of the SOP classes asked for
+  (read-only for our AE title) says so, and for C-STORE it is a refusal of each object.
 - Pulling: C-GET (the archive sends the instances back on the same association: we offer the
   storage classes of neuro imaging and reports in SCP role), or C-MOVE to ``move_destination``:
-  a receiver of ours listens on ``receive_host:receive_port`` for the archive's association
-  (only from the archive's AE title) while the move runs. Each instance is written as a Part 10
+  a receiver of ours (``receiving``) listens on ``receive_host:receive_port`` for the archive's
+  association (only from the archive's AE title) while the move runs. Each instance is written as a Part 10
   file named by a hash of its bytes, never by a UID from the peer; then ``keep_the_study``.
 - Storing: C-STORE of each object (the SR, the Encapsulated PDF).
 - TLS: the PACS's ``tls:`` settings (``gateway.pacs.tls``), for the association and the receiver.
@@ -67,7 +73,15 @@ from pynetdicom.sop_class import (  # type: ignore[attr-defined]
     StudyRootQueryRetrieveInformationModelMove,
     XRayRadiationDoseSRStorage,
 )
+from pynetdicom.status import (
+    GENERAL_STATUS,
+    QR_FIND_SERVICE_CLASS_STATUS,
+    QR_GET_SERVICE_CLASS_STATUS,
+    QR_MOVE_SERVICE_CLASS_STATUS,
+    STORAGE_SERVICE_CLASS_STATUS,
+)
 
+from dicom import atomic_write
 from gateway.pacs.client import (
     MAX_MATCHES,
     PacsRequestError,
@@ -105,12 +119,30 @@ TRANSFER_SYNTAXES: list[str | UID] = [
     JPEGLSNearLossless, JPEG2000Lossless, JPEG2000, RLELossless,
 ]  # fmt: skip
 MAX_INSTANCE_BYTES = 2 * 1024**3
+MAX_COUNTED_INSTANCES = 100_000  # IMAGE-level answers read to count a study's instances
 _FIND_KEYS = (
     "PatientID", "IssuerOfPatientID", "PatientName", "PatientBirthDate", "AccessionNumber",
     "StudyDate", "ModalitiesInStudy", "StudyDescription", "NumberOfStudyRelatedSeries",
     "NumberOfStudyRelatedInstances",
 )  # fmt: skip
 _PENDING = (0xFF00, 0xFF01)
+MAX_DRAINED = 10_000  # answers read after a C-CANCEL before the association is aborted
+
+
+def status_text(code: int, table: dict[int, tuple[str, str]], status: Dataset | None = None) -> str:
+    """A DIMSE status as the standard names it (PS3.4 and PS3.7 Annex C), with the peer's
+    ErrorComment (bounded: the peer's text is hostile): ``0xA700 (Refused: Out of Resources)``."""
+    if code < 0:
+        return "no answer (timeout or abort)"
+    name = (table.get(code) or GENERAL_STATUS.get(code) or ("", ""))[1]
+    if not name:
+        name = {0xA7: "Refused: Out of Resources", 0xA9: "Error: Data Set Does Not Match SOP Class",
+                0xC0: "Error: Cannot Understand"}.get(code >> 8, "")  # fmt: skip
+        if not name and code >> 12 == 0xC:
+            name = "Error: Cannot Understand"
+    comment = pacs_text(status.get("ErrorComment")) if status is not None else ""
+    text = f"status 0x{code & 0xFFFF:04X}" + (f" ({name})" if name else "")
+    return text + (f": {comment[:200]}" if comment else "")
 
 
 def _with_transfer_syntax(ds: Dataset) -> Dataset:
@@ -124,6 +156,14 @@ def _with_transfer_syntax(ds: Dataset) -> Dataset:
     out.file_meta = FileMetaDataset(meta) if meta is not None else FileMetaDataset()
     out.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
     return out
+
+
+class NoContextAcceptedError(PacsRequestError):
+    """The archive took the association but none of the SOP classes asked for."""
+
+    def __init__(self, message: str, classes: list[str]) -> None:
+        super().__init__(message)
+        self.classes = classes
 
 
 class DimseClient:
@@ -163,6 +203,19 @@ class DimseClient:
         except (OSError, ValueError) as exc:
             failure.append(exc)
             assoc = None
+        if (
+            assoc is not None
+            and not assoc.is_established
+            and assoc.rejected_contexts
+            and not assoc.accepted_contexts
+        ):  # acknowledged, then aborted by pynetdicom: nothing we may ask
+            names = sorted({UID(c.abstract_syntax or "").name for c in assoc.rejected_contexts})
+            raise NoContextAcceptedError(
+                f"{self._where()}: the archive accepted none of the SOP classes asked for "
+                f"({', '.join(names[:8])}): is it read-only for our AE title, or does it "
+                "not take them?",
+                names,
+            )
         if assoc is None or not assoc.is_established:
             why = describe_tls_error(failure[0]) if failure else None
             if why is None and assoc is not None and assoc.is_rejected:
@@ -204,38 +257,78 @@ class DimseClient:
                 out = grown
         return out
 
-    def _find(self, assoc: Association, request: Dataset, model: str) -> Iterator[Dataset]:
-        for status, ident in assoc.send_c_find(request, model):
+    def _find(
+        self, assoc: Association, request: Dataset, model: str, bound: int
+    ) -> tuple[list[Dataset], bool]:
+        """The identifiers a C-FIND answers, at most ``bound`` (and whether there were more).
+        At the bound the archive is asked to stop (C-CANCEL) and its remaining answers are read
+        to the end, so that the association stays in order for the next request (answers left
+        unread would be taken for the next request's); an archive that goes on past
+        ``MAX_DRAINED`` more is aborted."""
+        out: list[Dataset] = []
+        responses = assoc.send_c_find(request, model)
+        for status, ident in responses:
             code = int(getattr(status, "Status", -1)) if status else -1
-            if code in _PENDING and ident is not None:
-                yield ident
+            if code in _PENDING:
+                if ident is not None:
+                    out.append(ident)
+                if len(out) >= bound:
+                    self._cancel(assoc, responses, model)
+                    return out, True
             elif code != 0x0000:
                 raise PacsRequestError(
-                    f"{self._where()}: C-FIND failed (status 0x{code & 0xFFFF:04X})"
-                    if code >= 0
-                    else f"{self._where()}: C-FIND: no answer (timeout or abort)"
+                    f"{self._where()}: C-FIND failed "
+                    f"({status_text(code, QR_FIND_SERVICE_CLASS_STATUS, status or None)})"
+                )
+        return out, False
+
+    def _cancel(self, assoc: Association, responses: Iterator[Any], model: str) -> None:
+        context = next((c for c in assoc.accepted_contexts if c.abstract_syntax == model), None)
+        if context is not None and context.context_id is not None:
+            assoc.send_c_cancel(1, context.context_id)  # the C-FIND's message ID (1)
+        for n, (status, _) in enumerate(responses):
+            code = int(getattr(status, "Status", -1)) if status else -1
+            if code not in _PENDING:
+                return  # Cancel (FE00), or done before the cancel reached the archive
+            if n >= MAX_DRAINED:
+                assoc.abort()
+                raise PacsRequestError(
+                    f"{self._where()}: C-FIND: the archive went on answering after being "
+                    f"asked to stop (C-CANCEL) at {n} answers more; the association was aborted"
                 )
 
     def find_studies(self, query: StudyQuery) -> list[StudyMatch]:
         ae = self._ae()
         ae.add_requested_context(StudyRootQueryRetrieveInformationModelFind)
         found: dict[tuple[str, str], StudyMatch] = {}
+        bound = MAX_MATCHES
         with self._associate(ae) as assoc:
             for request in self._requests(query):
-                for ident in self._find(assoc, request, StudyRootQueryRetrieveInformationModelFind):
+                answers, more = self._find(
+                    assoc, request, StudyRootQueryRetrieveInformationModelFind, bound - len(found)
+                )
+                for ident in answers:
                     m = self._match(ident)
                     if m is not None:
                         found.setdefault((m.study_uid, m.patient_id), m)
-                    if len(found) >= MAX_MATCHES:
-                        break
-            done = []
-            for m in found.values():
+                if more or len(found) >= bound:
+                    break  # at the bound: no more requests (a narrower query finds the rest)
+            # in the order listed; the series of a study are asked for (when the archive did
+            # not give its modalities and counts) only until the limit is reached
+            done: list[StudyMatch] = []
+            listed = sorted(found.values(), key=lambda m: (str(m.study_date or ""), m.study_uid))
+            for m in listed:
+                if not query.matches(
+                    m
+                ):  # on what the study answer says (modalities may be unknown)
+                    continue
                 if not m.modalities or m.n_series is None or m.n_instances is None:
                     m = self._series_of(assoc, m)
                 if query.matches(m):
                     done.append(m)
-        done.sort(key=lambda m: (str(m.study_date or ""), m.study_uid))
-        return done[: query.limit]
+                    if len(done) >= query.limit:
+                        break
+        return done
 
     def _match(self, ident: Dataset) -> StudyMatch | None:
         g = ident.get
@@ -265,7 +358,7 @@ class DimseClient:
         req.StudyInstanceUID = m.study_uid
         req.PatientID = m.patient_id
         req.SeriesInstanceUID = req.Modality = req.NumberOfSeriesRelatedInstances = ""
-        series = list(self._find(assoc, req, StudyRootQueryRetrieveInformationModelFind))[:1000]
+        series, _ = self._find(assoc, req, StudyRootQueryRetrieveInformationModelFind, 1000)
         mods = sorted({pacs_text(s.get("Modality")) for s in series} - {""})
         counts = [pacs_count(s.get("NumberOfSeriesRelatedInstances")) for s in series]
         n_inst: int | None = sum(c for c in counts if c is not None)
@@ -283,12 +376,10 @@ class DimseClient:
         req.StudyInstanceUID = m.study_uid
         req.PatientID = m.patient_id
         req.SeriesInstanceUID = req.SOPInstanceUID = ""
-        n = 0
-        for _ in self._find(assoc, req, StudyRootQueryRetrieveInformationModelFind):
-            n += 1
-            if n > 1_000_000:
-                return None
-        return n
+        found, more = self._find(
+            assoc, req, StudyRootQueryRetrieveInformationModelFind, MAX_COUNTED_INSTANCES
+        )
+        return None if more else len(found)
 
     # ----------------------------------------------------------------- pulling
 
@@ -315,9 +406,12 @@ class DimseClient:
                 failed.append(f"an instance over {MAX_INSTANCE_BYTES} bytes was refused")
                 return 0xA700
             name = hashlib.sha256(data).hexdigest()[:32] + ".dcm"
-            tmp = dest / f".{name}.part"
-            tmp.write_bytes(data)
-            tmp.replace(dest / name)
+            try:  # whole or not at all (the cache's rule: dicom.atomic_write)
+                with atomic_write(dest / name, fsync=False) as fh:
+                    fh.write(data)
+            except OSError as exc:  # disk full, folder gone: the archive hears Out of Resources
+                failed.append(f"an instance could not be written: {exc.strerror or exc}"[:200])
+                return 0xA700
             with lock:
                 done[0] += 1
                 if progress:
@@ -341,17 +435,31 @@ class DimseClient:
         out.failed = failed[:50]
         return out
 
-    def _check_retrieve(self, what: str, responses: Iterator[Any], failed: list[str]) -> None:
-        last = -1
+    def _check_retrieve(
+        self, what: str, responses: Iterator[Any], failed: list[str], destination: str = ""
+    ) -> None:
+        """The C-GET or C-MOVE answers read to the end: the instances the archive could not
+        send are listed in ``failed``; a failure of the whole retrieve is a PacsRequestError
+        saying what the standard calls it (PS3.4 C.4.2.1.5, C.4.3.1.5)."""
+        table = QR_MOVE_SERVICE_CLASS_STATUS if what == "C-MOVE" else QR_GET_SERVICE_CLASS_STATUS
+        last, final = -1, None
         for status, _ in responses:
             if not status:
                 raise PacsRequestError(f"{self._where()}: {what}: no answer (timeout or abort)")
-            last = int(getattr(status, "Status", -1))
+            last, final = int(getattr(status, "Status", -1)), status
             n_failed = pacs_count(status.get("NumberOfFailedSuboperations"))
             if last not in _PENDING and n_failed:
                 failed.append(f"{what}: the archive could not send {n_failed} instance(s)")
+        if last == 0xA801:
+            raise PacsRequestError(
+                f"{self._where()}: the archive does not know the C-MOVE destination "
+                f"{destination!r}: add it to the archive's AE table with this machine's address "
+                f"and receive_port {self.cfg.receive_port}, or use retrieve: c-get"
+            )
         if last not in (0x0000, 0xB000):
-            raise PacsRequestError(f"{self._where()}: {what} failed (status 0x{last & 0xFFFF:04X})")
+            raise PacsRequestError(
+                f"{self._where()}: {what} failed ({status_text(last, table, final)})"
+            )
 
     def _get(self, match: StudyMatch, on_store: Callable[[Any], int], failed: list[str]) -> None:
         ae = self._ae()
@@ -367,15 +475,19 @@ class DimseClient:
             )
             self._check_retrieve("C-GET", responses, failed)
 
-    def _move(self, match: StudyMatch, on_store: Callable[[Any], int], failed: list[str]) -> None:
+    @contextmanager
+    def receiving(self, on_store: Callable[[Any], int]) -> Iterator[None]:
+        """Our C-MOVE destination listening on ``receive_host:receive_port`` while in the
+        block: it answers as ``move_destination`` and takes associations from the archive's AE
+        title only (any other calling AE is rejected), for the storage classes of
+        ``GET_STORAGE``; each instance goes to ``on_store``."""
         cfg = self.cfg
         if cfg.receive_port is None:
             raise PacsRequestError(
                 f"{self._where()}: retrieve: c-move needs receive_port (where the archive "
                 f"sends to; it must know {cfg.move_destination or cfg.calling_ae} at this port)"
             )
-        dest_ae = cfg.move_destination or cfg.calling_ae
-        receiver = self._ae(dest_ae)
+        receiver = self._ae(cfg.move_destination or cfg.calling_ae)
         receiver.require_calling_aet = [cfg.ae_title]
         receiver.supported_contexts = [build_context(c, TRANSFER_SYNTAXES) for c in GET_STORAGE]
         try:
@@ -391,16 +503,21 @@ class DimseClient:
                 f"for C-MOVE: {exc.strerror}"
             ) from None
         try:
+            yield
+        finally:
+            if server is not None:
+                server.shutdown()
+
+    def _move(self, match: StudyMatch, on_store: Callable[[Any], int], failed: list[str]) -> None:
+        dest_ae = self.cfg.move_destination or self.cfg.calling_ae
+        with self.receiving(on_store):
             ae = self._ae()
             ae.add_requested_context(StudyRootQueryRetrieveInformationModelMove)
             with self._associate(ae) as assoc:
                 responses = assoc.send_c_move(
                     self._identifier(match), dest_ae, StudyRootQueryRetrieveInformationModelMove
                 )
-                self._check_retrieve("C-MOVE", responses, failed)
-        finally:
-            if server is not None:
-                server.shutdown()
+                self._check_retrieve("C-MOVE", responses, failed, dest_ae)
 
     # ----------------------------------------------------------------- storing
 
@@ -416,24 +533,33 @@ class DimseClient:
                 seen.add(key)
                 ae.add_requested_context(key[0], [key[1], ExplicitVRLittleEndian])
         out = []
-        with self._associate(ae) as assoc:
-            for ds in objects:
-                uid = str(ds.get("SOPInstanceUID", ""))
-                try:
-                    status = assoc.send_c_store(ds)
-                except ValueError as exc:  # no accepted context for this class
-                    out.append(StoreResult(sop_instance_uid=uid, stored=False,
-                                           detail=f"not accepted: {str(exc)[:200]}"))  # fmt: skip
-                    continue
-                code = int(getattr(status, "Status", -1)) if status else -1
-                ok = code == 0x0000 or (code & 0xF000) == 0xB000  # success or warning
-                detail = (
-                    "" if ok else (f"status 0x{code & 0xFFFF:04X}" if code >= 0 else "no answer")
-                )
-                out.append(StoreResult(sop_instance_uid=uid, stored=ok, detail=detail))
-                if not assoc.is_established:
-                    break
+        try:
+            with self._associate(ae) as assoc:
+                for ds in objects:
+                    out.append(self._store_one(assoc, ds))
+                    if not assoc.is_established:
+                        break
+        except NoContextAcceptedError:  # a refusal of each object, by its class: not "down"
+            return [
+                StoreResult(sop_instance_uid=str(ds.get("SOPInstanceUID", "")), stored=False,
+                            detail=f"the archive accepted no presentation context for "
+                            f"{UID(str(ds.SOPClassUID)).name} (read-only, or not a class it "
+                            "stores)")
+                for ds in objects
+            ]  # fmt: skip
         while len(out) < len(objects):
             uid = str(objects[len(out)].get("SOPInstanceUID", ""))
             out.append(StoreResult(sop_instance_uid=uid, stored=False, detail="association lost"))
         return out
+
+    def _store_one(self, assoc: Association, ds: Dataset) -> StoreResult:
+        uid = str(ds.get("SOPInstanceUID", ""))
+        try:
+            status = assoc.send_c_store(ds)
+        except ValueError as exc:  # no accepted context for this class
+            return StoreResult(sop_instance_uid=uid, stored=False,
+                               detail=f"not accepted: {str(exc)[:200]}")  # fmt: skip
+        code = int(getattr(status, "Status", -1)) if status else -1
+        ok = code == 0x0000 or (code & 0xF000) == 0xB000  # success or warning (PS3.4 B.2.3)
+        detail = "" if ok else status_text(code, STORAGE_SERVICE_CLASS_STATUS, status or None)
+        return StoreResult(sop_instance_uid=uid, stored=ok, detail=detail)
