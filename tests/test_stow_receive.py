@@ -4,6 +4,7 @@ of it is stored; only admin and sender tokens may send, and a sender token reads
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import socket
@@ -276,3 +277,32 @@ def test_a_client_that_leaves_mid_body_stores_nothing_and_the_gateway_goes_on(
     ]
     code, answer = stow.post(body, ct)
     assert code == 200, answer
+
+
+def test_a_body_refused_mid_stream_closes_the_connection(stow: Stow) -> None:
+    """413 while a chunked body streams: the rest is never read, so the connection is closed
+    at once (it was kept, the rest of the body read and dropped, for another request)."""
+    port = int(stow.base.rsplit(":", 1)[1])
+    ct = 'multipart/related; type="application/dicom"; boundary=x'
+    chunk = b"--x\r\n\r\n" + b"\0" * MAX_BODY
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(
+            f"POST /dicomweb/studies HTTP/1.1\r\nHost: x\r\nContent-Type: {ct}\r\n"
+            f"Authorization: Bearer {stow.tokens['sender']}\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+            + b"%x\r\n" % len(chunk)
+            + chunk
+            + b"\r\n"
+        )
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            reply += s.recv(65536)
+        assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+        assert b"connection: close" in reply.lower()
+        with contextlib.suppress(OSError):  # the server may have closed already
+            s.sendall(b"0\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        rest = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                rest += chunk
+    assert b"HTTP/1.1 200" not in rest  # no second request on that connection

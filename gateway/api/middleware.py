@@ -190,8 +190,8 @@ class BodyLimit:
         try:
             await self.app(scope, limited, watch)
         except _TooLarge:
-            if not started:
-                await _send_json(send, 413, f"request body over {max_bytes} bytes")
+            if not started:  # the rest of the body is never read: free the connection now
+                await _send_json(send, 413, f"request body over {max_bytes} bytes", close=True)
         except _SlowBody:
             if not started:
                 await _send_json(
