@@ -60,7 +60,13 @@ SPECS: dict[str, Spec] = {
     "evaluations_total": Spec("counter", "study evaluations finished"),
     "evaluations_failed_total": Spec("counter", "study evaluations that failed"),
     "evaluations_skipped_total": Spec("counter", "complete studies no routing rule selected"),
-    "reports_stored_total": Spec("counter", "SR and PDF objects stored in Orthanc"),
+    "reports_stored_total": Spec("counter", "SR and PDF objects stored in the PACS"),
+    "writebacks_pending": Spec(
+        "gauge", "SR and PDF objects kept until the PACS stores them (write-back pending)"
+    ),
+    "writeback_attempts_failed_total": Spec(
+        "counter", "write-back deliveries that left objects pending (the PACS refused or was down)"
+    ),
     "instances_forwarded_total": Spec("counter", "received instances stored in Orthanc on arrival"),
     "instances_forward_failed_total": Spec(
         "counter", "forwards to Orthanc that failed (uploaded from the spool instead)"

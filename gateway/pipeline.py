@@ -56,8 +56,9 @@ from gateway.case_studies import CaseGatherer, CaseStudies
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient
+from gateway.pacs import LOCAL, PacsClient
 from gateway.routing import Route, Router, StudyFacts
-from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore, now_iso
+from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
 from gateway.runs.report import publish, write_checklist
 from gateway.runs.results import EvaluationResult
 from gateway.runs.store import route_record
@@ -66,7 +67,15 @@ from gateway.spool import read_received_info
 from gateway.sr import series_uid_for
 from gateway.study_key import StudyKey
 from gateway.workers import EvaluationAbandonedError, EvaluationWorkerError
-from gateway.writeback import build_unverified, checklist_pdf, evidence, evidence_refs, store
+from gateway.writeback import (
+    KEPT_DIR,
+    build_unverified,
+    checklist_pdf,
+    deliver,
+    evidence,
+    evidence_refs,
+    keep,
+)
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +181,18 @@ class StudyPipeline:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # where SR and PDF go: a configured PACS (NEUROSANDBOX_PACS_FILE's writeback:); None:
+        # the Orthanc above. An object not stored is kept under kept_dir until it is.
+        self.writeback: PacsClient | None = None
+        self.kept_dir: Path = runs.runs_dir.parent / KEPT_DIR
+
+    def destination(self) -> PacsClient:
+        """The PACS results are written back to."""
+        if self.writeback is not None:
+            return self.writeback
+        from gateway.pacs.orthanc_rest import OrthancRestClient
+
+        return OrthancRestClient(LOCAL, self.orthanc)
 
     @property
     def reports_dir(self) -> Path:
@@ -675,10 +696,14 @@ class StudyPipeline:
         pdf = checklist_pdf(headers, checklist.pdf, version)
         if pdf is None:
             warnings.append("no checklist PDF written back to PACS: it could not be printed")
-        pending = [
-            *(WriteBack(kind="sr", sop_instance_uid=str(sr.SOPInstanceUID), model=m)
-              for m, sr in back.srs.items()),
-            *([WriteBack(kind="pdf", sop_instance_uid=str(pdf.SOPInstanceUID))] if pdf else []),
+        dest = self.destination()
+        objects = [*back.srs.items(), *([("", pdf)] if pdf is not None else [])]
+        # each object's file kept before the first store: one not stored is never lost
+        items = [
+            (WriteBack(kind="sr" if m else "pdf", sop_instance_uid=str(ds.SOPInstanceUID),
+                       model=m or None, destination=dest.name,
+                       kept=str(keep(self.kept_dir, job.run_id, ds))), ds)
+            for m, ds in objects
         ]  # fmt: skip
         # in the run's record, before anything is stored: what is written back, and the
         # evidence a re-issue attaches its VERIFIED SR to
@@ -686,21 +711,22 @@ class StudyPipeline:
             job.run_id,
             version=version,
             evidence=evidence_refs(headers),
-            writebacks_pending=pending,
+            writebacks_pending=[w for w, _ in items],
             sr_paths=sr_paths or last.sr_paths,
         )
-        done: list[WriteBack] = []
-
-        def stored(ds: pydicom.Dataset) -> None:
-            uid = str(ds.SOPInstanceUID)
-            done.extend(w.model_copy(update={"at": now_iso()}) for w in pending
-                        if w.sop_instance_uid == uid)  # fmt: skip
-
-        # SRs and PDF together: one change of the study in Orthanc (one StableStudy after it)
-        store(self.orthanc, [*back.srs.values(), *([pdf] if pdf is not None else [])], stored)
+        # SRs and PDF together, SRs first: one change of the study (one StableStudy after it)
+        delivered = deliver(dest, items, time.time)
+        done = delivered.done
+        if delivered.pending:
+            first = delivered.pending[0]
+            warnings.append(
+                f"{len(delivered.pending)} object(s) not yet stored in PACS {dest.name!r} "
+                f"({first.last_error}): kept, tried again from {first.next_at}"
+            )
+            self.audit.write("system", "writeback", f"run:{job.run_id}", "pending")
         sr_uids = {m: str(sr.SOPInstanceUID) for m, sr in back.srs.items()}
         pdf_uid = str(pdf.SOPInstanceUID) if pdf is not None else None
-        METRICS.inc("reports_stored_total", len(sr_uids) + (pdf_uid is not None))
+        METRICS.inc("reports_stored_total", len(done))
         info = {
             "run_id": job.run_id,
             "trigger": job.trigger,
@@ -716,7 +742,7 @@ class StudyPipeline:
             RunStatus.DONE,
             sr_sop_uids=sr_uids,
             pdf_sop_uid=pdf_uid,
-            writebacks_pending=[],
+            writebacks_pending=delivered.pending,
             writebacks_done=done,
             evaluated_digest=digest,
             evaluated_instances=instances,

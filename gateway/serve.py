@@ -32,6 +32,7 @@ from gateway.case_studies import CaseGatherer
 from gateway.follower import ChangesFollower
 from gateway.forward import Forwarder
 from gateway.http_guard import ConnectionLimits, guarded_protocol
+from gateway.pacs import LOCAL, configured, open_client
 from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
 from gateway.ports import bind_listening, check_free, serve_ports, unavailable
@@ -43,6 +44,7 @@ from gateway.settings import Settings
 from gateway.startup import configure_libraries
 from gateway.study_run import DefaultEvaluator
 from gateway.workers import ProcessEvaluator
+from gateway.writeback_retry import WritebackRetrier
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +101,15 @@ class Gateway:
     pipeline: StudyPipeline
     follower: ChangesFollower | None
     retention: RetentionTimer | None = None  # NEUROSANDBOX_RETENTION_DAYS: purge, then daily
+    # stores the SR and PDF the PACS did not take at once (kept until stored)
+    writeback_retry: WritebackRetrier | None = None
     _stopped: bool = False
 
     def start(self) -> None:
         self.pipeline.start()
         self.scp.start()
+        if self.writeback_retry is not None:
+            self.writeback_retry.start()
         if self.follower is not None:
             self.follower.start()
         if self.retention is not None:
@@ -115,6 +121,8 @@ class Gateway:
         self._stopped = True
         if self.retention is not None:
             self.retention.stop()
+        if self.writeback_retry is not None:
+            self.writeback_retry.stop()
         self.scp.stop()
         if self.follower is not None:
             self.follower.stop()
@@ -193,6 +201,13 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         ),
     )
     ctx.scp = scp  # STOW-RS (POST /dicomweb/studies) stores through the DICOM node's path
+    # SR and PDF go to the PACS file's `writeback:` (default: the local Orthanc above)
+    target = configured(settings).writeback
+    if target and target != LOCAL:
+        pipeline.writeback = open_client(target, settings)
+    writeback_retry = WritebackRetrier(
+        ctx.runs, pipeline.destination, pipeline.kept_dir, ctx.audit, settings.writeback_retry_s
+    )
     follower = (
         ChangesFollower(ctx.orthanc, pipeline.on_stable, data / "state" / "changes.json")
         if settings.follow_changes
@@ -202,7 +217,8 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     if settings.retention_days is not None:
         purger = Purger(Places.from_settings(settings), audit=ctx.audit, runs=ctx.runs)
         retention = RetentionTimer(purger, settings.retention_days)
-    return Gateway(ctx=ctx, scp=scp, pipeline=pipeline, follower=follower, retention=retention)
+    return Gateway(ctx=ctx, scp=scp, pipeline=pipeline, follower=follower, retention=retention,
+                   writeback_retry=writeback_retry)  # fmt: skip
 
 
 def api_server_config(app: ASGIApp, settings: Settings, port: int) -> uvicorn.Config:

@@ -65,6 +65,9 @@ class Settings(BaseSettings):
     # the PACS the sandbox finds, pulls from and writes back to, by name (YAML; docs/gateway.md
     # "Using your own PACS"); None: only `local`, the Orthanc above
     pacs_file: Path | None = None
+    # an SR or PDF the write-back PACS did not store is kept and tried again: the gateway looks
+    # every this many seconds (each object waits 30 s, 60 s, ... up to an hour between tries)
+    writeback_retry_s: Annotated[float, Field(gt=0)] = 30.0
     routing_file: Path | None = None  # YAML rules; default: MR/CT studies, reference model
     # how the runs index lists this gateway's runs: gateway, or demo (`neurosandbox demo`'s)
     run_source: Literal["gateway", "demo"] = "gateway"

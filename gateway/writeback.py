@@ -15,7 +15,13 @@ case both come here:
 - ``build_unverified``: one UNVERIFIED Comprehensive 3D SR per model that answered (its review
   block, ``evaluation.unverified_content``); ``checklist_pdf``: the checklist as Encapsulated
   PDF;
-- ``store``: every object built before the first is stored; each stored in Orthanc, in order.
+- ``store``: every object built before the first is stored; each stored in Orthanc (or a
+  configured PACS), in order;
+- ``keep`` / ``deliver``: the pipeline's write-back to the configured destination
+  (``NEUROSANDBOX_PACS_FILE``'s ``writeback:``, default the local Orthanc): each object's file
+  is kept before the first store, a few quick tries are made, and an object not stored stays
+  pending in the run's record (``WriteBack``: attempts, the reason, when to try again) with its
+  file kept, until ``gateway.writeback_retry`` stores it. Nothing is lost.
 
 ``gateway.review.reissue`` builds the VERIFIED objects of a signed-off case from the recorded evidence
 and stores them through ``store`` too.
@@ -24,6 +30,7 @@ and stores them through ``store`` too.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,9 +50,10 @@ from dicom import (
     check_uid,
     read_regular,
 )
-from evaluation.log import EvidenceRef, RunData
+from evaluation.log import EvidenceRef, RunData, WriteBack
 from evaluation.review import report_blocks, unverified_content
 from gateway.orthanc import OrthancClient
+from gateway.pacs import PacsClient, PacsRequestError, StoreResult
 from gateway.sr import build_pdf, build_sr, encode, header_warnings, model_of
 
 PDF_TITLE = "NeuroSandbox AI checklist"
@@ -297,12 +305,126 @@ def checklist_pdf(headers: list[Dataset], pdf: bytes | None, version: int) -> Da
     return build_pdf(headers[0], pdf, PDF_TITLE, version) if pdf else None
 
 
+class WritebackError(RuntimeError):
+    """An object was not stored; the message says which and why."""
+
+
 def store(
-    orthanc: OrthancClient,
+    target: OrthancClient | PacsClient,
     objects: Iterable[Dataset],
     on_stored: Callable[[Dataset], None] = lambda ds: None,
 ) -> None:
-    """Store each object in Orthanc, in order; ``on_stored`` hears each once stored."""
-    for ds in objects:
-        orthanc.upload(encode(ds))
+    """Store each object, in order (Orthanc's REST API, or any configured PACS);
+    ``on_stored`` hears each once stored. Raises on the first object not stored."""
+    if isinstance(target, OrthancClient):
+        for ds in objects:
+            target.upload(encode(ds))
+            on_stored(ds)
+        return
+    items = list(objects)
+    for ds, result in zip(items, target.store(items), strict=True):
+        if not result.stored:
+            raise WritebackError(
+                f"{target.name}: {result.sop_instance_uid} not stored: {result.detail}"
+            )
         on_stored(ds)
+
+
+# ---------------------------------------------------------------------------- pending objects
+
+KEPT_DIR = "writeback"  # DATA_DIR/writeback/<run id>/<SOP Instance UID>.dcm: kept until stored
+QUICK_TRIES = 3  # tries of one delivery before the object waits for the retry loop
+MAX_ERROR = 300
+
+
+def retry_delay_s(attempts: int, base_s: float = 30.0, max_s: float = 3600.0) -> float:
+    """How long a pending object waits after its ``attempts``-th failed delivery."""
+    return float(min(max_s, base_s * 2 ** max(0, attempts - 1)))
+
+
+@dataclass
+class Delivery:
+    """What one delivery did: the objects stored, and those still pending (with why)."""
+
+    done: list[WriteBack] = field(default_factory=list)
+    pending: list[WriteBack] = field(default_factory=list)
+
+
+def keep(kept_root: Path, run_id: str, ds: Dataset) -> Path:
+    """The object's file under ``kept_root/<run id>/``, written whole before any store."""
+    folder = kept_root / run_id
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{check_uid(str(ds.SOPInstanceUID))}.dcm"
+    with atomic_write(path) as fh:
+        fh.write(encode(ds))
+    return path
+
+
+def deliver(
+    dest: PacsClient,
+    items: Sequence[tuple[WriteBack, Dataset]],
+    now: Callable[[], float],
+    quick_tries: int = QUICK_TRIES,
+    quick_wait_s: float = 0.5,
+    base_delay_s: float = 30.0,
+) -> Delivery:
+    """Store the objects in order on ``dest``, trying a few times at once when the PACS
+    cannot be reached; an object stored loses its kept file, one not stored stays pending
+    with its attempts, the reason and when to try again. Never raises for the PACS."""
+    import datetime as dt
+
+    out = Delivery()
+    results: dict[str, StoreResult] = {}
+    error = ""
+    for attempt in range(quick_tries):
+        try:
+            got = dest.store([ds for _, ds in items])
+        except PacsRequestError as exc:
+            error = str(exc)
+            if attempt + 1 < quick_tries:
+                time.sleep(quick_wait_s * 2**attempt)
+            continue
+        results = {r.sop_instance_uid: r for r in got}
+        break
+    stamp = dt.datetime.fromtimestamp(now(), dt.UTC)
+    for wb, ds in items:
+        uid = str(ds.SOPInstanceUID)
+        r = results.get(uid)
+        if r is not None and r.stored:
+            if wb.kept:
+                Path(wb.kept).unlink(missing_ok=True)
+            out.done.append(wb.model_copy(update={
+                "at": stamp.isoformat(timespec="seconds"), "destination": dest.name,
+                "attempts": wb.attempts + 1, "last_error": None, "next_at": None, "kept": None,
+            }))  # fmt: skip
+            continue
+        attempts = wb.attempts + 1
+        why = (r.detail if r is not None else error) or "not stored"
+        retry = stamp + dt.timedelta(seconds=retry_delay_s(attempts, base_delay_s))
+        out.pending.append(wb.model_copy(update={
+            "destination": dest.name, "attempts": attempts,
+            "last_error": "".join(c for c in why if c.isprintable())[:MAX_ERROR],
+            "next_at": retry.isoformat(timespec="seconds"),
+        }))  # fmt: skip
+    return out
+
+
+def load_kept(wb: WriteBack) -> Dataset | None:
+    """The kept file of a pending object (None when it is gone: nothing can be sent)."""
+    import pydicom
+
+    if not wb.kept or not Path(wb.kept).is_file():
+        return None
+    return pydicom.dcmread(wb.kept)
+
+
+def due(wb: WriteBack, now: float) -> bool:
+    """Whether a pending object is to be tried again at ``now`` (epoch seconds)."""
+    import datetime as dt
+
+    if not wb.next_at:
+        return True
+    try:
+        return dt.datetime.fromisoformat(wb.next_at).timestamp() <= now
+    except ValueError:
+        return True

@@ -10,6 +10,7 @@ and stops it by PID at the end of the session.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -60,15 +61,15 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout_s: float =
     raise RuntimeError("dcmqrscp did not listen in time")
 
 
-@pytest.fixture(scope="session")
-def dcmqrscp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dcmqrscp]:
-    if shutil.which("dcmqrscp") is None or not Path("/usr/bin/storescu").exists():
-        pytest.skip("dcmtk is not installed (apt-get install dcmtk)")
-    folder = tmp_path_factory.mktemp("dcmqrscp")
+@contextlib.contextmanager
+def running_dcmqrscp(folder: Path, port: int, move_port: int | None = None) -> Iterator[Dcmqrscp]:
+    """dcmqrscp on ``port`` with its storage in ``folder`` (an AE table entry for MOVE_AE at
+    ``move_port``; FULL_AE holds 1 kB, READ_ONLY_AE takes nothing), until the block ends;
+    stopped by PID."""
     db, full, read_only = folder / "db", folder / "full", folder / "readonly"
     for d in (db, full, read_only):
-        d.mkdir()
-    port, move_port = free_port(), free_port()
+        d.mkdir(parents=True, exist_ok=True)
+    move_port = move_port or free_port()
     (folder / "dcmqrscp.cfg").write_text(
         f"NetworkTCPPort = {port}\nMaxPDUSize = 65536\nMaxAssociations = 16\n"
         "HostTable BEGIN\n"
@@ -81,7 +82,7 @@ def dcmqrscp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dcmqrscp]:
         f"{READ_ONLY_AE} {read_only} R (10, 10mb) ANY\n"
         "AETable END\n"
     )
-    log = open(folder / "dcmqrscp.log", "wb")  # noqa: SIM115 (closed at the end)
+    log = open(folder / "dcmqrscp.log", "ab")  # noqa: SIM115 (closed at the end)
     proc = subprocess.Popen(
         ["dcmqrscp", "-c", str(folder / "dcmqrscp.cfg"), "-ll", "warn"],
         stdout=log, stderr=subprocess.STDOUT,
@@ -97,3 +98,11 @@ def dcmqrscp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dcmqrscp]:
             proc.kill()
             proc.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def dcmqrscp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dcmqrscp]:
+    if shutil.which("dcmqrscp") is None or not Path("/usr/bin/storescu").exists():
+        pytest.skip("dcmtk is not installed (apt-get install dcmtk)")
+    with running_dcmqrscp(tmp_path_factory.mktemp("dcmqrscp"), free_port(), free_port()) as qr:
+        yield qr

@@ -266,12 +266,18 @@ class RouteRecord(BaseModel):
 
 
 class WriteBack(BaseModel):
-    """One object the gateway writes back to the PACS for a run."""
+    """One object the gateway writes back to the PACS for a run. Pending (``at`` None), it is
+    kept on disk (``kept``) and tried again at ``next_at`` until the destination stores it."""
 
     kind: str  # "sr" | "pdf" | "verified-sr" | ...
     sop_instance_uid: str
     model: str | None = None  # the model an SR reports on
     at: str | None = None  # when it was stored (None: still pending)
+    destination: str | None = None  # the PACS by its configured name (None: the local Orthanc)
+    attempts: int = 0  # stores tried (each with its quick retries)
+    last_error: str | None = None  # why the last attempt failed (bounded)
+    next_at: str | None = None  # when a pending object is tried again
+    kept: str | None = None  # the object's file, kept until it is stored
 
 
 class EvidenceRef(BaseModel):

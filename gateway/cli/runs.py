@@ -185,6 +185,7 @@ def runs_show(
                     "passports": {
                         m: p.model_dump(mode="json") for m, p in store.passports().items()
                     },
+                    "writeback": _writeback_json(store),
                     "series_not_shown": {
                         c.case_id: c.provenance.series_not_shown.model_dump(mode="json")
                         for c in store.cases().values()
@@ -208,6 +209,7 @@ def runs_show(
             sys.stdout.write("\n")
             return
         show_run(run_dir)
+        _show_writeback(run_dir)
         _show_passports(run_dir)
         _show_calibration(run_dir, log)
     except EvaluationError as exc:
@@ -250,6 +252,38 @@ def _review_stats(run_dir: Path, run_id: str, log: Path | None) -> Any:
     if feedback.version(run_id) == 0:
         return None
     return review_stats(load_run(run_dir, run_log_url()), feedback.reviews(run_id))
+
+
+def _writeback_json(store: Any) -> dict[str, Any] | None:
+    """A gateway run's write-back: what is stored in the PACS, and what is still pending."""
+    g = store.gateway_run(evidence=False)
+    if g is None:
+        return None
+    return {
+        "pending": [w.model_dump(mode="json") for w in g.writebacks_pending],
+        "done": [w.model_dump(mode="json") for w in g.writebacks_done],
+    }
+
+
+def _show_writeback(run_dir: Path) -> None:
+    """A gateway run's SR and PDF: stored in the PACS, or pending (kept, tried again)."""
+    with open_run(run_dir, read_only=True) as store:
+        g = store.gateway_run(evidence=False)
+    if g is None or not (g.writebacks_pending or g.writebacks_done):
+        return
+    where = {w.destination or "local" for w in [*g.writebacks_done, *g.writebacks_pending]}
+    console.print(
+        f"write-back to {escape(', '.join(sorted(where)))}: {len(g.writebacks_done)} stored, "
+        f"{len(g.writebacks_pending)} pending",
+        soft_wrap=True,
+    )
+    for w in g.writebacks_pending:
+        console.print(
+            f"  [yellow]pending[/yellow] {escape(w.kind)} {escape(w.sop_instance_uid)}: "
+            f"{w.attempts} attempt(s), {escape((w.last_error or '')[:200])}; next try "
+            f"{escape(w.next_at or 'at the next pass')}",
+            soft_wrap=True,
+        )
 
 
 def _show_passports(run_dir: Path) -> None:

@@ -42,6 +42,7 @@ from evaluation.review import (
 )
 from gateway.auth import Role
 from gateway.orthanc import OrthancClient, OrthancError
+from gateway.pacs import PacsClient, PacsRequestError
 from gateway.review.auth import Reviewer
 from gateway.review.reissue import (
     Destination,
@@ -55,6 +56,7 @@ from gateway.review.reissue import (
 from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.runs import RunNotFoundError, RunRecord
 from gateway.runs.reading import gateway_info
+from gateway.writeback import WritebackError
 
 MAX_BATCH = 500
 
@@ -390,6 +392,8 @@ class Pacs:
 
     orthanc: OrthancClient
     organization: str
+    # where the VERIFIED objects are stored (the PACS file's writeback:); None: ``orthanc``
+    destination: PacsClient | None = None
 
 
 def where_to(svc: ReviewService, cu: CaseUnderReview, pacs: Pacs) -> Destination:
@@ -416,7 +420,7 @@ def _send(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
 
     # the report's bundle: a gateway run's holds the evidence recorded at write-back
     return reissue_case(pacs.orthanc, cu.run, cu.case_id, cu.verification, pacs.organization,
-                        on_stored=stored, bundle=svc.folder(cu.report),
+                        on_stored=stored, bundle=svc.folder(cu.report), to=pacs.destination,
                         recorded=_recorded(svc, cu.report),
                         note=_passed_note(cu, passed))  # fmt: skip
 
@@ -440,7 +444,7 @@ def deliver(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
             status=PacsStatus.NOT_IN_PACS, study_uid=study,
             message=f"Nothing was sent to a PACS: {exc}. The review is recorded here only.",
         )  # fmt: skip
-    except (ReissueError, OrthancError, ValueError) as exc:
+    except (ReissueError, OrthancError, WritebackError, PacsRequestError, ValueError) as exc:
         return PacsOutcome(
             status=PacsStatus.FAILED, study_uid=study,
             message=f"The VERIFIED report was NOT stored in the PACS: {exc}. Send it again "

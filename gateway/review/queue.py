@@ -19,7 +19,7 @@ from evaluation.review import Superseded, missing_items
 from gateway.review.actions import CaseUnderReview, open_cases
 from gateway.review.auth import Reviewer
 from gateway.review.service import ReportNotFoundError, ReviewService
-from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
+from gateway.runs import RunNotFoundError, RunRecord, RunStatus, SkipKind, StudyRunStore
 
 MAX_FAILED = 50  # failed gateway runs listed (the newest)
 MAX_ERROR = 300  # characters of a failed run's error shown
@@ -68,6 +68,8 @@ class QueueRow:
     dataset_hash: str = ""  # its content hash: runs of one dataset that changed differ here
     # per model whose answers to the case were unusable: how many, and why (the format's reason)
     unusable: list[str] = field(default_factory=list)
+    # the run's SR/PDF the PACS has not stored yet (kept, tried again): what and why
+    writeback: str = ""
 
     @property
     def dataset_short(self) -> str:
@@ -165,8 +167,32 @@ def case_rows(svc: ReviewService, who: Reviewer, report: str | None = None) -> l
             opened = zip(open_cases(svc, name, records), svc.run(name).cases, strict=True)
         except ReportNotFoundError:
             continue
-        rows += [_case_row(cu, case, who) for cu, case in opened]
+        found = [_case_row(cu, case, who) for cu, case in opened]
+        note = _writeback_note(svc, name)
+        for r in found:
+            r.writeback = note
+        rows += found
     return rows
+
+
+def _writeback_note(svc: ReviewService, report: str) -> str:
+    """What of a gateway run's write-back is still pending, and why ("" when nothing is)."""
+    runs = svc.runs
+    if runs is None or not svc.is_gateway_run(report):
+        return ""
+    try:
+        pending = runs.get(report).writebacks_pending
+    except RunNotFoundError:
+        return ""
+    if not pending:
+        return ""
+    last = pending[-1]
+    where = last.destination or "local"
+    return (
+        f"not yet in PACS {where}: {len(pending)} object(s) pending after {last.attempts} "
+        f"attempt(s) ({(last.last_error or 'no reason recorded')[:MAX_ERROR]}); tried again "
+        f"from {last.next_at or 'the next pass'}"
+    )
 
 
 _NOT_EVALUATED = {

@@ -35,6 +35,7 @@ from evaluation.log import RunData
 from evaluation.reports import PdfError, pdf_bytes, render_verified
 from evaluation.review import Verification
 from gateway.orthanc import OrthancClient, OrthancError, StudySummary
+from gateway.pacs import PacsClient
 from gateway.runs.reading import gateway_info
 from gateway.sr import (
     ReportBuildError,
@@ -232,6 +233,7 @@ def reissue_case(
     bundle: Path | None = None,
     note: str = "",
     recorded: Recorded = None,
+    to: PacsClient | None = None,
 ) -> Reissued:
     """Store one VERIFIED SR per model and the VERIFIED checklist PDF of a verified case. Every
     object is built before the first is stored (one that cannot be built stores none);
@@ -239,7 +241,8 @@ def reissue_case(
     ``run``; ``recorded``: reads the SR's evidence the gateway recorded for the run (else an
     old bundle's ``evidence.json``; else the PACS is asked for the source headers).
     ``note``: said in every SR and the PDF after the clinicians' comments (a superseded
-    report version verified knowingly names the newer version)."""
+    report version verified knowingly names the newer version). ``to``: the PACS the objects
+    are stored in (the PACS file's ``writeback:``); None: ``orthanc``."""
     if not verification.complete:
         raise ReissueError(f"case {case_id!r} cannot be re-issued: {verification.why_not}")
     if not verification.blocks:
@@ -288,9 +291,10 @@ def reissue_case(
         out.pdf_uid = str(ds.SOPInstanceUID)
         on_stored(out.pdf_uid)
 
-    store(orthanc, srs, sr_stored)  # the SRs, then the PDF
+    target = to if to is not None else orthanc  # ``to``: the configured write-back PACS
+    store(target, srs, sr_stored)  # the SRs, then the PDF
     if pdf is not None:
-        store(orthanc, [pdf], pdf_stored)
+        store(target, [pdf], pdf_stored)
     return out
 
 

@@ -541,7 +541,8 @@ def signoff_page(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Resp
 
 
 def _pacs(ctx: Ctx) -> Pacs:
-    return Pacs(ctx.orthanc, ctx.settings.verifying_organization)
+    return Pacs(ctx.orthanc, ctx.settings.verifying_organization,
+                ctx.pipeline.writeback if ctx.pipeline is not None else None)  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/signoff", summary="Sign-off, step 2: confirm (final)")

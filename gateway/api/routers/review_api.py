@@ -271,7 +271,8 @@ def get_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Signo
 
 
 def _pacs(ctx: Ctx) -> Pacs:
-    return Pacs(ctx.orthanc, ctx.settings.verifying_organization)
+    return Pacs(ctx.orthanc, ctx.settings.verifying_organization,
+                ctx.pipeline.writeback if ctx.pipeline is not None else None)  # fmt: skip
 
 
 def _signed(ctx: Ctx, request: Request, report: str, slug: str, pacs: PacsOutcome) -> SignedOut:
