@@ -32,7 +32,7 @@ from tests.gateway_synth import make_study
 pytestmark = pytest.mark.integration
 CURL = shutil.which("curl")
 MAX_BODY = 400_000  # the test's STOW bound (the default is 2 GiB)
-BODY_TIMEOUT_S = 2.0  # the test's STOW body deadline (the default is 600 s)
+BODY_TIMEOUT_S = 1.0  # the test's STOW body deadline (the default is 600 s)
 
 
 class Stow:
