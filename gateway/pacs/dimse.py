@@ -120,6 +120,8 @@ TRANSFER_SYNTAXES: list[str | UID] = [
 ]  # fmt: skip
 MAX_INSTANCE_BYTES = 2 * 1024**3
 MAX_COUNTED_INSTANCES = 100_000  # IMAGE-level answers read to count a study's instances
+MAX_STUDY_BYTES = 64 * 1024**3  # received for one study (as DICOMweb's; a neuro study is a few GB)
+MAX_STUDY_INSTANCES = 200_000  # instances received for one study
 _FIND_KEYS = (
     "PatientID", "IssuerOfPatientID", "PatientName", "PatientBirthDate", "AccessionNumber",
     "StudyDate", "ModalitiesInStudy", "StudyDescription", "NumberOfStudyRelatedSeries",
@@ -164,6 +166,75 @@ class NoContextAcceptedError(PacsRequestError):
     def __init__(self, message: str, classes: list[str]) -> None:
         super().__init__(message)
         self.classes = classes
+
+
+def _stop(assoc: Association) -> None:
+    """Abort an association from inside its C-STORE handler. On C-GET's association the
+    handler runs in our own thread, inside the C-GET's wait for the archive's next message:
+    pynetdicom 3.0 would wait out the whole DIMSE timeout before seeing its own abort, so the
+    wait is woken with what the DIMSE queue holds when nothing more will come (None, None)."""
+    assoc.abort()  # from a handler: queued, the association then ends
+    if assoc.is_requestor:
+        assoc.dimse.msg_queue.put((None, None))
+
+
+class _Writer:
+    """The C-STORE handler of one pull (C-GET's association or the C-MOVE receiver): each
+    instance as a Part 10 file named by the hash of its bytes, progress per instance, and the
+    study bounded as a whole. Past ``MAX_STUDY_BYTES`` or ``MAX_STUDY_INSTANCES`` the archive's
+    association is aborted and ``over`` says which bound; ``remove_written`` then takes back the
+    files of this pull."""
+
+    def __init__(
+        self, dest: Path, progress: Progress | None, total: int | None, failed: list[str]
+    ) -> None:
+        self.dest, self.progress, self.total, self.failed = dest, progress, total, failed
+        self.lock = threading.Lock()
+        self.done = self.n_bytes = 0
+        self.written: set[str] = set()
+        self.over: str | None = None
+
+    def __call__(self, event: Any) -> int:
+        if self.over is not None:
+            return 0xA700
+        try:
+            data = event.encoded_dataset(include_meta=True)
+        except Exception as exc:  # a dataset pynetdicom cannot encode: refused, listed
+            self.failed.append(f"an instance could not be written: {str(exc)[:120]}")
+            return 0xC210
+        if len(data) > MAX_INSTANCE_BYTES:
+            self.failed.append(f"an instance over {MAX_INSTANCE_BYTES} bytes was refused")
+            return 0xA700
+        with self.lock:
+            if self.n_bytes + len(data) > MAX_STUDY_BYTES:
+                self.over = f"{MAX_STUDY_BYTES} bytes"
+            elif self.done + 1 > MAX_STUDY_INSTANCES:
+                self.over = f"{MAX_STUDY_INSTANCES} instances"
+            if self.over is not None:
+                _stop(event.assoc)
+                return 0xA700
+            self.n_bytes += len(data)
+            name = hashlib.sha256(data).hexdigest()[:32] + ".dcm"
+            self.written.add(name)
+        try:  # whole or not at all (the cache's rule: dicom.atomic_write); a cache: no fsync
+            with atomic_write(self.dest / name, fsync=False) as fh:
+                fh.write(data)
+        except OSError as exc:  # disk full, folder gone: the archive hears Out of Resources
+            self.failed.append(f"an instance could not be written: {exc.strerror or exc}"[:200])
+            return 0xA700
+        with self.lock:
+            self.done += 1
+            if self.progress:
+                self.progress(self.done, self.total)
+        return 0x0000
+
+    def remove_written(self) -> None:
+        with self.lock:
+            names = list(self.written)
+        for name in names:
+            (self.dest / name).unlink(missing_ok=True)
+        for part in self.dest.glob(".*.part"):
+            part.unlink(missing_ok=True)
 
 
 class DimseClient:
@@ -392,33 +463,8 @@ class DimseClient:
 
     def _writer(
         self, dest: Path, progress: Progress | None, total: int | None, failed: list[str]
-    ) -> Callable[[Any], int]:
-        lock = threading.Lock()
-        done = [0]
-
-        def on_store(event: Any) -> int:
-            try:
-                data = event.encoded_dataset(include_meta=True)
-            except Exception as exc:  # a dataset pynetdicom cannot encode: refused, listed
-                failed.append(f"an instance could not be written: {str(exc)[:120]}")
-                return 0xC210
-            if len(data) > MAX_INSTANCE_BYTES:
-                failed.append(f"an instance over {MAX_INSTANCE_BYTES} bytes was refused")
-                return 0xA700
-            name = hashlib.sha256(data).hexdigest()[:32] + ".dcm"
-            try:  # whole or not at all (the cache's rule: dicom.atomic_write)
-                with atomic_write(dest / name, fsync=False) as fh:
-                    fh.write(data)
-            except OSError as exc:  # disk full, folder gone: the archive hears Out of Resources
-                failed.append(f"an instance could not be written: {exc.strerror or exc}"[:200])
-                return 0xA700
-            with lock:
-                done[0] += 1
-                if progress:
-                    progress(done[0], total)
-            return 0x0000
-
-        return on_store
+    ) -> _Writer:
+        return _Writer(dest, progress, total, failed)
 
     def retrieve(
         self, match: StudyMatch, dest: Path, progress: Progress | None = None
@@ -427,10 +473,20 @@ class DimseClient:
         dest.mkdir(parents=True, exist_ok=True)
         failed: list[str] = []
         on_store = self._writer(dest, progress, match.n_instances, failed)
-        if self.cfg.retrieve == "c-move":
-            self._move(match, on_store, failed)
-        else:
-            self._get(match, on_store, failed)
+        try:
+            if self.cfg.retrieve == "c-move":
+                self._move(match, on_store, failed)
+            else:
+                self._get(match, on_store, failed)
+        except PacsRequestError:
+            if on_store.over is None:
+                raise
+        if on_store.over is not None:  # the archive's failure after our abort is not the news
+            on_store.remove_written()
+            raise PacsRequestError(
+                f"{self._where()}: the study sent is over {on_store.over}: the pull was stopped "
+                "and nothing of it kept (is the archive answering for this study only?)"
+            )
         out = keep_the_study(match, dest, started)
         out.failed = failed[:50]
         return out

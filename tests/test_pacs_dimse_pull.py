@@ -1,0 +1,96 @@
+"""Pulling from a DICOM archive by DIMSE (gateway/pacs/dimse.py) against dcmtk's dcmqrscp: what
+the archive sends is judged here, whatever it is."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import pydicom
+import pytest
+
+from gateway.pacs import DimsePacs, PacsRequestError, StudyQuery, TlsConfig, dimse
+from gateway.pacs.dimse import DimseClient
+from tests.dcmqrscp_fixture import AE_TITLE, CALLING_AE, MOVE_AE, Dcmqrscp
+from tests.gateway_synth import make_study
+from tests.tls_fixture import TLS_AE, TlsOrthanc
+
+
+def _client(dcmqrscp: Dcmqrscp, how: str) -> DimseClient:
+    extra = {"move_destination": MOVE_AE, "receive_host": "127.0.0.1",
+             "receive_port": dcmqrscp.move_port} if how == "c-move" else {}  # fmt: skip
+    cfg = DimsePacs(kind="dimse", ae_title=AE_TITLE, host="127.0.0.1", port=dcmqrscp.port,
+                    calling_ae=CALLING_AE, timeout_s=20, retrieve=how, **extra)  # type: ignore[arg-type]  # fmt: skip
+    return DimseClient("archive", cfg)
+
+
+@pytest.fixture(scope="module")
+def shared_uid(dcmqrscp: Dcmqrscp, tmp_path_factory: pytest.TempPathFactory):
+    """One study UID under two patients: 3 files of P, 1 of Q (a mix-up the archive keeps)."""
+    tag = uuid.uuid4().hex[:8].upper()
+    root = tmp_path_factory.mktemp("shared-uid")
+    p = make_study(root / "p", classes=("FLAIR",), n_slices=3, patient_id=f"P{tag}")
+    q = make_study(root / "q", classes=("T2",), n_slices=1, patient_id=f"Q{tag}",
+                   study_uid=p.study_uid)  # fmt: skip
+    dcmqrscp.store(root / "p", root / "q")
+    return p, q
+
+
+@pytest.mark.parametrize("how", ["c-get", "c-move"])
+def test_a_file_of_another_patient_under_the_study_uid_is_not_kept(
+    dcmqrscp: Dcmqrscp, shared_uid, tmp_path: Path, how: str
+) -> None:
+    p, q = shared_uid
+    client = _client(dcmqrscp, how)
+    found = client.find_studies(StudyQuery(study_uids=[p.study_uid]))
+    assert sorted(x.patient_id for x in found) == [p.patient_id, q.patient_id]
+    (m,) = [x for x in found if x.patient_id == p.patient_id]
+    got = client.retrieve(m, tmp_path / how)
+    kept = {pydicom.dcmread(f).PatientID for f in (tmp_path / how).glob("*.dcm")}
+    assert got.n_files == 3 and kept == {p.patient_id}, got
+
+
+def test_a_file_of_another_patient_the_archive_sends_is_removed_and_listed(
+    tls_orthanc: TlsOrthanc, tmp_path: Path
+) -> None:
+    """Orthanc answers a C-GET by study UID with both patients' files: Q's is removed, listed."""
+    tag = uuid.uuid4().hex[:8].upper()
+    p = make_study(tmp_path / "p", classes=("FLAIR",), n_slices=2, patient_id=f"P{tag}")
+    q = make_study(tmp_path / "q", classes=("T2",), n_slices=1, patient_id=f"Q{tag}",
+                   study_uid=p.study_uid)  # fmt: skip
+    for f in (*p.files, *q.files):
+        tls_orthanc.upload(f)
+    cfg = DimsePacs(kind="dimse", ae_title=TLS_AE, host="127.0.0.1", port=tls_orthanc.dicom_port,
+                    timeout_s=20, tls=TlsConfig(ca_file=tls_orthanc.pki.ca))  # fmt: skip
+    client = DimseClient("secure", cfg)
+    (m,) = client.find_studies(StudyQuery(patient_ids=[p.patient_id]))
+    got = client.retrieve(m, tmp_path / "pulled")
+    kept = {pydicom.dcmread(f).PatientID for f in (tmp_path / "pulled").glob("*.dcm")}
+    assert got.n_files == 2 and kept == {p.patient_id}, got
+    assert len(got.rejected) == 1 and "another patient" in got.rejected[0], got.rejected
+
+
+@pytest.mark.parametrize(
+    ("how", "bound", "value"),
+    [("c-get", "MAX_STUDY_BYTES", 25_000), ("c-move", "MAX_STUDY_BYTES", 25_000),
+     ("c-get", "MAX_STUDY_INSTANCES", 2)],
+)  # fmt: skip
+def test_an_archive_sending_more_than_a_study_can_be_is_stopped_and_nothing_kept(
+    dcmqrscp: Dcmqrscp, shared_uid, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    how: str, bound: str, value: int,
+) -> None:  # fmt: skip
+    """A study is bounded as a whole (bytes, instances), not only per instance: past the bound
+    the archive's association is aborted, the pull is an error, and no file of it is kept."""
+    p, _ = shared_uid
+    client = _client(dcmqrscp, how)
+    (m,) = client.find_studies(StudyQuery(patient_ids=[p.patient_id]))
+    monkeypatch.setattr(dimse, bound, value)  # 3 instances of ~9.5 kB each
+    start = time.monotonic()
+    with pytest.raises(PacsRequestError, match=r"PACS 'archive' .*stopped.* nothing of it kept"):
+        client.retrieve(m, tmp_path / how)
+    assert time.monotonic() - start < 10
+    assert list((tmp_path / how).iterdir()) == []
+    # and the archive is not left in a state that refuses the next pull
+    monkeypatch.undo()
+    assert client.retrieve(m, tmp_path / "again").n_files == 3
