@@ -118,9 +118,15 @@ def test_a_cohort_is_listed_pulled_once_joined_and_checked(
     by_uid = yaml.safe_load((tmp_path / "m2.yaml").read_text())["cases"]
     assert sorted(c["study"]["patient_id"] for c in by_uid) == [f"PA{tag}", f"PA{tag}", f"PB{tag}"]
     assert {c["study"]["pacs"] for c in by_uid} == {"local"}
-    check = _run(["cases", "check", "m2.yaml"], orthanc_server.env, tmp_path)
-    assert check.returncode == 0, check.stdout + check.stderr
-    assert "on the PACS 'local', not fetched" in check.stdout
+    # `eval` gives the loader the PACS fetcher (the studies are in the cache: nothing pulled)
+    dry = _run(["eval", "--suite", "m2.yaml", "--out", "r", "--model", "reference/image-rules",
+                "--dry-run", "--json"], orthanc_server.env, tmp_path)  # fmt: skip
+    assert dry.returncode == 0, dry.stdout[-2000:] + dry.stderr[-2000:]
+    estimate = json.loads(dry.stdout)
+    assert (estimate["cases"], estimate["cases_skipped"]) == (3, 0)  # none skipped: fetched
+    report = check_manifest(tmp_path / "m2.yaml", known_pacs={"local"})  # as `cases check`
+    assert report.ok and report.cases == 3, report.problems
+    assert sum("on the PACS 'local', not fetched" in n for n in report.notes) == 3
 
 
 def test_a_manifest_names_a_study_on_a_pacs_by_uid_and_patient(

@@ -40,6 +40,7 @@ def canary_command(
     earlier run scored with an older scoring version is rescored first."""
     from evaluation import RunConfig, start_run
     from gateway.canary import judge, read_canary, run_folder
+    from gateway.pacs.cohort import pacs_fetcher
     from gateway.settings import get_settings
 
     settings = get_settings()
@@ -68,7 +69,13 @@ def canary_command(
         runs_dir.mkdir(parents=True, exist_ok=True)
         with ProgressBar() as bar:
             stats = asyncio.run(
-                start_run(config, out, on_progress=bar, database_url=settings.database_url)
+                start_run(
+                    config,
+                    out,
+                    on_progress=bar,
+                    database_url=settings.database_url,
+                    fetch_study=pacs_fetcher(settings),
+                )
             )
     except (EvaluationError, OSError) as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
