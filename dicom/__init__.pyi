@@ -79,6 +79,9 @@ from .records import (
 from .records import (
     SeriesInfo as SeriesInfo,
 )
+from .records import (
+    TilePlace as TilePlace,
+)
 from .render import (
     RenderOptions as RenderOptions,
 )

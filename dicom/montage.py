@@ -94,6 +94,27 @@ def draw_text(
     region[...] = blend >> 8
 
 
+def tile_fit(w: int, h: int, pixel_mm: tuple[float, float], size: int) -> tuple[int, int, int, int]:
+    """Where fit_tile puts a w x h image of ``pixel_mm`` pixels in its tile: (new width, new
+    height, top, left) in tile pixels (the one rule fit_tile and a tile's geometry read)."""
+    width_mm, height_mm = w * pixel_mm[0], h * pixel_mm[1]
+    scale = size / max(width_mm, height_mm)
+    new_w, new_h = max(1, round(width_mm * scale)), max(1, round(height_mm * scale))
+    return new_w, new_h, (size - new_h) // 2, (size - new_w) // 2
+
+
+def tile_origins(n: int, columns: int, size: int) -> list[tuple[int, int]]:
+    """(top, left) of each of ``n`` tiles on a montage sheet (the one layout rule)."""
+    cols = max(1, min(columns, n))
+    bar = max(24, size // 8)
+    return [(bar + (k // cols) * size, (k % cols) * size) for k in range(n)]
+
+
+def single_origin(size: int) -> tuple[int, int]:
+    """(top, left) of the tile of a single slice, under its bar."""
+    return max(18, size // 12), 0
+
+
 def fit_tile(img: np.ndarray, pixel_mm: tuple[float, float], size: int) -> np.ndarray:
     """Resample to square pixels and centre in a size x size tile (black background), grey
     (rows, cols) or RGB (rows, cols, 3) as ``img``.
@@ -103,15 +124,12 @@ def fit_tile(img: np.ndarray, pixel_mm: tuple[float, float], size: int) -> np.nd
     enlarging interpolates bilinearly.
     """
     h, w = img.shape[:2]
-    width_mm, height_mm = w * pixel_mm[0], h * pixel_mm[1]
-    scale = size / max(width_mm, height_mm)
-    new_w, new_h = max(1, round(width_mm * scale)), max(1, round(height_mm * scale))
+    new_w, new_h, r0, c0 = tile_fit(w, h, pixel_mm, size)
     shrink = new_w <= w and new_h <= h
     resample = Image.Resampling.BOX if shrink else Image.Resampling.BILINEAR
     mode = "RGB" if img.ndim == 3 else "L"
     fitted = Image.fromarray(np.ascontiguousarray(img), mode=mode).resize((new_w, new_h), resample)
     tile = np.zeros((size, size, *img.shape[2:]), dtype=np.uint8)
-    r0, c0 = (size - new_h) // 2, (size - new_w) // 2
     tile[r0 : r0 + new_h, c0 : c0 + new_w] = np.asarray(fitted)
     return tile
 
@@ -158,7 +176,7 @@ class Marks:
 def single(tile: np.ndarray, label: str, marks: Marks, header: str) -> np.ndarray:
     """A single slice (RGB): the marked tile under a bar with its label."""
     size = tile.shape[0]
-    bar = max(18, size // 12)
+    bar = single_origin(size)[0]
     out = np.zeros((size + bar, size, 3), dtype=np.uint8)
     _put(out[bar:], tile)
     mark_tile(out[bar:], marks.plane, marks.oriented, label)
@@ -184,7 +202,7 @@ def montage(
     nrows = (len(tiles) + cols - 1) // cols
     bar = max(24, size // 8)
     sheet = np.zeros((nrows * size + bar, cols * size, *tiles[0].shape[2:]), dtype=np.uint8)
-    places = [(bar + (n // cols) * size, (n % cols) * size) for n in range(len(tiles))]
+    places = tile_origins(len(tiles), columns, size)
     for (r, c), tile in zip(places, tiles, strict=True):
         sheet[r : r + size, c : c + size] = tile
     out = _rgb(sheet)

@@ -238,6 +238,50 @@ class IndexResult(BaseModel):
     series_headers: dict[str, Any] = Field(default_factory=dict, exclude=True, repr=False)
 
 
+class TilePlace(BaseModel):
+    """Where one slice sits on a rendered PNG and where its pixels lie in the patient.
+
+    Pixel coordinates are continuous, in the PNG's pixels (x to the right, y down, the PNG's
+    top-left corner at (0, 0), a pixel's centre at n + 0.5). ``to_ras`` (3 rows of 3) maps
+    (x, y, 1) to RAS mm; ``to_source`` (2 rows of 3), set when the tile is an acquired slice of
+    one stored instance, maps (x, y, 1) to (column, row) on that instance (pixel centres at
+    integers, as DICOM's image coordinates are offset by 0.5: see ``scoord_point``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    x: int  # the tile's box on the PNG: left, top, side (px)
+    y: int
+    size: int
+    slice_index: int  # display slice of the stack
+    to_ras: list[list[float]] | None = None  # None: the stack has no patient geometry
+    to_source: list[list[float]] | None = None  # None: resliced (or no instance to name)
+    sop_instance_uid: str = ""  # the acquired slice's instance (with ``to_source``)
+    sop_class_uid: str = ""
+    frame: int | None = None  # 1-based frame of a multi-frame instance
+
+    def contains(self, x: float, y: float) -> bool:
+        return self.x <= x < self.x + self.size and self.y <= y < self.y + self.size
+
+    def ras(self, x: float, y: float) -> tuple[float, float, float] | None:
+        """The patient position (RAS mm) under PNG pixel (x, y); None without geometry."""
+        if self.to_ras is None:
+            return None
+        m = self.to_ras
+        return tuple(m[i][0] * x + m[i][1] * y + m[i][2] for i in range(3))  # type: ignore[return-value]
+
+    def scoord_point(self, x: float, y: float) -> tuple[float, float] | None:
+        """(column, row) on the source instance in DICOM image coordinates (the top-left
+        corner of the top-left pixel at (0, 0), its centre at (0.5, 0.5)); None when resliced."""
+        if self.to_source is None:
+            return None
+        m = self.to_source
+        return (
+            m[0][0] * x + m[0][1] * y + m[0][2] + 0.5,
+            m[1][0] * x + m[1][1] * y + m[1][2] + 0.5,
+        )
+
+
 class RenderedImage(BaseModel):
     """One PNG shown to a model: exactly what was rendered, from what, and how."""
 
@@ -257,6 +301,8 @@ class RenderedImage(BaseModel):
     width: int
     height: int
     sha256: str
+    # each slice's place on the PNG and in the patient (what a point on the image refers to)
+    tiles: list[TilePlace] = Field(default_factory=list)
 
 
 class RenderManifest(BaseModel):

@@ -38,19 +38,29 @@ from dicom.errors import ImagingError
 from dicom.geometry import reslice_problem
 from dicom.headers import DEFAULT_MEMORY_CAP
 from dicom.index import index_path
-from dicom.montage import Marks, fit_tile, montage, single
+from dicom.montage import (
+    Marks,
+    fit_tile,
+    montage,
+    single,
+    single_origin,
+    tile_fit,
+    tile_origins,
+)
 from dicom.parallel import idle_cpus
 from dicom.pixels import load_stored, load_volume
 from dicom.png import encode_png
 from dicom.records import (
     CLINICAL_CLASSES,
     FileError,
+    FrameRef,
     IndexResult,
     Plane,
     RenderedImage,
     RenderManifest,
     SequenceClass,
     SeriesInfo,
+    TilePlace,
 )
 from dicom.selection import find_series, one_per_dwi_series
 from dicom.window import (
@@ -326,8 +336,16 @@ def _render_images(
     records: list[RenderedImage] = []
     files: list[tuple[str, bytes]] = []
 
+    crop = (r0, c0, r1, c1)
+
     def emit(
-        img: np.ndarray, name: str, kind: str, idx: list[int], pos: list[float], label: str
+        img: np.ndarray,
+        name: str,
+        kind: str,
+        idx: list[int],
+        pos: list[float],
+        label: str,
+        origins: list[tuple[int, int]],
     ) -> None:
         data_png = encode_png(img)
         files.append((name, data_png))
@@ -349,17 +367,95 @@ def _render_images(
                 width=img.shape[1],
                 height=img.shape[0],
                 sha256=hashlib.sha256(data_png).hexdigest(),
+                tiles=[
+                    tile_place(series, dv, k, crop, options.tile_size, o)
+                    for k, o in zip(idx, origins, strict=True)
+                ],
             )
         )
 
     if options.singles:
         for k, tile, text, mm in zip(picks, tiles, labels, positions, strict=True):
             image = single(tile, text, marks, f"{seq} | {text}")
-            emit(image, f"{stem}_slice{k:03d}.png", "slice", [k], [mm], f"{seq} | {text}")
+            name = f"{stem}_slice{k:03d}.png"
+            origin = [single_origin(options.tile_size)]
+            emit(image, name, "slice", [k], [mm], f"{seq} | {text}", origin)
     if options.montage:
         sheet = montage(tiles, labels, marks, options.columns, seq, bar)
-        emit(sheet, f"{stem}_montage.png", "montage", picks, positions, seq)
+        origins = tile_origins(len(tiles), options.columns, options.tile_size)
+        emit(sheet, f"{stem}_montage.png", "montage", picks, positions, seq, origins)
     return records, files, warnings
+
+
+def tile_place(
+    series: SeriesInfo,
+    dv: DisplayVolume,
+    k: int,
+    crop: tuple[int, int, int, int],
+    size: int,
+    origin: tuple[int, int],
+) -> TilePlace:
+    """Where display slice ``k`` sits on its PNG (tile at ``origin`` = (top, left)) and the
+    affine maps of a PNG pixel to RAS mm and, for an acquired slice, to its instance's pixels.
+
+    The chain is the renderer's own: the crop ``crop`` = (r0, c0, r1, c1) of the radiological
+    slice (slice_2d), fitted into the tile (montage.tile_fit), the display volume's voxel
+    (u, v, k) and its affine; every step is affine, so the composition is exact.
+    """
+    r0, c0, r1, c1 = crop
+    top, left = origin
+    new_w, new_h, tr0, tc0 = tile_fit(c1 - c0, r1 - r0, dv.pixel_mm, size)
+    sx, sy = (c1 - c0) / new_w, (r1 - r0) / new_h
+    # display (col, row, 1) from PNG (x, y, 1): pixel centres at n + 0.5 on both sides
+    disp = np.array(
+        [
+            [sx, 0.0, c0 - sx * (left + tc0) - 0.5],
+            [0.0, sy, r0 - sy * (top + tr0) - 0.5],
+            [0.0, 0.0, 1.0],
+        ]
+    )
+    place = TilePlace(x=left, y=top, size=size, slice_index=k)
+    if dv.affine is None:
+        return place
+    in_plane = [a for a in (0, 1, 2) if a != dv.axis]
+    nu, nv = dv.data.shape[in_plane[0]], dv.data.shape[in_plane[1]]
+    # slice_2d flips both axes: col c is u = nu - 1 - c, row r is v = nv - 1 - r
+    voxel = np.zeros((4, 3))
+    voxel[in_plane[0]] = [-disp[0, 0], -disp[0, 1], nu - 1 - disp[0, 2]]
+    voxel[in_plane[1]] = [-disp[1, 0], -disp[1, 1], nv - 1 - disp[1, 2]]
+    voxel[dv.axis] = [0.0, 0.0, float(k)]
+    voxel[3] = [0.0, 0.0, 1.0]
+    to_ras = (np.asarray(dv.affine) @ voxel)[:3]
+    update: dict[str, object] = {"to_ras": _rounded(to_ras)}
+    if series.affine is not None:
+        stored = np.linalg.inv(np.asarray(series.affine)) @ np.vstack([to_ras, [0.0, 0.0, 1.0]])
+        slice_k = stored[2, 2]
+        acquired = abs(stored[2, 0]) < 1e-6 and abs(stored[2, 1]) < 1e-6
+        if acquired and abs(slice_k - round(slice_k)) < 1e-3:
+            frames = _frames_of(series, dv.volume_label)
+            n = round(slice_k)
+            if 0 <= n < len(frames) and frames[n].sop_instance_uid:
+                ref = frames[n]
+                update |= {
+                    "to_source": _rounded(stored[:2]),
+                    "sop_instance_uid": ref.sop_instance_uid,
+                    "sop_class_uid": ref.sop_class_uid,
+                    "frame": None if ref.frame is None else ref.frame + 1,
+                }
+    return place.model_copy(update=update)
+
+
+def _frames_of(series: SeriesInfo, volume_label: str) -> list[FrameRef]:
+    """The stored slices (k = 0, 1, ...) of the volume shown."""
+    if not series.volumes:
+        return []
+    labels = series.volume_labels
+    v = labels.index(volume_label) if volume_label in labels else 0
+    return series.volumes[v] if v < len(series.volumes) else []
+
+
+def _rounded(m: np.ndarray) -> list[list[float]]:
+    return [[round(float(x), 6) for x in row] for row in m]
 
 
 def _lesion_in_display(

@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_core.core_schema import SerializerFunctionWrapHandler
 
-from dicom import SeriesNotShown
+from dicom import SeriesNotShown, TilePlace
 
 SCHEMA_VERSION = 1
 
@@ -288,6 +288,13 @@ class ImageRef(BaseModel):
     kind: str = "slice"  # slice | montage
     window: str | None = None
     series_uid: str | None = None
+    # each slice's box on the image and its pixel -> patient (and source instance) maps, as
+    # rendered: what a point a model gives on the image refers to (empty: not recorded)
+    tiles: list[TilePlace] = Field(default_factory=list)
+
+    def tile_at(self, x: float, y: float) -> TilePlace | None:
+        """The slice under image pixel (x, y), or None (the bar, the margin, not recorded)."""
+        return next((t for t in self.tiles if t.contains(x, y)), None)
 
 
 class Turn(BaseModel):

@@ -19,7 +19,7 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, Field, ValidationError
 
-from evaluation.answers import Answer, ClassificationAnswer
+from evaluation.answers import Answer, ClassificationAnswer, ImagePlace
 from evaluation.case import TaskFamily, neurovlm_subtype
 from evaluation.prompts import PromptSet, default_prompts
 from evaluation.scores import ParseStatus
@@ -191,7 +191,9 @@ def _repair_answer(data: dict[str, Any], repairs: list[str]) -> dict[str, Any]:
         for key in ("evidence_for", "evidence_against"):
             if isinstance(item.get(key), str):
                 item[key] = [item[key]]
-    for item in _list(data, "findings"):
+    for n, item in enumerate(_list(data, "findings")):
+        if isinstance(item, dict) and item.get("place") is not None:
+            _repair_place(item, f"findings[{n}].place", repairs)
         if isinstance(item, dict) and isinstance(item.get("size_mm"), str):
             m = re.match(r"\s*(\d+(?:\.\d+)?)", item["size_mm"])
             if m:
@@ -200,6 +202,23 @@ def _repair_answer(data: dict[str, Any], repairs: list[str]) -> dict[str, Any]:
     if isinstance(data.get("next_steps"), str):
         data["next_steps"] = [data["next_steps"]]
     return data
+
+
+def _repair_place(item: dict[str, Any], where: str, repairs: list[str]) -> None:
+    """A finding's place as the record reads it (numbers given as text read as numbers), or
+    dropped with a repair when it is no place on an image (the finding itself is kept: a bad
+    pointer never costs the answer)."""
+    try:
+        place = ImagePlace.model_validate(item["place"])
+    except ValidationError as exc:
+        del item["place"]
+        why = exc.errors()[0]["msg"] if exc.errors() else "invalid"
+        repairs.append(format_reason(f"{where}: dropped, not a place on an image ({why})"))
+        return
+    fixed = place.model_dump(mode="json", exclude_none=True)
+    if fixed != item["place"]:
+        repairs.append(f"{where}: read as {fixed}")
+    item["place"] = fixed
 
 
 def _repair_classification(data: dict[str, Any], repairs: list[str]) -> dict[str, Any]:

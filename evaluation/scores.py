@@ -88,6 +88,16 @@ class ReadFinding(Record):
         return bool(self.sequence or self.direction or self.enhancement)
 
 
+class PointOutcome(Record):
+    """Where a finding's place on an image landed (scoring.localisation)."""
+
+    status: Literal["lesion", "outside", "no_such_image", "off_slice", "unmapped"]
+    why: str = ""
+    ras_mm: tuple[float, float, float] | None = None  # the patient position pointed at
+    label: int = 0  # the lesion mask's label there (0: no lesion)
+    slice_index: int | None = None  # the display slice of the stack
+
+
 class FindingMatch(Record):
     index: int
     status: Literal["matched", "redundant", "near", "hallucinated", "unlocalised", "negative"]
@@ -95,6 +105,7 @@ class FindingMatch(Record):
     lesions: list[str] = Field(default_factory=list)  # lesions it detects, or restates
     near: dict[str, list[str]] = Field(default_factory=dict)  # lesion id -> near kinds
     description_errors: list[str] = Field(default_factory=list)
+    pointed: PointOutcome | None = None  # where its place landed (None: no place, or unchecked)
 
 
 class LesionOutcome(Record):
@@ -104,6 +115,8 @@ class LesionOutcome(Record):
     near_kinds: list[str] = Field(default_factory=list)
     findings: list[int] = Field(default_factory=list)  # best finding first, then restatements
     description_errors: list[str] = Field(default_factory=list)
+    # detected, and its best finding points inside its label mask (None: not measurable)
+    localised: bool | None = None
 
 
 class LesionMatchResult(Record):
@@ -127,6 +140,11 @@ class LesionMatchResult(Record):
     images_shown: int | None = None  # images the request carried (None: not recorded)
     # why missed lesions do not count against this answer ("" when they do)
     missed_not_counted: str = ""
+    # findings pointed at on an image, lesions localised (scoring.localisation); the rate is
+    # None where it cannot be measured (no label mask, no recorded image geometry)
+    n_pointed: int = 0
+    n_localised: int = 0
+    localisation_rate: float | None = None
 
 
 # --------------------------------------------------------------------------- details kinds

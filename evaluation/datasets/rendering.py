@@ -399,6 +399,7 @@ def _ref(folder: Path, img: RenderedImage, modality: dict[str, str]) -> ImageRef
         kind=img.kind,
         window=img.window,
         series_uid=img.series_uid,
+        tiles=img.tiles,
     )
 
 

@@ -15,7 +15,7 @@ import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import ndimage
@@ -46,6 +46,10 @@ class Blob:
     ring: bool
     z_mm: float | None
     peripheral: bool
+    # its centre on the image it was found on (PNG pixels; None: not recorded), and that
+    # image's number in the request (set by the caller that numbers the images)
+    point: tuple[float, float] | None = None
+    image: int | None = None
 
 
 def sequence_of(label: str) -> str | None:
@@ -82,6 +86,11 @@ def _grey(rgb: np.ndarray) -> np.ndarray:
 
 def tiles(rgb: np.ndarray, montage: bool) -> list[np.ndarray]:
     """Tiles of a montage (header bar above a grid of square tiles), or the one slice."""
+    return [t for t, _ in placed_tiles(rgb, montage)]
+
+
+def placed_tiles(rgb: np.ndarray, montage: bool) -> list[tuple[np.ndarray, tuple[int, int]]]:
+    """Each tile with its (top, left) on the image."""
     h, w = rgb.shape[:2]
     if montage:
         for size in _TILE_SIZES:
@@ -89,14 +98,17 @@ def tiles(rgb: np.ndarray, montage: bool) -> list[np.ndarray]:
             if w % size == 0 and h > bar and (h - bar) % size == 0:
                 rows, cols = (h - bar) // size, w // size
                 found = [
-                    rgb[bar + r * size : bar + (r + 1) * size, c * size : (c + 1) * size]
+                    (
+                        rgb[bar + r * size : bar + (r + 1) * size, c * size : (c + 1) * size],
+                        (bar + r * size, c * size),
+                    )
                     for r in range(rows)
                     for c in range(cols)
                 ]
-                return [t for t in found if t.max() > 0]  # skip empty grid cells
+                return [(t, o) for t, o in found if t.max() > 0]  # skip empty grid cells
     if h > w:  # single slice with a header bar on top
-        return [rgb[h - w :, :]]
-    return [rgb]
+        return [(rgb[h - w :, :], (h - w, 0))]
+    return [(rgb, (0, 0))]
 
 
 def tile_positions(label: str, n: int) -> list[float | None]:
@@ -210,9 +222,17 @@ def analyse_tile(grey: np.ndarray, sequence: str | None, z: float | None) -> lis
                     ring=filled > 1.4 * area and filled > 10,
                     z_mm=z,
                     peripheral=peripheral,
+                    point=_inside(rr, cc, cy, cx),
                 )
             )
     return out
+
+
+def _inside(rr: np.ndarray, cc: np.ndarray, cy: float, cx: float) -> tuple[float, float]:
+    """The centre (x, y) of the blob's pixel nearest its centroid: a point on the blob even
+    when it is a ring or a crescent."""
+    k = int(np.argmin((rr - cy) ** 2 + (cc - cx) ** 2))
+    return float(cc[k]) + 0.5, float(rr[k]) + 0.5
 
 
 _MEMO: OrderedDict[tuple[str, str, str], Future[tuple[str | None, tuple[Blob, ...]]]] = (
@@ -255,9 +275,13 @@ def analyse_image(png: bytes, label: str, kind: str) -> tuple[str | None, list[B
 def _analyse(png: bytes, label: str, kind: str) -> tuple[str | None, list[Blob]]:
     seq = sequence_of(label)
     rgb = decode(png)
-    parts = tiles(rgb, montage=(kind == "montage" or "montage" in label.lower()))
+    parts = placed_tiles(rgb, montage=(kind == "montage" or "montage" in label.lower()))
     zs = tile_positions(label, len(parts))
     blobs: list[Blob] = []
-    for tile, z in zip(parts, zs, strict=True):
-        blobs.extend(analyse_tile(_grey(tile), seq, z))
+    for (tile, (top, left)), z in zip(parts, zs, strict=True):
+        grey = _grey(tile)
+        fx, fy = tile.shape[1] / grey.shape[1], tile.shape[0] / grey.shape[0]  # half resolution
+        for b in analyse_tile(grey, seq, z):
+            x, y = b.point if b.point is not None else (0.0, 0.0)
+            blobs.append(replace(b, point=(round(left + x * fx, 1), round(top + y * fy, 1))))
     return seq, blobs

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from dataclasses import replace
 
-from evaluation.answers import Answer, Finding, SequenceIdentified
+from evaluation.answers import Answer, Finding, ImagePlace, SequenceIdentified
 from evaluation.case import TaskFamily
 from evaluation.modelio import GenerateConfig, Message, ModelOutput
 from evaluation.models.image_analysis import Blob, analyse_image, plane_of, sequence_of
@@ -66,9 +67,17 @@ def findings_of(blobs: list[Blob]) -> list[Finding]:
                 signal=_signal(big),
                 size_mm=big.diameter_mm,
                 enhancement=enh,
+                place=_place(big),
             )
         )
     return out[:12]
+
+
+def _place(b: Blob) -> ImagePlace | None:
+    """Where the baseline found the blob: it points at what it reports."""
+    if b.image is None or b.point is None:
+        return None
+    return ImagePlace(image=b.image, point=b.point)
 
 
 def diagnose(blobs: list[Blob]) -> list[Hypothesis]:
@@ -132,7 +141,7 @@ def answer_for(messages: list[Message]) -> str:
         seq, found = analyse_image(
             part.png, part.label, "montage" if "montage" in part.label else "slice"
         )
-        blobs.extend(found)
+        blobs.extend(replace(b, image=n) for b in found)
         if seq:
             sequences.append(SequenceIdentified(image=str(n), sequence=seq))
     if any(s.sequence == "FLAIR" for s in sequences):

@@ -19,6 +19,7 @@ from evaluation.scores import (
 from evaluation.scoring.judge_cache import JudgeCache
 from evaluation.scoring.lesions import count_missed, match_lesions
 from evaluation.scoring.lexicon import Lexicon, default_lexicon, match_diagnosis
+from evaluation.scoring.localisation import localise
 from evaluation.scoring.neurovlm import classification_scores
 from evaluation.scoring.passk import rank_of_truth
 from evaluation.scoring.recognition import recognition_scores
@@ -177,6 +178,8 @@ def _lesion_scores(case: Case, family: TaskFamily, ans: Answer, shown: int) -> l
     if res is None:
         return _unscored(names, "no lesion ground truth for this case")
     res = count_missed(res, family, names_normal(final_diagnosis(ans)), shown)
+    if family is not TaskFamily.MULTITURN:  # a turn numbers its own images from 1
+        res = localise(case, ans.findings, res)
     detail = LesionDetails(match=res)
     summary = (
         f"{res.n_detected}/{len(res.lesions)} lesions found, {res.n_near} misplaced, "

@@ -66,6 +66,10 @@ class LesionSummary(BaseModel):
     hallucinated_finding_rate: float | None
     missed_lesion_rate: float | None
     normal_control_false_positive: Estimate | None = None
+    # lesions whose best finding points inside their mask / lesions, pooled over the samples
+    # where it could be measured (a label mask and recorded image geometry); beside recall
+    localisation_rate: float | None = None
+    localisation_lesions: int = 0  # the lesions that rate is over
 
 
 class CostSummary(BaseModel):
@@ -210,7 +214,11 @@ def _lesions(samples: Sequence[ScoredSample], **boot: int) -> LesionSummary | No
     p = sum(r.n_matched for _, r in results) / pos if pos else None
     rec = sum(r.n_detected for _, r in results) / les if les else None
     normals = [r for _, r in results if r.normal_false_positive is not None]
+    measured = [r for _, r in results if r.localisation_rate is not None]
+    n_loc = sum(len(r.lesions) for r in measured)
     return LesionSummary(
+        localisation_rate=sum(r.n_localised for r in measured) / n_loc if n_loc else None,
+        localisation_lesions=n_loc,
         n_samples=len(results),
         precision=p,
         recall=rec,

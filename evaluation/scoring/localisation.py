@@ -1,0 +1,119 @@
+"""Whether a finding's place on an image falls inside the lesion it was matched to.
+
+A finding may carry a place (``answers.ImagePlace``): the image's number in the request and a
+point (or a box, pointed at by its centre) in that image's pixels. The renderer recorded, for
+every slice on an image, its box and the affine map of a pixel to the patient
+(``dicom.TilePlace``), so the point is a patient position (RAS mm); the case's lesion label mask
+(a phantom's ``masks/lesions.nii.gz``, exact by construction) says which lesion, if any, is
+there. A lesion is *localised* when its best finding points inside its own label.
+
+The localisation rate (localised lesions / lesions) is reported beside recognition only where it
+can be measured: a case with a label mask and images whose geometry was recorded. Where it
+cannot, it is None, never 0: a model is not marked down for what the sandbox could not check.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evaluation.answers import Finding, ImagePlace
+from evaluation.case import Case
+from evaluation.scores import LesionMatchResult, PointOutcome
+
+MASK_FILE = Path("masks") / "lesions.nii.gz"
+
+
+class LesionMask:
+    """A label volume (0 outside every lesion, a lesion's ``mask_label`` inside it)."""
+
+    def __init__(self, labels: np.ndarray, affine: np.ndarray) -> None:
+        self.labels = labels
+        self.to_voxel = np.linalg.inv(affine)
+
+    def label_at(self, ras: tuple[float, float, float]) -> int:
+        """The label of the voxel nearest to ``ras`` (0 outside the volume)."""
+        v = self.to_voxel[:3, :3] @ np.asarray(ras) + self.to_voxel[:3, 3]
+        ijk = np.rint(v).astype(int)
+        if np.any(ijk < 0) or np.any(ijk >= np.asarray(self.labels.shape[:3])):
+            return 0
+        return int(self.labels[tuple(ijk)])
+
+
+@functools.lru_cache(maxsize=16)
+def _load(path: str, mtime_ns: int) -> LesionMask:
+    import nibabel as nib
+
+    img: Any = nib.load(path)
+    return LesionMask(np.asarray(img.dataobj).astype(np.int32), np.asarray(img.affine))
+
+
+def lesion_mask(case: Case) -> LesionMask | None:
+    """The case's lesion label mask, or None (no case folder, no mask, no labelled lesion)."""
+    gt = case.ground_truth
+    if gt is None or case.root is None or not any(les.mask_label for les in gt.lesions):
+        return None
+    path = Path(case.root) / MASK_FILE
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return _load(str(path), stat.st_mtime_ns)
+
+
+def point_outcome(case: Case, mask: LesionMask, place: ImagePlace) -> PointOutcome:
+    """Where a place lands: which image and slice, the patient position and the mask's label."""
+    if place.image > len(case.images):
+        return PointOutcome(
+            status="no_such_image", why=f"image {place.image} of {len(case.images)} shown"
+        )
+    x, y = place.xy
+    tile = case.images[place.image - 1].tile_at(x, y)
+    if tile is None:
+        return PointOutcome(status="off_slice", why=f"({x:.0f}, {y:.0f}) is on no slice")
+    ras = tile.ras(x, y)
+    if ras is None:
+        return PointOutcome(status="unmapped", why="the slice has no patient geometry")
+    label = mask.label_at(ras)
+    return PointOutcome(
+        status="lesion" if label else "outside",
+        ras_mm=(round(ras[0], 2), round(ras[1], 2), round(ras[2], 2)),
+        label=label,
+        slice_index=tile.slice_index,
+    )
+
+
+def localise(case: Case, findings: list[Finding], res: LesionMatchResult) -> LesionMatchResult:
+    """``res`` with each placed finding's outcome and each lesion's ``localised`` (None when
+    the case has no mask or shows no image with recorded geometry)."""
+    mask = lesion_mask(case)
+    if mask is None or not any(i.tiles for i in case.images):
+        return res
+    gt = case.ground_truth
+    assert gt is not None  # lesion_mask returned one
+    label_of = {les.id: les.mask_label for les in gt.lesions}
+    matches = [
+        m.model_copy(update={"pointed": point_outcome(case, mask, p)})
+        if (p := findings[m.index].place) is not None
+        else m
+        for m in res.findings
+    ]
+    lesions = []
+    for o in res.lesions:
+        m = matches[o.finding] if o.finding is not None and o.status == "detected" else None
+        pointed = m.pointed if m is not None else None
+        localised = pointed is not None and pointed.label == label_of.get(o.lesion_id)
+        lesions.append(o.model_copy(update={"localised": localised}))
+    n_localised = sum(bool(o.localised) for o in lesions)
+    return res.model_copy(
+        update={
+            "findings": matches,
+            "lesions": lesions,
+            "n_pointed": sum(m.pointed is not None for m in matches),
+            "n_localised": n_localised,
+            "localisation_rate": n_localised / len(lesions) if lesions else None,
+        }
+    )
