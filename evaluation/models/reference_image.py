@@ -6,7 +6,9 @@ rough region, and names a diagnosis from the pattern: CT hyperdensity -> haemorr
 with ADC dark -> acute infarct; ring enhancement -> glioblastoma, or abscess when its centre
 restricts diffusion, or metastases when several; a peripheral homogeneously enhancing lesion ->
 meningioma; several small FLAIR/T2 lesions -> multiple sclerosis; nothing -> normal study.
-It ignores the record. It answers in the same JSON as a model, so the pipeline runs offline.
+It ignores the record. Each finding points at the blob it reports (``place``: the image's
+number and a pixel of the blob). It answers in the same JSON as a model, so the pipeline runs
+offline.
 """
 
 from __future__ import annotations
