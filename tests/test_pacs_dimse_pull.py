@@ -33,6 +33,9 @@ def shared_uid(dcmqrscp: Dcmqrscp, tmp_path_factory: pytest.TempPathFactory):
     p = make_study(root / "p", classes=("FLAIR",), n_slices=3, patient_id=f"P{tag}")
     q = make_study(root / "q", classes=("T2",), n_slices=1, patient_id=f"Q{tag}",
                    study_uid=p.study_uid)  # fmt: skip
+    ds = pydicom.dcmread(q.files[0])
+    ds.Modality = "CT"  # Q's series is told apart by its modality too
+    ds.save_as(q.files[0])
     dcmqrscp.store(root / "p", root / "q")
     return p, q
 
@@ -46,6 +49,9 @@ def test_a_file_of_another_patient_under_the_study_uid_is_not_kept(
     found = client.find_studies(StudyQuery(study_uids=[p.study_uid]))
     assert sorted(x.patient_id for x in found) == [p.patient_id, q.patient_id]
     (m,) = [x for x in found if x.patient_id == p.patient_id]
+    # P's own series and instances: dcmqrscp answers the SERIES and IMAGE finds asked with P's
+    # ID with Q's series too (the patient is not a key below the study level)
+    assert (m.modalities, m.n_series, m.n_instances) == (["MR"], 1, 3), m
     got = client.retrieve(m, tmp_path / how)
     kept = {pydicom.dcmread(f).PatientID for f in (tmp_path / how).glob("*.dcm")}
     assert got.n_files == 3 and kept == {p.patient_id}, got

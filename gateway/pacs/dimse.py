@@ -168,6 +168,22 @@ class NoContextAcceptedError(PacsRequestError):
         self.classes = classes
 
 
+def _of_patient(answers: list[Dataset], m: StudyMatch) -> list[Dataset]:
+    """The SERIES or IMAGE answers that are of the study's patient. Below the study level the
+    patient is not a matching key in the Study Root model: an archive (dcmqrscp) answers with
+    the series of every patient who has a study of that UID. An answer naming another patient
+    ID (or, both given, another issuer) is left out; one naming none is kept."""
+    out = []
+    for a in answers:
+        pid, issuer = pacs_text(a.get("PatientID")), pacs_text(a.get("IssuerOfPatientID"))
+        if pid and pid != m.patient_id:
+            continue
+        if issuer and m.issuer and issuer != m.issuer:
+            continue
+        out.append(a)
+    return out
+
+
 def _stop(assoc: Association) -> None:
     """Abort an association from inside its C-STORE handler. On C-GET's association the
     handler runs in our own thread, inside the C-GET's wait for the archive's next message:
@@ -428,8 +444,10 @@ class DimseClient:
         req.QueryRetrieveLevel = "SERIES"
         req.StudyInstanceUID = m.study_uid
         req.PatientID = m.patient_id
+        req.IssuerOfPatientID = ""
         req.SeriesInstanceUID = req.Modality = req.NumberOfSeriesRelatedInstances = ""
         series, _ = self._find(assoc, req, StudyRootQueryRetrieveInformationModelFind, 1000)
+        series = _of_patient(series, m)
         mods = sorted({pacs_text(s.get("Modality")) for s in series} - {""})
         counts = [pacs_count(s.get("NumberOfSeriesRelatedInstances")) for s in series]
         n_inst: int | None = sum(c for c in counts if c is not None)
@@ -446,11 +464,12 @@ class DimseClient:
         req.QueryRetrieveLevel = "IMAGE"
         req.StudyInstanceUID = m.study_uid
         req.PatientID = m.patient_id
+        req.IssuerOfPatientID = ""
         req.SeriesInstanceUID = req.SOPInstanceUID = ""
         found, more = self._find(
             assoc, req, StudyRootQueryRetrieveInformationModelFind, MAX_COUNTED_INSTANCES
         )
-        return None if more else len(found)
+        return None if more else len(_of_patient(found, m))
 
     # ----------------------------------------------------------------- pulling
 
