@@ -54,6 +54,20 @@ def procs() -> list[Proc]:
     return out
 
 
+def spawned_workers(parent: int) -> set[int]:
+    """The evaluation worker processes of ``parent`` (its spawned children)."""
+    return {pid for pid, ppid, _, cmd in procs() if ppid == parent and "spawn_main" in cmd}
+
+
+def await_spawned_workers(parent: int, count: int, timeout_s: float = 60) -> set[int]:
+    """The workers once ``count`` are seen. A spawned child shows the parent's command line
+    between fork and exec, so a worker just started may not be recognisable yet."""
+    until = time.monotonic() + timeout_s
+    while len(seen := spawned_workers(parent)) < count and time.monotonic() < until:
+        time.sleep(0.05)
+    return seen
+
+
 def _group_hwm(pgid: int) -> int:
     """The largest resident high-water mark (VmHWM) among the processes of group ``pgid``.
 

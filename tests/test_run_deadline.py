@@ -4,16 +4,14 @@ review queue, and the next study is evaluated.
 
 Real peers: dcmtk storescu -> `neurosandbox serve` -> the session's Orthanc. Study A comes from
 an AE the routing file sends to a model whose (loopback, OpenAI-compatible) server never
-answers; study B, sent right after, goes to the reference model.
+answers; study B, sent right after, goes to the reference model. The worker process alone
+(ProcessEvaluator): tests/test_run_deadline_worker.py.
 """
 
 from __future__ import annotations
 
 import html
-import os
 import re
-import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,16 +19,11 @@ from typing import Any
 import pytest
 from gateway_process import Gateway, running_gateway, send
 from gateway_synth import make_study
-from guard import procs
+from guard import procs, spawned_workers
 from openai_server import OpenAIServer, Script
 from orthanc_fixture import OrthancServer
 
-from dicom import IndexResult
 from gateway.auth import Role, TokenStore
-from gateway.pipeline import failure_text
-from gateway.routing import Route
-from gateway.runs.results import EvaluationResult
-from gateway.workers import EvaluationAbandonedError, EvaluationWorkerError, ProcessEvaluator
 
 QUIET = 1.5
 DEADLINE = 45.0  # s: a worker imports ~6 s, litellm ~7 s more (busy 2 cores); B needs ~15 s
@@ -43,20 +36,6 @@ ROUTING = """rules:
     match: {modality: [MR]}
     evaluate: {models: [reference/image-rules], tasks: [differential], series_classes: [FLAIR, T2]}
 """
-
-
-def _workers(parent: int) -> set[int]:
-    """The evaluation worker processes of the gateway (spawned children)."""
-    return {pid for pid, ppid, _, cmd in procs() if ppid == parent and "spawn_main" in cmd}
-
-
-def _await_workers(parent: int, count: int, timeout_s: float = 60) -> set[int]:
-    """The workers once ``count`` are seen. A spawned child shows the parent's command line
-    between fork and exec, so a worker just started may not be recognisable yet."""
-    until = time.monotonic() + timeout_s
-    while len(seen := _workers(parent)) < count and time.monotonic() < until:
-        time.sleep(0.05)
-    return seen
 
 
 def _runs_of(gw: Gateway, study_uid: str) -> list[dict[str, Any]]:
@@ -97,7 +76,7 @@ def test_a_stuck_evaluation_is_stopped_at_the_deadline_and_the_next_study_goes_o
                 run_a = found[0] if found else {}
                 if run_a.get("status") in ("done", "failed", "skipped"):
                     break
-                seen |= _workers(gw.proc.pid)
+                seen |= spawned_workers(gw.proc.pid)
                 time.sleep(0.2)
             took_a = time.monotonic() - t0
             log = gw.log.read_text()[-3000:]
@@ -116,9 +95,9 @@ def test_a_stuck_evaluation_is_stopped_at_the_deadline_and_the_next_study_goes_o
             # No worker left but the idle gateway's one spare (NEUROSANDBOX_WARM_WORKER): A's
             # was stopped with its process group, B's ended.
             until = time.monotonic() + 15
-            while len(_workers(gw.proc.pid)) > 1 and time.monotonic() < until:
+            while len(spawned_workers(gw.proc.pid)) > 1 and time.monotonic() < until:
                 time.sleep(0.2)
-            left = _workers(gw.proc.pid)
+            left = spawned_workers(gw.proc.pid)
             assert len(left) <= 1 and not left & seen, (left, seen)
             alive = procs()
             assert not [p for p in alive if p[0] in seen or p[2] in seen], alive
@@ -130,192 +109,3 @@ def test_a_stuck_evaluation_is_stopped_at_the_deadline_and_the_next_study_goes_o
             assert row and REASON in html.unescape(row.group(0)), page.text[-3000:]
     print(f"A failed after {took_a:.1f} s (deadline {DEADLINE:g} s), B done after {took_b:.1f} s")
     assert took_a < QUIET + DEADLINE + 30
-
-
-# --------------------------------------------------------------------------- the worker alone
-
-ROUTE = Route(rule="t", models=["reference/image-rules"], tasks=[], series_classes=["FLAIR"])
-
-
-class Stuck:
-    """Starts a grandchild (its pid in work_dir/child.pid), then never returns."""
-
-    name = "stuck"
-
-    def evaluate(
-        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
-    ) -> EvaluationResult:
-        child = subprocess.Popen(["sleep", "600"])
-        (work_dir / "child.pid").write_text(str(child.pid))
-        time.sleep(600)
-        raise AssertionError("not reached")
-
-
-class Broken:
-    name = "broken"
-
-    def evaluate(
-        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
-    ) -> EvaluationResult:
-        raise ValueError("no DICOM series in the study folder")
-
-
-def _alive(pid: int) -> bool:
-    return any(p[0] == pid for p in procs())
-
-
-def test_the_worker_and_what_it_started_are_stopped_at_the_deadline(tmp_path: Path) -> None:
-    t0 = time.monotonic()
-    with pytest.raises(EvaluationAbandonedError) as err:
-        ProcessEvaluator(Stuck(), deadline_s=8).evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-    took = time.monotonic() - t0
-    assert failure_text(err.value) == "evaluation exceeded the 8 s deadline: worker stopped"
-    assert 8 <= took < 8 + 10, took
-    child = int((tmp_path / "child.pid").read_text())
-    assert not _alive(child), "the worker's own child outlived it"
-    assert not _workers(os.getpid())
-
-
-def test_a_failure_in_the_worker_is_the_run_error_it_was(tmp_path: Path) -> None:
-    with pytest.raises(EvaluationWorkerError) as err:
-        ProcessEvaluator(Broken(), deadline_s=60).evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-    assert failure_text(err.value) == "ValueError: no DICOM series in the study folder"
-    assert not _workers(os.getpid())
-
-
-def test_cancel_stops_the_running_worker_and_refuses_new_ones(tmp_path: Path) -> None:
-    worker = ProcessEvaluator(Stuck(), deadline_s=600)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-        except BaseException as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=run)
-    t.start()
-    until = time.monotonic() + 30
-    while not (tmp_path / "child.pid").exists() and time.monotonic() < until:
-        time.sleep(0.1)
-    worker.cancel()
-    t.join(15)
-    assert not t.is_alive() and len(errors) == 1, errors
-    assert isinstance(errors[0], EvaluationAbandonedError) and "gateway stopped" in str(errors[0])
-    assert not _workers(os.getpid())
-    with pytest.raises(EvaluationAbandonedError):
-        worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-
-
-# --------------------------------------------------------------------------- the spare worker
-
-
-class Warmed:
-    """Records in which process and when it was warmed and when it evaluated."""
-
-    name = "warmed"
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-
-    def warm(self) -> None:
-        with self.log.open("a") as fh:
-            fh.write(f"warm {os.getpid()} {time.time()}\n")
-
-    def evaluate(
-        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
-    ) -> EvaluationResult:
-        with self.log.open("a") as fh:
-            fh.write(f"evaluate {os.getpid()} {time.time()}\n")
-        raise ValueError(f"evaluated in {os.getpid()}")
-
-
-def _log(path: Path) -> list[tuple[str, int, float]]:
-    if not path.exists():
-        return []
-    return [
-        (w, int(p), float(t)) for w, p, t in (x.split() for x in path.read_text().split("\n") if x)
-    ]
-
-
-def test_a_spare_worker_is_started_ahead_and_evaluates_one_study(tmp_path: Path) -> None:
-    log = tmp_path / "log"
-    worker = ProcessEvaluator(Warmed(log), deadline_s=60, warm=True)
-    try:
-        worker.prepare()
-        until = time.monotonic() + 60
-        while not _log(log) and time.monotonic() < until:
-            time.sleep(0.05)
-        ((what, spare, warmed_at),) = _log(log)
-        assert what == "warm" and spare in _workers(os.getpid())
-        worker.prepare()  # one spare at most
-        assert _workers(os.getpid()) == {spare}
-        asked = time.time()
-        with pytest.raises(EvaluationWorkerError, match=f"evaluated in {spare}"):
-            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-        # the study went to the spare, warmed before the study was asked for
-        assert _log(log)[1][:2] == ("evaluate", spare) and warmed_at < asked
-        assert not _workers(os.getpid()), "a worker evaluates one study and ends"
-        # without a spare, a worker is started for the study (and warmed first)
-        with pytest.raises(EvaluationWorkerError):
-            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-        events = _log(log)[2:]
-        assert [e[0] for e in events] == ["warm", "evaluate"] and events[0][1] != spare
-        # a spare that died is replaced, not handed the study
-        worker.prepare()
-        until = time.monotonic() + 60
-        while len(_log(log)) < 5 and time.monotonic() < until:
-            time.sleep(0.05)
-        dead = _log(log)[4][1]
-        os.kill(dead, 9)
-        time.sleep(0.5)
-        with pytest.raises(EvaluationWorkerError):
-            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-        assert _log(log)[-1][0] == "evaluate" and _log(log)[-1][1] != dead
-        worker.prepare()
-        assert _await_workers(os.getpid(), 1)
-    finally:
-        worker.cancel()  # the gateway stopping: the spare goes too
-    assert not _workers(os.getpid())
-    with pytest.raises(EvaluationAbandonedError):
-        worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-
-
-def test_a_spare_worker_is_stopped_at_the_deadline_like_any(tmp_path: Path) -> None:
-    worker = ProcessEvaluator(Stuck(), deadline_s=6, warm=True)
-    try:
-        worker.prepare()
-        (spare,) = _await_workers(os.getpid(), 1)
-        with pytest.raises(EvaluationAbandonedError, match="6 s deadline"):
-            worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-    finally:
-        worker.cancel()  # a failed check leaves no worker behind for the next test
-    child = int((tmp_path / "child.pid").read_text())
-    assert not _alive(child) and not _alive(spare)
-    assert not _workers(os.getpid())
-
-
-class SlowStart:
-    """A worker that takes long to start (its warm-up hangs) before it reads its job."""
-
-    name = "slow-start"
-
-    def warm(self) -> None:
-        time.sleep(40)
-
-    def evaluate(
-        self, study_dir: Path, route: Route, work_dir: Path, index: IndexResult
-    ) -> EvaluationResult:
-        raise AssertionError("not reached within the deadline")
-
-
-def test_the_deadline_counts_while_the_job_is_handed_to_a_stuck_worker(tmp_path: Path) -> None:
-    """A job larger than a pipe holds (a real study's index with its kept headers) is sent
-    while the worker is stuck before reading it: the deadline still stops it."""
-    big = tmp_path / ("x" * 300_000)  # pickles to more than the 64 KiB a pipe buffers
-    t0 = time.monotonic()
-    with pytest.raises(EvaluationAbandonedError, match="5 s deadline"):
-        ProcessEvaluator(SlowStart(), deadline_s=5).evaluate(big, ROUTE, tmp_path, IndexResult())
-    took = time.monotonic() - t0
-    assert took < 5 + 10, took
-    assert not _workers(os.getpid())
