@@ -11,7 +11,7 @@ from pathlib import Path
 import evaluation
 
 ROOT = Path(__file__).resolve().parents[1]
-FACES = {"budget", "datasets", "log", "models", "reports", "review", "scoring"}
+FACES = {"budget", "datasets", "log", "models", "reports", "review", "robustness", "scoring"}
 MAX_TOP_LEVEL_NAMES = 35
 
 

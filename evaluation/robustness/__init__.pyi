@@ -1,0 +1,22 @@
+# The robustness audit's public face (lazy_loader).
+from .generate import VariantError as VariantError
+from .generate import instruction_text as instruction_text
+from .generate import make_variant as make_variant
+from .generate import planted_target as planted_target
+from .generate import prior_report_text as prior_report_text
+from .records import ATTACKS as ATTACKS
+from .records import IMAGE_ABLATIONS as IMAGE_ABLATIONS
+from .records import MIRRORS as MIRRORS
+from .records import ORIGINAL as ORIGINAL
+from .records import TRUTH_OF as TRUTH_OF
+from .records import CaseVariant as CaseVariant
+from .records import PixelBox as PixelBox
+from .records import Planted as Planted
+from .records import SentImage as SentImage
+from .records import TruthTransform as TruthTransform
+from .records import VariantKind as VariantKind
+from .records import variant_case_id as variant_case_id
+from .sides import mirror_hemisphere as mirror_hemisphere
+from .sides import mirror_record as mirror_record
+from .sides import mirror_side_words as mirror_side_words
+from .sides import mirror_truth as mirror_truth
