@@ -88,9 +88,14 @@ class WritebackRetrier:
             return 0, len(rec.writebacks_pending)
         got = deliver(self.destination(), items, lambda: now, quick_tries=1,
                       base_delay_s=self.base_delay_s)  # fmt: skip
-        tried = {wb.sop_instance_uid for wb, _ in items}
-        left = [wb for wb in rec.writebacks_pending if wb.sop_instance_uid not in tried]
-        left += got.pending
+        # still pending, in the order written back first (SRs before the PDF)
+        retried = {wb.sop_instance_uid: wb for wb in got.pending}
+        stored = {wb.sop_instance_uid for wb in got.done}
+        left = [
+            retried.get(wb.sop_instance_uid, wb)
+            for wb in rec.writebacks_pending
+            if wb.sop_instance_uid not in stored
+        ]
         self.runs.update(
             run_id, writebacks_pending=left, writebacks_done=[*rec.writebacks_done, *got.done]
         )

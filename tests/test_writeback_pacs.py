@@ -92,3 +92,40 @@ def test_a_pacs_that_is_down_gets_its_sr_and_pdf_once_it_is_up(
                                                   host="127.0.0.1", port=archive.port))  # fmt: skip
         (m,) = client.find_studies(StudyQuery(study_uids=[study.study_uid]))
         assert set(m.modalities) >= {"SR", "DOC"} and m.n_instances == 2, m
+
+
+def test_a_retry_keeps_the_write_back_order_and_waits_for_what_is_not_due(tmp_path: Path) -> None:
+    """SRs before the PDF, whatever was retried: the order pending objects are stored in."""
+    import datetime as dt
+
+    import pydicom
+    from pydicom.uid import generate_uid
+
+    from evaluation.log import WriteBack
+    from gateway.runs import RunRecord, StudyRunStore
+    from gateway.writeback import keep
+    from gateway.writeback_retry import WritebackRetrier
+
+    runs = StudyRunStore(tmp_path / "data")
+    run_id = runs.new_id()
+    runs.create(RunRecord(run_id=run_id, trigger="dicom", study_uid="1.2.3"))
+    kept_root = tmp_path / "data" / "writeback"
+    study = make_study(tmp_path / "s", classes=("T1",), n_slices=2, patient_id="ORDER")
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat(timespec="seconds")
+    pending = []
+    for n, (kind, next_at) in enumerate((("sr", later), ("sr", None), ("pdf", later))):
+        ds = pydicom.dcmread(study.files[n % 2])
+        ds.SOPInstanceUID = generate_uid()
+        pending.append(WriteBack(kind=kind, sop_instance_uid=str(ds.SOPInstanceUID),
+                                 destination="archive", attempts=1, next_at=next_at,
+                                 kept=str(keep(kept_root, run_id, ds))))  # fmt: skip
+    runs.finish(run_id, RunStatus.DONE, writebacks_pending=pending)
+    down = DimseClient("archive", DimsePacs(kind="dimse", ae_title=AE_TITLE, host="127.0.0.1",
+                                            port=free_port(), timeout_s=2))  # fmt: skip
+    retry = WritebackRetrier(runs, lambda: down, kept_root, base_delay_s=1.0)
+    assert retry.run_once() == 0
+    left = runs.get(run_id).writebacks_pending
+    assert [w.sop_instance_uid for w in left] == [w.sop_instance_uid for w in pending]
+    assert [w.attempts for w in left] == [1, 2, 1]  # only the due one was tried
+    assert "cannot associate" in (left[1].last_error or "")
+    assert all(Path(w.kept or "").is_file() for w in left)
