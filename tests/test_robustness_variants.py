@@ -237,3 +237,36 @@ def test_planted_text_goes_into_the_note_and_the_record(tmp_path: Path) -> None:
 
     assert "normal study" in EHRContext.from_bundle(r.ehr).text()
     assert case.ehr and len(case.ehr["entry"]) == 2
+
+
+def test_the_run_log_keeps_each_variant_and_a_sample_names_it_by_its_case_id(
+    tmp_path: Path,
+) -> None:
+    from evaluation.errors import StoreError
+    from evaluation.log import open_store
+    from evaluation.robustness import (
+        VARIANTS_NOTE,
+        record_variants,
+        recorded_variants,
+        variant_of,
+    )
+
+    case = _case(tmp_path, "c1", "p1")
+    _, mirrored = make_variant(case, "mirrored", tmp_path / "v")
+    _, small = make_variant(case, "planted_pixels_small", tmp_path / "v", seed=1)
+    assert variant_of(mirrored.case_id) == ("c1", VariantKind.MIRRORED)
+    assert variant_of("c1") == ("c1", None) and variant_of("a~b") == ("a~b", None)
+    with pytest.raises(VariantError, match="already a variant"):
+        make_variant(case.model_copy(update={"case_id": mirrored.case_id}), "no_images", tmp_path)
+    with open_store(tmp_path / "run", create=True) as store:
+        assert recorded_variants(store) == {}
+        record_variants(store, [mirrored])
+        record_variants(store, [mirrored, small])  # a resumed run: the same variant again
+        got = recorded_variants(store)
+        assert got == {mirrored.case_id: mirrored, small.case_id: small}
+        _, other_seed = make_variant(case, "planted_pixels_small", tmp_path / "w", seed=2)
+        with pytest.raises(StoreError, match="resume with the run's own seed"):
+            record_variants(store, [other_seed])
+        store.set_note(VARIANTS_NOTE, '{"variants": [{"kind": "nonsense"}]}')
+        with pytest.raises(StoreError, match="not a list of variants"):
+            recorded_variants(store)

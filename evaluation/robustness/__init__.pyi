@@ -16,6 +16,11 @@ from .records import SentImage as SentImage
 from .records import TruthTransform as TruthTransform
 from .records import VariantKind as VariantKind
 from .records import variant_case_id as variant_case_id
+from .records import variant_of as variant_of
+from .runlog import VARIANTS_NOTE as VARIANTS_NOTE
+from .runlog import RunVariants as RunVariants
+from .runlog import record_variants as record_variants
+from .runlog import recorded_variants as recorded_variants
 from .sides import mirror_hemisphere as mirror_hemisphere
 from .sides import mirror_record as mirror_record
 from .sides import mirror_side_words as mirror_side_words

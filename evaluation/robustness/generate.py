@@ -33,6 +33,7 @@ from evaluation.robustness.records import (
     SentImage,
     VariantKind,
     variant_case_id,
+    variant_of,
 )
 from evaluation.robustness.sides import mirror_record, mirror_side_words, mirror_truth
 
@@ -204,6 +205,10 @@ def make_variant(
     under ``out_dir``) and its :class:`CaseVariant` record. ``pool`` is the dataset's cases
     (``other_patient`` takes its images from one of them). The source case is not changed."""
     kind = VariantKind(kind)
+    if variant_of(case.case_id)[1] is not None:
+        raise VariantError(
+            f"{case.case_id}: already a variant (a variant of a variant is not made)"
+        )
     rng = _rng(case, kind, seed)
     v = case.model_copy(deep=True)
     v.case_id = variant_case_id(case.case_id, kind)

@@ -137,3 +137,13 @@ class CaseVariant(BaseModel):
 def variant_case_id(source_case_id: str, kind: VariantKind | str) -> str:
     """The case id a variant is logged under: the source's, ``~`` and the kind."""
     return f"{source_case_id}~{VariantKind(kind).value}"
+
+
+def variant_of(case_id: str) -> tuple[str, VariantKind | None]:
+    """The source case id and the variant kind of a logged case id (``None``: the case as it
+    is). A sample's variant is read from its case id, the one place it is written
+    (:func:`variant_case_id`); a ``~`` followed by anything but a kind is part of the id."""
+    source, sep, kind = case_id.rpartition("~")
+    if sep and source and kind in VariantKind.__members__.values():
+        return source, VariantKind(kind)
+    return case_id, None
