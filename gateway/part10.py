@@ -80,9 +80,10 @@ class InstanceKeys(NamedTuple):
     issuer: str = ""
 
 
-def read_uids(data: BytesIO, transfer_syntax: str) -> InstanceKeys | None:
+def read_uids(data: BytesIO | bytes, transfer_syntax: str) -> InstanceKeys | None:
     """The StudyInstanceUID, SeriesInstanceUID, PatientID and IssuerOfPatientID read from the
-    start of an encoded dataset.
+    start of an encoded dataset (a stream, or bytes: read in place, never copied but for
+    pydicom's read).
 
     A byte walk over the top-level elements (stepping over sequences) for little endian
     encodings; pydicom reads anything the walk does not handle. Raises KeyError when a UID
@@ -93,10 +94,15 @@ def read_uids(data: BytesIO, transfer_syntax: str) -> InstanceKeys | None:
     big = transfer_syntax == ExplicitVRBigEndian
     implicit = transfer_syntax == ImplicitVRLittleEndian
     if not big:
-        with data.getbuffer() as buf:
-            found = scan_uids(buf, implicit)
+        if isinstance(data, bytes):
+            found = scan_uids(memoryview(data), implicit)
+        else:
+            with data.getbuffer() as buf:  # (a BytesIO sharing bytes would copy them here)
+                found = scan_uids(buf, implicit)
         if found is not None:
             return found
+    if isinstance(data, bytes):
+        data = BytesIO(data)
     data.seek(0)
 
     def stop(tag: Any, vr: Any, length: Any) -> bool:

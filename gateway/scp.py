@@ -45,7 +45,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from io import BytesIO
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -79,6 +78,7 @@ STATUS_SUCCESS = 0x0000
 STATUS_OUT_OF_RESOURCES = 0xA700
 STATUS_CANNOT_UNDERSTAND = 0xC000
 STATUS_DATASET_MISMATCH = 0xA900
+META_HEAD_BYTES = 1 << 16  # a STOW-RS file's head read for its File Meta (a few hundred bytes)
 STOW_SENDER = "STOW-RS"  # the "calling AE" of studies received by STOW-RS
 CLOSE_GRACE_S = 3.0  # after a connection closes, how long to wait for the release event
 ARTIM_TIMEOUT_S = 5.0  # from connection to accepted association; then the network timeout
@@ -494,15 +494,18 @@ class StorageSCP:
             return StoreOutcome(status=STATUS_OUT_OF_RESOURCES, reason="an earlier file failed")
         sop = sop_class = ""
         try:
-            data = path.read_bytes()
-            meta = read_file_meta(data)  # the preamble, DICM and group 2, else ValueError
+            # One copy of the instance in memory, as C-STORE holds one: the File Meta from the
+            # file's head, then the dataset's bytes alone, its UIDs read in place
+            with open(path, "rb") as fh:
+                meta = read_file_meta(fh.read(META_HEAD_BYTES))  # else ValueError
+                fh.seek(meta.dataset_offset)
+                body = fh.read()
             sop = check_uid(meta.sop_instance)
             sop_class = check_uid(meta.sop_class)
             ts = check_uid(meta.transfer_syntax)
-            body = memoryview(data)[meta.dataset_offset :]
-            uids = read_uids(BytesIO(body), ts)
+            uids = read_uids(body, ts)
             if uids is None:  # deflated: decode the whole dataset
-                ds = pydicom.dcmread(BytesIO(data), stop_before_pixels=True)
+                ds = pydicom.dcmread(path, stop_before_pixels=True)
                 uids = InstanceKeys(
                     str(ds.StudyInstanceUID),
                     str(ds.SeriesInstanceUID),

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import threading
 import time
+import tracemalloc
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from gateway.auth import Role
 from gateway.pacs.multipart import encode_related
 from gateway.pacs_local import free_port
 from gateway.runs import RunStatus
+from gateway.scp import StorageSCP
 from gateway.serve import Gateway, api_server_config
 from tests.gateway_synth import make_study
 
@@ -306,3 +308,23 @@ def test_a_body_refused_mid_stream_closes_the_connection(stow: Stow) -> None:
             while chunk := s.recv(65536):
                 rest += chunk
     assert b"HTTP/1.1 200" not in rest  # no second request on that connection
+
+
+def test_a_large_instance_is_held_once_while_it_is_staged(tmp_path: Path) -> None:
+    """The node's STOW-RS path holds one copy of a part's bytes, as C-STORE holds one (it held
+    three: the file read whole, the dataset copied for the UID scan, then the file meta)."""
+    study = make_study(tmp_path / "s", classes=("T1",), n_slices=1, size=2048, patient_id="BIG")
+    (src,) = study.files
+    size = src.stat().st_size
+    assert size > 8 << 20
+    scp = StorageSCP(tmp_path / "spool", port=0, fsync="off")
+    for d in (scp.incoming, scp.studies_dir, scp.quarantine):
+        d.mkdir(parents=True)
+    tracemalloc.start()
+    try:
+        (outcome,) = scp.receive_files([src])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.status == 0, outcome
+    assert peak < 1.5 * size, f"{peak / size:.1f} times the instance's size"
