@@ -17,8 +17,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import highdicom as hd
+import numpy as np
 import pydicom
 from highdicom.sr import (
     AlgorithmIdentification,
@@ -28,12 +30,18 @@ from highdicom.sr import (
     ContainerContentItem,
     DeviceObserverIdentifyingAttributes,
     FindingSite,
+    GraphicTypeValues,
+    GraphicTypeValues3D,
+    ImageRegion,
+    ImageRegion3D,
     MeasurementReport,
     MeasurementsAndQualitativeEvaluations,
     ObservationContext,
     ObserverContext,
+    PlanarROIMeasurementsAndQualitativeEvaluations,
     QualitativeEvaluation,
     RelationshipTypeValues,
+    SourceImageForRegion,
     TextContentItem,
     TrackingIdentifier,
 )
@@ -47,7 +55,7 @@ from pydicom.valuerep import DA, TM
 
 from dicom import PersonNameError, checked_attributes, person_name
 from evaluation import DifferentialItem, Finding
-from evaluation.review import ReportContent, diagnosis_concept, site_of
+from evaluation.review import FindingRegion, ReportContent, diagnosis_concept, site_of
 
 ENCAPSULATED_PDF_STORAGE = "1.2.840.10008.5.1.4.1.1.104.1"
 MANUFACTURER = "NeuroSandbox"
@@ -180,21 +188,67 @@ def group_label(item_id: str | None, kind: str, n: int) -> str:
     return f"{name} {number}"
 
 
+def _region(
+    region: FindingRegion | None, evidence: dict[str, Dataset]
+) -> ImageRegion | ImageRegion3D | None:
+    """Where the model pointed, as an SR coordinate: a SCOORD POINT on the acquired slice's
+    instance when the study's evidence holds it, else a SCOORD3D POINT in the series' frame of
+    reference (patient LPS mm); None when neither can be named."""
+    if region is None:
+        return None
+    ds = evidence.get(region.sop_instance_uid) if region.sop_instance_uid else None
+    if ds is not None and region.pixel is not None:
+        return ImageRegion(
+            graphic_type=GraphicTypeValues.POINT,
+            graphic_data=np.array([region.pixel], dtype=float),
+            source_image=SourceImageForRegion(
+                referenced_sop_class_uid=str(ds.SOPClassUID),
+                referenced_sop_instance_uid=region.sop_instance_uid,
+                referenced_frame_numbers=[region.frame] if region.frame else None,
+            ),
+        )
+    frame = next(
+        (
+            str(d.FrameOfReferenceUID)
+            for d in evidence.values()
+            if d.get("SeriesInstanceUID") == region.series_uid and d.get("FrameOfReferenceUID")
+        ),
+        None,
+    )
+    if frame is None:
+        return None
+    x, y, z = region.ras_mm
+    return ImageRegion3D(
+        graphic_type=GraphicTypeValues3D.POINT,
+        graphic_data=np.array([[-x, -y, z]], dtype=float),  # RAS -> LPS
+        frame_of_reference_uid=frame,
+    )
+
+
 def _finding_group(
-    tracking: TrackingIdentifier, f: Finding | None, algorithm: AlgorithmIdentification
-) -> MeasurementsAndQualitativeEvaluations:
+    tracking: TrackingIdentifier,
+    f: Finding | None,
+    algorithm: AlgorithmIdentification,
+    where: ImageRegion | ImageRegion3D | None = None,
+) -> MeasurementsAndQualitativeEvaluations | PlanarROIMeasurementsAndQualitativeEvaluations:
     present = f is not None
-    group = MeasurementsAndQualitativeEvaluations(
-        tracking_identifier=tracking,
-        finding_type=codes.SCT.Lesion,
-        finding_sites=finding_sites(f),
-        algorithm_id=algorithm,
-        qualitative_evaluations=[
+    common: dict[str, Any] = {
+        "tracking_identifier": tracking,
+        "finding_type": codes.SCT.Lesion,
+        "finding_sites": finding_sites(f),
+        "algorithm_id": algorithm,
+        "qualitative_evaluations": [
             QualitativeEvaluation(
                 codes.DCM.PresenceOfProperty, codes.DCM.Present if present else codes.DCM.Absent
             )
         ],
-    )
+    }
+    # a finding the model pointed at is a planar ROI group (TID 1410): its region is drawn
+    group: MeasurementsAndQualitativeEvaluations | PlanarROIMeasurementsAndQualitativeEvaluations
+    if where is not None and f is not None:
+        group = PlanarROIMeasurementsAndQualitativeEvaluations(referenced_region=where, **common)
+    else:
+        group = MeasurementsAndQualitativeEvaluations(**common)
     if f is not None:  # TID 1501 row 12: a coded question with a text answer
         text = "; ".join(
             x
@@ -360,11 +414,14 @@ def build_sr(
     ids: list[str | None] = list(content.item_ids)
     if len(ids) != len(entries):  # content not made from a block: numbered by place
         ids = [None] * len(entries)
-    groups = []
+    groups: list[Any] = []
+    by_uid = {str(ds.SOPInstanceUID): ds for ds in source if "SOPInstanceUID" in ds}
+    regions = list(content.regions) + [None] * (len(content.findings) - len(content.regions))
     for (kind, n, entry), item_id in zip(entries, ids, strict=True):
         track = _tracking(group_label(item_id, kind, n), tracking, model_name)
         if isinstance(entry, Finding):
-            groups.append(_finding_group(track, entry, algorithm))
+            where = _region(regions[n - 1], by_uid) if n - 1 < len(regions) else None
+            groups.append(_finding_group(track, entry, algorithm, where))
         else:
             concept = DIFFERENTIAL if kind == "dx" else DIAGNOSIS
             groups.append(_diagnosis_group(track, concept, entry, algorithm))

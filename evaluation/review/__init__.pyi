@@ -15,10 +15,12 @@ from .review_log import Verdict as Verdict
 from .review_log import export_csv as export_csv
 from .review_log import export_json as export_json
 from .sr_content import BlockItem as BlockItem
+from .sr_content import FindingRegion as FindingRegion
 from .sr_content import ItemKind as ItemKind
 from .sr_content import ReportBlock as ReportBlock
 from .sr_content import ReportContent as ReportContent
 from .sr_content import answer_key as answer_key
+from .sr_content import finding_region as finding_region
 from .sr_content import report_blocks as report_blocks
 from .sr_content import reviewed_samples as reviewed_samples
 from .sr_content import unverified_content as unverified_content

@@ -30,6 +30,7 @@ from evaluation.review.coding import corrected_finding
 from evaluation.scores import ErrorLabel
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lexicon import default_lexicon
+from evaluation.scoring.localisation import FindingRegion, finding_region  # noqa: F401 (the review face)
 from evaluation.scoring.text import normalise
 
 # Which task's answer speaks first for an item both carry (the task that asks for it).
@@ -112,6 +113,9 @@ class ReportContent(BaseModel):
     # ("finding.2", "dx.1", "final"): the UNVERIFIED and VERIFIED SR number them alike. Left
     # out of dumps (the sign-off digest): the verified items carry their ids already.
     item_ids: list[str] = Field(default_factory=list, exclude=True)
+    # where each finding was pointed at in the study (scoring.finding_region), aligned with
+    # ``findings``; empty when not known. The SR writes a SCOORD/SCOORD3D for each one given.
+    regions: list[FindingRegion | None] = Field(default_factory=list, exclude=True)
 
 
 def review_order(s: SampleResult) -> tuple[int, int]:

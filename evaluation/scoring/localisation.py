@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from evaluation.answers import Finding, ImagePlace
-from evaluation.case import Case
+from evaluation.case import Case, ImageRef
 from evaluation.scores import LesionMatchResult, PointOutcome
 
 MASK_FILE = Path("masks") / "lesions.nii.gz"
@@ -116,4 +117,39 @@ def localise(case: Case, findings: list[Finding], res: LesionMatchResult) -> Les
             "n_localised": n_localised,
             "localisation_rate": n_localised / len(lesions) if lesions else None,
         }
+    )
+
+
+class FindingRegion(BaseModel):
+    """Where a finding's place lies in the study, as an SR references it: the stored instance
+    and its pixel (SCOORD) when the slice shown is an acquired one, and always the patient
+    position (RAS mm; an SR's SCOORD3D is in LPS, the writer turns it)."""
+
+    series_uid: str
+    ras_mm: tuple[float, float, float]
+    sop_instance_uid: str = ""  # "" when the slice shown was resliced
+    sop_class_uid: str = ""
+    frame: int | None = None  # 1-based, of a multi-frame instance
+    pixel: tuple[float, float] | None = None  # (column, row), DICOM image coordinates
+
+
+def finding_region(place: ImagePlace, images: list[ImageRef]) -> FindingRegion | None:
+    """The study position of ``place`` on the request's ``images``; None when it points at no
+    image, no slice or a slice without patient geometry."""
+    if place.image > len(images):
+        return None
+    ref = images[place.image - 1]
+    x, y = place.xy
+    tile = ref.tile_at(x, y)
+    ras = tile.ras(x, y) if tile is not None else None
+    if tile is None or ras is None or not ref.series_uid:
+        return None
+    pixel = tile.scoord_point(x, y)
+    return FindingRegion(
+        series_uid=ref.series_uid,
+        ras_mm=(round(ras[0], 3), round(ras[1], 3), round(ras[2], 3)),
+        sop_instance_uid=tile.sop_instance_uid if pixel is not None else "",
+        sop_class_uid=tile.sop_class_uid if pixel is not None else "",
+        frame=tile.frame if pixel is not None else None,
+        pixel=(round(pixel[0], 3), round(pixel[1], 3)) if pixel is not None else None,
     )
