@@ -39,7 +39,7 @@ $(VIEWER): viewer/package.json viewer/package-lock.json
 PYTEST_WORKERS ?= 2
 test: setup
 	$(VENV)/bin/lint-imports --no-cache
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 demo: setup
 	$(VENV)/bin/neurosandbox demo $(DEMO_ARGS)

@@ -42,3 +42,45 @@ def corpus_index(corpus: Path):  # type: ignore[no-untyped-def]
     from dicom.index import index_path
 
     return index_path(corpus)
+
+
+# The modules that take longest (seconds of test time in CI's `--durations`, e.g. 58 s for the
+# gateway's run deadline), heaviest first. `make test` runs `-n 2 --dist loadfile
+# --no-loadscope-reorder`: xdist hands out modules in collection order, each worker holding up to
+# three tests ahead. Its default order (most tests first) left these one-test modules for the
+# end, two or three of them queued on one worker while the other ran out of work; started
+# first, they are shared between the workers and the many short modules even out the end.
+SLOWEST_FIRST = (
+    "test_run_deadline.py",
+    "test_demo.py",
+    "test_gateway_corpus.py",
+    "test_lint.py",
+    "test_eval_honesty.py",
+    "test_run_deadline_worker.py",
+    "test_slowloris_dicom.py",
+    "test_hostile_inputs.py",
+    "test_review_verified_e2e.py",
+    "test_phi_names.py",
+    "test_gateway_e2e.py",
+    "test_runs_index_gateway.py",
+    "test_engine_resume.py",
+    "test_budget.py",
+    "test_nothing_lost.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist only: the SLOWEST_FIRST modules first, then the others, most tests first
+    (xdist's own order); the tests of a module keep their order."""
+    if not hasattr(config, "workerinput"):
+        return
+    count: dict[str, int] = {}
+    for item in items:
+        count[item.path.name] = count.get(item.path.name, 0) + 1
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+
+    def key(item: pytest.Item) -> tuple[int, int]:
+        name = item.path.name
+        return (rank.get(name, len(rank)), -count[name])
+
+    items.sort(key=key)
