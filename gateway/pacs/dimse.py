@@ -387,7 +387,7 @@ class DimseClient:
     def find_studies(self, query: StudyQuery) -> list[StudyMatch]:
         ae = self._ae()
         ae.add_requested_context(StudyRootQueryRetrieveInformationModelFind)
-        found: dict[tuple[str, str], StudyMatch] = {}
+        found: dict[tuple[str, str, str], StudyMatch] = {}  # a study of a patient (and issuer)
         bound = MAX_MATCHES
         with self._associate(ae) as assoc:
             for request in self._requests(query):
@@ -397,7 +397,7 @@ class DimseClient:
                 for ident in answers:
                     m = self._match(ident)
                     if m is not None:
-                        found.setdefault((m.study_uid, m.patient_id), m)
+                        found.setdefault((m.study_uid, m.patient_id, m.issuer), m)
                 if more or len(found) >= bound:
                     break  # at the bound: no more requests (a narrower query finds the rest)
             # in the order listed; the series of a study are asked for (when the archive did
