@@ -14,7 +14,6 @@ FailedSOPSequence with their reason; 200 all stored, 202 some, 409 none.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -26,6 +25,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.requests import ClientDisconnect
 
+from dicom import InvalidUIDError, check_uid
 from gateway.api.context import GatewayContext
 from gateway.api.deps import Ctx, ErrorBody, Sender, errors
 from gateway.auth import TokenRecord
@@ -62,8 +62,6 @@ router = APIRouter(prefix="/dicomweb", tags=["dicomweb"], responses=RESPONSES)
 DICOM_JSON = "application/dicom+json"
 MAX_PARTS = 20_000  # instances in one request
 FEED_BYTES = 1 << 20  # body bytes gathered before each hand-over to the parser
-UID = r"^[0-9]+(\.[0-9]+)+$"  # with max_length=64: a UID (PS3.5 9.1)
-_UID = re.compile(UID)
 
 
 def _sop_item(o: StoreOutcome) -> dict[str, Any]:
@@ -187,6 +185,10 @@ async def stow_study(
     request: Request,
     ctx: Ctx,
     sender: Sender,
-    study_uid: Annotated[str, PathParam(pattern=UID, max_length=64)],
+    study_uid: Annotated[str, PathParam(max_length=64, description="StudyInstanceUID")],
 ) -> JSONResponse:
-    return await _stow(request, ctx, sender, study_uid)
+    try:  # the one UID rule (dicom.check_uid)
+        uid = check_uid(study_uid)
+    except InvalidUIDError:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, detail="not a valid UID") from None
+    return await _stow(request, ctx, sender, uid)
