@@ -225,6 +225,7 @@ class StorageSCP:
         self.incoming = spool / "incoming"
         self.studies_dir = spool / "studies"
         self.quarantine = spool / "quarantine"
+        self.receiving = spool / "receiving"  # STOW-RS bodies while they arrive
         self._lock = threading.Lock()
         self._assocs: dict[int, _Assoc] = {}
         self._studies: dict[StudyKey, _Study] = {}
@@ -252,6 +253,7 @@ class StorageSCP:
     def start(self) -> None:
         for d in (self.incoming, self.studies_dir, self.quarantine):
             d.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.receiving, ignore_errors=True)  # bodies a stop or crash cut short
         self._recover()
         self._syncer.start()
         handlers: list[Any] = [
@@ -438,6 +440,14 @@ class StorageSCP:
         METRICS.inc("dicom_instances_received_total")
         METRICS.inc("dicom_bytes_received_total", size)
         return STATUS_SUCCESS
+
+    def receiving_folder(self) -> Path:
+        """A new, empty folder for the parts of one STOW-RS request while its body arrives
+        (``spool/receiving/``: fragments until the body is whole, never read as instances,
+        removed at each start)."""
+        folder = self.receiving / uuid.uuid4().hex
+        folder.mkdir(parents=True)
+        return folder
 
     def receive_files(
         self, files: Sequence[Path], sender: str = STOW_SENDER, study_uid: str | None = None

@@ -58,7 +58,7 @@ class Stow:
     def spooled(self) -> list[str]:
         spool = self.gw.ctx.settings.data_dir / "spool"
         return sorted(p.name for p in (spool / "studies").iterdir() if p.is_dir()) + sorted(
-            p.name for p in (spool / "incoming").iterdir()
+            f"{d}/{p.name}" for d in ("incoming", "receiving") for p in (spool / d).glob("*")
         )
 
 
@@ -124,7 +124,9 @@ def test_a_study_sent_by_stow_is_evaluated_like_one_sent_by_c_store(
     (run,) = finished_runs(stow.gw, 1, study.study_uid, timeout_s=120)
     assert run.status is RunStatus.DONE, run
     assert run.trigger == "dicom" and run.route is not None and run.route.tasks == ["differential"]
-    assert not [n for n in stow.spooled() if n.startswith("stow-")]  # nothing left behind
+    assert not [
+        n for n in stow.spooled() if n.startswith(("incoming/", "receiving/"))
+    ]  # nothing left behind
     # the audit log: the route's line, and what came of the request, by the sender's token id
     sender_id = stow.tokens["sender"].split("_")[1]
     log = (stow.gw.ctx.settings.data_dir / "audit.jsonl").read_text().splitlines()
@@ -245,7 +247,7 @@ def test_stow_has_its_own_body_deadline_and_every_other_route_keeps_the_api_boun
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
     assert time.monotonic() - t0 < BODY_TIMEOUT_S + 3
-    assert not [n for n in stow.spooled() if n.startswith("stow-")]
+    assert not [n for n in stow.spooled() if n.startswith(("incoming/", "receiving/"))]
     # the API's 1 MiB bound still holds on the other routes (the headers alone say it: the
     # answer comes before the body, which is never sent)
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
@@ -273,7 +275,9 @@ def test_a_client_that_leaves_mid_body_stores_nothing_and_the_gateway_goes_on(
             + whole[: len(whole) // 2]
         )
     time.sleep(0.5)
-    assert not [n for n in stow.spooled() if n.startswith((study.study_uid, "stow-"))]
+    assert not [
+        n for n in stow.spooled() if n.startswith((study.study_uid, "incoming/", "receiving/"))
+    ]
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], [
         r.getMessage() for r in caplog.records
     ]
@@ -328,3 +332,23 @@ def test_a_large_instance_is_held_once_while_it_is_staged(tmp_path: Path) -> Non
         tracemalloc.stop()
     assert outcome.status == 0, outcome
     assert peak < 1.5 * size, f"{peak / size:.1f} times the instance's size"
+
+
+def test_a_body_cut_by_a_crash_is_gone_at_the_next_start_never_quarantined(
+    tmp_path: Path,
+) -> None:
+    """The parts of a body still arriving when the gateway stopped are fragments, never
+    instances a sender was told were stored: the next start removes them (they were
+    quarantined as an interrupted association, and counted as quarantined instances)."""
+    spool = tmp_path / "spool"
+    before = StorageSCP(spool, port=0)
+    folder = before.receiving_folder()  # where the API streams a request's parts
+    (folder / "000000.dcm").write_bytes(b"\0" * 128 + b"DICM" + b"half a part")
+    after = StorageSCP(spool, port=0)
+    after.start()
+    try:
+        assert not folder.exists()
+        assert not [p for p in (spool / "quarantine").rglob("*") if p.is_file()]
+        assert not [p for p in (spool / "incoming").rglob("*") if p.is_file()]
+    finally:
+        after.stop()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import uuid
 from pathlib import Path
 from typing import Annotated, Any, BinaryIO
 
@@ -94,7 +93,6 @@ async def _read_parts(request: Request, folder: Path, max_part_bytes: int) -> li
         boundary = related_boundary(request.headers.get("content-type", ""))
     except MultipartError as exc:
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, detail=str(exc)) from None
-    folder.mkdir(parents=True)
     paths: list[Path] = []
     current: list[BinaryIO] = []
 
@@ -149,8 +147,8 @@ async def _stow(
         raise HTTPException(
             status.HTTP_503_SERVICE_UNAVAILABLE, detail="the DICOM node is not running"
         )
-    # beside the associations' staging folders: a body cut by a crash is quarantined at start
-    folder = scp.incoming / f"stow-{uuid.uuid4().hex}"
+    # a folder of its own, removed at the next start if a crash cuts the body short
+    folder = await run_in_threadpool(scp.receiving_folder)
     try:
         paths = await _read_parts(request, folder, ctx.settings.stow_max_body_bytes)
         # only this study's instances when the URL names one (PS3.18 10.5.1): the node refuses
