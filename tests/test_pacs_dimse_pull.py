@@ -3,6 +3,7 @@ the archive sends is judged here, whatever it is."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -12,9 +13,10 @@ import pytest
 
 from gateway.pacs import DimsePacs, PacsRequestError, StudyQuery, TlsConfig, dimse
 from gateway.pacs.dimse import DimseClient
+from gateway.pacs_local import free_port
 from tests.dcmqrscp_fixture import AE_TITLE, CALLING_AE, MOVE_AE, Dcmqrscp
 from tests.gateway_synth import make_study
-from tests.tls_fixture import TLS_AE, TlsOrthanc
+from tests.tls_fixture import TLS_AE, Pki, TlsOrthanc
 
 
 def _client(dcmqrscp: Dcmqrscp, how: str) -> DimseClient:
@@ -100,3 +102,26 @@ def test_an_archive_sending_more_than_a_study_can_be_is_stopped_and_nothing_kept
     # and the archive is not left in a state that refuses the next pull
     monkeypatch.undo()
     assert client.retrieve(m, tmp_path / "again").n_files == 3
+
+
+def test_the_c_move_receiver_over_tls_takes_only_a_peer_the_hospitals_ca_signed(
+    tls_pki: Pki, tmp_path: Path
+) -> None:
+    """With tls.ca_file, our receiver asks the sending peer for its certificate and checks it:
+    the archive's AE title alone (a string anyone on the network may send) is not enough."""
+    study = make_study(tmp_path / "s", classes=("T2",), n_slices=1, patient_id="TLSRECV1")
+    tls = TlsConfig(ca_file=tls_pki.ca, cert_file=tls_pki.client_cert, key_file=tls_pki.client_key)
+    port = free_port()
+    cfg = DimsePacs(kind="dimse", ae_title=TLS_AE, host="127.0.0.1", port=1, timeout_s=10,
+                    tls=tls, retrieve="c-move", move_destination="NSBXRECV",
+                    receive_host="127.0.0.1", receive_port=port)  # fmt: skip
+    got: list[int] = []
+
+    def send(*identity: str) -> int:
+        args = ["/usr/bin/storescu", *identity, "+cf", str(tls_pki.ca), "-aet", TLS_AE,
+                "-aec", "NSBXRECV", "127.0.0.1", str(port), str(study.files[0])]  # fmt: skip
+        return subprocess.run(args, capture_output=True, timeout=30).returncode
+
+    with DimseClient("secure", cfg).receiving(lambda event: got.append(1) or 0x0000):
+        assert send("+tla") != 0 and got == []  # TLS, the right AE title, no certificate
+        assert send("+tls", str(tls_pki.key), str(tls_pki.cert)) == 0 and got == [1]

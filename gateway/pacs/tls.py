@@ -33,13 +33,14 @@ def client_context(tls: TlsConfig | None) -> ssl.SSLContext | None:
 
 
 def server_context(tls: TlsConfig) -> ssl.SSLContext:
-    """The context of a listener of ours a PACS connects to (our certificate; the PACS's
-    certificate checked against the CA when it presents one)."""
+    """The context of a listener of ours a PACS connects to: our certificate and, with
+    ``ca_file``, the PACS's certificate required and checked against that CA (the calling AE
+    title a receiver also checks is only a string anyone on the network may send)."""
     if not (tls.cert_file and tls.key_file):
         raise PacsConfigError("tls: a receiver needs cert_file and key_file (our certificate)")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.verify_mode = ssl.CERT_OPTIONAL if tls.ca_file else ssl.CERT_NONE
+    ctx.verify_mode = ssl.CERT_REQUIRED if tls.ca_file else ssl.CERT_NONE
     return _load(ctx, tls)
 
 
