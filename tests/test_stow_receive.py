@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import resource
 import shutil
 import socket
 import subprocess
@@ -352,3 +353,26 @@ def test_a_body_cut_by_a_crash_is_gone_at_the_next_start_never_quarantined(
         assert not [p for p in (spool / "incoming").rglob("*") if p.is_file()]
     finally:
         after.stop()
+
+
+def test_a_body_the_disk_cannot_take_is_503_and_stores_nothing(
+    stow: Stow, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write of the body that fails (a full disk; here the process's file size limit, so
+    the write fails as it would: EFBIG, Python ignores SIGXFSZ) is the server's condition, said
+    as such (503, retry later), not an 'Internal Server Error' with a traceback."""
+    study = make_study(tmp_path / "s", classes=("T1",), n_slices=1, size=256, patient_id="DISK")
+    body, ct = _body(tmp_path, list(study.files))
+    assert 100_000 < body.stat().st_size < MAX_BODY
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, hard))
+    try:
+        code, answer = stow.post(body, ct)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert code == 503 and "nothing stored" in answer.get("detail", ""), answer
+    assert not [n for n in stow.spooled() if n.startswith((study.study_uid, "receiving/"))]
+    # one line for the operator, no traceback
+    assert not [r for r in caplog.records if r.exc_info or "ASGI" in r.getMessage()]
+    assert any("could not be written" in r.getMessage() for r in caplog.records)
+    assert stow.post(body, ct)[0] == 200  # once the disk takes it again

@@ -125,6 +125,13 @@ async def _read_parts(request: Request, folder: Path, max_part_bytes: int) -> li
         raise HTTPException(
             status.HTTP_400_BAD_REQUEST, detail="the body ended early (disconnected)"
         ) from None
+    except OSError as exc:  # disk full, file size limit, I/O error: ours, not the sender's
+        log.error("STOW-RS: the body could not be written (%s)", exc.strerror or type(exc).__name__)
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            detail=f"the gateway could not write the body to its spool "
+            f"({exc.strerror or type(exc).__name__}): nothing stored; send it again later",
+        ) from None
     except PartTooLargeError as exc:
         raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, detail=str(exc)) from None
     except MultipartError as exc:
