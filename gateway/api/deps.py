@@ -28,17 +28,26 @@ def _unauthorized(why: str) -> HTTPException:
     )
 
 
-def require_token(
-    request: Request,
-    ctx: Ctx,
-    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+def _verified(
+    request: Request, ctx: GatewayContext, creds: HTTPAuthorizationCredentials | None
 ) -> TokenRecord:
+    """The record of the request's bearer token, of any role (401 without a valid one); the
+    audit log's actor is set from it."""
     if creds is None or creds.scheme.lower() != "bearer":
         raise _unauthorized("a bearer token is required")
     rec = ctx.tokens.verify(creds.credentials, sending=True)
     if rec is None:
         raise _unauthorized("invalid or revoked token")
     request.state.actor = rec.id
+    return rec
+
+
+def require_token(
+    request: Request,
+    ctx: Ctx,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> TokenRecord:
+    rec = _verified(request, ctx, creds)
     if rec.role is Role.SENDER:  # known, but not allowed here: say what it may do
         raise HTTPException(
             status.HTTP_403_FORBIDDEN,
@@ -53,12 +62,7 @@ def require_sender(
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> TokenRecord:
     """Sending a study (STOW-RS): an admin or a ``sender`` token."""
-    if creds is None or creds.scheme.lower() != "bearer":
-        raise _unauthorized("a bearer token is required")
-    rec = ctx.tokens.verify(creds.credentials, sending=True)
-    if rec is None:
-        raise _unauthorized("invalid or revoked token")
-    request.state.actor = rec.id
+    rec = _verified(request, ctx, creds)
     if rec.role not in (Role.ADMIN, Role.SENDER):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, detail="sending studies needs an admin or sender token"
