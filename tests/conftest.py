@@ -58,6 +58,7 @@ SLOWEST_FIRST = (
     "test_eval_honesty.py",
     "test_run_deadline_worker.py",
     "test_slowloris_dicom.py",
+    "test_cases_from_pacs.py",  # issue 38: ~43 s on the loaded machine (not yet in a CI log)
     "test_hostile_inputs.py",
     "test_review_verified_e2e.py",
     "test_phi_names.py",
@@ -66,6 +67,7 @@ SLOWEST_FIRST = (
     "test_engine_resume.py",
     "test_budget.py",
     "test_nothing_lost.py",
+    "test_writeback_pacs.py",  # issue 38: ~13 s on the loaded machine
 )
 
 
