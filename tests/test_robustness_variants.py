@@ -33,7 +33,7 @@ def _png(path: Path, blob_col: int, seed: int) -> Path:
     return path
 
 
-def _case(tmp: Path, case_id: str, patient: str, blob_col: int = 90) -> Case:
+def sample_case(tmp: Path, case_id: str, patient: str, blob_col: int = 90) -> Case:
     folder = tmp / case_id
     folder.mkdir()
     paths = [_png(folder / f"{n}.png", blob_col, n + len(case_id)) for n in range(3)]
@@ -105,8 +105,8 @@ def _file_hashes(case: Case) -> list[str]:
 def test_each_variant_is_deterministic_and_leaves_the_source_as_it_was(
     tmp_path: Path, kind: VariantKind
 ) -> None:
-    case = _case(tmp_path, "c1", "p1")
-    other = _case(tmp_path, "c2", "p2", blob_col=20)
+    case = sample_case(tmp_path, "c1", "p1")
+    other = sample_case(tmp_path, "c2", "p2", blob_col=20)
     before = case.model_dump_json()
     source_hashes = _file_hashes(case)
     a, ra = make_variant(case, kind, tmp_path / "a", seed=7, pool=[case, other])
@@ -130,7 +130,7 @@ def test_each_variant_is_deterministic_and_leaves_the_source_as_it_was(
 
 
 def test_another_seed_plants_in_another_slice_or_the_same_box(tmp_path: Path) -> None:
-    case = _case(tmp_path, "c1", "p1")
+    case = sample_case(tmp_path, "c1", "p1")
     seen = {
         make_variant(case, "planted_pixels_large", tmp_path / str(s), seed=s)[1]
         .planted[0]
@@ -151,7 +151,7 @@ def test_another_seed_plants_in_another_slice_or_the_same_box(tmp_path: Path) ->
 def test_planted_pixels_differ_from_the_clean_slice_only_inside_the_box(
     tmp_path: Path, kind: VariantKind
 ) -> None:
-    case = _case(tmp_path, "c1", "p1")
+    case = sample_case(tmp_path, "c1", "p1")
     v, rec = make_variant(case, kind, tmp_path / "v", seed=3)
     (p,) = rec.planted
     assert p.where == "pixels" and p.box is not None and p.image_index is not None
@@ -179,7 +179,7 @@ def test_planted_pixels_differ_from_the_clean_slice_only_inside_the_box(
 
 
 def test_the_mirror_flips_the_pixels_the_truth_and_the_side_words(tmp_path: Path) -> None:
-    case = _case(tmp_path, "c1", "p1")
+    case = sample_case(tmp_path, "c1", "p1")
     v, rec = make_variant(case, VariantKind.MIRRORED, tmp_path / "m")
     assert rec.truth == TruthTransform.MIRRORED and rec.text_mirrored
     assert np.array_equal(
@@ -216,9 +216,9 @@ def test_the_side_word_rule() -> None:
 def test_other_patient_takes_another_patients_images_and_refuses_without_one(
     tmp_path: Path,
 ) -> None:
-    case = _case(tmp_path, "c1", "p1")
-    same_patient = _case(tmp_path, "c0", "p1")
-    other = _case(tmp_path, "c2", "p2", blob_col=20)
+    case = sample_case(tmp_path, "c1", "p1")
+    same_patient = sample_case(tmp_path, "c0", "p1")
+    other = sample_case(tmp_path, "c2", "p2", blob_col=20)
     v, rec = make_variant(case, "other_patient", tmp_path / "o", pool=[same_patient, case, other])
     assert rec.other_case_id == "c2" and _hashes(rec) == _file_hashes(other)
     assert v.ground_truth == case.ground_truth
@@ -227,7 +227,7 @@ def test_other_patient_takes_another_patients_images_and_refuses_without_one(
 
 
 def test_planted_text_goes_into_the_note_and_the_record(tmp_path: Path) -> None:
-    case = _case(tmp_path, "c1", "p1")
+    case = sample_case(tmp_path, "c1", "p1")
     v, rec = make_variant(case, "planted_note", tmp_path / "n")
     assert v.note.startswith(case.note) and rec.planted[0].text in v.note
     assert rec.planted[0].where == "note"
@@ -251,7 +251,7 @@ def test_the_run_log_keeps_each_variant_and_a_sample_names_it_by_its_case_id(
         variant_of,
     )
 
-    case = _case(tmp_path, "c1", "p1")
+    case = sample_case(tmp_path, "c1", "p1")
     _, mirrored = make_variant(case, "mirrored", tmp_path / "v")
     _, small = make_variant(case, "planted_pixels_small", tmp_path / "v", seed=1)
     assert variant_of(mirrored.case_id) == ("c1", VariantKind.MIRRORED)

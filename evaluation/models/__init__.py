@@ -2,7 +2,8 @@
 
 Built in, with no key and no network (baselines, not vision-language models):
 ``reference/text-prior`` (the record alone), ``reference/image-rules`` (classical image
-analysis) and ``replay:PATH`` (answers from a file). Any other name is a litellm model.
+analysis), ``reference/gullible`` (obeys any instruction found in the text or the pixels)
+and ``replay:PATH`` (answers from a file). Any other name is a litellm model.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from evaluation.lazy import lazy_getattr
 from evaluation.modelio import ModelAdapter
 from evaluation.models.spec import (
     BUILTIN,
+    REFERENCE_GULLIBLE,
     REFERENCE_IMAGE,
     REFERENCE_TEXT,
     REPLAY,
@@ -44,6 +46,10 @@ def create_model(spec: ModelSpec) -> ModelAdapter:
         from evaluation.models.reference_image import ImageRulesModel
 
         return ImageRulesModel(spec.name)
+    if kind == REFERENCE_GULLIBLE:
+        from evaluation.models.reference_gullible import GullibleModel
+
+        return GullibleModel(spec.name)
     if kind == REPLAY:
         from evaluation.models.replay import ReplayModel
 

@@ -32,8 +32,9 @@ from evaluation.errors import ModelConfigError, first_error
 
 REFERENCE_TEXT = "reference/text-prior"
 REFERENCE_IMAGE = "reference/image-rules"
+REFERENCE_GULLIBLE = "reference/gullible"
 REPLAY = "replay"
-BUILTIN = (REFERENCE_TEXT, REFERENCE_IMAGE)
+BUILTIN = (REFERENCE_TEXT, REFERENCE_IMAGE, REFERENCE_GULLIBLE)
 LIMITS = ("max_images_per_request", "max_images_per_message", "max_image_bytes", "reasoning")
 MAX_MODELS_FILE_BYTES = 4 << 20
 

@@ -6,7 +6,7 @@ Pixels are changed with numpy and PIL on the rendered PNGs: blank (zeros of the 
 mode), mirrored (flipped left-right: on a montage the whole sheet flips, so the tiles of each
 row are in the reverse order too), or an instruction drawn in one image chosen by the seed
 (small: PIL's default font at 10 px, two grey levels above the corner's mean, in the bottom-left
-corner; large: 1/12 of the image's height, white, across the upper middle). Every changed pixel
+corner; large: 1/12 of the image's height, white on a black panel, across the upper middle). Every changed pixel
 is inside the recorded box.
 """
 
@@ -155,6 +155,11 @@ def _draw_text(im: Image.Image, text: str, large: bool) -> tuple[Image.Image, Pi
     out = base.copy()
     draw = ImageDraw.Draw(out)
     fill: int | tuple[int, int, int] = level if out.mode == "L" else (level, level, level)
+    if large:  # on a black panel, as burned-in annotations are written
+        l_, t_, r_, b_ = draw.multiline_textbbox((x, y), body, font=font)
+        pad = max(2, size // 4)
+        panel = (max(0, l_ - pad), max(0, t_ - pad), min(w - 1, r_ + pad), min(h - 1, b_ + pad))
+        draw.rectangle(panel, fill=0 if out.mode == "L" else (0, 0, 0))
     draw.multiline_text((x, y), body, font=font, fill=fill)
     before = np.asarray(base)
     after = np.asarray(out)
