@@ -5,6 +5,7 @@ a pynetdicom C-FIND SCP on a loopback port answering what the test says."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from pydicom.dataset import Dataset
@@ -34,11 +35,14 @@ def _study(issuer: str, n_series: int, **more: str) -> Dataset:
 
 
 @pytest.fixture
-def archive() -> Iterator[tuple[int, list[Dataset]]]:
-    """A C-FIND SCP answering the datasets in the list it yields, whatever was asked."""
+def archive() -> Iterator[tuple[int, list[Dataset], list[Dataset]]]:
+    """A C-FIND SCP answering the datasets in the list it yields, whatever was asked, and
+    the requests it was asked."""
     answers: list[Dataset] = []
+    asked: list[Dataset] = []  # the requests received (after the answers, in the same list)
 
-    def on_find(event: object) -> Iterator[tuple[int | Dataset, Dataset | None]]:
+    def on_find(event: Any) -> Iterator[tuple[int | Dataset, Dataset | None]]:
+        asked.append(event.identifier)
         for ds in answers:
             if "Status" in ds:  # a final status (with its ErrorComment) the test chose
                 yield ds, None
@@ -53,7 +57,7 @@ def archive() -> Iterator[tuple[int, list[Dataset]]]:
         ("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_C_FIND, on_find)]
     )
     try:
-        yield port, answers
+        yield port, answers, asked
     finally:
         server.shutdown()
 
@@ -64,14 +68,14 @@ def _client(port: int) -> DimseClient:
 
 
 def test_one_uid_and_patient_id_under_two_issuers_are_two_studies(archive) -> None:
-    port, answers = archive
+    port, answers, _ = archive
     answers += [_study("HOSP-A", 1), _study("HOSP-B", 2)]
     found = _client(port).find_studies(StudyQuery(patient_ids=["P1"]))
     assert sorted((m.issuer, m.n_series) for m in found) == [("HOSP-A", 1), ("HOSP-B", 2)]
 
 
 def test_what_an_archive_returns_is_bounded_and_a_study_without_a_uid_left_out(archive) -> None:
-    port, answers = archive
+    port, answers, _ = archive
     hostile = _study("", 1, PatientName="X" * 5000 + "\x1b[31m", StudyDescription="MRI\x00HEAD")
     no_uid = _study("", 1)
     no_uid.StudyInstanceUID = "not a uid/../../etc"
@@ -82,7 +86,7 @@ def test_what_an_archive_returns_is_bounded_and_a_study_without_a_uid_left_out(a
 
 
 def test_a_failure_status_is_an_error_naming_the_pacs_and_the_status(archive) -> None:
-    port, answers = archive
+    port, answers, _ = archive
     failure = Dataset()
     failure.Status, failure.ErrorComment = 0xA700, "index full \x1b[2J" + "y" * 1000
     answers += [_study("", 1), failure]
@@ -92,3 +96,20 @@ def test_a_failure_status_is_an_error_naming_the_pacs_and_the_status(archive) ->
     assert text.startswith("PACS 'scripted' (SCRIPTED@127.0.0.1:") and "0xA700" in text, text
     assert "Out of Resources" in text and "index full" in text and len(text) < 600, text
     assert "\x1b" not in text
+
+
+def test_accession_numbers_and_patient_ids_together_are_not_their_product_of_requests(
+    archive,
+) -> None:
+    """Each listed value is its own C-FIND, but with both lists given only the shorter is asked
+    (the other is checked here): 12 accession numbers and 8 patient IDs were 96 requests."""
+    port, answers, asked = archive
+    answers.append(_study("", 1))
+    query = StudyQuery(accession_numbers=["ACC1", *(f"X{i}" for i in range(11))],
+                       patient_ids=["P1", *(f"Y{i}" for i in range(7))])  # fmt: skip
+    (m,) = _client(port).find_studies(query)
+    assert (m.accession, m.patient_id) == ("ACC1", "P1")
+    assert len(asked) == 8 and {str(a.PatientID) for a in asked} == set(query.patient_ids)
+    assert {str(a.AccessionNumber) for a in asked} == {""}
+    answers[0].AccessionNumber = "OTHER"  # the key not asked is still checked here
+    assert _client(port).find_studies(query) == []

@@ -332,8 +332,10 @@ class DimseClient:
             d = copy.deepcopy(base)
             d.StudyDescription = pattern
             out.append(d)
-        for key, values in (("AccessionNumber", query.accession_numbers),
-                            ("PatientID", query.patient_ids)):  # fmt: skip
+        keyed = [("AccessionNumber", query.accession_numbers), ("PatientID", query.patient_ids)]
+        if all(values for _, values in keyed):  # both lists: ask by the shorter, check the
+            keyed = [min(keyed, key=lambda kv: len(kv[1]))]  # other here (query.matches)
+        for key, values in keyed:
             if values:
                 grown = []
                 for ds in out:
