@@ -5,6 +5,8 @@ unpointed finding stays as before. Each SR passes dciodvfy."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pydicom
 import pytest
@@ -18,6 +20,7 @@ from evaluation.review import FindingRegion, ReportContent, finding_region
 from gateway.sr import build_sr
 
 SIZE, SLICES = 64, 6
+_TILES: dict[str, Any] = {}  # the montage's tiles and the lesion's place, from the fixture
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +49,10 @@ def pointed(
     centre = affine @ np.array([c + SIZE * 0.22, c * 0.8, 3, 1.0])
     m = np.array(tile.to_ras)
     x, y = np.linalg.solve(m[:2, :2], centre[:2] - m[:2, 2])
-    region = finding_region(ImagePlace(image=1, point=(float(x), float(y))), [ref])
+    place = ImagePlace(image=1, point=(float(x), float(y)))
+    region = finding_region(place, [ref])
     assert region is not None
+    _TILES.update(tiles=img.tiles, place=place)
     return headers, region
 
 
@@ -106,3 +111,35 @@ def test_an_unpointed_finding_stays_as_it_was(
     sr = build_sr(headers, ReportContent(findings=[_finding()]), "m", "v", 1)
     assert not _scoords(sr, "SCOORD") and not _scoords(sr, "SCOORD3D")
     assert_dciodvfy_clean(sr)
+
+
+def test_a_review_block_carries_the_point_into_the_unverified_sr(
+    pointed: tuple[list[pydicom.Dataset], FindingRegion],
+) -> None:
+    """report_blocks with the case's images: the finding's place, read on the images its answer
+    was sent, becomes the UNVERIFIED SR's SCOORD; without the images nothing changes."""
+    from evaluation.answers import Answer
+    from evaluation.case import TaskFamily
+    from evaluation.log.rundata import SampleResult
+    from evaluation.review import report_blocks, unverified_content
+    from evaluation.scores import ParseStatus
+    from evaluation.scoring import ScoredSample
+
+    headers, region = pointed
+    ref = ImageRef(path="m.png", sha256="a" * 64, label="FLAIR", series_uid=region.series_uid)
+    ref = ref.model_copy(update={"tiles": _TILES["tiles"]})
+    f = _finding().model_copy(update={"place": _TILES["place"]})
+    sample = SampleResult(
+        scored=ScoredSample(
+            case_id="c", patient_id="p", family=TaskFamily.LESION, model="m", status=ParseStatus.OK
+        ),
+        answer=Answer(findings=[f]),
+        images_sent=[ref.sha256],
+    )
+    (block,) = report_blocks([sample], {ref.sha256: ref})
+    content = unverified_content(block)
+    assert content.regions == [region]
+    sr = build_sr(headers, content, "m", "v", 1)
+    assert len(_scoords(sr, "SCOORD")) == 1
+    (plain,) = report_blocks([sample])
+    assert unverified_content(plain).regions == [None]

@@ -18,19 +18,19 @@ merge (``BlockItem.content`` -> :class:`ReportContent`).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
 from pydantic import BaseModel, Field
 
 from evaluation.answers import Answer, DifferentialItem, Finding
-from evaluation.case import TaskFamily
+from evaluation.case import ImageRef, TaskFamily
 from evaluation.log.rundata import FULL_INPUT, SampleResult
 from evaluation.review.coding import corrected_finding
 from evaluation.scores import ErrorLabel
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.lexicon import default_lexicon
-from evaluation.scoring.localisation import FindingRegion, finding_region  # noqa: F401 (the review face)
+from evaluation.scoring.localisation import FindingRegion, finding_region
 from evaluation.scoring.text import normalise
 
 # Which task's answer speaks first for an item both carry (the task that asks for it).
@@ -63,6 +63,9 @@ class BlockItem(BaseModel):
     diagnosis: DifferentialItem | None = None
     error: ErrorLabel | None = None
     sources: list[ItemSource] = Field(default_factory=list)
+    # where the finding's first answer pointed in the study (report_blocks with the images);
+    # left out of dumps, so a block's digest and its checklist stay as they were
+    region: FindingRegion | None = Field(default=None, exclude=True)
 
     @property
     def label(self) -> str:
@@ -268,9 +271,14 @@ def report_block(
     return block
 
 
-def report_blocks(samples: Sequence[SampleResult]) -> list[ReportBlock]:
+def report_blocks(
+    samples: Sequence[SampleResult], images: Mapping[str, ImageRef] | None = None
+) -> list[ReportBlock]:
     """Every model's review block for one case (its diagnostic answers with full input; the
-    first sample of each task, the last turn of a multi-turn answer), by model name."""
+    first sample of each task, the last turn of a multi-turn answer), by model name.
+
+    With ``images`` (the case's images by sha256), a finding the model pointed at carries its
+    study region (``BlockItem.region``), read on the images its answer was sent, in order."""
     firsts: dict[tuple[str, TaskFamily], SampleResult] = {}
     for s in sorted(samples, key=review_order):
         if s.ablation != FULL_INPUT or not isinstance(s.answer, Answer):
@@ -288,8 +296,25 @@ def report_blocks(samples: Sequence[SampleResult]) -> list[ReportBlock]:
             for s in chosen
             if s.scored.effective_error is not None
         ]
-        out.append(report_block(model, answers, errors))  # type: ignore[arg-type]
+        block = report_block(model, answers, errors)  # type: ignore[arg-type]
+        if images:
+            _regions(block, {answer_key(s): s for s in chosen}, images)
+        out.append(block)
     return out
+
+
+def _regions(
+    block: ReportBlock, by_key: Mapping[str, SampleResult], images: Mapping[str, ImageRef]
+) -> None:
+    """Each pointed finding's region, on the images its (first) answer was sent."""
+    for it in block.of(ItemKind.FINDING):
+        if it.finding is None or it.finding.place is None or not it.sources:
+            continue
+        s = by_key.get(it.sources[0].answer_key)
+        if s is None or not s.images_sent or s.scored.family is TaskFamily.MULTITURN:
+            continue  # a multi-turn answer's images are numbered per turn
+        shown = [images[h] for h in s.images_sent if h in images]
+        it.region = finding_region(it.finding.place, shown)
 
 
 def unverified_content(block: ReportBlock) -> ReportContent:
@@ -305,7 +330,10 @@ def put_item(content: ReportContent, it: BlockItem, corrected: str | None) -> No
     if it.kind is ItemKind.FINDING and it.finding is not None:
         # a corrected finding is the clinician's text, at the site it names, else the model's
         f = it.finding if corrected is None else corrected_finding(it.finding, corrected)
+        # the model's point stands for the model's finding, not for the clinician's text
+        content.regions += [None] * (len(content.findings) - len(content.regions))
         content.findings.append(f)
+        content.regions.append(it.region if corrected is None else None)
         content.item_ids.append(it.item_id)  # block items come in SR order
     elif it.kind is ItemKind.NO_FINDING and corrected is None:  # never corrected (a rule)
         content.no_findings = True
