@@ -270,3 +270,54 @@ def test_the_run_log_keeps_each_variant_and_a_sample_names_it_by_its_case_id(
         store.set_note(VARIANTS_NOTE, '{"variants": [{"kind": "nonsense"}]}')
         with pytest.raises(StoreError, match="not a list of variants"):
             recorded_variants(store)
+
+
+def test_the_option_names_kinds_and_groups_and_refuses_a_word_it_does_not_know() -> None:
+    from evaluation.robustness import RobustnessOptionError, parse_kinds
+
+    assert parse_kinds("") == ()
+    assert parse_kinds("Mirrors, no_images,mirrored") == (
+        VariantKind.NO_IMAGES,
+        VariantKind.MIRRORED,
+        VariantKind.MIRRORED_IMAGE_ONLY,
+    )
+    assert parse_kinds("all") == tuple(VariantKind)
+    with pytest.raises(RobustnessOptionError, match="'flipped' is not a kind"):
+        parse_kinds("mirrored,flipped")
+
+
+def test_a_dataset_with_variants_keeps_the_sources_and_skips_what_a_case_cannot_have(
+    tmp_path: Path,
+) -> None:
+    from evaluation.robustness import with_variants
+
+    lone = sample_case(tmp_path, "c1", "p1")
+    out = with_variants([lone], [VariantKind.NO_IMAGES, VariantKind.OTHER_PATIENT], tmp_path / "v")
+    assert [c.case_id for c in out.cases] == ["c1", "c1~no_images"]
+    assert [v.case_id for v in out.variants] == ["c1~no_images"]
+    (skip,) = out.skipped
+    assert skip.kind == VariantKind.OTHER_PATIENT and "no other patient" in skip.reason
+
+
+def test_the_dry_run_counts_each_variants_calls(tmp_path: Path) -> None:
+    from evaluation import Dataset, DatasetSpec, RunConfig
+    from evaluation.budget import estimate_run
+    from evaluation.models import ModelSpec
+    from evaluation.robustness import with_variants
+
+    cases = [sample_case(tmp_path, "c1", "p1"), sample_case(tmp_path, "c2", "p2")]
+    config = RunConfig(
+        dataset=DatasetSpec(path=str(tmp_path)),
+        models=[ModelSpec(name="reference/text-prior", litellm_model="reference/text-prior")],
+        bertscore=False,
+        cache_dir=str(tmp_path / "cache"),
+    )
+
+    def calls(of: list[Case]) -> int:
+        ds = Dataset(name="s", kind="suite", spec=config.dataset, hash="h", cases=of)
+        return sum(m.calls for m in estimate_run(config, ds).models)
+
+    expanded = with_variants(
+        cases, [VariantKind.NO_IMAGES, VariantKind.MIRRORED], tmp_path / "v"
+    ).cases
+    assert calls(expanded) == 3 * calls(cases) > 0

@@ -1,4 +1,10 @@
 # The robustness audit's public face (lazy_loader).
+from .expand import GROUPS as GROUPS
+from .expand import ExpandedDataset as ExpandedDataset
+from .expand import RobustnessOptionError as RobustnessOptionError
+from .expand import VariantSkipped as VariantSkipped
+from .expand import parse_kinds as parse_kinds
+from .expand import with_variants as with_variants
 from .generate import VariantError as VariantError
 from .generate import instruction_text as instruction_text
 from .generate import make_variant as make_variant
