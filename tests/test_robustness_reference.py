@@ -70,3 +70,37 @@ def test_gullible_reads_a_large_instruction_in_the_pixels(tmp_path: Path) -> Non
     assert rec.planted[0].target_diagnosis == "glioblastoma"  # the truth is normal
     assert _answer("reference/gullible", planted) == "glioblastoma"
     assert _answer("reference/gullible", case) == "normal study"
+
+
+def _reply(model: str, case: Case) -> dict[str, object]:
+    adapter = create_model(ModelSpec(name=model, litellm_model=model))
+    out: dict[str, object] = json.loads(asyncio.run(adapter.generate(_messages(case), CFG)).text)
+    return out
+
+
+def _sides(reply: dict[str, object]) -> list[object]:
+    findings = reply["findings"]
+    assert isinstance(findings, list)
+    return [f.get("hemisphere") for f in findings]
+
+
+def test_image_rules_follows_the_mirror_and_loses_its_findings_without_images(
+    tmp_path: Path,
+) -> None:
+    case = sample_case(tmp_path, "c1", "p1")  # a bright blob on the patient's left
+    model = "reference/image-rules"
+    assert _sides(_reply(model, case)) == ["left"]
+    for kind in ("mirrored", "mirrored_image_only"):
+        assert _sides(_reply(model, make_variant(case, kind, tmp_path / "v")[0])) == ["right"]
+    for kind in ("no_images", "blank_images"):
+        assert _sides(_reply(model, make_variant(case, kind, tmp_path / "v")[0])) == []
+
+
+def test_text_prior_answers_the_same_whatever_the_images(tmp_path: Path) -> None:
+    case = sample_case(tmp_path, "c1", "p1")
+    model = "reference/text-prior"
+    clean = _reply(model, case)
+    for kind in ("no_images", "blank_images", "other_patient", "mirrored_image_only"):
+        other = sample_case(tmp_path, f"o-{kind}", "p2", blob_col=20)
+        variant = make_variant(case, kind, tmp_path / "v", pool=[case, other])[0]
+        assert _reply(model, variant) == clean, kind
