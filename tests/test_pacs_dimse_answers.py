@@ -4,6 +4,7 @@ a pynetdicom C-FIND SCP on a loopback port answering what the test says."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -113,3 +114,14 @@ def test_accession_numbers_and_patient_ids_together_are_not_their_product_of_req
     assert {str(a.AccessionNumber) for a in asked} == {""}
     answers[0].AccessionNumber = "OTHER"  # the key not asked is still checked here
     assert _client(port).find_studies(query) == []
+
+
+def test_the_association_sends_each_pdu_at_once(archive) -> None:
+    """TCP_NODELAY: a DIMSE message is two PDUs, and Nagle's algorithm held the second until the
+    peer's delayed ACK (a C-FIND took twice as long on loopback)."""
+    client = _client(archive[0])
+    ae = client._ae()
+    ae.add_requested_context(StudyRootQueryRetrieveInformationModelFind)
+    with client._associate(ae) as assoc:
+        sock = assoc.dul.socket.socket  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)

@@ -21,8 +21,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -184,6 +186,14 @@ def _of_patient(answers: list[Dataset], m: StudyMatch) -> list[Dataset]:
     return out
 
 
+def _no_delay(assoc: Association) -> None:
+    """TCP_NODELAY on the association's socket: a DIMSE message goes as a command PDU then a
+    data PDU, and Nagle's algorithm held the second until the peer's delayed ACK (tens of ms a
+    message: a C-FIND took 93 ms against dcmqrscp on loopback, 45 ms without the wait)."""
+    with contextlib.suppress(AttributeError, OSError):  # no socket: the association is gone
+        assoc.dul.socket.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
+
+
 def _stop(assoc: Association) -> None:
     """Abort an association from inside its C-STORE handler. On C-GET's association the
     handler runs in our own thread, inside the C-GET's wait for the archive's next message:
@@ -310,6 +320,7 @@ class DimseClient:
             if why is None and self._tls is not None:
                 why = "no association over TLS (the certificate may not be trusted: tls.ca_file)"
             raise PacsRequestError(f"{self._where()}: {why or 'cannot associate (down?)'}")
+        _no_delay(assoc)
         try:
             yield assoc
         finally:
@@ -572,7 +583,10 @@ class DimseClient:
                 (cfg.receive_host, cfg.receive_port),
                 block=False,
                 ssl_context=server_context(cfg.tls) if cfg.tls else None,
-                evt_handlers=[(evt.EVT_C_STORE, on_store)],
+                evt_handlers=[
+                    (evt.EVT_C_STORE, on_store),
+                    (evt.EVT_ESTABLISHED, lambda event: _no_delay(event.assoc)),
+                ],
             )
         except OSError as exc:
             raise PacsRequestError(
