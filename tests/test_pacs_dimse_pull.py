@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pydicom
@@ -14,7 +15,7 @@ import pytest
 from gateway.pacs import DimsePacs, PacsRequestError, StudyQuery, TlsConfig, dimse
 from gateway.pacs.dimse import DimseClient
 from gateway.pacs_local import free_port
-from tests.dcmqrscp_fixture import AE_TITLE, CALLING_AE, MOVE_AE, Dcmqrscp
+from tests.dcmqrscp_fixture import AE_TITLE, CALLING_AE, MOVE_AE, Dcmqrscp, _wait_listening
 from tests.gateway_synth import make_study
 from tests.tls_fixture import TLS_AE, Pki, TlsOrthanc
 
@@ -125,3 +126,42 @@ def test_the_c_move_receiver_over_tls_takes_only_a_peer_the_hospitals_ca_signed(
     with DimseClient("secure", cfg).receiving(lambda event: got.append(1) or 0x0000):
         assert send("+tla") != 0 and got == []  # TLS, the right AE title, no certificate
         assert send("+tls", str(tls_pki.key), str(tls_pki.cert)) == 0 and got == [1]
+
+
+@pytest.fixture
+def compressing_archive(tmp_path: Path) -> Iterator[int]:
+    """A dcmqrscp preferring JPEG Lossless for what it accepts (+xs), its port."""
+    db = tmp_path / "db"
+    db.mkdir()
+    port = free_port()
+    (tmp_path / "c.cfg").write_text(
+        f"NetworkTCPPort = {port}\nMaxPDUSize = 65536\nMaxAssociations = 16\n"
+        "HostTable BEGIN\nHostTable END\nVendorTable BEGIN\nVendorTable END\n"
+        f"AETable BEGIN\n{AE_TITLE} {db} RW (20, 100mb) ANY\nAETable END\n"
+    )
+    proc = subprocess.Popen(["/usr/bin/dcmqrscp", "+xs", "-c", str(tmp_path / "c.cfg")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        _wait_listening(port, proc)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_c_get_from_an_archive_preferring_a_compressed_syntax_gets_every_instance(
+    compressing_archive: int, tmp_path: Path
+) -> None:
+    """Each image class is offered in a context of the uncompressed syntaxes and one context per
+    compressed syntax: an archive that accepts JPEG Lossless where it may still has a context to
+    send an uncompressed instance on (one context of every syntax: all 3 failed, 0xA702)."""
+    make_study(tmp_path / "s", classes=("T1",), n_slices=3, patient_id="XSPAT1")
+    subprocess.run(["/usr/bin/storescu", "-aec", AE_TITLE, "+sd", "127.0.0.1",
+                    str(compressing_archive), str(tmp_path / "s")], check=True,
+                   capture_output=True, timeout=60)  # fmt: skip
+    cfg = DimsePacs(kind="dimse", ae_title=AE_TITLE, host="127.0.0.1", port=compressing_archive,
+                    timeout_s=20)  # fmt: skip
+    client = DimseClient("archive", cfg)
+    (m,) = client.find_studies(StudyQuery(patient_ids=["XSPAT1"]))
+    got = client.retrieve(m, tmp_path / "got")
+    assert got.n_files == 3 and not got.failed, got

@@ -121,6 +121,34 @@ TRANSFER_SYNTAXES: list[str | UID] = [
     JPEGLSNearLossless, JPEG2000Lossless, JPEG2000, RLELossless,
 ]  # fmt: skip
 MAX_INSTANCE_BYTES = 2 * 1024**3
+UNCOMPRESSED: list[str | UID] = TRANSFER_SYNTAXES[:4]
+# the image classes, whose instances an archive may hold compressed
+_IMAGES = {
+    MRImageStorage, EnhancedMRImageStorage, EnhancedMRColorImageStorage,
+    LegacyConvertedEnhancedMRImageStorage, CTImageStorage, EnhancedCTImageStorage,
+    LegacyConvertedEnhancedCTImageStorage, PositronEmissionTomographyImageStorage,
+    SecondaryCaptureImageStorage, MultiFrameGrayscaleByteSecondaryCaptureImageStorage,
+    MultiFrameGrayscaleWordSecondaryCaptureImageStorage,
+    MultiFrameTrueColorSecondaryCaptureImageStorage,
+}  # fmt: skip
+
+
+def get_contexts() -> list[tuple[str, list[str | UID]]]:
+    """The presentation contexts a C-GET proposes for the archive to send back on: per class,
+    one context of the uncompressed transfer syntaxes and, for an image class, one context per
+    compressed syntax. The archive accepts one syntax per context and sends an instance only on
+    a context of the syntax it can send it in: a single context of every syntax let an archive
+    that prefers a compressed one (dcmqrscp +xs) accept that, then fail every uncompressed
+    instance (and the reverse for one that cannot decompress). 117 contexts: with the C-GET's
+    own, 118 of the 128 an association may have."""
+    out: list[tuple[str, list[str | UID]]] = []
+    for cls in GET_STORAGE:
+        out.append((cls, UNCOMPRESSED))
+        if cls in _IMAGES:
+            out += [(cls, [ts]) for ts in TRANSFER_SYNTAXES[4:]]
+    return out
+
+
 MAX_COUNTED_INSTANCES = 100_000  # IMAGE-level answers read to count a study's instances
 MAX_STUDY_BYTES = 64 * 1024**3  # received for one study (as DICOMweb's; a neuro study is a few GB)
 MAX_STUDY_INSTANCES = 200_000  # instances received for one study
@@ -553,8 +581,9 @@ class DimseClient:
         ae = self._ae()
         ae.add_requested_context(StudyRootQueryRetrieveInformationModelGet)
         roles = []
+        for cls, syntaxes in get_contexts():
+            ae.add_requested_context(cls, syntaxes)
         for cls in GET_STORAGE:
-            ae.add_requested_context(cls, TRANSFER_SYNTAXES)
             roles.append(build_role(cls, scp_role=True))
         with self._associate(ae, ext_neg=roles) as assoc:
             assoc.bind(evt.EVT_C_STORE, on_store)
