@@ -25,6 +25,7 @@ from evaluation.errors import DatasetError, EvaluationError, StoreError, first_e
 from evaluation.log.records import RunLog
 from evaluation.log.store import open_store, store_exists
 from evaluation.prompts import default_prompts
+from evaluation.robustness.expand import expand_dataset
 from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
 from evaluation.scoring_bridge import RescoreCounts, rescore_run, scoring_snapshot
@@ -41,7 +42,8 @@ def _cache(config: RunConfig, cache_dir: Path | None) -> Path:
 def open_dataset(
     config: RunConfig, cache_dir: Path | None = None, fetch_study: StudyFetcher | None = None
 ) -> Dataset:
-    return load_dataset(config.dataset, _cache(config, cache_dir), fetch_study)
+    dataset = load_dataset(config.dataset, _cache(config, cache_dir), fetch_study)
+    return expand_dataset(dataset, config.robustness, _cache(config, cache_dir), config.seed)
 
 
 async def start_run(

@@ -15,6 +15,7 @@ from evaluation.datasets import DatasetSpec
 from evaluation.modelio import GenerateConfig
 from evaluation.models.spec import ModelSpec, resolve_specs
 from evaluation.phi import PHIPolicy
+from evaluation.robustness.records import VariantKind
 from evaluation.tasks import DEFAULT_MAX_IMAGES, Ablation
 
 PACKAGES = (
@@ -58,6 +59,8 @@ class RunConfig(BaseModel):
     tasks: list[TaskFamily] | None = None  # None = every task a case offers
     samples: int = Field(default=1, ge=1, le=100)
     ablation: Ablation = Ablation.BOTH
+    # the robustness audit's variants asked beside each case (opt-in: they multiply the calls)
+    robustness: list[VariantKind] = Field(default_factory=list)
     generate: GenerateConfig = Field(default_factory=lambda: DEFAULT_GENERATE.model_copy())
     seed: int | None = None  # sample i is decoded with seed + i
     max_images: int = Field(default=DEFAULT_MAX_IMAGES, ge=0, le=64)

@@ -104,3 +104,30 @@ def test_text_prior_answers_the_same_whatever_the_images(tmp_path: Path) -> None
         other = sample_case(tmp_path, f"o-{kind}", "p2", blob_col=20)
         variant = make_variant(case, kind, tmp_path / "v", pool=[case, other])[0]
         assert _reply(model, variant) == clean, kind
+
+
+def test_the_eval_dry_run_counts_the_robustness_variants_and_refuses_an_unknown_kind(
+    tmp_path: Path,
+) -> None:
+    from engine_helpers import cli_env, write_nmb
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    data, answers = write_nmb(tmp_path / "data", 3)
+    env = cli_env(tmp_path / "cache")
+    env["NEUROSANDBOX_DATA_DIR"] = str(tmp_path / "var")
+    env["NEUROSANDBOX_RUNS_DIR"] = str(tmp_path / "runs")
+    base = [
+        "eval", "--suite", str(data), "--answers", str(answers), "--model",
+        "reference/text-prior", "--no-bertscore", "--dry-run", "--json",
+        "--out", str(tmp_path / "runs" / "r1"),
+    ]  # fmt: skip
+    plain = CliRunner().invoke(app, base, env=env)
+    assert plain.exit_code == 0, plain.output[-2000:]
+    audited = CliRunner().invoke(app, [*base, "--robustness", "no_images,mirrored"], env=env)
+    assert audited.exit_code == 0, audited.output[-2000:]
+    calls = [json.loads(r.stdout)["calls"] for r in (plain, audited)]
+    assert calls[1] == 3 * calls[0] > 0
+    bad = CliRunner().invoke(app, [*base, "--robustness", "flipped"], env=env)
+    assert bad.exit_code != 0 and "'flipped' is not a kind" in bad.output

@@ -3,6 +3,7 @@ from .expand import GROUPS as GROUPS
 from .expand import ExpandedDataset as ExpandedDataset
 from .expand import RobustnessOptionError as RobustnessOptionError
 from .expand import VariantSkipped as VariantSkipped
+from .expand import expand_dataset as expand_dataset
 from .expand import parse_kinds as parse_kinds
 from .expand import with_variants as with_variants
 from .generate import VariantError as VariantError

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from evaluation.case import Case
+from evaluation.datasets import Dataset
 from evaluation.errors import EvaluationError
 from evaluation.robustness.generate import VariantError, make_variant
 from evaluation.robustness.records import (
@@ -89,3 +90,16 @@ def with_variants(
             out.append(variant)
             records.append(record)
     return ExpandedDataset(cases=out, variants=records, skipped=skipped)
+
+
+def expand_dataset(
+    dataset: Dataset, kinds: Sequence[VariantKind], cache_dir: Path, seed: int | None = None
+) -> Dataset:
+    """The dataset a run with the ``robustness`` option asks (the run and its dry run both read
+    it here): each case then its variants (images under ``cache_dir/variants``); a variant a
+    case cannot have is a warning. No kinds: the dataset as it is."""
+    if not kinds:
+        return dataset
+    made = with_variants(dataset.cases, kinds, cache_dir / "variants", seed=seed or 0)
+    notes = [f"{s.case_id}: no {s.kind.value} variant: {s.reason}" for s in made.skipped]
+    return dataset.model_copy(update={"cases": made.cases, "warnings": [*dataset.warnings, *notes]})

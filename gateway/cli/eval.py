@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from evaluation import EvaluationError
+from evaluation.robustness import expand_dataset, parse_kinds
 from gateway.cli.console import (
     EXIT_CODES,
     ExitCode,
@@ -78,6 +79,14 @@ def eval_command(
         typer.Option("--processes", help="litellm calls in N worker processes (CPU-bound runs)"),
     ] = None,
     ablation: Annotated[str, typer.Option("--ablation", help="both, images or text")] = "both",
+    robustness: Annotated[
+        str,
+        typer.Option(
+            "--robustness",
+            help="the audit's variants beside each case: kinds or all, ablations, mirrors, "
+            "attacks (comma-separated; multiplies the calls)",
+        ),
+    ] = "",
     temperature: Annotated[float, typer.Option(help="decoding temperature")] = 0.7,
     top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 0.95,
     max_tokens: Annotated[
@@ -205,6 +214,7 @@ def eval_command(
             tasks=families,
             samples=samples,
             ablation=Ablation(ablation),
+            robustness=list(parse_kinds(robustness)),
             generate=GenerateConfig(
                 temperature=temperature, top_p=top_p, max_tokens=max_tokens, timeout_s=timeout
             ),
@@ -255,8 +265,12 @@ def _dry_run(config: RunConfig, out: Path, settings: Settings, *, as_json: bool)
 
     try:
         check_prices(config)  # the run itself would refuse: say so now
-        dataset = load_dataset(
-            config.dataset, Path(config.cache_dir or "out/cache"), pacs_fetcher(settings)
+        cache = Path(config.cache_dir or "out/cache")
+        dataset = expand_dataset(
+            load_dataset(config.dataset, cache, pacs_fetcher(settings)),
+            config.robustness,
+            cache,
+            config.seed,
         )
         names = [s.name for s in [*config.models, *config.graders]]
         history = history_of_runs(earlier_runs(settings, names, out), settings.database_url)
