@@ -193,9 +193,9 @@ def _worker(conn: Connection, prepare_inline: bool) -> None:
     gc.freeze()
     loop = _WorkerLoop()
     if prepare_inline:
-        import litellm.main
+        from litellm.main import completion
 
-        loop.inline = litellm.main.completion
+        loop.inline = completion
 
     async def call(req_id: int, kwargs: dict[str, Any], hard_timeout: float) -> None:
         try:
