@@ -23,9 +23,11 @@ from evaluation.case import Case
 from evaluation.datasets import Dataset, StudyFetcher, load_dataset
 from evaluation.errors import DatasetError, EvaluationError, StoreError, first_error
 from evaluation.log.records import RunLog
-from evaluation.log.store import open_store, store_exists
+from evaluation.log.store import RunStore, open_store, store_exists
 from evaluation.prompts import default_prompts
-from evaluation.robustness.expand import expand_dataset
+from evaluation.robustness.expand import expand_dataset, with_variants
+from evaluation.robustness.records import variant_of
+from evaluation.robustness.runlog import record_variants
 from evaluation.runconfig import RunConfig, code_version, package_versions
 from evaluation.runner import Runner
 from evaluation.scoring_bridge import RescoreCounts, rescore_run, scoring_snapshot
@@ -44,6 +46,20 @@ def open_dataset(
 ) -> Dataset:
     dataset = load_dataset(config.dataset, _cache(config, cache_dir), fetch_study)
     return expand_dataset(dataset, config.robustness, _cache(config, cache_dir), config.seed)
+
+
+def _record_variants(
+    config: RunConfig, dataset: Dataset, store: RunStore, cache_dir: Path | None
+) -> None:
+    """What each of the run's variants was: the run note the audit reads (the variants are
+    deterministic: made again from the sources, the same bytes; a resume checks they are)."""
+    if not config.robustness:
+        return
+    sources = [c for c in dataset.cases if variant_of(c.case_id)[1] is None]
+    made = with_variants(
+        sources, config.robustness, _cache(config, cache_dir) / "variants", config.seed or 0
+    )
+    record_variants(store, made.variants)
 
 
 async def start_run(
@@ -86,6 +102,7 @@ async def start_run(
             packages=package_versions(),
         )
         store.record_cases([scoring_snapshot(c) for c in dataset.cases])
+        _record_variants(config, dataset, store, cache_dir)
         (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
         runner = Runner(
             config, dataset, store, prompts=prompts, on_progress=on_progress, score=score
@@ -154,6 +171,7 @@ async def resume_run(
             store.set_config(config.model_dump(mode="json"))
         # Runs recorded before snapshots, or cases new to a changed dataset; kept ones stay.
         store.record_cases([scoring_snapshot(c) for c in dataset.cases])
+        _record_variants(config, dataset, store, cache_dir)
         runner = Runner(config, dataset, store, on_progress=on_progress, score=score)
         return await runner.run()
     finally:

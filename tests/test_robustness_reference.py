@@ -131,3 +131,31 @@ def test_the_eval_dry_run_counts_the_robustness_variants_and_refuses_an_unknown_
     assert calls[1] == 3 * calls[0] > 0
     bad = CliRunner().invoke(app, [*base, "--robustness", "flipped"], env=env)
     assert bad.exit_code != 0 and "'flipped' is not a kind" in bad.output
+
+
+def test_a_robustness_run_logs_each_variants_samples_and_records(tmp_path: Path) -> None:
+    from engine_helpers import cli_env, write_nmb
+    from typer.testing import CliRunner
+
+    from evaluation.log import open_store
+    from evaluation.robustness import recorded_variants, variant_of
+    from gateway.cli import app
+
+    data, answers = write_nmb(tmp_path / "data", 2)
+    env = cli_env(tmp_path / "cache")
+    env["NEUROSANDBOX_DATA_DIR"] = str(tmp_path / "var")
+    env["NEUROSANDBOX_RUNS_DIR"] = str(tmp_path / "runs")
+    run = tmp_path / "runs" / "r1"
+    r = CliRunner().invoke(
+        app,
+        ["eval", "--suite", str(data), "--answers", str(answers), "--model",
+         "reference/image-rules", "--no-bertscore", "--out", str(run),
+         "--robustness", "mirrored,planted_note"],
+        env=env,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output[-2000:]
+    with open_store(run, read_only=True) as store:
+        ids = {s.case_id for s in store.samples()}
+        held = recorded_variants(store)
+    assert set(held) == {i for i in ids if variant_of(i)[1] is not None} and len(held) == 4
+    assert {variant_of(i)[0] for i in ids} == {"nmb-000", "nmb-001"}
