@@ -331,14 +331,21 @@ def test_manifest_study_fetched_from_orthanc(
 ) -> None:
     import httpx
     import pydicom
+    from pydicom.uid import generate_uid
 
     flair = sorted((corpus / "brainix" / "BRAINIX" / "DICOM" / "FLAIR").iterdir())
     url = orthanc_server.endpoints.orthanc_url.rstrip("/")
     auth = (orthanc_server.endpoints.username, orthanc_server.password)
+    # a study of its own: the session's Orthanc may hold BRAINIX whole (another module's)
+    study_uid, series_uid = generate_uid(), generate_uid()
     with httpx.Client(base_url=url, auth=auth, timeout=60) as client:
         for f in flair:
-            client.post("/instances", content=f.read_bytes()).raise_for_status()
-    study_uid = str(pydicom.dcmread(flair[0], stop_before_pixels=True).StudyInstanceUID)
+            ds = pydicom.dcmread(f)
+            ds.StudyInstanceUID, ds.SeriesInstanceUID = study_uid, series_uid
+            ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+            buf = io.BytesIO()
+            ds.save_as(buf, enforce_file_format=True)
+            client.post("/instances", content=buf.getvalue()).raise_for_status()
     monkeypatch.setenv("NSBX_TEST_ORTHANC_PW", orthanc_server.password)
     manifest = tmp_path / "m.json"
     manifest.write_text(

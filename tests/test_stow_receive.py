@@ -34,6 +34,7 @@ from tests.gateway_synth import make_study
 
 pytestmark = pytest.mark.integration
 CURL = shutil.which("curl")
+QUIET_S = 1.0  # the gateway's quiet time in these tests
 MAX_BODY = 400_000  # the test's STOW bound (the default is 2 GiB)
 BODY_TIMEOUT_S = 1.0  # the test's STOW body deadline (the default is 600 s)
 
@@ -69,7 +70,7 @@ def stow(orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory
         pytest.skip("curl is not installed")
     data = tmp_path_factory.mktemp("stow-data")
     routing = rules_file(data.parent / "stow-rules.yaml", ["differential"])
-    gw = start_gateway(orthanc_server, data, routing, 1.0, stow_max_body_bytes=MAX_BODY,
+    gw = start_gateway(orthanc_server, data, routing, QUIET_S, stow_max_body_bytes=MAX_BODY,
                        stow_body_timeout_s=BODY_TIMEOUT_S)  # fmt: skip
     port = free_port()
     server = uvicorn.Server(api_server_config(create_app(gw.ctx), gw.ctx.settings, port))
@@ -364,6 +365,10 @@ def test_a_body_the_disk_cannot_take_is_503_and_stores_nothing(
     study = make_study(tmp_path / "s", classes=("T1",), n_slices=1, size=256, patient_id="DISK")
     body, ct = _body(tmp_path, list(study.files))
     assert 100_000 < body.stat().st_size < MAX_BODY
+    # the limit is the whole process's: the studies earlier tests sent must be evaluated (and
+    # their files written) before it is set, or their runs fail for it
+    time.sleep(QUIET_S + 1.0)
+    assert stow.gw.pipeline.wait_idle(120)
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, hard))
     try:
