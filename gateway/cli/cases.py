@@ -296,7 +296,8 @@ def _print_matches(cohort: Any) -> None:
             str(m.n_series if m.n_series is not None else "?"),
             str(m.n_instances if m.n_instances is not None else "?"),
         )
-    console.print(table)
+    # wide enough for whole case ids and descriptions when the output is a pipe or a log
+    console.print(table, width=max(console.width, 140))
 
 
 def _pull(client: Any, cohort: Any, cache_root: Path, quiet: bool) -> None:
@@ -324,6 +325,8 @@ def _pull(client: Any, cohort: Any, cache_root: Path, quiet: bool) -> None:
 
 def _print_outcome(cohort: Any, list_only: bool) -> None:
     err = cli_console(stderr=True)
+    if not cohort.studies:
+        err.print("no study on the PACS matches the query: nothing pulled, no manifest written")
     for s in cohort.studies:
         r = s.retrieved
         if s.error:
