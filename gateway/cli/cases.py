@@ -283,8 +283,14 @@ def _print_matches(cohort: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"{len(cohort.studies)} studies on {escape(cohort.pacs)}")
-    for column in ("case", "accession", "date", "modalities", "description", "series", "instances"):
-        table.add_column(column)
+    # ids, dates and counts whole; the description (and the accession) wrap
+    table.add_column("case", no_wrap=True)
+    table.add_column("accession", overflow="fold")
+    table.add_column("date", no_wrap=True)
+    table.add_column("modalities", no_wrap=True)
+    table.add_column("description", overflow="fold", ratio=1)
+    table.add_column("series", no_wrap=True, justify="right")
+    table.add_column("instances", no_wrap=True, justify="right")
     for s in cohort.studies:
         m = s.match
         table.add_row(
@@ -297,7 +303,11 @@ def _print_matches(cohort: Any) -> None:
             str(m.n_instances if m.n_instances is not None else "?"),
         )
     # wide enough for whole case ids and descriptions when the output is a pipe or a log
-    console.print(table, width=max(console.width, 140))
+    import sys
+
+    from rich.console import Console
+
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
 
 
 def _pull(client: Any, cohort: Any, cache_root: Path, quiet: bool) -> None:
