@@ -80,6 +80,17 @@ class InstanceKeys(NamedTuple):
     issuer: str = ""
 
 
+def keys_of(ds: Any) -> InstanceKeys:
+    """The keys of a decoded dataset (a deflated instance, whose bytes cannot be scanned in
+    place), bounded as ``read_uids`` bounds them."""
+    return InstanceKeys(
+        str(ds.StudyInstanceUID),
+        str(ds.SeriesInstanceUID),
+        str(ds.get("PatientID", "") or "").strip()[:64],
+        str(ds.get("IssuerOfPatientID", "") or "").strip()[:64],
+    )
+
+
 def read_uids(data: BytesIO | bytes, transfer_syntax: str) -> InstanceKeys | None:
     """The StudyInstanceUID, SeriesInstanceUID, PatientID and IssuerOfPatientID read from the
     start of an encoded dataset (a stream, or bytes: read in place, never copied but for

@@ -57,7 +57,7 @@ from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 from dicom import InvalidUIDError, check_uid
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS
-from gateway.part10 import InstanceKeys, file_meta_bytes, read_file_meta, read_uids
+from gateway.part10 import file_meta_bytes, keys_of, read_file_meta, read_uids
 from gateway.scp_transport import PeerLimits, start_store_server
 from gateway.spool import (
     FSYNC_POLICIES,
@@ -373,13 +373,7 @@ class StorageSCP:
             sop_class = check_uid(str(req.AffectedSOPClassUID))
             uids = read_uids(req.DataSet, ts)
             if uids is None:  # deflated: decode the whole dataset
-                ds = event.dataset
-                uids = InstanceKeys(
-                    str(ds.StudyInstanceUID),
-                    str(ds.SeriesInstanceUID),
-                    str(ds.get("PatientID", "") or "").strip()[:64],
-                    str(ds.get("IssuerOfPatientID", "") or "").strip()[:64],
-                )
+                uids = keys_of(event.dataset)
             study, series = check_uid(uids.study_uid), check_uid(uids.series_uid)
             key = StudyKey(study_uid=study, patient_id=uids.patient_id, issuer=uids.issuer)
         except (AttributeError, InvalidUIDError, KeyError) as exc:
@@ -515,13 +509,7 @@ class StorageSCP:
             ts = check_uid(meta.transfer_syntax)
             uids = read_uids(body, ts)
             if uids is None:  # deflated: decode the whole dataset
-                ds = pydicom.dcmread(path, stop_before_pixels=True)
-                uids = InstanceKeys(
-                    str(ds.StudyInstanceUID),
-                    str(ds.SeriesInstanceUID),
-                    str(ds.get("PatientID", "") or "").strip()[:64],
-                    str(ds.get("IssuerOfPatientID", "") or "").strip()[:64],
-                )
+                uids = keys_of(pydicom.dcmread(path, stop_before_pixels=True))
             study, series = check_uid(uids.study_uid), check_uid(uids.series_uid)
             key = StudyKey(study_uid=study, patient_id=uids.patient_id, issuer=uids.issuer)
         except (AttributeError, InvalidUIDError, KeyError) as exc:

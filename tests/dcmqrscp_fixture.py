@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from guard import stop
 
 from gateway.pacs_local import free_port
 
@@ -91,12 +92,7 @@ def running_dcmqrscp(folder: Path, port: int, move_port: int | None = None) -> I
         _wait_listening(port, proc)
         yield Dcmqrscp(port, move_port, folder, proc)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc, 10)  # by PID: SIGTERM, then SIGKILL
         log.close()
 
 

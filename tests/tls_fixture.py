@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from guard import stop
 
 from gateway.pacs_local import free_port
 
@@ -137,12 +138,7 @@ def tls_orthanc(tls_pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 time.sleep(0.1)
         yield TlsOrthanc(dicom_port, http_port, tls_pki)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        stop(proc, 20)  # by PID: SIGTERM, then SIGKILL
         log.close()
 
 
