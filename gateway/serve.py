@@ -25,6 +25,7 @@ from starlette.types import ASGIApp
 
 from evaluation.log import SchemaOutOfDateError, schema_status
 from evaluation.reports import Printer
+from evaluation.review import ReviewStore
 from gateway.api import GatewayContext, create_app
 from gateway.api.middleware import ConcurrencyLimit
 from gateway.cache import InstanceCache
@@ -37,6 +38,7 @@ from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
 from gateway.ports import bind_listening, check_free, serve_ports, unavailable
 from gateway.purge import Places, Purger, RetentionTimer
+from gateway.review.actions import record_stored
 from gateway.routing import Router
 from gateway.scp import StorageSCP, uid_key
 from gateway.scp_transport import PeerLimits
@@ -205,9 +207,12 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     target = configured(settings).writeback
     if target and target != LOCAL:
         pipeline.writeback = open_client(target, settings)
+    # a VERIFIED object a sign-off could not store: once stored, the review log records it
+    reviews = ReviewStore(settings.review_log)
     writeback_retry = WritebackRetrier(
-        ctx.runs, pipeline.destination, pipeline.kept_dir, ctx.audit, settings.writeback_retry_s
-    )
+        ctx.runs, pipeline.destination, pipeline.kept_dir, ctx.audit, settings.writeback_retry_s,
+        on_verified=functools.partial(record_stored, reviews),
+    )  # fmt: skip
     follower = (
         ChangesFollower(ctx.orthanc, pipeline.on_stable, data / "state" / "changes.json")
         if settings.follow_changes

@@ -1,7 +1,9 @@
 """Write-back to the configured PACS (gateway/writeback.py, gateway/writeback_retry.py): with
 the destination down, the run completes, its SR and PDF are kept and pending in the run log
-(shown by `runs show`); a gateway restarted in between loses nothing; once the PACS is up the
-retry stores them, they are found there by C-FIND and the kept files are gone."""
+(shown by `runs show`); a case signed off meanwhile has its VERIFIED SR and PDF kept and pending
+too (the sign-off says so); a gateway restarted in between loses nothing; once the PACS is up the
+retry stores them all, the review log records each VERIFIED object stored, they are found there
+by C-FIND and the kept files are gone."""
 
 from __future__ import annotations
 
@@ -17,6 +19,11 @@ from dcmqrscp_fixture import AE_TITLE, running_dcmqrscp
 from gateway_inproc import finished_runs, rules_file, start_gateway
 from orthanc_fixture import OrthancServer
 
+from fastapi.testclient import TestClient
+from review_server import bearer
+
+from evaluation.review import Action
+from gateway.api import create_app
 from gateway.pacs import DimsePacs, StudyQuery
 from gateway.pacs.dimse import DimseClient
 from gateway.pacs_local import free_port
@@ -52,6 +59,7 @@ def test_a_pacs_that_is_down_gets_its_sr_and_pdf_once_it_is_up(
     try:
         _send(tmp_path / "s", gw.ctx.settings.gateway_dicom_port or 0)
         (run,) = finished_runs(gw, 1, study.study_uid, timeout_s=120)
+        signed = _sign_off(gw.ctx, run.run_id)  # the archive still down
     finally:
         gw.stop()
     # the run completed; its SR and PDF wait, kept, with why
@@ -70,7 +78,26 @@ def test_a_pacs_that_is_down_gets_its_sr_and_pdf_once_it_is_up(
     shown = subprocess.run([CLI, "runs", "show", str(folder)], env=env, capture_output=True,
                            text=True, timeout=60)  # fmt: skip
     said = shown.stdout + shown.stderr
-    assert "write-back to archive: 0 stored, 2 pending" in said and "cannot associate" in said
+    assert "cannot associate" in said
+    # the sign-off is recorded; its VERIFIED report is kept and waits with the rest
+    assert signed["pacs"]["status"] == "kept", signed["pacs"]
+    assert "kept" in signed["pacs"]["message"] and "tried again" in signed["pacs"]["message"]
+    rec = gw.ctx.runs.get(run.run_id)
+    verified = [w for w in rec.writebacks_pending if w.kind.startswith("verified")]
+    assert sorted({w.kind for w in verified}) == ["verified-pdf", "verified-sr"], verified
+    assert all(w.verified is not None and w.verified.person == "Pending^Pat" for w in verified)
+    assert all(Path(w.kept or "").is_file() for w in verified)
+    # sent again by hand, still down: the same kept objects are tried, no second copy is built
+    again = signed["resend"]
+    assert sorted(again["kept_sop_instance_uids"]) == sorted(w.sop_instance_uid for w in verified)
+    assert not again["sr_sop_instance_uids"] and "kept" in " ".join(again["warnings"])
+    rec = gw.ctx.runs.get(run.run_id)
+    assert [w.sop_instance_uid for w in rec.writebacks_pending if w.verified] == [
+        w.sop_instance_uid for w in verified
+    ]
+    n = len(rec.writebacks_pending)
+    assert f"write-back to archive: 0 stored, {n} pending" in said
+    assert not _reissued(gw.ctx, run.run_id)  # nothing stored: not in the PACS yet
 
     # the archive comes up; a new gateway on the same data (a restart) stores what is pending
     with running_dcmqrscp(tmp_path / "archive", port) as archive:
@@ -80,18 +107,49 @@ def test_a_pacs_that_is_down_gets_its_sr_and_pdf_once_it_is_up(
             assert retry is not None
             assert retry.run_once() == 0  # not due yet: the delay after a failure holds
             retry.now = lambda: time.time() + 3600
-            assert retry.run_once() == 2
+            assert retry.run_once() == n
             rec = gw2.ctx.runs.get(run.run_id)
+            # each VERIFIED object stored is in the review log, as a sign-off's send records it
+            assert sorted(_reissued(gw2.ctx, run.run_id)) == sorted(
+                w.sop_instance_uid for w in verified
+            )
         finally:
             gw2.stop()
         assert not rec.writebacks_pending
-        assert sorted(w.kind for w in rec.writebacks_done) == ["pdf", "sr"]
+        assert sorted(w.kind for w in rec.writebacks_done if not w.kind.startswith("verified")) == [
+            "pdf", "sr",
+        ]  # fmt: skip
         assert all(w.at and w.destination == "archive" for w in rec.writebacks_done)
         assert not any(p.exists() for p in kept) and not kept[0].parent.exists()
         client = DimseClient("archive", DimsePacs(kind="dimse", ae_title=AE_TITLE,
                                                   host="127.0.0.1", port=archive.port))  # fmt: skip
         (m,) = client.find_studies(StudyQuery(study_uids=[study.study_uid]))
-        assert set(m.modalities) >= {"SR", "DOC"} and m.n_instances == 2, m
+        assert set(m.modalities) >= {"SR", "DOC"} and m.n_instances == n, m
+
+
+def _sign_off(ctx, run_id: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Sign the run's case off through the review API (every item accepted); the answer."""
+    auth = bearer(ctx, "Dr Pending", "Pending^Pat")
+    with TestClient(create_app(ctx)) as c:
+        summary = c.get(f"/review/runs/{run_id}/summary.json", headers=auth).json()
+        url = f"/review/api/runs/{run_id}/cases/{summary['cases'][0]['slug']}"
+        for block in c.get(url, headers=auth).json()["blocks"]:
+            r = c.post(f"{url}/accept-remaining", headers=auth, json={"model": block["model"]})
+            assert r.status_code in (200, 409), r.text
+        digest = c.get(f"{url}/signoff", headers=auth).json()["digest"]
+        r = c.post(f"{url}/signoff", headers=auth, json={"digest": digest})
+        assert r.status_code == 200, r.text
+        again = c.post(f"{url}/reissue", headers=auth, json={})
+        assert again.status_code == 200, again.text
+        return {**r.json(), "resend": again.json()}
+
+
+def _reissued(ctx, run_id: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """The SOP Instance UIDs the review log records as stored in the PACS for the run."""
+    from gateway.review.service import ReviewService
+
+    svc = ReviewService(ctx.settings, ctx.runs)
+    return [e.text for e in svc.store.events() if e.action is Action.REISSUE]
 
 
 def test_a_retry_keeps_the_write_back_order_and_waits_for_what_is_not_due(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from .records import SampleTurn as SampleTurn
 from .records import SkipKind as SkipKind
 from .records import StoreCounts as StoreCounts
 from .records import StoredRecordError as StoredRecordError
+from .records import VerifiedBy as VerifiedBy
 from .records import WriteBack as WriteBack
 from .records import canary_mark_of_note as canary_mark_of_note
 from .records import gateway_run_of_note as gateway_run_of_note

@@ -265,11 +265,22 @@ class RouteRecord(BaseModel):
     series_classes: list[str] = Field(default_factory=list)
 
 
+class VerifiedBy(BaseModel):
+    """Whose sign-off a VERIFIED object carries: once stored, the review log records it as
+    the sign-off's send would have (a REISSUE event of that reviewer on that case)."""
+
+    review_run_id: str  # the run the review log names (the evaluation run of the report)
+    case_id: str
+    reviewer: str
+    person: str = ""
+    passed_over: str = ""  # a superseded version verified knowingly: the newer one
+
+
 class WriteBack(BaseModel):
     """One object the gateway writes back to the PACS for a run. Pending (``at`` None), it is
     kept on disk (``kept``) and tried again at ``next_at`` until the destination stores it."""
 
-    kind: str  # "sr" | "pdf" | "verified-sr" | ...
+    kind: str  # "sr" | "pdf" | "verified-sr" | "verified-pdf"
     sop_instance_uid: str
     model: str | None = None  # the model an SR reports on
     at: str | None = None  # when it was stored (None: still pending)
@@ -278,6 +289,7 @@ class WriteBack(BaseModel):
     last_error: str | None = None  # why the last attempt failed (bounded)
     next_at: str | None = None  # when a pending object is tried again
     kept: str | None = None  # the object's file, kept until it is stored
+    verified: VerifiedBy | None = None  # a VERIFIED object: the sign-off it carries
 
 
 class EvidenceRef(BaseModel):

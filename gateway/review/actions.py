@@ -6,18 +6,23 @@ only translate requests and answers.
 Signing off is final in the PACS: the sign-off (and the adjudication that settles the last
 dispute) stores the case's VERIFIED SRs and PDF through the one write-back in the same action
 (:func:`deliver`), the preview being the confirmation. A case whose study is in no PACS signs
-off all the same and says that nothing was sent; a PACS that fails leaves the sign-off recorded
-and the case to be sent again (:func:`reissue`)."""
+off all the same and says that nothing was sent. For a gateway run, what the PACS does not take
+is kept and waits in the run's record (``WriteBack.verified``) for the write-back retry loop,
+which records each object in the review log once stored (:func:`record_stored`); for a run
+handed in, a PACS that fails leaves the sign-off recorded and the case to be sent again
+(:func:`reissue`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from evaluation import ErrorCategory
-from evaluation.log import RunData
+from evaluation.log import RunData, VerifiedBy, WriteBack
 from evaluation.reports import RunLoadError, case_slug
 from evaluation.review import (
     Action,
@@ -28,6 +33,7 @@ from evaluation.review import (
     ReportBlock,
     ReviewError,
     ReviewEvent,
+    ReviewStore,
     Superseded,
     Verdict,
     Verification,
@@ -46,17 +52,20 @@ from gateway.pacs import PacsClient, PacsRequestError
 from gateway.review.auth import Reviewer
 from gateway.review.reissue import (
     Destination,
+    Keeper,
     NotInPacsError,
     Recorded,
     Reissued,
     ReissueError,
     destination,
+    local_pacs,
     reissue_case,
 )
 from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.runs import RunNotFoundError, RunRecord
 from gateway.runs.reading import gateway_info
 from gateway.writeback import WritebackError
+from gateway.writeback_retry import retry_pending
 
 MAX_BATCH = 500
 
@@ -367,6 +376,7 @@ class PacsStatus(StrEnum):
     NOT_IN_PACS = "not_in_pacs"  # the case's study is in no PACS: nothing was sent
     PENDING = "pending"  # not verified yet (reviewers disagree, a stale sign-off): not sent
     FAILED = "failed"  # the PACS did not take it: send it again
+    KEPT = "kept"  # the PACS did not take it (all): kept, the retry loop sends it
 
 
 class PacsOutcome(BaseModel):
@@ -394,6 +404,9 @@ class Pacs:
     organization: str
     # where the VERIFIED objects are stored (the PACS file's writeback:); None: ``orthanc``
     destination: PacsClient | None = None
+    # where a gateway run's objects not stored are kept (the pipeline's kept_dir); None:
+    # nothing is kept, a failure is said and the case is sent again by hand
+    kept_root: Path | None = None
 
 
 def where_to(svc: ReviewService, cu: CaseUnderReview, pacs: Pacs) -> Destination:
@@ -411,9 +424,39 @@ def _passed_note(cu: CaseUnderReview, passed: str) -> str:
     )
 
 
+def _keeper(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
+            passed: str) -> Keeper | None:  # fmt: skip
+    """Where the case's VERIFIED objects wait when the PACS does not take them: its gateway
+    run's record (None: a report handed in, or no folder to keep them in)."""
+    if pacs.kept_root is None or svc.runs is None or not svc.is_gateway_run(cu.report):
+        return None
+    by = VerifiedBy(review_run_id=cu.run.run_id, case_id=cu.case_id, reviewer=who.name,
+                    person=who.person, passed_over=passed)  # fmt: skip
+    return Keeper(svc.runs, cu.report, pacs.kept_root, by)
+
+
+def stored_event(wb: WriteBack) -> ReviewEvent | None:
+    """The review log's record of a VERIFIED object stored in the PACS (None: not one)."""
+    v = wb.verified
+    if v is None:
+        return None
+    return ReviewEvent(reviewer=v.reviewer, run_id=v.review_run_id, case_id=v.case_id,
+                       action=Action.REISSUE, person=v.person, text=wb.sop_instance_uid,
+                       passed_over=v.passed_over)  # fmt: skip
+
+
+def record_stored(store: ReviewStore, wb: WriteBack) -> None:
+    """Record in the review log a VERIFIED object the retry loop stored, as the sign-off's
+    own send would have (the case then reads as in the PACS)."""
+    event = stored_event(wb)
+    if event is not None:
+        store.append(event)
+
+
 def _send(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
           passed: str) -> Reissued:  # fmt: skip
-    """Store the case's VERIFIED report through the write-back; each object stored is logged."""
+    """Store the case's VERIFIED report through the write-back; each object stored is logged.
+    A gateway run's objects the PACS does not take are kept in its record (``pending``)."""
 
     def stored(uid: str) -> None:  # logged as each object reaches PACS, not after all
         svc.store.append(_event(who, cu, Action.REISSUE, text=uid, passed_over=passed))
@@ -421,17 +464,60 @@ def _send(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
     # the report's bundle: a gateway run's holds the evidence recorded at write-back
     return reissue_case(pacs.orthanc, cu.run, cu.case_id, cu.verification, pacs.organization,
                         on_stored=stored, bundle=svc.folder(cu.report), to=pacs.destination,
-                        recorded=_recorded(svc, cu.report),
-                        note=_passed_note(cu, passed))  # fmt: skip
+                        recorded=_recorded(svc, cu.report), note=_passed_note(cu, passed),
+                        keeper=_keeper(svc, who, cu, pacs, passed))  # fmt: skip
+
+
+def _send_kept(svc: ReviewService, keeper: Keeper, dest: PacsClient) -> Reissued | None:
+    """Try now the case's VERIFIED objects still kept from its sign-off (None: there are
+    none): sending again sends what was signed, never a second copy."""
+    if not any(keeper.mine(wb) for wb in keeper.runs.get(keeper.run_id).writebacks_pending):
+        return None
+    got, _ = retry_pending(keeper.runs, keeper.run_id, dest, math.inf, keeper.mine)
+    out = Reissued(pending=got.pending)
+    for wb in got.done:
+        record_stored(svc.store, wb)
+        if wb.kind == "verified-pdf":
+            out.pdf_uid = wb.sop_instance_uid
+        else:
+            out.sr_uids.append(wb.sop_instance_uid)
+    return out
+
+
+def outcome(study: str, out: Reissued) -> PacsOutcome:
+    """What sending the VERIFIED report did, said."""
+    n = len(out.sr_uids) + (out.pdf_uid is not None)
+    if out.pending:
+        first = out.pending[0]
+        return PacsOutcome(
+            status=PacsStatus.KEPT, study_uid=study,
+            message=f"The VERIFIED report is NOT in the PACS yet: {len(out.pending)} object(s) "
+            f"not stored ({first.last_error or 'not stored'}); {n} stored. They are kept and "
+            f"tried again automatically from {first.next_at}; the case reads as in the PACS "
+            "once they are stored (or use Send to the PACS).",
+            sr_sop_instance_uids=out.sr_uids, pdf_sop_instance_uid=out.pdf_uid,
+            warnings=out.warnings,
+        )  # fmt: skip
+    return PacsOutcome(
+        status=PacsStatus.SENT, study_uid=study,
+        message=f"The VERIFIED report is in the PACS: {n} object(s) stored in study {study} "
+        f"({len(out.sr_uids)} SR, {'the' if out.pdf_uid else 'no'} checklist PDF).",
+        sr_sop_instance_uids=out.sr_uids, pdf_sop_instance_uid=out.pdf_uid,
+        warnings=out.warnings,
+    )  # fmt: skip
+
+
+def study_of(cu: CaseUnderReview) -> str:
+    """The study the case's VERIFIED report goes to ("" when it names none)."""
+    uids = cu.run.case(cu.case_id).provenance.study_uids
+    return uids[0] if uids else ""
 
 
 def deliver(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
             passed: str = "") -> PacsOutcome:  # fmt: skip
     """Send the case's VERIFIED report to the PACS once it is verified, saying what happened:
     never raises for the PACS (the review action it follows is recorded either way)."""
-    v = cu.verification
-    uids = cu.run.case(cu.case_id).provenance.study_uids
-    study = uids[0] if uids else ""
+    v, study = cu.verification, study_of(cu)
     if not v.complete:
         return PacsOutcome(
             status=PacsStatus.PENDING, study_uid=study,
@@ -450,14 +536,7 @@ def deliver(svc: ReviewService, who: Reviewer, cu: CaseUnderReview, pacs: Pacs,
             message=f"The VERIFIED report was NOT stored in the PACS: {exc}. Send it again "
             "once the PACS takes it (Send to the PACS, on the case page).",
         )  # fmt: skip
-    n = len(out.sr_uids) + (out.pdf_uid is not None)
-    return PacsOutcome(
-        status=PacsStatus.SENT, study_uid=study,
-        message=f"The VERIFIED report is in the PACS: {n} object(s) stored in study {study} "
-        f"({len(out.sr_uids)} SR, {'the' if out.pdf_uid else 'no'} checklist PDF).",
-        sr_sop_instance_uids=out.sr_uids, pdf_sop_instance_uid=out.pdf_uid,
-        warnings=out.warnings,
-    )  # fmt: skip
+    return outcome(study, out)
 
 
 def in_pacs(svc: ReviewService, cu: CaseUnderReview) -> bool:
@@ -545,6 +624,11 @@ def reissue(
     if who.role is not Role.ADMIN and not cu.verification.signed_by(who.name):
         raise ReviewError("Sign the case off before sending it to the PACS.")
     passed = knowingly(cu, passed_over, "re-issue")
+    keeper = _keeper(svc, who, cu, pacs, passed)
+    if keeper is not None:  # what a sign-off kept is sent, not built again
+        kept = _send_kept(svc, keeper, pacs.destination or local_pacs(pacs.orthanc))
+        if kept is not None:
+            return kept
     return _send(svc, who, cu, pacs, passed)
 
 

@@ -21,7 +21,9 @@ What the SR and PDF are attached to (the source instances, the patient and study
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -31,11 +33,12 @@ from pydicom.dataset import Dataset
 
 from dicom import display_name
 from evaluation import Case
-from evaluation.log import RunData
+from evaluation.log import RunData, VerifiedBy, WriteBack
 from evaluation.reports import PdfError, pdf_bytes, render_verified
 from evaluation.review import Verification
 from gateway.orthanc import OrthancClient, OrthancError, StudySummary
-from gateway.pacs import PacsClient
+from gateway.pacs import LOCAL, PacsClient
+from gateway.runs import StudyRunStore
 from gateway.runs.reading import gateway_info
 from gateway.sr import (
     ReportBuildError,
@@ -45,9 +48,18 @@ from gateway.sr import (
     model_of,
     series_uid_for,
 )
-from gateway.writeback import EVIDENCE_FILE, NoEvidenceError, load_evidence, store
+from gateway.writeback import (
+    EVIDENCE_FILE,
+    NoEvidenceError,
+    deliver,
+    keep,
+    load_evidence,
+    store,
+)
+from gateway.writeback_retry import record
 
 MAX_SOURCE_HEADERS = 500
+IN_FLIGHT_S = 600.0  # a VERIFIED object being sent is not the retry loop's until then
 # reads the evidence a gateway run recorded (``StudyRunStore.evidence``); None: not a gateway run
 Recorded = Callable[[], list[Dataset]] | None
 
@@ -201,6 +213,25 @@ class Reissued:
     sr_uids: list[str] = field(default_factory=list)
     pdf_uid: str | None = None
     warnings: list[str] = field(default_factory=list)
+    # objects the PACS did not take: kept in the gateway run's record, tried again by the loop
+    pending: list[WriteBack] = field(default_factory=list)
+
+
+@dataclass
+class Keeper:
+    """Where the VERIFIED objects of a gateway run's case wait when the PACS does not take
+    them: the run's record (its pending write-backs) and its folder of kept files."""
+
+    runs: StudyRunStore
+    run_id: str  # the gateway run whose record holds them
+    kept_root: Path
+    by: VerifiedBy  # the sign-off they carry
+
+    def mine(self, wb: WriteBack) -> bool:
+        """Whether a pending object is a VERIFIED object of this case."""
+        v = wb.verified
+        return v is not None and (v.review_run_id, v.case_id) == (self.by.review_run_id,
+                                                                  self.by.case_id)  # fmt: skip
 
 
 def _when(iso: str) -> datetime:
@@ -234,6 +265,7 @@ def reissue_case(
     note: str = "",
     recorded: Recorded = None,
     to: PacsClient | None = None,
+    keeper: Keeper | None = None,
 ) -> Reissued:
     """Store one VERIFIED SR per model and the VERIFIED checklist PDF of a verified case. Every
     object is built before the first is stored (one that cannot be built stores none);
@@ -242,7 +274,9 @@ def reissue_case(
     old bundle's ``evidence.json``; else the PACS is asked for the source headers).
     ``note``: said in every SR and the PDF after the clinicians' comments (a superseded
     report version verified knowingly names the newer version). ``to``: the PACS the objects
-    are stored in (the PACS file's ``writeback:``); None: ``orthanc``."""
+    are stored in (the PACS file's ``writeback:``); None: ``orthanc``. ``keeper``: a gateway
+    run's record and folder, where the objects the PACS does not take are kept and wait for
+    the retry loop (``Reissued.pending``); None: the first object not stored raises."""
     if not verification.complete:
         raise ReissueError(f"case {case_id!r} cannot be re-issued: {verification.why_not}")
     if not verification.blocks:
@@ -262,7 +296,7 @@ def reissue_case(
     named = gateway_info(run).get("unverified_sr") or {}
     number = max((_number(d) for d in earlier), default=0) + 1  # next in the VERIFIED series
     out = Reissued()
-    srs = []
+    srs, models = [], []
     for block in verification.blocks:
         prior = predecessor(unverified, block.model, named.get(block.model))
         replaces = [d for d in (prior, _newest(earlier, block.model)) if d is not None]
@@ -275,6 +309,7 @@ def reissue_case(
             )  # fmt: skip
         except ReportBuildError as exc:
             raise ReissueError(f"{block.model}: {exc}") from exc
+        models.append(block.model)
         number += 1
     pdf = None
     try:
@@ -292,10 +327,51 @@ def reissue_case(
         on_stored(out.pdf_uid)
 
     target = to if to is not None else orthanc  # ``to``: the configured write-back PACS
+    if keeper is not None:  # a gateway run: what the PACS does not take waits in its record
+        dest = to if to is not None else local_pacs(orthanc)
+        kinds = [*(("verified-sr", m, d) for m, d in zip(models, srs, strict=True)),
+                 *((("verified-pdf", None, pdf),) if pdf is not None else ())]  # fmt: skip
+        out.pending = _keep_and_deliver(keeper, dest, kinds, sr_stored, pdf_stored)
+        return out
     store(target, srs, sr_stored)  # the SRs, then the PDF
     if pdf is not None:
         store(target, [pdf], pdf_stored)
     return out
+
+
+def local_pacs(orthanc: OrthancClient) -> PacsClient:
+    """The local Orthanc as a PACS client (the write-back's default destination)."""
+    from gateway.pacs.orthanc_rest import OrthancRestClient
+
+    return OrthancRestClient(LOCAL, orthanc)
+
+
+def _keep_and_deliver(
+    keeper: Keeper,
+    dest: PacsClient,
+    objects: list[tuple[str, str | None, Dataset]],
+    sr_stored: Callable[[Dataset], None],
+    pdf_stored: Callable[[Dataset], None],
+) -> list[WriteBack]:
+    """Each object's file kept and recorded pending in the gateway run before the first store
+    (a sign-off's new objects replace the case's earlier ones never stored), then stored with
+    a few quick tries; those not stored stay pending for the retry loop. What is pending."""
+    hold = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=IN_FLIGHT_S)
+    items = [
+        (WriteBack(kind=kind, sop_instance_uid=str(ds.SOPInstanceUID), model=model,
+                   destination=dest.name, kept=str(keep(keeper.kept_root, keeper.run_id, ds)),
+                   verified=keeper.by, next_at=hold.isoformat(timespec="seconds")), ds)
+        for kind, model, ds in objects
+    ]  # fmt: skip
+    new = {wb.sop_instance_uid for wb, _ in items}
+    record(keeper.runs, keeper.run_id, pending=[wb for wb, _ in items],
+           drop=lambda wb: keeper.mine(wb) and wb.sop_instance_uid not in new)  # fmt: skip
+    got = deliver(dest, items, time.time)
+    record(keeper.runs, keeper.run_id, done=got.done, pending=got.pending)
+    by_uid = {str(ds.SOPInstanceUID): ds for _, ds in items}
+    for wb in got.done:
+        (pdf_stored if wb.kind == "verified-pdf" else sr_stored)(by_uid[wb.sop_instance_uid])
+    return got.pending
 
 
 def _with_note(v: Verification, note: str) -> Verification:

@@ -53,12 +53,14 @@ from gateway.review.actions import (
     adjudicate,
     in_pacs,
     open_case,
+    outcome,
     preview,
     record,
     record_verdicts,
     reissue,
     save_block,
     sign_off,
+    study_of,
     where_to,
 )
 from gateway.review.auth import (
@@ -70,7 +72,7 @@ from gateway.review.auth import (
     identify,
 )
 from gateway.review.queue import CaseStatus, queue
-from gateway.review.reissue import ReissueError
+from gateway.review.reissue import Reissued, ReissueError
 from gateway.review.runs_page import runs_index_page
 from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.viewer import PLANES, viewer_open_url
@@ -405,13 +407,17 @@ def _act(ctx: Ctx, request: Request, report: str, slug: str, csrf: str, code: st
         return _case_page(ctx, request, who, report, slug, f"Not recorded: {exc}", True, 409)
     ctx.audit.write(who.token_id, f"review {code}", f"run={cu.run.run_id}", "ok")
     pacs = out.pacs if isinstance(out, SignedOff) else out
+    if isinstance(pacs, Reissued):  # sent again by hand: stored, or kept for the retry loop
+        pacs = outcome(study_of(cu), pacs)
     query = f"done={code}"
     if isinstance(pacs, PacsOutcome):
         ctx.audit.write(who.token_id, f"review {code}: to PACS", f"run={cu.run.run_id}",
                         pacs.status.value)  # fmt: skip
-        if pacs.status is PacsStatus.FAILED:  # recorded, not stored: say exactly why, here
-            said = f"{DONE[code]} {pacs.message}"
-            return _case_page(ctx, request, who, report, slug, said, True, 502)
+        # recorded, not (all) stored: say exactly why, here; kept objects are sent later
+        if pacs.status in (PacsStatus.FAILED, PacsStatus.KEPT):
+            said = f"{DONE[code] if code != 'reissue' else ''} {pacs.message}".strip()
+            failed = pacs.status is PacsStatus.FAILED
+            return _case_page(ctx, request, who, report, slug, said, True, 502 if failed else 202)
         query = f"pacs={pacs.status.value}&{query}"
     url = f"{BASE}/runs/{report}/cases/{slug}?{query}"
     if _ANCHOR.match(anchor):
@@ -541,8 +547,10 @@ def signoff_page(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Resp
 
 
 def _pacs(ctx: Ctx) -> Pacs:
+    pipe = ctx.pipeline  # a gateway's: its write-back destination, and where it keeps objects
     return Pacs(ctx.orthanc, ctx.settings.verifying_organization,
-                ctx.pipeline.writeback if ctx.pipeline is not None else None)  # fmt: skip
+                pipe.writeback if pipe is not None else None,
+                pipe.kept_dir if pipe is not None else None)  # fmt: skip
 
 
 @router.post("/runs/{report}/cases/{slug}/signoff", summary="Sign-off, step 2: confirm (final)")

@@ -38,6 +38,7 @@ from gateway.review.actions import (
     accept_remaining,
     adjudicate,
     open_case,
+    outcome,
     override_error,
     preview,
     record,
@@ -141,9 +142,11 @@ class SignedOut(CaseState):
 
 
 class ReissueOut(BaseModel):
-    sr_sop_instance_uids: list[str]
+    sr_sop_instance_uids: list[str]  # stored now
     pdf_sop_instance_uid: str | None
     warnings: list[str]
+    # not stored (a gateway run's): kept, and sent by the write-back retry loop
+    kept_sop_instance_uids: list[str] = []
 
 
 def _who(ctx: Ctx, request: Request, write: bool) -> Reviewer:
@@ -271,8 +274,10 @@ def get_signoff(ctx: Ctx, request: Request, report: Report, slug: Slug) -> Signo
 
 
 def _pacs(ctx: Ctx) -> Pacs:
+    pipe = ctx.pipeline  # a gateway's: its write-back destination, and where it keeps objects
     return Pacs(ctx.orthanc, ctx.settings.verifying_organization,
-                ctx.pipeline.writeback if ctx.pipeline is not None else None)  # fmt: skip
+                pipe.writeback if pipe is not None else None,
+                pipe.kept_dir if pipe is not None else None)  # fmt: skip
 
 
 def _signed(ctx: Ctx, request: Request, report: str, slug: str, pacs: PacsOutcome) -> SignedOut:
@@ -300,7 +305,9 @@ def post_adjudication(ctx: Ctx, request: Request, report: Report, slug: Slug, bo
 def post_reissue(ctx: Ctx, request: Request, report: Report, slug: Slug, body: ReissueIn | None = None) -> ReissueOut:  # fmt: skip
     passed_over = body.passed_over if body else ""
     out = _act(ctx, request, report, slug, "reissue", lambda svc, who, cu: reissue(svc, who, cu, _pacs(ctx), passed_over))  # fmt: skip
-    return ReissueOut(sr_sop_instance_uids=out.sr_uids, pdf_sop_instance_uid=out.pdf_uid, warnings=out.warnings)  # fmt: skip
+    kept = [wb.sop_instance_uid for wb in out.pending]
+    said = [outcome("", out).message] if out.pending else []
+    return ReissueOut(sr_sop_instance_uids=out.sr_uids, pdf_sop_instance_uid=out.pdf_uid, warnings=[*out.warnings, *said], kept_sop_instance_uids=kept)  # fmt: skip
 
 
 __all__ = ["ErrorBody", "router"]
