@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pydicom
 import pytest
 import yaml
 from dcmqrscp_fixture import AE_TITLE, running_dcmqrscp
@@ -125,6 +126,16 @@ def test_a_pacs_that_is_down_gets_its_sr_and_pdf_once_it_is_up(
                                                   host="127.0.0.1", port=archive.port))  # fmt: skip
         (m,) = client.find_studies(StudyQuery(study_uids=[study.study_uid]))
         assert set(m.modalities) >= {"SR", "DOC"} and m.n_instances == n, m
+        # the VERIFIED SR names the UNVERIFIED one the run wrote back there as predecessor
+        got = client.retrieve(m, tmp_path / "got")
+        docs = [pydicom.dcmread(f) for f in got.folder.rglob("*") if f.is_file()]
+        ver = [d for d in docs if d.get("VerificationFlag") == "VERIFIED"]
+        assert ver and all(
+            {str(x.ReferencedSOPInstanceUID) for st in d.PredecessorDocumentsSequence
+             for se in st.ReferencedSeriesSequence for x in se.ReferencedSOPSequence}
+            == set(rec.sr_sop_uids.values())
+            for d in ver
+        ), [d.get("PredecessorDocumentsSequence") for d in ver]  # fmt: skip
 
 
 def _sign_off(ctx, run_id: str) -> dict[str, object]:  # type: ignore[no-untyped-def]

@@ -227,6 +227,19 @@ class Keeper:
     kept_root: Path
     by: VerifiedBy  # the sign-off they carry
 
+    def unverified(self) -> list[Dataset]:
+        """The run's UNVERIFIED SRs as it wrote them back (its local copies), newest first:
+        a PACS other than the local Orthanc is not asked for them."""
+        import pydicom
+
+        out = []
+        for path in self.runs.get(self.run_id).sr_paths:
+            try:
+                out.append(pydicom.dcmread(path, stop_before_pixels=True))
+            except (OSError, ValueError):  # purged or unreadable: not named
+                continue
+        return sorted(out, key=lambda d: -_number(d))
+
     def mine(self, wb: WriteBack) -> bool:
         """Whether a pending object is a VERIFIED object of this case."""
         v = wb.verified
@@ -291,8 +304,11 @@ def reissue_case(
     else:
         headers = _source_headers(orthanc, case)
         study_uid = case.provenance.study_uids[0]
-    unverified = stored_srs(orthanc, study_uid)
-    earlier = stored_srs(orthanc, study_uid, "sr-verified")
+    if keeper is not None and to is not None and to.name != LOCAL:  # another PACS holds them
+        unverified, earlier = keeper.unverified(), []
+    else:
+        unverified = stored_srs(orthanc, study_uid)
+        earlier = stored_srs(orthanc, study_uid, "sr-verified")
     named = gateway_info(run).get("unverified_sr") or {}
     number = max((_number(d) for d in earlier), default=0) + 1  # next in the VERIFIED series
     out = Reissued()
