@@ -287,7 +287,7 @@ def build_unverified(
     out = Unverified()
     # header values outside the standard are left out of the SR and PDF, and said so
     out.left_out = [f"SR/PDF: {w}" for w in header_warnings(headers[0])]
-    blocks = {b.model: b for b in report_blocks(run.samples)}
+    blocks = {b.model: b for b in report_blocks(run.samples, run.images)}  # with the points
     for model in models:
         if model not in blocks:
             out.no_sr.append(f"no SR for {model}: no answer to report ({no_answer(model)})")

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from pydicom.dataset import FileDataset, FileMetaDataset
+from pydicom.dataset import Dataset, FileDataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian, MRImageStorage, generate_uid
 
 # class -> (description, ScanningSequence, SequenceVariant, TR, TE, TI)
@@ -29,6 +30,24 @@ class SynthStudy:
     files: list[Path] = field(default_factory=list)
 
 
+def _lesion_slice(k: int, n: int) -> bool:
+    return abs(k - n // 2) <= 1  # the middle three slices
+
+
+def _in_lesion(x: Any, y: Any, size: int, lesion: str) -> Any:
+    # Columns run toward the patient's left (IOP row direction +x in LPS).
+    c = (size - 1) / 2
+    lx = c + (size * 0.22 if lesion == "left" else -size * 0.22)
+    return ((x - lx) ** 2 + (y - c * 0.8) ** 2) <= (size * 0.07) ** 2
+
+
+def in_lesion(header: Dataset, n_slices: int, col: float, row: float, lesion: str) -> bool:
+    """Whether pixel centre (col, row) of a make_study slice (its header) is in the lesion."""
+    k = int(header.InstanceNumber) - 1
+    size = int(header.Columns)
+    return _lesion_slice(k, n_slices) and bool(_in_lesion(col, row, size, lesion))
+
+
 def _pixels(cls: str, k: int, n: int, size: int, lesion: str | None) -> np.ndarray:
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
     c = (size - 1) / 2
@@ -38,12 +57,8 @@ def _pixels(cls: str, k: int, n: int, size: int, lesion: str | None) -> np.ndarr
     csf = {"FLAIR": 80, "T2": 1500, "T1": 200}[cls]
     img = np.where(head, brain, 0).astype(np.float32)
     img[vent & head] = csf
-    mid = n // 2
-    if lesion and cls in ("FLAIR", "T2") and abs(k - mid) <= 1:
-        # Columns run toward the patient's left (IOP row direction +x in LPS).
-        lx = c + (size * 0.22 if lesion == "left" else -size * 0.22)
-        blob = ((xx - lx) ** 2 + (yy - c * 0.8) ** 2) <= (size * 0.07) ** 2
-        img[blob] = brain * 2.6
+    if lesion and cls in ("FLAIR", "T2") and _lesion_slice(k, n):
+        img[_in_lesion(xx, yy, size, lesion)] = brain * 2.6
     rng = np.random.default_rng(k + 17 * n)
     img += rng.normal(0, 8, img.shape) * head
     return np.clip(img, 0, 4000).astype(np.uint16)

@@ -18,7 +18,7 @@ import pydicom
 import pytest
 from dciodvfy import assert_dciodvfy_clean
 from gateway_process import BIN, Gateway, running_gateway, send
-from gateway_synth import make_study
+from gateway_synth import in_lesion, make_study
 from highdicom.sr import Comprehensive3DSR
 from orthanc_fixture import STABLE_AGE, OrthancServer
 
@@ -76,6 +76,18 @@ def pdf_text(pdf: bytes, tmp: Path) -> str:
     return " ".join(r.stdout.split())
 
 
+def assert_points_at_the_lesion(sr: pydicom.Dataset, files: list[Path], n_slices: int) -> None:
+    """The SR's SCOORD POINT (TID 1410's region) is on a slice of the lesion, inside it."""
+    items = [it for e in sr.iterall() if e.VR == "SQ" for it in e.value]
+    (scoord,) = [it for it in items if it.get("ValueType") == "SCOORD"]
+    (image,) = [it for it in scoord.ContentSequence if it.ValueType == "IMAGE"]
+    uid = image.ReferencedSOPSequence[0].ReferencedSOPInstanceUID
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in files]
+    (target,) = [h for h in headers if h.SOPInstanceUID == uid]
+    col, row = (float(v) - 0.5 for v in scoord.GraphicData)  # a pixel's centre is +0.5
+    assert in_lesion(target, n_slices, col, row, "left"), (target.InstanceNumber, col, row)
+
+
 def wait_reports(
     gw: Gateway, study_uid: str, n_sr: int, timeout: float
 ) -> dict[str, list[pydicom.Dataset]]:
@@ -108,6 +120,7 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
         for c in item.value
     }
     assert ("7771000", "Left") in codes and ("121053", "Present") in codes  # laterality, presence
+    assert_points_at_the_lesion(sr, study.files, 12)  # the model's point (issue 39)
     runs = gateway.get("/runs", gateway.reviewer).json()
     mine = [r for r in runs if r["study_uid"] == study.study_uid and r["trigger"] == "dicom"]
     run = gateway.wait_run(mine[0]["run_id"])
@@ -200,6 +213,7 @@ def test_a_sent_study_gets_an_unverified_sr_and_pdf_then_a_new_version_for_a_lat
     assert uids[0] == uids[1] != []
     for v in verified:
         Comprehensive3DSR.from_dataset(v)
+        assert_points_at_the_lesion(v, study.files, 12)  # the accepted finding keeps its point
         assert v.VerifyingObserverSequence[0].VerifyingObserverName == "Reviewer^Test"
         pred = v.PredecessorDocumentsSequence[0].ReferencedSeriesSequence[0]
         assert pred.ReferencedSOPSequence[0].ReferencedSOPInstanceUID == sr.SOPInstanceUID

@@ -5,17 +5,19 @@ unpointed finding stays as before. Each SR passes dciodvfy."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pydicom
 import pytest
 from dciodvfy import assert_dciodvfy_clean
-from gateway_synth import make_study
+from gateway_synth import in_lesion, make_study
 
 from dicom import RenderOptions, index_path, render_path
 from evaluation import Finding, ImageRef
 from evaluation.answers import ImagePlace
+from evaluation.case import TaskFamily
 from evaluation.review import FindingRegion, ReportContent, finding_region
 from gateway.sr import build_sr
 
@@ -143,3 +145,32 @@ def test_a_review_block_carries_the_point_into_the_unverified_sr(
     assert len(_scoords(sr, "SCOORD")) == 1
     (plain,) = report_blocks([sample])
     assert unverified_content(plain).regions == [None]
+
+
+def test_the_gateway_unverified_sr_points_at_the_lesion_of_a_run(tmp_path: Path) -> None:
+    """What the gateway writes back after a run (build_unverified on the run's RunData): the
+    image-rules finding's point is a SCOORD on a slice that carries the lesion, inside it. The
+    case's images (run.images) are what the place is read on; before, none were passed."""
+    from gateway.routing import Route
+    from gateway.settings import Settings
+    from gateway.study_run import DefaultEvaluator
+    from gateway.writeback import build_unverified
+
+    n = 12
+    study = make_study(tmp_path / "study", classes=("FLAIR",), n_slices=n, size=SIZE)
+    route = Route(rule="t", models=["reference/image-rules"], tasks=[TaskFamily.LESION],
+                  series_classes=["FLAIR"])  # fmt: skip
+    run = (
+        DefaultEvaluator(Settings(data_dir=tmp_path))
+        .evaluate(tmp_path / "study", route, tmp_path / "runs" / ("0" * 32))
+        .run
+    )
+    headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in study.files]
+    sr = build_unverified(run, route.models, headers, 1, "v").srs["reference/image-rules"]
+    (scoord,) = _scoords(sr, "SCOORD")
+    (image,) = _scoords(sr, "IMAGE")
+    uid = image.ReferencedSOPSequence[0].ReferencedSOPInstanceUID
+    (target,) = [h for h in headers if h.SOPInstanceUID == uid]
+    col, row = (float(v) - 0.5 for v in scoord.GraphicData)  # SCOORD: a pixel's centre is +0.5
+    assert in_lesion(target, n, col, row, "left"), (target.InstanceNumber, col, row)
+    assert_dciodvfy_clean(sr)

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from evaluation.answers import Answer, ClassificationAnswer
-from evaluation.case import Case
+from evaluation.case import Case, ImageRef
 from evaluation.coverage import CaseCoverage
 from evaluation.log.passport import ModelPassport
 from evaluation.log.records import SentMessage as SentMessage  # re-exported
@@ -67,6 +67,12 @@ class RunData(BaseModel):
 
     def samples_of(self, case_id: str) -> list[SampleResult]:
         return [s for s in self.samples if s.scored.case_id == case_id]
+
+    @property
+    def images(self) -> dict[str, ImageRef]:
+        """Every case's images by sha256: what a sample's ``images_sent`` names, and what a
+        finding's place is read on (``evaluation.review.report_blocks(samples, images)``)."""
+        return {i.sha256: i for c in self.cases for i in c.images}
 
     @property
     def models(self) -> list[str]:

@@ -155,7 +155,7 @@ def open_case(svc: ReviewService, report: str, slug: str) -> CaseUnderReview:
         slug=slug,
         run=run,
         case_id=case_id,
-        blocks=report_blocks(run.samples_of(case_id)),
+        blocks=report_blocks(run.samples_of(case_id), run.images),
         reviews=svc.store.reviews(run.run_id, case_id),
         superseded=superseded_by(svc, report, run, slug),
     )
@@ -171,6 +171,7 @@ def open_cases(
     for r in svc.store.reviews(run.run_id):
         by_case.setdefault(r.case_id, []).append(r)
     out = []
+    images = run.images  # what each finding's place is read on (its SR's SCOORD)
     for c in run.cases:
         slug = case_slug(c.case_id)
         out.append(
@@ -179,7 +180,7 @@ def open_cases(
                 slug=slug,
                 run=run,
                 case_id=c.case_id,
-                blocks=report_blocks(run.samples_of(c.case_id)),
+                blocks=report_blocks(run.samples_of(c.case_id), images),
                 reviews=by_case.get(c.case_id, []),
                 superseded=superseded_by(svc, report, run, slug, records),
             )
