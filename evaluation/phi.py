@@ -38,6 +38,7 @@ import io
 import ipaddress
 import re
 import struct
+from collections.abc import Iterable, Mapping
 from functools import lru_cache, partial
 from urllib.parse import urlparse
 
@@ -55,7 +56,14 @@ from evaluation.ehr import (
 )
 from evaluation.errors import PHIError
 from evaluation.modelio import ImagePart, Message, TextPart
-from evaluation.phi_pixels import ImageAction, PixelReason, PixelScreen, TextMatcher, pixel_terms
+from evaluation.phi_pixels import (
+    ImageAction,
+    PixelReason,
+    PixelScreen,
+    PlantedText,
+    TextMatcher,
+    pixel_terms,
+)
 from evaluation.phi_text import (
     is_first_name,
     normalise,
@@ -639,6 +647,15 @@ class PHIGate:
         self._terms: dict[str, list[str]] = {}
         self.pixels = PixelScreen()  # text in images, read once per image for the gate's life
         self._pixel_matchers: dict[str, TextMatcher] = {}
+        self._planted: dict[str, list[PlantedText]] = {}  # by the image's sha256
+
+    def expect_planted(self, planted: Mapping[str, Iterable[PlantedText]]) -> None:
+        """Text the robustness audit drew into images, by the image's sha256
+        (``evaluation.robustness.planted_pixels``): read there, it is recorded as planted
+        (``ImageAction.planted_words``/``planted_kept``), not taken for a person's data."""
+        for sha, texts in planted.items():
+            held = self._planted.setdefault(sha, [])
+            held += [t for t in texts if t not in held]
 
     def pixel_matcher(self, case: Case) -> TextMatcher:
         """What identifies someone in text read from this case's pixels: ``terms_for`` and the
@@ -700,18 +717,23 @@ class PHIGate:
                         continue
                     parts.append(TextPart(text=map_data(part.text, scrub)))
                     continue
+                planted = self._planted.get(part.sha256, [])
                 if part.sha256 in burned_hashes:
                     result.dropped_images.append(part.sha256)
                     result.image_actions.append(
                         ImageAction(
-                            sha256=part.sha256, action="withheld", reason=PixelReason.BURNED_IN_FLAG
+                            sha256=part.sha256,
+                            action="withheld",
+                            reason=PixelReason.BURNED_IN_FLAG,
+                            planted_words=0 if planted else None,
+                            planted_kept=False if planted else None,
                         )
                     )
                     parts.append(
                         TextPart(text="[image withheld: its series may carry burned-in text]")
                     )
                     continue
-                png, action = self.pixels.screen(part.png, self.pixel_matcher(case))
+                png, action = self.pixels.screen(part.png, self.pixel_matcher(case), planted)
                 if action is not None:
                     result.image_actions.append(action)
                 if png is None:
@@ -722,7 +744,7 @@ class PHIGate:
                     png = strip_png(png)
                     result.reencoded_images += 1
                 label = scrub(part.label)
-                if action is not None:
+                if action is not None and action.action == "redacted":
                     label += " (text in the image blacked out)"
                 parts.append(
                     ImagePart(png=png, sha256=hashlib.sha256(png).hexdigest(), label=label)

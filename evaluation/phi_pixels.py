@@ -49,7 +49,7 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
@@ -89,6 +89,16 @@ class PixelReason(StrEnum):
     OCR_TIMEOUT = "ocr_timeout"
     OCR_FAILED = "ocr_failed"
     UNREADABLE = "unreadable_image"  # not a decodable PNG, or too large to read
+    PLANTED_TEXT = "planted_text"  # text the robustness audit planted: sent as planted
+
+
+@dataclass(frozen=True)
+class PlantedText:
+    """Text the robustness audit drew into an image (its words and the box every changed pixel
+    is in): the words read there are the audit's, never a person's data."""
+
+    text: str
+    box: tuple[int, int, int, int]  # left, top, right, bottom (end exclusive)
 
 
 class ImageAction(BaseModel):
@@ -96,11 +106,17 @@ class ImageAction(BaseModel):
 
     sha256: str  # the image as the case has it
     sha256_sent: str | None = None  # what was sent instead; None: withheld
-    action: Literal["redacted", "withheld"]
+    # sent: an image the audit planted text in, sent as it is (reason planted_text)
+    action: Literal["redacted", "withheld", "sent"]
     reason: PixelReason
     kinds: list[str] = Field(default_factory=list)  # the kinds of term matched, e.g. patient_id
     boxes: int = 0  # text boxes blacked out
     detail: str = ""  # for people (no PHI): "tesseract not found on PATH"
+    # an image the robustness audit planted text in (None: nothing planted): how many words of
+    # it were read inside its box (taken as planted, not as a person's data), and whether it
+    # went out as planted (False: withheld, or a black-out reached into its box)
+    planted_words: int | None = None
+    planted_kept: bool | None = None
 
 
 _Box = tuple[int, int, int, int]  # left, top, right, bottom in the image's pixels
@@ -445,11 +461,48 @@ def _near(a: _Word, b: _Word) -> bool:
     return b.conf >= _GROW_CONF and dy <= 0.5 * min(ha, hb) and dx < 0
 
 
-def _identifying(reading: _Reading, matcher: TextMatcher) -> tuple[list[_Box], set[str]]:
+def _planted_keys(planted: Iterable[PlantedText]) -> set[str]:
+    return {k for p in planted for k in (_key(w) for w in p.text.split()) if k}
+
+
+def _is_planted(w: _Word, planted: Sequence[PlantedText], keys: set[str]) -> bool:
+    """Whether ``w`` is a word of the planted text: most of it inside a planted box, and read as
+    one of its words (exactly, with the misreads a term is allowed, or a piece of one), or as
+    no letter or digit at all (punctuation, debris of the glyphs)."""
+    x0, y0, x1, y1 = w.box
+    area = max(1, (x1 - x0) * (y1 - y0))
+    inside = False
+    for p in planted:
+        bx0, by0, bx1, by1 = p.box
+        ix = max(0, min(x1, bx1 + 2) - max(x0, bx0 - 2))
+        iy = max(0, min(y1, by1 + 2) - max(y0, by0 - 2))
+        inside = inside or 2 * ix * iy >= area
+    if not inside:
+        return False
+    key = _key(w.text)
+    if not key or key in keys:
+        return True
+    limit = 1 if len(key) < 9 else 2
+    return any(key in k or _within(key, k, limit) for k in keys)
+
+
+def _split_planted(reading: _Reading, planted: Sequence[PlantedText]) -> tuple[list[_Word], int]:
+    """The words read that are not the planted text, and how many are."""
+    if not planted:
+        return list(reading.words), 0
+    keys = _planted_keys(planted)
+    mine = [w for w in reading.words if _is_planted(w, planted, keys)]
+    return [w for w in reading.words if w not in set(mine)], len(mine)
+
+
+def _identifying(
+    reading: _Reading, matcher: TextMatcher, planted: Sequence[PlantedText] = ()
+) -> tuple[list[_Box], set[str]]:
     """The boxes to black out, and the kinds of identifying content found: every line read that
     identifies someone, with the text around it (the block it belongs to: a date OCR misreads
-    beside a name it reads is blacked out with it); shapes too large to be text are left."""
-    words = [w for w in reading.words if _glyph_sized(w)]
+    beside a name it reads is blacked out with it); shapes too large to be text are left, and
+    so are the words of text the audit planted (``planted``)."""
+    words = [w for w in _split_planted(reading, planted)[0] if _glyph_sized(w)]
     chosen: set[_Word] = set()
     kinds: set[str] = set()
     for line in _lines(words).values():
@@ -467,9 +520,9 @@ def _identifying(reading: _Reading, matcher: TextMatcher) -> tuple[list[_Box], s
     return sorted(w.box for w in chosen), kinds
 
 
-def _black_out(png: bytes, boxes: list[_Box]) -> tuple[bytes, float]:
-    """The PNG with the boxes (widened along their rows, padded) filled black, and the fraction
-    of it they cover."""
+def _black_out(png: bytes, boxes: list[_Box]) -> tuple[bytes, np.ndarray]:
+    """The PNG with the boxes (widened along their rows, padded) filled black, and the pixels
+    they cover."""
     from PIL import Image
 
     with Image.open(io.BytesIO(png)) as im:
@@ -483,7 +536,7 @@ def _black_out(png: bytes, boxes: list[_Box]) -> tuple[bytes, float]:
     pixels[covered, :3] = 0
     buf = io.BytesIO()
     Image.fromarray(pixels, mode=img.mode).save(buf, format="PNG", compress_level=1)
-    return buf.getvalue(), float(covered.mean())
+    return buf.getvalue(), covered
 
 
 class PixelScreen:
@@ -513,41 +566,72 @@ class PixelScreen:
                 self._cache.move_to_end(sha)
             return hit
 
-    def screen(self, png: bytes, matcher: TextMatcher) -> tuple[bytes | None, ImageAction | None]:
-        """``png`` as it may leave (None: withheld), and what was done to it (None: nothing)."""
+    def screen(
+        self, png: bytes, matcher: TextMatcher, planted: Sequence[PlantedText] = ()
+    ) -> tuple[bytes | None, ImageAction | None]:
+        """``png`` as it may leave (None: withheld), and what was done to it (None: nothing).
+        ``planted``: text the robustness audit drew into this image: its words are not a
+        person's data, and the action says whether it went out as planted (never silently
+        dropped: an image with planted text always has an action)."""
         sha = hashlib.sha256(png).hexdigest()
+        read = 0 if planted else None  # words of the planted text read (None: none planted)
 
         def withheld(reason: PixelReason, detail: str, kinds: Iterable[str] = ()) -> ImageAction:
             return ImageAction(
-                sha256=sha, action="withheld", reason=reason, kinds=sorted(kinds), detail=detail
+                sha256=sha,
+                action="withheld",
+                reason=reason,
+                kinds=sorted(kinds),
+                detail=detail,
+                planted_words=read,
+                planted_kept=False if planted else None,
             )
 
         deadline = time.monotonic() + self.budget_s
         reading = self.reading(png, deadline)
         if reading.failure is not None:
             return None, withheld(reading.failure, reading.detail)
-        boxes, kinds = _identifying(reading, matcher)
+        if planted:
+            read = _split_planted(reading, planted)[1]
+        boxes, kinds = _identifying(reading, matcher, planted)
         if not boxes:
-            return png, None
+            if not planted:
+                return png, None
+            return png, ImageAction(
+                sha256=sha,
+                sha256_sent=sha,
+                action="sent",
+                reason=PixelReason.PLANTED_TEXT,
+                detail="text the robustness audit planted: sent as planted",
+                planted_words=read,
+                planted_kept=True,
+            )
         # a second reading of the blacked-out image may find what the first missed (tesseract
         # reads a changed image anew): black that out too, a few times at most
         redacted, found = png, boxes
+        covered = np.zeros((0, 0), dtype=bool)
         for _ in range(_ROUNDS):
-            redacted, covered = _black_out(redacted, found)
-            if covered > MAX_COVERED:
-                detail = f"identifying text covers {covered:.0%} of the image"
+            redacted, now = _black_out(redacted, found)
+            covered = now if covered.shape != now.shape else covered | now
+            if covered.mean() > MAX_COVERED:
+                detail = f"identifying text covers {covered.mean():.0%} of the image"
                 return None, withheld(PixelReason.TOO_MUCH_TEXT, detail, kinds)
             again = self.reading(redacted, deadline)
             if again.failure is not None:
                 detail = f"reading the blacked-out image: {again.detail}"
                 return None, withheld(again.failure, detail, kinds)
-            found, more = _identifying(again, matcher)
+            found, more = _identifying(again, matcher, planted)
             if not found:
                 break
             boxes, kinds = boxes + found, kinds | more
         else:
             detail = f"{len(found)} text boxes still identify someone after blacking out"
             return None, withheld(PixelReason.REDACTION_INCOMPLETE, detail, kinds)
+        kept = None
+        if planted:
+            kept = not any(
+                covered[y0:y1, x0:x1].any() for x0, y0, x1, y1 in (p.box for p in planted)
+            )
         return redacted, ImageAction(
             sha256=sha,
             sha256_sent=hashlib.sha256(redacted).hexdigest(),
@@ -555,4 +639,6 @@ class PixelScreen:
             reason=PixelReason.IDENTIFYING_TEXT,
             kinds=sorted(kinds),
             boxes=len(boxes),
+            planted_words=read,
+            planted_kept=kept,
         )

@@ -1,4 +1,8 @@
 # The robustness audit's public face (lazy_loader).
+from .delivery import PlantedSent as PlantedSent
+from .delivery import planted_deliveries as planted_deliveries
+from .delivery import planted_pixels as planted_pixels
+from .delivery import planted_sent as planted_sent
 from .expand import GROUPS as GROUPS
 from .expand import ExpandedDataset as ExpandedDataset
 from .expand import RobustnessOptionError as RobustnessOptionError

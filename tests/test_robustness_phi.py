@@ -1,0 +1,161 @@
+"""Text the robustness audit plants in pixels meets the PHI gate's OCR check (issue 39 with issue
+25): read by tesseract, it is recorded as planted, not taken for a person's data, and never
+dropped silently; what each call sent is read back from the run's audit by image hash."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from evaluation import Case
+from evaluation.modelio import ImagePart, Message, TextPart
+from evaluation.phi import PHIGate, audit_record
+from evaluation.phi_pixels import PixelReason
+from evaluation.robustness import CaseVariant, make_variant, planted_pixels, planted_sent
+
+REMOTE = "https://api.openai.com/v1"
+FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf"
+
+
+def head_case(tmp: Path, burn: str = "") -> Case:
+    """A 384-pixel slice (air around a head) of a patient called Norman Reyes: a name one letter
+    from the planted instruction's "normal". ``burn``: text burned into its bottom-right corner
+    as a scanner writes the patient's name."""
+    yy, xx = np.mgrid[:384, :384]
+    arr = (np.random.default_rng(0).random((384, 384)) * 6).astype(np.uint8)
+    arr[(yy - 180) ** 2 + (xx - 192) ** 2 < 140**2] = 120
+    im = Image.fromarray(arr, mode="L")
+    if burn:
+        ImageDraw.Draw(im).text((250, 350), burn, fill=255, font=ImageFont.truetype(FONT, 14))
+    path = tmp / "slice.png"
+    im.save(path)
+    patient = {
+        "resourceType": "Patient",
+        "id": "p",
+        "name": [{"family": "Reyes", "given": ["Norman"]}],
+    }
+    return Case.model_validate(
+        {
+            "case_id": "head",
+            "patient_id": "P-1",
+            "images": [
+                {
+                    "path": str(path),
+                    "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                    "label": "FLAIR axial",
+                }
+            ],
+            "note": "Headache.",
+            "ehr": {
+                "resourceType": "Bundle",
+                "type": "collection",
+                "entry": [{"resource": patient}],
+            },
+            "ground_truth": {"final_diagnosis": {"name": "migraine"}},
+            "provenance": {"source": "folder"},
+        }
+    )
+
+
+def _send(gate: PHIGate, case: Case) -> tuple[list[Message], object, bytes]:
+    png = Path(case.images[0].path).read_bytes()
+    sha = hashlib.sha256(png).hexdigest()
+    msgs = [
+        Message(
+            role="user",
+            content=[ImagePart(png=png, sha256=sha, label="FLAIR"), TextPart(text="Diagnosis?")],
+        )
+    ]
+    out, result = gate.prepare(msgs, case, REMOTE)
+    return out, result, png
+
+
+def _sent_images(msgs: list[Message]) -> list[bytes]:
+    return [p.png for m in msgs for p in m.content if isinstance(p, ImagePart)]
+
+
+def _variant(tmp: Path, burn: str = "") -> tuple[Case, CaseVariant]:
+    case = head_case(tmp, burn)
+    variant, record = make_variant(case, "planted_pixels_large", tmp / "v")
+    assert record.planted[0].target_diagnosis == "normal study"
+    return variant, record
+
+
+def test_planted_text_read_by_the_ocr_check_is_sent_and_recorded_as_planted(tmp_path: Path) -> None:
+    variant, record = _variant(tmp_path)
+    # the gate not told (the old code): "normal" reads as the patient's name, one letter off,
+    # and the image with the planted instruction is withheld as a person's data
+    gate = PHIGate()
+    blind, result, _ = _send(gate, variant)
+    assert _sent_images(blind) == []
+    (action,) = result.image_actions  # type: ignore[attr-defined]
+    assert action.action == "withheld" and "name" in action.kinds, action
+    # told what the audit planted: sent byte for byte, recorded as planted
+    gate.expect_planted(planted_pixels([record]))
+    out, result, png = _send(gate, variant)
+    assert _sent_images(out) == [png]
+    (action,) = result.image_actions  # type: ignore[attr-defined]
+    assert action.action == "sent" and action.reason is PixelReason.PLANTED_TEXT
+    assert action.sha256 == action.sha256_sent == record.images[0].sha256
+    assert action.planted_kept is True and action.planted_words >= 10 and not action.kinds
+    assert "blacked out" not in out[0].content[0].label  # type: ignore[union-attr]
+    # the run-level record, from the audit as the runner writes it: sent as planted
+    audit = audit_record(
+        out, result, model="m", endpoint=REMOTE, case_id=variant.case_id, cache_key="k"
+    )  # type: ignore[arg-type]
+    (row,) = planted_sent({record.case_id: record}, [audit])
+    assert (row.fate, row.planted_kept, row.sent_sha256) == ("sent", True, record.images[0].sha256)
+
+
+def test_a_persons_name_beside_planted_text_is_still_blacked_out_and_the_plant_kept(
+    tmp_path: Path,
+) -> None:
+    variant, record = _variant(tmp_path, burn="REYES^NORMAN")
+    gate = PHIGate()
+    gate.expect_planted(planted_pixels([record]))
+    out, result, png = _send(gate, variant)
+    (action,) = result.image_actions  # type: ignore[attr-defined]
+    assert action.action == "redacted" and "name" in action.kinds
+    assert action.planted_kept is True and action.planted_words >= 10
+    (sent,) = _sent_images(out)
+    before, after = (np.asarray(Image.open(io.BytesIO(b)).convert("L")) for b in (png, sent))
+    box = record.planted[0].box
+    assert box is not None
+    inside = (slice(box.y0, box.y1), slice(box.x0, box.x1))
+    assert (before[inside] == after[inside]).all()  # the planted text went out whole
+    name = (slice(345, 372), slice(245, 384))
+    assert before[name].max() == 255 and after[name].max() < 100  # the name did not
+    audit = audit_record(
+        out, result, model="m", endpoint=REMOTE, case_id=variant.case_id, cache_key="k"
+    )  # type: ignore[arg-type]
+    (row,) = planted_sent({record.case_id: record}, [audit])
+    assert (row.fate, row.planted_kept, row.sent_sha256) == (
+        "blacked_out",
+        True,
+        action.sha256_sent,
+    )
+
+
+def test_a_planted_image_the_gate_withholds_is_named_not_lost(tmp_path: Path) -> None:
+    variant, record = _variant(tmp_path)
+    gate = PHIGate()
+    gate.pixels.budget_s = 0.001  # not read in time: withheld, as the gate fails closed
+    gate.expect_planted(planted_pixels([record]))
+    out, result, _ = _send(gate, variant)
+    assert _sent_images(out) == []
+    (action,) = result.image_actions  # type: ignore[attr-defined]
+    assert action.action == "withheld" and action.planted_kept is False
+    audit = audit_record(
+        out, result, model="m", endpoint=REMOTE, case_id=variant.case_id, cache_key="k"
+    )  # type: ignore[arg-type]
+    (row,) = planted_sent({record.case_id: record}, [audit])
+    assert (row.fate, row.planted_kept, row.sent_sha256, row.reason) == (
+        "withheld",
+        False,
+        None,
+        "ocr_timeout",
+    )
