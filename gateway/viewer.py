@@ -283,10 +283,11 @@ def app_config_js() -> str:
         "        title: 'Back to the review queue'}, 'NeuroSandbox review');\n"
         "    },\n"
         "  };\n"
-        # OHIF 3.13 reads coords[0] of every TID 1500 measurement group of an SR, and the
-        # gateway's groups have no spatial coordinates yet (they come with grounding): without
-        # this the AI SR fails to load ("Something went wrong"). A group without coordinates
-        # gets an empty entry, no geometry and no image reference, so OHIF skips it quietly.
+        # OHIF 3.13 reads coords[0] of every TID 1500 measurement group of an SR, and only the
+        # gateway's pointed findings have spatial coordinates (diagnoses and unpointed findings
+        # have none): without this the AI SR fails to load ("Something went wrong"). A group
+        # without coordinates gets an empty entry, no geometry and no image reference, so OHIF
+        # skips it quietly.
         "  config.customizationService.onBeforeSRAddMeasurement = {$set: function (args) {\n"
         "    var m = args.measurement;\n"
         "    if (!m.coords || !m.coords.length) { m.coords = [{}]; }\n"
