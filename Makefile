@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-APT_PACKAGES := orthanc orthanc-dicomweb dcmtk dicom3tools dcm2niix chromium poppler-utils fonts-dejavu-core tesseract-ocr tesseract-ocr-eng postgresql
+APT_PACKAGES := orthanc orthanc-dicomweb orthanc-postgresql dcmtk dicom3tools dcm2niix chromium poppler-utils fonts-dejavu-core tesseract-ocr tesseract-ocr-eng postgresql
 STAMP := $(VENV)/.setup-done
 # OHIF's static files, served by the gateway under /review/viewer/ (viewer/README.md)
 VIEWER := viewer/node_modules/@ohif/app/dist/index.html

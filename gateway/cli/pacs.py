@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from gateway.cli.console import console, fail
+from gateway.orthanc_pg import DEFAULT_INDEX_CONNECTIONS, DEFAULT_PASSWORD_ENV
 from gateway.settings import get_settings
 
 pacs_app = typer.Typer(
@@ -85,19 +86,84 @@ def pacs_config(
         str, typer.Option(help="address Orthanc sees the gateway at")
     ] = "127.0.0.1",
     plugins: Annotated[
-        str, typer.Option(help="plugin folder or file inside the Orthanc container/host")
-    ] = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so",
+        list[str] | None,
+        typer.Option(
+            help="plugin folder or file inside the Orthanc container/host (repeat for several); "
+            "default: Debian's DICOMweb plugin, plus Debian's orthanc-postgresql plugins when "
+            "a PostgreSQL URL is given"
+        ),
+    ] = None,
     storage: Annotated[str, typer.Option(help="Orthanc storage folder")] = "/var/lib/orthanc/db",
     remote_access: Annotated[
         bool, typer.Option(help="allow REST from other hosts (containers on a private network)")
     ] = False,
+    postgresql: Annotated[
+        str | None,
+        typer.Option(
+            "--postgresql",
+            help="keep the index and the DICOM files in this PostgreSQL database "
+            "(postgresql://USER@HOST:PORT/DB, no password: see --password-env)",
+        ),
+    ] = None,
+    password_env: Annotated[
+        str,
+        typer.Option(
+            help="the variable holding the PostgreSQL password; the file says ${NAME} and "
+            "Orthanc reads it from its environment when it starts",
+        ),
+    ] = DEFAULT_PASSWORD_ENV,
+    inline_password: Annotated[
+        bool,
+        typer.Option(help="write the PostgreSQL password itself (read from --password-env now)"),
+    ] = False,
+    index_connections: Annotated[
+        int, typer.Option(help="PostgreSQL connections of this Orthanc's index (2-100)")
+    ] = DEFAULT_INDEX_CONNECTIONS,
+    reader: Annotated[
+        bool,
+        typer.Option(
+            help="an Orthanc that serves reads of a database another Orthanc receives into "
+            "(SaveJobs off: one jobs registry per database)"
+        ),
+    ] = False,
 ) -> None:
     """Render deploy/orthanc/orthanc.json.j2 for another Orthanc (e.g. the compose service).
 
-    The password comes from NEUROSANDBOX_ORTHANC_PASSWORD or NEUROSANDBOX_ORTHANC_PASSWORD_FILE.
+    The REST password comes from NEUROSANDBOX_ORTHANC_PASSWORD or
+    NEUROSANDBOX_ORTHANC_PASSWORD_FILE. With --postgresql, the configuration is for Debian's
+    orthanc-postgresql (index and storage in the database, Lock off so that several Orthancs
+    share it); the PostgreSQL password stays out of the command line and, unless
+    --inline-password, out of the file.
     """
-    from gateway.pacs_local import orthanc_password, render_config, resolve_endpoints, write_secret
+    from gateway.orthanc_pg import (
+        DEBIAN_PG_PLUGINS,
+        OrthancPostgresUrlError,
+        parse_postgresql_url,
+        postgresql_section,
+    )
+    from gateway.pacs_local import (
+        DEBIAN_PLUGINS,
+        orthanc_password,
+        render_config,
+        resolve_endpoints,
+        write_secret,
+    )
 
+    pg_section = None
+    if postgresql is not None:
+        try:
+            pg_section = postgresql_section(
+                parse_postgresql_url(postgresql),
+                password_env=password_env,
+                inline_password=inline_password,
+                index_connections=index_connections,
+            )
+        except OrthancPostgresUrlError as exc:
+            raise fail(str(exc)) from None
+    elif inline_password or reader:
+        raise fail("--inline-password and --reader go with --postgresql") from None
+    if plugins is None:
+        plugins = DEBIAN_PLUGINS + (DEBIAN_PG_PLUGINS if pg_section else [])
     settings = get_settings()
     ep = resolve_endpoints(settings)
     password = orthanc_password(settings, ep)
@@ -116,11 +182,13 @@ def pacs_config(
         password=password,
         remote_access_allowed=remote_access,
         stable_age=settings.orthanc_stable_age,
-        plugins=[plugins],
+        plugins=plugins,
         gateway_aet=ep.gateway_aet,
         gateway_host=gateway_host,
         gateway_port=ep.gateway_dicom_port,
         check_modality_host=True,
+        postgresql=pg_section,
+        save_jobs=not reader,
     )
     write_secret(out, json.dumps(config, indent=2))
     console.print(f"wrote {escape(str(out))}")
