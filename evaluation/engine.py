@@ -22,6 +22,7 @@ from evaluation.budget.gate import check_prices
 from evaluation.case import Case
 from evaluation.datasets import Dataset, StudyFetcher, load_dataset
 from evaluation.errors import DatasetError, EvaluationError, StoreError, first_error
+from evaluation.log.claims import DEFAULT_LEASE_S
 from evaluation.log.records import RunLog
 from evaluation.log.store import RunStore, open_store, store_exists
 from evaluation.prompts import default_prompts
@@ -72,8 +73,11 @@ async def start_run(
     score: bool = True,
     database_url: str | None = None,
     fetch_study: StudyFetcher | None = None,
+    shard: tuple[int, int] | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> RunStats:
-    """Create the run folder and store, record the configuration, and run every unit.
+    """Create the run folder and store, record the configuration, and run every unit (of
+    ``shard``, this worker's share, when several share the run: see ``resume_run``).
     ``database_url``: the PostgreSQL run log (None: the folder's own run.sqlite);
     ``fetch_study``: how a manifest's study on a configured PACS is fetched."""
     if store_exists(run_dir, database_url) and _holds_run(run_dir, database_url):
@@ -104,9 +108,8 @@ async def start_run(
         store.record_cases([scoring_snapshot(c) for c in dataset.cases])
         _record_variants(config, dataset, store, cache_dir)
         (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
-        runner = Runner(
-            config, dataset, store, prompts=prompts, on_progress=on_progress, score=score
-        )
+        runner = Runner(config, dataset, store, prompts=prompts, on_progress=on_progress,
+                        score=score, shard=shard, lease_s=lease_s)  # fmt: skip
         return await runner.run()
     finally:
         store.close()
@@ -138,11 +141,15 @@ async def resume_run(
     max_cost_usd: float | None = None,
     allow_unknown_cost: bool | None = None,
     fetch_study: StudyFetcher | None = None,
+    shard: tuple[int, int] | None = None,
+    lease_s: float = DEFAULT_LEASE_S,
 ) -> RunStats:
     """Continue a run: stored responses are reused, missing and failed calls are made.
 
     The run keeps the budget it was started with; ``max_cost_usd`` (and
-    ``allow_unknown_cost``) replace it in the run's recorded configuration."""
+    ``allow_unknown_cost``) replace it in the run's recorded configuration. ``shard``: this
+    worker's share ``(index, count)`` of the cases, when several workers share the run (the
+    PostgreSQL run log: each call is claimed first, its lease ``lease_s``)."""
     config, row = load_config(run_dir, database_url)
     if api_base:
         for spec in config.models:
@@ -172,7 +179,8 @@ async def resume_run(
         # Runs recorded before snapshots, or cases new to a changed dataset; kept ones stay.
         store.record_cases([scoring_snapshot(c) for c in dataset.cases])
         _record_variants(config, dataset, store, cache_dir)
-        runner = Runner(config, dataset, store, on_progress=on_progress, score=score)
+        runner = Runner(config, dataset, store, on_progress=on_progress, score=score,
+                        shard=shard, lease_s=lease_s)  # fmt: skip
         return await runner.run()
     finally:
         store.close()

@@ -11,6 +11,7 @@ parse -> (later, off the event loop) score and error label committed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from evaluation.case import Case, TaskFamily
 from evaluation.coverage import SkippedCase
 from evaluation.datasets import Dataset, ImageStore
 from evaluation.errors import StoreError
+from evaluation.log.claims import DEFAULT_LEASE_S, Coordination
 from evaluation.log.passport import (
     ModelPassport,
     api_host,
@@ -32,6 +34,7 @@ from evaluation.log.passport import (
 from evaluation.log.records import GraderCall, SampleTurn
 from evaluation.log.store import RunStore
 from evaluation.log.writes import (
+    claimed_response_statements,
     failure_statements,
     now,
     request_statements,
@@ -51,6 +54,7 @@ from evaluation.models import create_model
 from evaluation.models.context import RequestContext, current_request
 from evaluation.models.litellm_adapter import LiteLLMAdapter
 from evaluation.models.replay import ReplayModel
+from evaluation.models.spec import ModelSpec
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.phi import GateResult, PHIGate, audit_record
 from evaluation.prompts import PromptSet, default_prompts, inert
@@ -89,8 +93,12 @@ class Runner:
         prompts: PromptSet | None = None,
         on_progress: Callable[[RunStats], None] | None = None,
         score: bool = True,
+        shard: tuple[int, int] | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         self.config = config
+        # this worker's share of the run's cases (index, count): several workers on one run
+        self.shard = check_shard(shard)
         self.dataset = dataset
         self.store = store
         self.prompts = prompts or default_prompts()
@@ -122,11 +130,25 @@ class Runner:
         # the budget: one gate for every call of the run (models and graders)
         self.budget = BudgetGate(config.max_cost_usd) if config.max_cost_usd else None
         self._sizers: dict[str, CallSizer] = {}
+        # on the PostgreSQL run log other workers may share the run: each call is claimed
+        # before it is sent, and the providers' shared limits are held across workers
+        self.coord: Coordination | None = None
+        if store.database_url is not None:
+            self.coord = Coordination(store.database_url, store.run_id, lease_s=lease_s)
+            for spec in [*config.models, *config.graders]:
+                adapter = self.adapters.get(spec.name) or self.graders.get(spec.name)
+                if isinstance(adapter, LiteLLMAdapter) and (
+                    spec.shared_concurrency or spec.shared_rpm
+                ):
+                    adapter.shared = _Shared(self.coord, spec)
 
     # ------------------------------------------------------------------ plan
 
     def units(self) -> list[Unit]:
-        return plan_units(self.config, self.dataset)
+        units = plan_units(self.config, self.dataset)
+        if self.shard is None:
+            return units
+        return [u for u in units if in_shard(u.case.case_id, self.shard)]
 
     def unplanned(self, units: list[Unit]) -> list[SkippedCase]:
         """The dataset's cases that got no unit, each with the reason."""
@@ -221,16 +243,17 @@ class Runner:
             for r in self.store.samples(calls=False, scores=False)
             if r.status in _DONE
         }
-        units = self.units()
+        planned = plan_units(self.config, self.dataset)  # the whole run's (every worker's)
+        units = self.units()  # this worker's share
         self.stats.units_total = len(units)
         self._left = {}
         for u in units:
             self._left[u.case.case_id] = self._left.get(u.case.case_id, 0) + 1
         self.stats.cases_total = len(self._left)
-        self.stats.skipped = [*self.dataset.skipped, *self.unplanned(units)]
+        self.stats.skipped = [*self.dataset.skipped, *self.unplanned(planned)]
         said = {str(s) for s in self.dataset.skipped}
         self.stats.warnings = [w for w in self.dataset.warnings if w not in said]
-        self.store.record_coverage(len(self._left), self.stats.skipped)
+        self.store.record_coverage(len({u.case.case_id for u in planned}), self.stats.skipped)
         queues: dict[str, asyncio.Queue[Unit]] = {
             s.name: asyncio.Queue() for s in self.config.models
         }
@@ -258,14 +281,23 @@ class Runner:
                     close = getattr(adapter, "close", None)
                     if callable(close):
                         close()
+            if self.coord is not None:
+                self.coord.close()
         counts = self.store.counts()
         if self.budget is not None and self.budget.reached is not None:
             self.stats.budget_reached = str(self.budget.reached)
             self.store.set_status("stopped")
-        else:
+        elif self.shard is None or self._whole_run_done():
             self.store.set_status("complete" if counts.of_status("error") == 0 else "incomplete")
         self._progress()
         return self.stats
+
+    def _whole_run_done(self) -> bool:
+        """Whether every unit of the run (every worker's share) has its sample recorded."""
+        recorded = {(r.case_id, r.task, r.model, r.sample)
+                    for r in self.store.samples(calls=False, scores=False)}  # fmt: skip
+        planned = plan_units(self.config, self.dataset)
+        return all((u.case.case_id, u.item.key, u.spec.name, u.sample) in recorded for u in planned)
 
     async def _worker(self, queue: asyncio.Queue[Unit]) -> None:
         while True:
@@ -362,7 +394,7 @@ class Runner:
         future: asyncio.Future[ModelOutput] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
-            output = await self._send(call, adapter, outbound, gate, key, cfg)
+            output = await self._claimed(call, adapter, outbound, gate, key, cfg)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # retrieved: waiters re-raise it, nobody else must
@@ -373,7 +405,7 @@ class Runner:
             del self._in_flight[key]
         return key, output
 
-    async def _send(
+    async def _claimed(
         self,
         call: Call,
         adapter: ModelAdapter,
@@ -382,10 +414,41 @@ class Runner:
         key: str,
         cfg: GenerateConfig,
     ) -> ModelOutput:
+        """``_send``, once this worker holds the call's claim when other workers may share the
+        run: a call another worker answered is not sent (its answer is used), and a late
+        answer of this worker's gives way to the committed one."""
+        if self.coord is None:
+            return await self._send(call, adapter, outbound, gate, key, cfg)
+        claim = await self.coord.acquire(key)
+        if claim.output is not None:
+            self.stats.cached += 1
+            self._cached[key] = claim.output
+            return claim.output
+        assert claim.token is not None
+        output: ModelOutput | None = None
+        try:
+            output = await self._send(call, adapter, outbound, gate, key, cfg, claim.token)
+        finally:
+            committed = await asyncio.shield(asyncio.to_thread(self.coord.finish, key, claim.token))
+        if committed is not None and output is not None and not output.error:
+            self._cached[key] = committed
+            return committed
+        return output
+
+    async def _send(
+        self,
+        call: Call,
+        adapter: ModelAdapter,
+        outbound: list[Message],
+        gate: GateResult,
+        key: str,
+        cfg: GenerateConfig,
+        claim: str | None = None,
+    ) -> ModelOutput:
         """Through the budget's gate when the run has one, then ``_send_now``."""
         spec = call.spec
         if self.budget is None:
-            return await self._send_now(call, adapter, outbound, gate, key, cfg)
+            return await self._send_now(call, adapter, outbound, gate, key, cfg, claim)
         sizer = self._sizers.get(spec.name)
         if sizer is None:
             sizer = self._sizers[spec.name] = CallSizer(spec)
@@ -394,7 +457,7 @@ class Runner:
         await self.budget.reserve(most)  # raises BudgetReached: nothing is sent
         cost: float | None = None
         try:
-            output = await self._send_now(call, adapter, outbound, gate, key, cfg)
+            output = await self._send_now(call, adapter, outbound, gate, key, cfg, claim)
             cost = output.cost_usd
             return output
         finally:
@@ -408,8 +471,11 @@ class Runner:
         gate: GateResult,
         key: str,
         cfg: GenerateConfig,
+        claim: str | None = None,
     ) -> ModelOutput:
-        """Audit, store the request, call the model, store the response (or the failure)."""
+        """Audit, store the request, call the model, store the response (or the failure).
+        ``claim``: the call's claim token (other workers may share the run): the response is stored
+        only while it holds, never over another worker's."""
         spec, case = call.spec, call.case
         endpoint = spec.api_base or ("local" if spec.is_local else f"provider:{spec.litellm_model}")
         sent = [p.sha256 for m in outbound for p in m.content if isinstance(p, ImagePart)]
@@ -450,7 +516,12 @@ class Runner:
             await self._commit(failure_statements(key, spec.name, output))
             return output
         # Committed (on disk) before anything parses or scores it.
-        await self._commit(response_statements(key, spec.name, output))
+        if claim is not None and self.coord is not None:
+            await self._commit(
+                claimed_response_statements(key, spec.name, output, claim, self.coord.worker)
+            )
+        else:
+            await self._commit(response_statements(key, spec.name, output))
         self._cached[key] = output
         if output.cost_usd is None:
             self.stats.cost_unknown += 1
@@ -604,3 +675,36 @@ class Runner:
         task = asyncio.ensure_future(store_scores())
         self._score_tasks.add(task)
         task.add_done_callback(self._score_tasks.discard)
+
+
+def check_shard(shard: tuple[int, int] | None) -> tuple[int, int] | None:
+    """A worker's share ``(index, count)`` of a run's cases, checked (``StoreError``)."""
+    if shard is None:
+        return None
+    i, n = shard
+    if not (1 <= n <= 1000 and 0 <= i < n):
+        raise StoreError(f"shard {i}/{n}: the index must be 0 .. count-1, the count 1 .. 1000")
+    return shard
+
+
+def in_shard(case_id: str, shard: tuple[int, int]) -> bool:
+    """Whether a case is in the share ``(index, count)``: by a hash of its id, the same on
+    every host whatever the order of the dataset."""
+    import hashlib
+
+    i, n = shard
+    return int.from_bytes(hashlib.sha256(case_id.encode()).digest()[:8], "big") % n == i
+
+
+class _Shared:
+    """A model's provider limits held through the run log (``SharedLimit``)."""
+
+    def __init__(self, coord: Coordination, spec: ModelSpec) -> None:
+        self.coord, self.spec = coord, spec
+        self.provider = (
+            f"{spec.litellm_model}@{spec.api_base}" if spec.api_base else spec.litellm_model
+        )
+
+    def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.coord.provider_slot(self.provider, self.spec.shared_concurrency,
+                                        self.spec.shared_rpm)  # fmt: skip

@@ -62,6 +62,10 @@ class Settings(BaseSettings):
     # the run log in PostgreSQL (postgresql+psycopg://...) for every run of the install;
     # None: one run.sqlite per run folder. Read here only, passed to evaluation.log.
     database_url: str | None = None
+    # several workers on one run (PostgreSQL): a call's claim, and a provider slot, lasts this
+    # long unless its worker renews it (every third of it); a dead or stalled worker's calls
+    # are taken over after it
+    call_lease_s: Annotated[float, Field(ge=0.3, le=3600)] = 30.0
     # the PACS the sandbox finds, pulls from and writes back to, by name (YAML; docs/gateway.md
     # "Using your own PACS"); None: only `local`, the Orthanc above
     pacs_file: Path | None = None

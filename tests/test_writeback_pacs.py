@@ -17,10 +17,9 @@ import pydicom
 import pytest
 import yaml
 from dcmqrscp_fixture import AE_TITLE, running_dcmqrscp
+from fastapi.testclient import TestClient
 from gateway_inproc import finished_runs, rules_file, start_gateway
 from orthanc_fixture import OrthancServer
-
-from fastapi.testclient import TestClient
 from review_server import bearer
 
 from evaluation.review import Action

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-HEAD = "0003_gateway_runs"
+HEAD = "0004_call_claims"
 
 metadata = sa.MetaData()
 
@@ -220,4 +220,46 @@ gateway_runs = sa.Table(
 )
 
 # The tables holding a case's data (what erasure deletes), children before parents.
+# --- several workers on one run (PostgreSQL): evaluation.log.claims
+# a call's claim before it is sent: one holder at a time, for ``lease_until`` (renewed while
+# the call is in flight); ``n`` counts the claims (above 1: taken over from a holder gone quiet)
+call_claims = sa.Table(
+    "call_claims",
+    metadata,
+    _run_id(),
+    sa.Column("cache_key", sa.Text, nullable=False),
+    sa.Column("worker", sa.Text, nullable=False),
+    sa.Column("token", sa.Text, nullable=False),
+    sa.Column("lease_until", sa.Float, nullable=False),  # epoch seconds (the database's clock)
+    sa.Column("claimed_at", sa.Float, nullable=False),
+    sa.Column("n", sa.Integer, nullable=False),
+    sa.PrimaryKeyConstraint("run_id", "cache_key", name="pk_call_claims"),
+)
+# what was not the committed response: a claim taken over (the earlier holder's call may have
+# reached the provider: a possible duplicate), and a late answer refused (never overwrites)
+call_attempts = sa.Table(
+    "call_attempts",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    _run_id(),
+    sa.Column("cache_key", sa.Text, nullable=False),
+    sa.Column("worker", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),  # "takeover" | "late"
+    sa.Column("detail", sa.Text, nullable=False),  # whose claim was taken; the late output
+    sa.Column("created_at", sa.Text, nullable=False),
+)
+sa.Index("ix_call_attempts_run", call_attempts.c.run_id, call_attempts.c.cache_key)
+# a provider's limits shared by every worker: one row per concurrent-call slot ("call") and
+# per request of the last minute ("minute"); a row is free when its lease ran out
+provider_leases = sa.Table(
+    "provider_leases",
+    metadata,
+    sa.Column("provider", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),  # "call" | "minute"
+    sa.Column("slot", sa.Integer, nullable=False),
+    sa.Column("holder", sa.Text),  # worker token; None: free
+    sa.Column("lease_until", sa.Float, nullable=False),
+    sa.PrimaryKeyConstraint("provider", "kind", "slot", name="pk_provider_leases"),
+)
+
 CASE_TABLES = (scores, error_labels, scored_samples, responses, failures, audit, samples)

@@ -109,7 +109,10 @@ def _statements(dialect: str) -> dict[str, sa.UpdateBase]:
 
 def compiled(dialect: sa.Dialect) -> dict[str, str]:
     """The write statements as SQL text of ``dialect`` (named parameters), compiled once."""
-    return {k: str(v.compile(dialect=dialect)) for k, v in _statements(dialect.name).items()}
+    out = {k: str(v.compile(dialect=dialect)) for k, v in _statements(dialect.name).items()}
+    if dialect.name == "postgresql":
+        out["response_claimed"] = RESPONSE_CLAIMED_SQL
+    return out
 
 
 class GroupCommitter:
@@ -237,6 +240,36 @@ def response_statements(cache_key: str, model: str, output: ModelOutput) -> Stat
             },
         )
     ]
+
+
+# PostgreSQL, several workers on one run (evaluation.log.claims): the response of a claimed call
+# is written only while the committer holds the call's claim (read FOR SHARE: a takeover waits
+# for this commit, then sees the answer), never over a committed one; otherwise the answer is
+# kept in call_attempts as "late"
+RESPONSE_CLAIMED_SQL = """
+WITH ok AS (
+    SELECT 1 FROM call_claims
+    WHERE run_id = %(run_id)s AND cache_key = %(cache_key)s AND token = %(token)s
+    FOR SHARE
+), ins AS (
+    INSERT INTO responses (run_id, cache_key, model, text, output_json, created_at)
+    SELECT %(run_id)s, %(cache_key)s, %(model)s, %(text)s, %(output_json)s, %(created_at)s
+    WHERE EXISTS (SELECT 1 FROM ok)
+    ON CONFLICT (run_id, cache_key) DO NOTHING
+    RETURNING 1
+)
+INSERT INTO call_attempts (run_id, cache_key, worker, kind, detail, created_at)
+SELECT %(run_id)s, %(cache_key)s, %(worker)s, 'late', %(output_json)s, %(created_at)s
+WHERE NOT EXISTS (SELECT 1 FROM ins)
+"""
+
+
+def claimed_response_statements(
+    cache_key: str, model: str, output: ModelOutput, token: str, worker: str
+) -> Statements:
+    """The response of a call claimed by ``token`` (PostgreSQL: ``RESPONSE_CLAIMED_SQL``)."""
+    ((_, args),) = response_statements(cache_key, model, output)
+    return [("response_claimed", {**args, "token": token, "worker": worker})]
 
 
 def failure_statements(cache_key: str, model: str, output: ModelOutput) -> Statements:

@@ -8,10 +8,12 @@ window of successes), each 429 halves the limit (at most once per cool-down, sin
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 
 class AdaptiveLimiter:
@@ -80,3 +82,10 @@ class AdaptiveLimiter:
         if now - self._last_decrease >= self.cooldown_s:
             self.limit = max(float(self.min_limit), self.limit / 2)
             self._last_decrease = now
+
+
+class SharedLimit(Protocol):
+    """A provider's limit shared with other workers (evaluation.log.claims gives one): an
+    adapter holds a slot for each request it sends."""
+
+    def slot(self) -> contextlib.AbstractAsyncContextManager[None]: ...

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import random
 import time
@@ -37,7 +38,7 @@ from evaluation.errors import ModelConfigError
 from evaluation.modelio import GenerateConfig, ImagePart, Message, ModelOutput, TextPart
 from evaluation.models.call_pool import CallPool, summarise_response
 from evaluation.models.fitting import Adjustment, fit_images
-from evaluation.models.limiter import AdaptiveLimiter
+from evaluation.models.limiter import AdaptiveLimiter, SharedLimit
 from evaluation.models.litellm_lib import classify_exception, import_litellm, retry_after_of
 from evaluation.models.providers import price_known, profile_for, unsent_params
 from evaluation.models.spec import ModelSpec
@@ -114,6 +115,8 @@ class LiteLLMAdapter:
         self.spec = spec
         self.profile = profile_for(spec)
         self.limiter = AdaptiveLimiter(spec.concurrency)
+        # the provider's limit shared with other workers (set by the runner on a shared run)
+        self.shared: SharedLimit | None = None
         self._sleep = sleep
         self._rng = rng or random.Random()
         self._pool = pool
@@ -258,7 +261,7 @@ class LiteLLMAdapter:
         hard_timeout = float(kwargs["timeout"]) + 10.0
         attempt = 0
         while True:
-            async with self.limiter.slot():
+            async with self.limiter.slot(), self._shared_slot():
                 t0 = time.perf_counter()
                 result = await self._attempt(kwargs, hard_timeout)
                 latency = time.perf_counter() - t0
@@ -295,6 +298,9 @@ class LiteLLMAdapter:
                 )
             await self._sleep(self._backoff(attempt, err["retry_after"]))
             attempt += 1
+
+    def _shared_slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.shared.slot() if self.shared is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         if self._pool is not None:

@@ -88,6 +88,10 @@ class ModelSpec(BaseModel):
     api_base: str | None = None
     api_key_env: str | None = None  # environment variable holding the key
     concurrency: int = Field(default=8, ge=1, le=1024)
+    # the provider's own limits, shared by every worker of a run on the PostgreSQL run log
+    # (evaluation.log.claims): concurrent requests and requests per minute (None: not shared)
+    shared_concurrency: int | None = Field(default=None, ge=1, le=10_000)
+    shared_rpm: int | None = Field(default=None, ge=1, le=10_000)
     max_retries: int = Field(default=5, ge=0, le=50)
     backoff_base_s: float = Field(default=1.0, ge=0)
     backoff_max_s: float = Field(default=60.0, ge=0)

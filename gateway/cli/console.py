@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -395,3 +396,12 @@ def print_leaderboard(summ: Any) -> None:
                 f"{escape(', '.join(r.rubric_canary_failed))} failed the canary (gave full marks "
                 "to a wrong answer that asked for them) and are left out of the rubric[/yellow]"
             )
+
+
+def shard_option(text: str) -> tuple[int, int]:
+    """``I/N`` as (I, N), 0 <= I < N <= 1000; a usage error otherwise."""
+    m = re.fullmatch(r"(\d{1,4})/(\d{1,4})", text.strip())
+    if m is None or not 0 <= int(m[1]) < int(m[2]) <= 1000:
+        raise fail(f"--shard {text[:40]!r}: give I/N with 0 <= I < N <= 1000 (e.g. 0/3)",
+                   ExitCode.USAGE)  # fmt: skip
+    return int(m[1]), int(m[2])

@@ -21,6 +21,7 @@ from gateway.cli.console import (
     fail,
     note,
     print_run,
+    shard_option,
 )
 
 if TYPE_CHECKING:
@@ -87,6 +88,15 @@ def eval_command(
             "attacks (comma-separated; multiplies the calls)",
         ),
     ] = "",
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            metavar="<I/N>",
+            help="start the run as worker I of N (PostgreSQL run log): this process takes the "
+            "cases whose id hashes to I; the others join with `runs resume RUN --shard J/N`",
+        ),
+    ] = None,
     temperature: Annotated[float, typer.Option(help="decoding temperature")] = 0.7,
     top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 0.95,
     max_tokens: Annotated[
@@ -233,6 +243,10 @@ def eval_command(
         _dry_run(config, out, settings, as_json=as_json)
         return
     console.print(f"loading dataset {escape(str(suite))} ...")
+    part = shard_option(shard) if shard is not None else None
+    if part is not None and settings.database_url is None:
+        raise fail("--shard needs the PostgreSQL run log (NEUROSANDBOX_DATABASE_URL)",
+                   ExitCode.USAGE)  # fmt: skip
     try:
         with ProgressBar() as bar:
             stats = asyncio.run(
@@ -242,6 +256,8 @@ def eval_command(
                     on_progress=bar,
                     database_url=settings.database_url,
                     fetch_study=pacs_fetcher(settings),
+                    shard=part,
+                    lease_s=settings.call_lease_s,
                 )
             )
     except EvaluationError as exc:  # the dataset, the models or the run folder

@@ -24,6 +24,7 @@ from gateway.cli.console import (
     open_run,
     print_run,
     run_log_url,
+    shard_option,
     show_run,
     shown,
     table_console,
@@ -492,6 +493,16 @@ def runs_resume(
             help="with a budget: run models without a price (default: as the run was started)",
         ),
     ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            "--shard",
+            metavar="<I/N>",
+            help="several workers on one run (PostgreSQL run log): this worker takes the "
+            "cases whose id hashes to I of N (0-based); each call is claimed first, so a "
+            "call is answered once whichever worker asks",
+        ),
+    ] = None,
 ) -> None:
     """Continue a run: stored responses are reused; only missing or failed calls are made.
 
@@ -504,6 +515,10 @@ def runs_resume(
 
     if max_cost is not None and not 0 < max_cost < float("inf"):
         raise fail(f"--max-cost {max_cost}: a budget is a finite amount above $0", ExitCode.USAGE)
+    part = shard_option(shard) if shard is not None else None
+    if part is not None and run_log_url() is None:
+        raise fail("--shard needs the PostgreSQL run log (NEUROSANDBOX_DATABASE_URL)",
+                   ExitCode.USAGE)  # fmt: skip
     try:
         with ProgressBar() as bar:
             stats = asyncio.run(
@@ -516,6 +531,8 @@ def runs_resume(
                     max_cost_usd=max_cost,
                     allow_unknown_cost=allow_unknown_cost,
                     fetch_study=pacs_fetcher(get_settings()),
+                    shard=part,
+                    lease_s=get_settings().call_lease_s,
                 )
             )
     except EvaluationError as exc:

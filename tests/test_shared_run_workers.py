@@ -1,0 +1,146 @@
+"""Several workers on one run (PostgreSQL run log, evaluation/log/claims.py): three real
+``neurosandbox`` processes each take a share of the run's cases (``--shard I/3``) through litellm
+to the loopback server, which counts every request by its body. The provider's concurrency limit
+is shared through the run log (2 calls at once for all three, each allowed 4 of its own).
+
+One worker is killed with SIGKILL mid-run; the share is taken again (as the queue retries a
+stalled job). Every call key ends with one response; a call answered is never asked again,
+except the calls the killed worker had claimed, each recorded as a takeover in
+``call_attempts``. A worker stopped with SIGSTOP past its lease has its calls taken over, and
+once continued its late answers are refused (kept in ``call_attempts``), never overwriting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+import yaml
+from engine_helpers import cli_env, neurosandbox_bin, write_nmb
+from openai_server import OpenAIServer, Script
+from pg_server import fresh_pg_database
+
+from evaluation.modelio import ModelOutput
+
+pytestmark = pytest.mark.integration
+N_CASES, SAMPLES, SHARDS = 9, 2, 3
+LIVE = "extract(epoch from clock_timestamp()) + 1e8"  # a claim not yet ended by its commit
+
+
+def _env(tmp: Path, url: str, server_url: str, shared: int) -> dict[str, str]:
+    models = tmp / "models.yaml"
+    models.write_text(yaml.safe_dump({"models": [{
+        "name": "gpt", "model": "openai/gpt-4o", "api_base": server_url, "concurrency": 4,
+        "max_retries": 0, "shared_concurrency": shared,
+    }]}))  # fmt: skip
+    return {**cli_env(tmp / "cache"), "NEUROSANDBOX_DATABASE_URL": url,
+            "NEUROSANDBOX_CALL_LEASE_S": "3.0", "NEUROSANDBOX_MODELS_FILE": str(models)}  # fmt: skip
+
+
+def _count(url: str, sql: str) -> int:
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with eng.connect() as c:
+            return int(c.execute(sa.text(sql)).scalar() or 0)
+    except sa.exc.ProgrammingError:  # the tables are not there yet
+        return 0
+    finally:
+        eng.dispose()
+
+
+def _start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([neurosandbox_bin(), *args], env=env, stdout=log.open("wb"),
+                            stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def _wait(procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout_s: float = 120) -> None:
+    for p, log in zip(procs, logs, strict=True):
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            pytest.fail(f"worker never finished: {log.read_text()[-2000:]}")
+        assert p.returncode in (0, 1), log.read_text()[-3000:]
+
+
+def _first_worker(tmp: Path, data: tuple[Path, Path], env: dict[str, str], url: str,
+                  run: Path) -> subprocess.Popen[bytes]:  # fmt: skip
+    """Worker 0 starts the run; returns once its run row exists (the others join it)."""
+    suite, answers = data
+    w0 = _start(["eval", "--suite", str(suite), "--answers", str(answers), "--model", "gpt",
+                 "--samples", str(SAMPLES), "--seed", "7", "--no-bertscore", "--out", str(run),
+                 "--shard", f"0/{SHARDS}"], env, tmp / "w0.log")  # fmt: skip
+    deadline = time.monotonic() + 60
+    while _count(url, "SELECT count(*) FROM run") == 0:
+        if w0.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"the run never started: {(tmp / 'w0.log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    return w0
+
+
+def _holds_claims(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    """Returns once ``proc`` holds a live claim (a call sent, or waiting for a shared slot)."""
+    deadline = time.monotonic() + 60
+    sql = f"SELECT count(*) FROM call_claims WHERE worker LIKE '%:{proc.pid}:%' AND lease_until < {LIVE}"
+    while _count(url, sql) == 0:
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.05)
+
+
+def test_killed_and_stopped_workers_calls_are_taken_over_and_answered_once(
+    pg_url: str, tmp_path: Path
+) -> None:
+    url = fresh_pg_database(pg_url)
+    data = write_nmb(tmp_path / "data", N_CASES)
+    run = tmp_path / "run"
+    distinct = N_CASES * SAMPLES
+    logs = {n: tmp_path / f"{n}.log" for n in ("w0", "w1", "w2", "w1b", "w2b")}
+    with OpenAIServer(Script(latency_s=0.4)) as server:
+        env = _env(tmp_path, url, server.url, shared=2)
+        w0 = _first_worker(tmp_path, data, env, url, run)
+        w1, w2 = (_start(["runs", "resume", str(run), "--shard", f"{i}/{SHARDS}"], env,
+                         logs[f"w{i}"]) for i in (1, 2))  # fmt: skip
+        # worker 1 dies holding claims; worker 2 hangs holding claims (SIGSTOP)
+        _holds_claims(url, w1, logs["w1"])
+        os.kill(w1.pid, signal.SIGKILL)
+        _holds_claims(url, w2, logs["w2"])
+        os.kill(w2.pid, signal.SIGSTOP)
+        try:
+            # their shares are taken again (as the queue retries a stalled job) once the
+            # leases (3 s) ran out
+            again = [_start(["runs", "resume", str(run), "--shard", f"{i}/{SHARDS}"], env,
+                            logs[f"w{i}b"]) for i in (1, 2)]  # fmt: skip
+            _wait([w0, *again], [logs["w0"], logs["w1b"], logs["w2b"]])
+        finally:
+            os.kill(w2.pid, signal.SIGCONT)  # the hung worker wakes up: its answers are late
+        _wait([w2], [logs["w2"]])
+        w1.wait(timeout=10)
+        stats = server.stats
+    takeovers = _count(url, "SELECT count(*) FROM call_attempts WHERE kind = 'takeover'")
+    late = _count(url, "SELECT count(*) FROM call_attempts WHERE kind = 'late'")
+    assert _count(url, "SELECT count(*) FROM responses") == distinct  # one response per key
+    assert _count(url, "SELECT count(*) FROM requests") == distinct
+    # the provider's limit held across the workers (each allowed 4 of its own)
+    assert stats.max_in_flight <= 2, stats.max_in_flight
+    # asked twice only if a dead or hung worker had claimed it: each such call was taken over
+    answered_twice = sum(n - 1 for n in Counter(stats.delivered_keys).values() if n > 1)
+    assert answered_twice <= takeovers and stats.calls - distinct <= takeovers, (
+        stats.calls, distinct, takeovers)  # fmt: skip
+    assert takeovers >= 2  # both workers' claimed calls were taken over
+    # the hung worker's answers came after the takeover: kept apart, none overwrote
+    assert late >= 1, late
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    with eng.connect() as c:
+        rows = c.execute(sa.text("SELECT r.cache_key, r.output_json, a.detail FROM responses r "
+                                 "JOIN call_attempts a USING (run_id, cache_key) "
+                                 "WHERE a.kind = 'late'")).fetchall()  # fmt: skip
+    eng.dispose()
+    # each late answer is kept whole beside the committed response of its call
+    assert rows and all(ModelOutput.model_validate_json(r.detail).text for r in rows)
+    assert _count(url, "SELECT count(*) FROM samples WHERE status = 'ok'") == distinct
+    assert _count(url, "SELECT count(*) FROM run WHERE status = 'complete'") == 1
