@@ -58,6 +58,8 @@ from evaluation.models.spec import ModelSpec
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.phi import GateResult, PHIGate, audit_record
 from evaluation.prompts import PromptSet, default_prompts, inert
+from evaluation.robustness.delivery import planted_pixels
+from evaluation.robustness.runlog import recorded_variants
 from evaluation.runconfig import RunConfig, package_versions
 from evaluation.scores import ParseStatus
 from evaluation.scoring_bridge import ScoringBridge, parsed_record, total_output
@@ -106,6 +108,8 @@ class Runner:
         self.adapters = adapters or {s.name: create_model(s) for s in config.models}
         self.graders = {s.name: create_model(s) for s in config.graders}
         self.gate = PHIGate(config.phi)
+        # text the audit planted in pixels is recorded as planted, not read as a person's data
+        self.gate.expect_planted(planted_pixels(recorded_variants(store).values()))
         self.images = ImageStore()
         self.stats = RunStats()
         self.on_progress = on_progress
