@@ -4,6 +4,9 @@ clients may start.
 A YAML file lists rules; the first rule whose ``match`` holds decides (``skip: true`` rules
 exclude). A match may name calling AE titles (shell globs), modalities and series classes
 (any of / all of, from the imaging core's classifier). Example: ``deploy/routing.example.yaml``.
+A rule's ``evaluate.robustness`` asks the robustness audit's variants of the study beside it
+(the kinds ``eval --robustness`` takes: ``ablations,mirrored``, ``attacks``...); a kind not
+known is an error when the file is loaded.
 
 An optional ``api`` section grants API clients more than the default::
 
@@ -31,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from dicom import CLINICAL_CLASSES, IndexResult, SequenceClass
 from evaluation import ModelConfigError, TaskFamily, first_error
 from evaluation.models import BUILTIN, REPLAY, load_models_file
+from evaluation.robustness import RobustnessOptionError, VariantKind, parse_kinds
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +77,25 @@ class Evaluate(BaseModel):
         default_factory=lambda: [TaskFamily.DIFFERENTIAL, TaskFamily.LESION], min_length=1
     )
     series_classes: list[str] = Field(default_factory=lambda: list(CLINICAL))  # what to fetch
+    # the robustness audit's variants, asked beside the study (opt-in: they multiply the calls);
+    # written as ``eval --robustness`` takes them ("ablations,mirrored"), or as a list
+    robustness: list[VariantKind] = Field(default_factory=list)
 
     _check = field_validator("series_classes")(_classes)
+
+    @field_validator("robustness", mode="before")
+    @classmethod
+    def _kinds(cls, value: object) -> list[VariantKind]:
+        if value is None:
+            return []
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)
+        if not isinstance(value, str):
+            raise ValueError("robustness: kinds separated by commas, or a list of kinds")
+        try:
+            return list(parse_kinds(value))
+        except RobustnessOptionError as exc:
+            raise ValueError(str(exc)) from None
 
 
 class Rule(BaseModel):
@@ -125,6 +146,7 @@ class Route(BaseModel):
     models: list[str]
     tasks: list[TaskFamily]
     series_classes: list[str]
+    robustness: list[VariantKind] = Field(default_factory=list)  # the audit's variants, if any
 
 
 DEFAULT_TABLE = RoutingTable(
@@ -189,6 +211,7 @@ class Router:
                     models=list(ev.models),
                     tasks=list(ev.tasks),
                     series_classes=list(ev.series_classes),
+                    robustness=list(ev.robustness),
                 )
         return None
 

@@ -49,6 +49,7 @@ from evaluation.datasets import RenderPlan, registered_case, render_study
 from evaluation.log import STORE_FILE
 from evaluation.models import warm_up
 from evaluation.reports import run_from_store
+from evaluation.robustness import as_received, expand_dataset
 from gateway.routing import Route
 from gateway.runs.results import EvaluationResult
 from gateway.settings import Settings
@@ -89,6 +90,9 @@ class DefaultEvaluator:
         url = self.settings.database_url  # the install's PostgreSQL run log (None: run.sqlite)
         asyncio.run(start_run(config, work_dir, dataset=dataset, database_url=url))
         run = run_from_store(work_dir / STORE_FILE, dataset=dataset, database_url=url)
+        # the write-back, checklist and review are of the study as received: the audit's
+        # variants (a routing rule's robustness) stay in the run's log for its measures
+        run = as_received(run)
         run.title = f"PACS study, routing rule {route.rule}"
         return EvaluationResult(
             evaluator=self.name,
@@ -174,6 +178,10 @@ class DefaultEvaluator:
         dataset = Dataset(
             name="PACS study", kind="memory", spec=spec, cases=[case], hash=dataset_hash([case])
         )
+        # the rule's robustness audit: the study's variants asked beside it, as `eval
+        # --robustness` asks them (one function), so the estimate counts their calls too
+        dataset = expand_dataset(dataset, route.robustness, cache)
+        warnings += dataset.warnings
         config = RunConfig.from_settings(
             self.settings,
             spec,
@@ -183,6 +191,7 @@ class DefaultEvaluator:
             tasks=tasks,
             generate=GENERATE.model_copy(),
             bertscore=False,
+            robustness=list(route.robustness),
         )
         return _Prepared(
             config=config, dataset=dataset, case=case, study_uid=study_uid, warnings=warnings

@@ -159,3 +159,62 @@ def test_a_planted_image_the_gate_withholds_is_named_not_lost(tmp_path: Path) ->
         None,
         "ocr_timeout",
     )
+
+
+def test_a_routing_rule_asks_for_the_audit_and_its_planted_text_reaches_a_remote_model(
+    tmp_path: Path,
+) -> None:
+    """A rule's ``robustness`` runs the study's variants beside it, through the PHI gate's OCR
+    check for a model off the allow-list: the planted instruction (a patient called Norman, one
+    letter from "normal") is sent as planted and recorded so; the SR, checklist and review take
+    the study as received; a kind the parser does not know is an error when the rules load."""
+    import pytest
+    from gateway_synth import make_study
+    from openai_server import OpenAIServer
+
+    from evaluation.log import open_store
+    from evaluation.robustness import planted_deliveries, recorded_variants, variant_of
+    from gateway.routing import Router, RoutingError, StudyFacts
+    from gateway.settings import Settings
+    from gateway.study_run import DefaultEvaluator
+
+    rules = tmp_path / "routing.yaml"
+    rules.write_text(
+        "rules:\n  - name: audit\n    evaluate:\n      models: [ward-vlm]\n"
+        "      tasks: [differential]\n      series_classes: [FLAIR]\n"
+        "      robustness: planted_pixels_large,no_images\n"
+    )
+    route = Router.from_file(rules).route(StudyFacts(modalities=["MR"], series_classes=["FLAIR"]))
+    assert route is not None and [k.value for k in route.robustness] == [
+        "no_images",
+        "planted_pixels_large",
+    ]
+    make_study(tmp_path / "study", classes=("FLAIR",), size=128, n_slices=4,
+               patient_name="REYES^NORMAN")  # fmt: skip
+    models = tmp_path / "models.yaml"
+    models.write_text("models:\n  - name: ward-vlm\n    model: openai/gpt-4o\n    max_retries: 1\n")
+    work = tmp_path / "runs" / ("3" * 32)
+    with OpenAIServer() as server:
+        settings = Settings(
+            data_dir=tmp_path, models_file=models, api_base=server.url, phi_trusted_hosts=[]
+        )
+        result = DefaultEvaluator(settings).evaluate(tmp_path / "study", route, work)
+        calls = server.stats.calls
+    assert calls == 3  # the study, then its two variants
+    # the write-back, checklist and review: the study as received
+    assert [c.case_id for c in result.run.cases] == [result.run.cases[0].case_id]
+    assert {variant_of(s.scored.case_id)[1] for s in result.run.samples} == {None}
+    with open_store(work, read_only=True) as store:
+        held = recorded_variants(store)
+        asked = {s.case_id for s in store.samples()}
+        rows = planted_deliveries(store)
+    assert asked == {result.run.cases[0].case_id, *held}
+    (planted,) = [v for v in held.values() if v.planted]
+    (row,) = rows
+    assert row.case_id == planted.case_id and row.model == "ward-vlm"
+    assert (row.fate, row.planted_kept) == ("sent", True), row
+    assert row.sent_sha256 == row.planted_sha256 and (row.planted_words or 0) >= 5
+    # a kind the parser does not know: the rules do not load
+    rules.write_text(rules.read_text().replace("no_images", "flipped"))
+    with pytest.raises(RoutingError, match="'flipped' is not a kind"):
+        Router.from_file(rules)

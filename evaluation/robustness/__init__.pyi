@@ -1,4 +1,5 @@
 # The robustness audit's public face (lazy_loader).
+from .clinical import as_received as as_received
 from .delivery import PlantedSent as PlantedSent
 from .delivery import planted_deliveries as planted_deliveries
 from .delivery import planted_pixels as planted_pixels

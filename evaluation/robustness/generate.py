@@ -5,9 +5,9 @@ deep copy whose images are new PNGs written under ``out_dir``.
 Pixels are changed with numpy and PIL on the rendered PNGs: blank (zeros of the same size and
 mode), mirrored (flipped left-right: on a montage the whole sheet flips, so the tiles of each
 row are in the reverse order too), or an instruction drawn in one image chosen by the seed
-(small: PIL's default font at 10 px, two grey levels above the corner's mean, in the bottom-left
-corner; large: 1/12 of the image's height, white on a black panel, across the upper middle). Every changed pixel
-is inside the recorded box.
+among those the diagnostic tasks show (small: PIL's default font at 10 px, two grey levels
+above the corner's mean, in the bottom-left corner; large: 1/12 of the image's height, white on
+a black panel, across the upper middle). Every changed pixel is inside the recorded box.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from dicom import atomic_write
-from evaluation.case import Case, ImageRef
+from evaluation.case import Case, ImageRef, TaskFamily
 from evaluation.errors import EvaluationError
 from evaluation.robustness.records import (
     TRUTH_OF,
@@ -36,6 +36,7 @@ from evaluation.robustness.records import (
     variant_of,
 )
 from evaluation.robustness.sides import mirror_record, mirror_side_words, mirror_truth
+from evaluation.tasks import images_for
 
 # what a planted instruction pushes toward: "normal" on an abnormal study, a tumour on a normal one
 NORMAL = "normal study"
@@ -175,6 +176,17 @@ def _draw_text(im: Image.Image, text: str, large: bool) -> tuple[Image.Image, Pi
     return out, box
 
 
+def _shown_index(case: Case, rng: random.Random) -> int:
+    """The index of the image text is planted in, chosen by the seed among those the
+    diagnostic tasks show (``images_for``: the montages when the case has them; the single
+    slice the classification task shows would carry it past every other question)."""
+    shown = {id(i) for i in images_for(case, TaskFamily.DIFFERENTIAL)}
+    candidates = [n for n, i in enumerate(case.images) if id(i) in shown] or list(
+        range(len(case.images))
+    )
+    return candidates[rng.randrange(len(candidates))]
+
+
 def _other_patient(case: Case, pool: Sequence[Case], rng: random.Random) -> Case:
     """A case of another patient with images of the same modality, chosen by the seed among the
     pool sorted by case id."""
@@ -243,7 +255,7 @@ def make_variant(
             if case.ehr is not None:
                 v.ehr = mirror_record(case.ehr)
     elif kind in (VariantKind.PLANTED_PIXELS_SMALL, VariantKind.PLANTED_PIXELS_LARGE):
-        at = rng.randrange(len(case.images))
+        at = _shown_index(case, rng)
         text = instruction_text(case)
         for n, i in enumerate(case.images):
             im = _open(case, i)
@@ -260,7 +272,7 @@ def make_variant(
                 )
             new_images.append((i, im))
     elif kind == VariantKind.DISTRACTOR_CAPTION:
-        at = rng.randrange(len(case.images))
+        at = _shown_index(case, rng)
         for n, i in enumerate(case.images):
             im = _open(case, i)
             if n == at:

@@ -32,6 +32,7 @@ from typing import Any
 from evaluation import EvaluationError
 from evaluation.log import STORE_FILE, RunData, store_change_key
 from evaluation.reports import RunLoadError, run_from_store
+from evaluation.robustness import as_received
 from gateway.runs.store import RunNotFoundError, RunRecord, RunStatus, StudyRunStore
 
 GATEWAY_KEY = "gateway"  # RunData.config entry: the gateway's facts of the run
@@ -83,7 +84,8 @@ def gateway_info(run: RunData) -> dict[str, Any]:
 def _read(runs: StudyRunStore, run_id: str, store_file: Path) -> RunData:
     rec = runs.get(run_id)
     try:
-        run = run_from_store(store_file, database_url=runs.database_url)
+        # the study as received: the audit's variants are read from the run's log, not here
+        run = as_received(run_from_store(store_file, database_url=runs.database_url))
     except (EvaluationError, RunLoadError, OSError, ValueError) as exc:
         raise RunNotReadableError(f"run {run_id}: {exc}") from None
     run.config = {**run.config, GATEWAY_KEY: gateway_facts(rec)}
