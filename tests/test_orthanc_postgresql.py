@@ -17,9 +17,8 @@ import httpx
 import psycopg
 import pydicom
 import pytest
-from click.testing import Result
 from sqlalchemy.engine import make_url
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from gateway.cli import app
 from gateway.orthanc_pg import (
