@@ -202,10 +202,28 @@ class LesionTruth(BaseModel):
     ] = Enhancement.NONE
     diffusion_restriction: bool = False
     mask_label: int | None = None  # value in the case's lesion mask (NIfTI)
+    # a series of the case's own study holding this lesion's mask (non-zero inside), e.g.
+    # BRAINIX's tumour ROI "FLAIR_ROI": named by its SeriesInstanceUID or SeriesDescription
+    # (names_series). It is truth: never shown to a model (the renderer leaves it out).
+    mask_series: str | None = Field(
+        default=None,
+        max_length=128,
+        description="a series of the case's study that is this lesion's mask (non-zero inside), "
+        "by SeriesInstanceUID or SeriesDescription; never shown to a model",
+    )
 
     @property
     def visible_on(self) -> list[str]:
         return [k for k, v in self.signal.items() if v not in (Signal.ISO, Signal.ISODENSE)]
+
+
+def names_series(name: str, series_uid: str, description: str | None) -> bool:
+    """Whether a lesion's ``mask_series`` names this series: its UID, or its description
+    (spaces at the ends and case ignored). The one rule of the renderer and the scorer."""
+    want = name.strip()
+    return bool(want) and (
+        want == series_uid or want.casefold() == (description or "").strip().casefold()
+    )
 
 
 class PlantedPHI(BaseModel):

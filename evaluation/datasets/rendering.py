@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ from dicom import (
     series_candidates,
     unshown,
 )
-from evaluation.case import Case, ImageRef, StudyIdentity, StudyPerson
+from evaluation.case import Case, ImageRef, StudyIdentity, StudyPerson, names_series
 from evaluation.errors import DatasetError
 
 if TYPE_CHECKING:
@@ -144,6 +145,8 @@ def render_study(
             "renderer": renderer_version(),
             "lesion_z": lesion_z,
             "record": RENDERED_RECORD_VERSION,
+            # (only when given: the keys of every other case stay as they were)
+            **({"truth_masks": truth_masks(case)} if truth_masks(case) else {}),
         },
         sort_keys=True,
     )
@@ -179,13 +182,25 @@ def wanted_classes(plan: RenderPlan) -> frozenset[SequenceClass]:
 
 
 def study_candidates(
-    index: IndexResult, plan: RenderPlan | None = None
+    index: IndexResult, plan: RenderPlan | None = None, masks: Sequence[str] = ()
 ) -> tuple[list[SeriesInfo], SeriesNotShown]:
     """The series a case of this study may show, best first, and every other one with why: the
-    one selection rule of a run and of ``cases check`` (none: the run skips the case)."""
+    one selection rule of a run and of ``cases check`` (none: the run skips the case).
+    ``masks``: the series the case's truth names as lesion masks (``mask_series``),
+    never shown whatever their class."""
     plan = plan or RenderPlan()
     not_shown = SeriesNotShown(limit=plan.max_series)
-    return series_candidates(index, wanted_classes(plan), MONTAGE_CLASSES, not_shown), not_shown
+    out = series_candidates(index, wanted_classes(plan), MONTAGE_CLASSES, not_shown)
+    truth = [s for s in out if any(names_series(m, s.series_uid, s.description) for m in masks)]  # fmt: skip
+    for s in truth:
+        not_shown.add(unshown(s, NotShownReason.DERIVED, "the case's truth: a lesion's mask"))
+    return [s for s in out if s not in truth], not_shown
+
+
+def truth_masks(case: Case) -> list[str]:
+    """The series the case's truth names as lesion masks."""
+    gt = case.ground_truth
+    return sorted({les.mask_series for les in gt.lesions if les.mask_series}) if gt else []
 
 
 def _main_lesion_z(case: Case) -> float | None:
@@ -250,7 +265,7 @@ def _render(
     # The series are chosen before anything is rendered (the best classes first, up to the
     # plan's limit; one that fails to render is replaced by the next), and every other one
     # is recorded with why: a study of thousands of series renders a handful.
-    pending, not_shown = study_candidates(index, plan)
+    pending, not_shown = study_candidates(index, plan, truth_masks(case))
     broken = [e for s in index.series for e in s.errors if e.kind == "geometry"]
     warnings = [e.message for e in [*index.errors, *broken]]
     rendered: list[RenderedImage] = []

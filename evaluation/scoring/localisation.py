@@ -4,8 +4,8 @@ A finding may carry a place (``answers.ImagePlace``): the image's number in the 
 point (or a box, pointed at by its centre) in that image's pixels. The renderer recorded, for
 every slice on an image, its box and the affine map of a pixel to the patient
 (``dicom.TilePlace``), so the point is a patient position (RAS mm); the case's lesion label mask
-(a phantom's ``masks/lesions.nii.gz``, exact by construction) says which lesion, if any, is
-there. A lesion is *localised* when its best finding points inside its own label.
+(a phantom's ``masks/lesions.nii.gz``, exact by construction; or a mask series of the study the
+lesion names, as BRAINIX's tumour ROI) says which lesion, if any, is there. A lesion is *localised* when its best finding points inside its own label.
 
 The localisation rate (localised lesions / lesions) is reported beside recognition only where it
 can be measured: a case with a label mask and images whose geometry was recorded. Where it
@@ -22,26 +22,35 @@ import numpy as np
 from pydantic import BaseModel
 
 from evaluation.answers import Finding, ImagePlace
-from evaluation.case import Case, ImageRef
+from evaluation.case import Case, GroundTruth, ImageRef, names_series
 from evaluation.scores import LesionMatchResult, PointOutcome
 
 MASK_FILE = Path("masks") / "lesions.nii.gz"
 
 
 class LesionMask:
-    """A label volume (0 outside every lesion, a lesion's ``mask_label`` inside it)."""
+    """Label volumes, each on its own voxel grid (0 outside every lesion, a lesion's label
+    inside it): a phantom's NIfTI, and each mask series a lesion names in its study."""
 
     def __init__(self, labels: np.ndarray, affine: np.ndarray) -> None:
-        self.labels = labels
-        self.to_voxel = np.linalg.inv(affine)
+        self.volumes = [(labels, np.linalg.inv(affine))]
+
+    def joined(self, other: LesionMask) -> LesionMask:
+        out = LesionMask.__new__(LesionMask)
+        out.volumes = [*self.volumes, *other.volumes]
+        return out
 
     def label_at(self, ras: tuple[float, float, float]) -> int:
-        """The label of the voxel nearest to ``ras`` (0 outside the volume)."""
-        v = self.to_voxel[:3, :3] @ np.asarray(ras) + self.to_voxel[:3, 3]
-        ijk = np.rint(v).astype(int)
-        if np.any(ijk < 0) or np.any(ijk >= np.asarray(self.labels.shape[:3])):
-            return 0
-        return int(self.labels[tuple(ijk)])
+        """The label of the voxel nearest to ``ras`` (0 outside every volume)."""
+        for labels, to_voxel in self.volumes:
+            v = to_voxel[:3, :3] @ np.asarray(ras) + to_voxel[:3, 3]
+            ijk = np.rint(v).astype(int)
+            if np.any(ijk < 0) or np.any(ijk >= np.asarray(labels.shape[:3])):
+                continue
+            label = int(labels[tuple(ijk)])
+            if label:
+                return label
+        return 0
 
 
 @functools.lru_cache(maxsize=16)
@@ -52,17 +61,78 @@ def _load(path: str, mtime_ns: int) -> LesionMask:
     return LesionMask(np.asarray(img.dataobj).astype(np.int32), np.asarray(img.affine))
 
 
-def lesion_mask(case: Case) -> LesionMask | None:
-    """The case's lesion label mask, or None (no case folder, no mask, no labelled lesion)."""
-    gt = case.ground_truth
-    if gt is None or case.root is None or not any(les.mask_label for les in gt.lesions):
-        return None
-    path = Path(case.root) / MASK_FILE
+@functools.lru_cache(maxsize=16)
+def _series_mask(study: str, name: str, label: int, mtime_ns: int) -> LesionMask | None:
+    """The mask series ``name`` of the study as label ``label`` where it is non-zero; None
+    when the study holds no such series, more than one, or it cannot be read."""
+    from dicom import ImagingError, index_path, load_volume
+
     try:
-        stat = path.stat()
-    except OSError:
+        index = index_path(study, workers=1)
+        hits = [s for s in index.series if names_series(name, s.series_uid, s.description)]
+        if len(hits) != 1 or hits[0].affine is None:
+            return None
+        data = np.asarray(load_volume(hits[0]).data)
+    except (ImagingError, OSError, ValueError):
         return None
-    return _load(str(path), stat.st_mtime_ns)
+    labels = np.where(data[..., 0] if data.ndim == 4 else data, label, 0).astype(np.int32)
+    return LesionMask(labels, np.array(hits[0].affine))
+
+
+def truth_labels(gt: GroundTruth) -> dict[str, int]:
+    """Each lesion's label in the case's masks: its ``mask_label``, else (a lesion whose mask
+    is a series of the study) its position in the truth, from 1; a lesion with neither has
+    none and cannot be localised."""
+    return {
+        les.id: les.mask_label or n
+        for n, les in enumerate(gt.lesions, start=1)
+        if les.mask_label or les.mask_series
+    }
+
+
+def _study_folder(case: Case) -> Path | None:
+    if not case.study_path:
+        return None
+    path = Path(case.study_path)
+    if not path.is_absolute():
+        if case.root is None:
+            return None
+        path = Path(case.root) / path
+    return path
+
+
+def lesion_mask(case: Case) -> LesionMask | None:
+    """The case's lesion masks, or None (no case folder, no labelled lesion, or a mask named
+    by the truth that cannot be read: localisation is then not measured)."""
+    gt = case.ground_truth
+    if gt is None or case.root is None:
+        return None
+    labels = truth_labels(gt)
+    if not labels:
+        return None
+    out: LesionMask | None = None
+    if any(les.mask_label and not les.mask_series for les in gt.lesions):
+        path = Path(case.root) / MASK_FILE
+        try:
+            stat = path.stat()
+        except OSError:
+            return None
+        out = _load(str(path), stat.st_mtime_ns)
+    for les in gt.lesions:
+        if not les.mask_series:
+            continue
+        study = _study_folder(case)
+        try:
+            stamp = study.stat().st_mtime_ns if study is not None else None
+        except OSError:
+            stamp = None
+        if study is None or stamp is None:
+            return None
+        part = _series_mask(str(study), les.mask_series, labels[les.id], stamp)
+        if part is None:
+            return None
+        out = part if out is None else out.joined(part)
+    return out
 
 
 def point_outcome(case: Case, mask: LesionMask, place: ImagePlace) -> PointOutcome:
@@ -95,7 +165,7 @@ def localise(case: Case, findings: list[Finding], res: LesionMatchResult) -> Les
         return res
     gt = case.ground_truth
     assert gt is not None  # lesion_mask returned one
-    label_of = {les.id: les.mask_label for les in gt.lesions}
+    label_of = truth_labels(gt)
     matches = [
         m.model_copy(update={"pointed": point_outcome(case, mask, p)})
         if (p := findings[m.index].place) is not None
