@@ -147,3 +147,18 @@ def test_a_series_the_truth_names_as_a_mask_is_never_shown(corpus: Path, tmp_pat
         _, (case,), _ = load_manifest(_manifest(tmp_path, corpus, name), tmp_path / "cache")
         shown = {i.series_class for i in case.images}
         assert "T1" not in shown and {"FLAIR", "T2"} <= shown, (name, shown)
+
+
+def test_cases_check_names_a_mask_series_the_study_does_not_hold(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """A typo in ``mask_series`` would leave localisation unmeasured without a word: `cases
+    check` names the field, what it looked for and the study's series."""
+    from evaluation.datasets import check_manifest
+
+    assert check_manifest(_manifest(tmp_path, corpus, "FLAIR_ROI")).problems == []
+    check = check_manifest(_manifest(tmp_path, corpus, "FLAIR_RIO"))
+    (problem,) = check.problems
+    assert problem.path == "cases[0].ground_truth.lesions[0].mask_series"
+    assert "'FLAIR_RIO' names no series" in problem.message and "FLAIR_ROI" in problem.message
+    assert check.cases_ok == 0

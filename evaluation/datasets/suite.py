@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError
 
 from dicom import atomic_write, credential
-from evaluation.case import Case, Provenance, TaskFamily
+from evaluation.case import Case, Provenance, TaskFamily, names_series
 from evaluation.coverage import LoadNotes, SkippedCase
 from evaluation.datasets.manifest import (
     ManifestCase,
@@ -248,6 +248,43 @@ def _unusable_study(study: Path) -> str | None:
     return f"no series the tasks use, so a run skips this case: {found}; {not_shown.counts_text()}"
 
 
+def _mask_problems(case: ManifestCase, base: Path, n: int) -> list[ManifestProblem]:
+    """Each lesion's ``mask_series`` that names no series of its local study, or several (the
+    scorer could not localise the lesion: said here, not found out from a "–" in a summary).
+    Headers only; a study that cannot be read has its own problem already."""
+    from dicom import ImagingError, index_path
+
+    gt, local = case.ground_truth, _local_study(case.study)
+    named = [(i, les.mask_series) for i, les in enumerate(gt.lesions) if les.mask_series] if gt else []  # fmt: skip
+    if not named or local is None:
+        return []
+    try:
+        index = index_path(inside_folder(base, local[0], local[1]))
+    except (DatasetError, ImagingError, OSError):
+        return []
+    out = []
+    for i, name in named:
+        hits = {s.series_uid for s in index.series if names_series(name, s.series_uid, s.description)}  # fmt: skip
+        if len(hits) == 1:
+            continue
+        listed = sorted({_printable(s.description or s.series_uid) for s in index.series})
+        what = "names no series" if not hits else f"names {len(hits)} series (give a UID)"
+        out.append(
+            ManifestProblem(
+                path=f"cases[{n}].ground_truth.lesions[{i}].mask_series",
+                message=f"{_printable(name)!r} {what} of the study, so the lesion cannot be "
+                f"localised (its series: {', '.join(listed[:20])})",
+                case=n,
+            )
+        )
+    return out
+
+
+def _printable(text: str, limit: int = 64) -> str:
+    """Header text for a message: printable characters only, bounded."""
+    return "".join(ch for ch in text if ch.isprintable())[:limit]
+
+
 def _file_problems(
     files: tuple[Any, Any, str | None], base: Path, n: int, index_studies: bool = False
 ) -> tuple[list[ManifestProblem], dict[str, Any] | None]:
@@ -319,6 +356,8 @@ def _manifest_problems(
             continue
         found, record = _file_problems(_case_files(case), base, n, index_studies)
         problems.extend(found)
+        if index_studies and not found:
+            problems.extend(_mask_problems(case, base, n))
         if record is not None:
             records[n] = record
         label = case.label(n)

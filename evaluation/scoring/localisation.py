@@ -63,20 +63,25 @@ def _load(path: str, mtime_ns: int) -> LesionMask:
 
 @functools.lru_cache(maxsize=16)
 def _series_mask(study: str, name: str, label: int, mtime_ns: int) -> LesionMask | None:
-    """The mask series ``name`` of the study as label ``label`` where it is non-zero; None
-    when the study holds no such series, more than one, or it cannot be read."""
+    """The mask series ``name`` of the study (every stack of it) as label ``label`` where it is
+    non-zero; None when the study holds no such series, more than one (`cases check` says so),
+    or it cannot be read."""
     from dicom import ImagingError, index_path, load_volume
 
     try:
         index = index_path(study, workers=1)
         hits = [s for s in index.series if names_series(name, s.series_uid, s.description)]
-        if len(hits) != 1 or hits[0].affine is None:
+        if len({s.series_uid for s in hits}) != 1 or any(s.affine is None for s in hits):
             return None
-        data = np.asarray(load_volume(hits[0]).data)
+        out: LesionMask | None = None
+        for stack in hits:
+            data = np.asarray(load_volume(stack).data)
+            labels = np.where(data[..., 0] if data.ndim == 4 else data, label, 0)
+            part = LesionMask(labels.astype(np.int32), np.array(stack.affine))
+            out = part if out is None else out.joined(part)
+        return out
     except (ImagingError, OSError, ValueError):
         return None
-    labels = np.where(data[..., 0] if data.ndim == 4 else data, label, 0).astype(np.int32)
-    return LesionMask(labels, np.array(hits[0].affine))
 
 
 def truth_labels(gt: GroundTruth) -> dict[str, int]:
