@@ -12,6 +12,9 @@ the L2 glioblastoma / abscess pair whose record decides. Generated only when a t
 
 from __future__ import annotations
 
+import fcntl
+import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,14 +57,35 @@ def _generate(root: Path, cases: dict[str, int]) -> PhantomSuite:
     return PhantomSuite(root, PHANTOM_SEED, manifest, dict(cases))
 
 
+def _shared(factory: pytest.TempPathFactory, name: str, cases: dict[str, int]) -> PhantomSuite:
+    """The suite generated once per test run: under xdist, by the first worker that asks, in
+    the run's temporary folder all workers share (under a lock); the others read it. The
+    generation is deterministic (tests/test_phantoms_suite.py) and costs 10-25 s of a core."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _generate(factory.mktemp(name), cases)
+    from evaluation.datasets.phantoms import SuiteManifest
+
+    shared = factory.getbasetemp().parent  # pytest-N/, beside each worker's popen-gwN/
+    root = shared / name
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if not (root / "suite.json").exists():
+            part = shared / f"{name}.part"
+            shutil.rmtree(part, ignore_errors=True)  # left by a worker that died writing it
+            _generate(part, cases)
+            part.rename(root)
+    manifest = SuiteManifest.model_validate_json((root / "suite.json").read_text(encoding="utf-8"))
+    return PhantomSuite(root, PHANTOM_SEED, manifest, dict(cases))
+
+
 @pytest.fixture(scope="session")
 def phantom_suite(tmp_path_factory: pytest.TempPathFactory) -> PhantomSuite:
-    return _generate(tmp_path_factory.mktemp("phantoms"), PHANTOM_CASES)
+    return _shared(tmp_path_factory, "phantoms", PHANTOM_CASES)
 
 
 @pytest.fixture(scope="session")
 def phantom_more(tmp_path_factory: pytest.TempPathFactory) -> PhantomSuite:
-    return _generate(tmp_path_factory.mktemp("phantoms-more"), PHANTOM_MORE)
+    return _shared(tmp_path_factory, "phantoms-more", PHANTOM_MORE)
 
 
 # --------------------------------------------------------------------------- reading cases
