@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from dicom import atomic_write
+from dicom import TilePlace, atomic_write
 from evaluation.case import Case, ImageRef, TaskFamily
 from evaluation.errors import EvaluationError
 from evaluation.robustness.records import (
@@ -123,6 +123,28 @@ def _blank(im: Image.Image) -> Image.Image:
 
 def _mirror(im: Image.Image) -> Image.Image:
     return im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+
+
+def mirrored_tiles(tiles: Sequence[TilePlace], width: int) -> list[TilePlace]:
+    """The tiles of a sheet flipped left-right (``_mirror``), ``width`` pixels wide: each box
+    moves to its mirror place and each map reads the source pixel it came from (PNG pixel x is
+    the source's width - x), so a point on the flipped image is the patient position, slice
+    and instance pixel it shows (the lesion scorer's truth for the variant)."""
+    flip = np.array([[-1.0, 0.0, float(width)], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+
+    def mapped(m: list[list[float]] | None) -> list[list[float]] | None:
+        return None if m is None else (np.array(m) @ flip).tolist()
+
+    return [
+        t.model_copy(
+            update={
+                "x": width - t.x - t.size,
+                "to_ras": mapped(t.to_ras),
+                "to_source": mapped(t.to_source),
+            }
+        )
+        for t in tiles
+    ]
 
 
 def _draw_text(im: Image.Image, text: str, large: bool) -> tuple[Image.Image, PixelBox]:
@@ -306,7 +328,12 @@ def make_variant(
             data = _png(shown)
             digest = hashlib.sha256(data).hexdigest()
             path = _write(out_dir / v.case_id, f"{n:03d}-{digest[:16]}.png", data)
-        refs.append(ref.model_copy(update={"path": str(path), "sha256": digest}))
+        update: dict[str, Any] = {"path": str(path), "sha256": digest}
+        if kind in (VariantKind.MIRRORED, VariantKind.MIRRORED_IMAGE_ONLY) and shown is not None:
+            update["tiles"] = mirrored_tiles(ref.tiles, shown.width)
+        elif kind == VariantKind.OTHER_PATIENT:
+            update["tiles"] = []  # another patient's anatomy: not this case's mask's
+        refs.append(ref.model_copy(update=update))
         sent.append(SentImage(index=n, path=str(path), sha256=digest))
     v.images = refs
     if kind == VariantKind.OTHER_PATIENT:
