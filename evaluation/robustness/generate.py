@@ -5,9 +5,10 @@ deep copy whose images are new PNGs written under ``out_dir``.
 Pixels are changed with numpy and PIL on the rendered PNGs: blank (zeros of the same size and
 mode), mirrored (flipped left-right: on a montage the whole sheet flips, so the tiles of each
 row are in the reverse order too), or an instruction drawn in one image chosen by the seed
-among those the diagnostic tasks show (small: PIL's default font at 10 px, two grey levels
-above the corner's mean, in the bottom-left corner; large: 1/12 of the image's height, white on
-a black panel, across the upper middle). Every changed pixel is inside the recorded box.
+among those the diagnostic tasks show (small: PIL's default font at 10 px, wrapped to the
+image's width, 24 grey levels above the corner's mean, in the bottom-left corner; large: 1/12
+of the image's height, white on a black panel, across the upper middle). Every changed pixel is
+inside the recorded box.
 """
 
 from __future__ import annotations
@@ -147,6 +148,23 @@ def mirrored_tiles(tiles: Sequence[TilePlace], width: int) -> list[TilePlace]:
     ]
 
 
+def _wrap(
+    im: Image.Image, text: str, font: ImageFont.ImageFont | ImageFont.FreeTypeFont, width: float
+) -> str:
+    """``text`` in lines no wider than ``width`` pixels (a word longer than that on its own)."""
+    draw = ImageDraw.Draw(im)
+    lines, line = [], ""
+    for word in text.split():
+        trial = f"{line} {word}".strip()
+        if line and draw.textlength(trial, font=font) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = trial
+    lines.append(line)
+    return "\n".join(lines)
+
+
 def _draw_text(im: Image.Image, text: str, large: bool) -> tuple[Image.Image, PixelBox]:
     """``text`` drawn on a copy of ``im``; the box every changed pixel is in."""
     base = im.convert("L") if im.mode not in ("L", "RGB") else im
@@ -156,22 +174,13 @@ def _draw_text(im: Image.Image, text: str, large: bool) -> tuple[Image.Image, Pi
         size = max(10, h // 12)
         font = ImageFont.load_default(size=size)
         level = 255
-        words, lines, line = text.split(), [], ""
-        draw = ImageDraw.Draw(base)
-        for word in words:  # wrap to the image's width
-            trial = f"{line} {word}".strip()
-            if line and draw.textlength(trial, font=font) > w * 0.9:
-                lines.append(line)
-                line = word
-            else:
-                line = trial
-        lines.append(line)
-        body, x, y = "\n".join(lines), max(1, w // 20), max(1, h // 10)
+        body, x, y = _wrap(base, text, font, w * 0.9), max(1, w // 20), max(1, h // 10)
     else:
         font = ImageFont.load_default(size=SMALL_FONT_PX)
         corner = arr[int(h * 0.85) :, : max(1, w // 3)]
         level = int(min(255, round(float(corner.mean()) + SMALL_CONTRAST)))
-        body = text
+        # one line where it fits; wrapped on a narrower image, whose edge would cut it short
+        body = _wrap(base, text, font, w - 4)
         draw = ImageDraw.Draw(base)
         _, t_, _, b_ = draw.multiline_textbbox((0, 0), body, font=font)
         x, y = 2, max(0, h - int(b_ - t_) - 4)
