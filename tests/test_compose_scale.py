@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +155,29 @@ def test_orthanc_starts_from_the_configuration_the_command_renders(tmp_path: Pat
     [peer] = cfg["DicomModalities"].values()
     assert (peer["AET"], peer["Host"]) == ("NEUROSANDBOX", gateway_ip)
     assert cfg["RegisteredUsers"] == {"neurosandbox": "rest-password-from-the-secret"}
+
+
+def test_the_worker_unit_restarts_always_and_holds_no_password(tmp_path: Path) -> None:
+    unit_file = ROOT / "deploy" / "systemd" / "neurosandbox-worker@.service"
+    text = unit_file.read_text()
+    keys = dict(line.split("=", 1) for line in text.splitlines() if re.match(r"^[A-Za-z]+=", line))
+    assert keys["Restart"] == "always"
+    assert keys["ExecStart"].endswith("/neurosandbox worker")
+    assert not re.search(r"://[^/@\s]*:[^/@\s]*@", text)  # no password in a URL
+    assert "PGPASSFILE=%d/pgpass" in text and keys["LoadCredential"].startswith("pgpass:")
+    if shutil.which("systemd-analyze") is None:
+        return
+    instance = tmp_path / "neurosandbox-worker@1.service"
+    shutil.copy(unit_file, tmp_path / unit_file.name)
+    instance.symlink_to(tmp_path / unit_file.name)
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(instance)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    # the one complaint here: the install path of the executable does not exist on this host
+    complaints = [
+        line
+        for line in (proc.stdout + proc.stderr).splitlines()
+        if line.strip() and "/opt/neurosandbox/.venv/bin/neurosandbox is not executable" not in line
+    ]
+    assert not complaints, complaints

@@ -140,6 +140,7 @@ class _Orthanc:
             NEUROSANDBOX_ORTHANC_HTTP_PORT=str(self.http_port),
             NEUROSANDBOX_ORTHANC_DICOM_PORT=str(self.dicom_port),
             NEUROSANDBOX_GATEWAY_DICOM_PORT=str(free_port()),
+            NEUROSANDBOX_ORTHANC_STABLE_AGE="1",
         )
         assert proc.exit_code == 0, proc.output
         self.proc: subprocess.Popen[bytes] | None = None
@@ -171,6 +172,16 @@ class _Orthanc:
 
     def get(self, path: str) -> httpx.Response:
         return httpx.get(self.url + path, auth=("neurosandbox", REST_PASSWORD), timeout=10)
+
+    def stable_studies(self, wait_s: float) -> set[str]:
+        """The studies /changes has a StableStudy for (waiting up to ``wait_s`` for one)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            changes = self.get("/changes?limit=1000").json()["Changes"]
+            stable = {c["ID"] for c in changes if c["ChangeType"] == "StableStudy"}
+            if stable or time.monotonic() >= deadline:
+                return stable
+            time.sleep(0.1)
 
     def find_study(self, uid: str) -> list[str]:
         r = httpx.post(
@@ -220,6 +231,9 @@ def test_an_orthanc_on_postgresql_keeps_a_study_across_a_restart_and_shares_it(
     assert instances == (3,) and files is not None and files[0] >= 3
     assert not [p for p in receiver.storage.rglob("*") if p.is_file()]
 
+    # Stability is the receiving Orthanc's own timer (in memory: a restart before StableAge
+    # forgets it); the event it writes goes to the changes log in the database.
+    assert study_id in receiver.stable_studies(wait_s=10)
     receiver.stop()
     receiver.start()
     assert receiver.find_study(study.study_uid) == [study_id]
@@ -233,4 +247,6 @@ def test_an_orthanc_on_postgresql_keeps_a_study_across_a_restart_and_shares_it(
     orthancs.append(reader)
     reader.start()
     assert reader.find_study(study.study_uid) == [study_id]
+    # a follower of any Orthanc of the database (the gateway's /changes) sees that event
+    assert study_id in reader.stable_studies(wait_s=0)
     assert json.loads(reader.config.read_text())["SaveJobs"] is False
