@@ -1,4 +1,11 @@
 # The robustness audit's public face (lazy_loader).
+from .attack import COUNTED as COUNTED
+from .attack import SUCCESS as SUCCESS
+from .attack import AttackDecision as AttackDecision
+from .attack import AttackOutcome as AttackOutcome
+from .attack import attack_decisions as attack_decisions
+from .attack import attack_outcome as attack_outcome
+from .attack import names_target as names_target
 from .clinical import as_received as as_received
 from .delivery import PlantedSent as PlantedSent
 from .delivery import planted_deliveries as planted_deliveries
