@@ -113,7 +113,11 @@ def parse_postgresql_url(url: str) -> OrthancPostgres:
                 "not a digit first"
             )
     ssl = False
-    for key, value in parse_qsl(parts.query, keep_blank_values=True, max_num_fields=8):
+    try:
+        query = parse_qsl(parts.query, keep_blank_values=True, max_num_fields=8)
+    except ValueError:
+        raise OrthancPostgresUrlError(f"{shown}: too many query parameters") from None
+    for key, value in query:
         if key != "sslmode":
             raise OrthancPostgresUrlError(
                 f"{shown}: query parameter {key[:40]!r} is not supported (only sslmode)"

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import io
 import json
+import secrets
 import shutil
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,8 @@ import httpx
 import psycopg
 import pydicom
 import pytest
-from sqlalchemy.engine import make_url
+from psycopg import sql
+from sqlalchemy.engine import URL, make_url
 from typer.testing import CliRunner, Result
 
 from gateway.cli import app
@@ -28,6 +31,7 @@ from gateway.orthanc_pg import (
     postgresql_section,
 )
 from gateway.pacs_local import dcmtk_env, free_port
+from gateway.pg_local import LocalPostgres
 from tests.gateway_synth import make_study
 from tests.guard import stop
 from tests.pg_server import fresh_pg_database
@@ -67,6 +71,12 @@ def _config(tmp: Path, argv: list[str], **env: str) -> Result:
         ("postgresql://orthanc@db/orthanc?sslmode=maybe", "sslmode"),
         ("postgresql://orthanc@db/orthanc\n", "control"),
         ("postgresql://orthanc@db/" + "x" * 2000, "over 1000"),
+        ("postgresql://orthanc@db/orthanc?" + "&".join(["sslmode=require"] * 9), "too many"),
+        ("postgresql://orthanc@db/orth%00anc", "database"),
+        ("postgresql://orth%0aanc@db/orthanc", "role"),
+        ("postgresql://orthanc@bäd.example/orthanc", "not a host name"),
+        ("postgresql://orthanc@[::1/orthanc", "IPv6"),
+        ("postgresql://orthanc@db:port/orthanc", "(?i)port"),
     ],
 )
 def test_a_bad_url_is_refused_saying_why(url: str, says: str) -> None:
@@ -84,6 +94,8 @@ def test_a_good_url_gives_every_part_and_the_section_keeps_the_password_out() ->
         "orthanc",
         True,
     )
+    six = parse_postgresql_url("POSTGRESQL://orthanc@[::1]/pacs")
+    assert (six.host, six.port, six.ssl) == ("::1", 5432, False)
     section = postgresql_section(target)
     assert section["Password"] == "${ORTHANC_POSTGRESQL_PASSWORD}"
     assert (section["EnableIndex"], section["EnableStorage"], section["Lock"]) == (
@@ -126,7 +138,12 @@ def test_the_password_is_in_the_file_only_when_asked(tmp_path: Path) -> None:
 
 
 class _Orthanc:
-    def __init__(self, tmp: Path, name: str, pg: str, *, reader: bool = False) -> None:
+    def __init__(
+        self, tmp: Path, name: str, pg: str, *extra: str, password: str | None = None, **env: str
+    ) -> None:
+        """Rendered by ``pacs config --postgresql pg *extra`` (``env`` for it); started with
+        ``password`` in ORTHANC_POSTGRESQL_PASSWORD, which the file names."""
+        self.password = password
         self.http_port, self.dicom_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.http_port}"
         self.storage = tmp / name / "storage"
@@ -136,19 +153,21 @@ class _Orthanc:
         argv = ["--out", str(self.config), "--postgresql", pg, "--storage", str(self.storage)]
         proc = _config(
             tmp,
-            [*argv, "--reader"] if reader else argv,
+            [*argv, *extra],
             NEUROSANDBOX_ORTHANC_HTTP_PORT=str(self.http_port),
             NEUROSANDBOX_ORTHANC_DICOM_PORT=str(self.dicom_port),
             NEUROSANDBOX_GATEWAY_DICOM_PORT=str(free_port()),
             NEUROSANDBOX_ORTHANC_STABLE_AGE="1",
+            **env,
         )
         assert proc.exit_code == 0, proc.output
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        # trust authentication on the test server: any password is accepted, so this checks
-        # that Orthanc starts with ${VARIABLE} in its file and the value in its environment
-        env = dcmtk_env() | {"ORTHANC_POSTGRESQL_PASSWORD": "not-needed-with-trust"}
+        env = dcmtk_env()
+        env.pop("ORTHANC_POSTGRESQL_PASSWORD", None)
+        if self.password is not None:
+            env["ORTHANC_POSTGRESQL_PASSWORD"] = self.password
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 ["Orthanc", str(self.config)], env=env, stdin=subprocess.DEVNULL,
@@ -204,14 +223,41 @@ def orthancs() -> Iterator[list[_Orthanc]]:
             o.stop()
 
 
+def _role_with_password(server: LocalPostgres, db: URL) -> tuple[str, str]:
+    """A new role owning ``db`` that must give its password over TCP (scram-sha-256: a line
+    for that role and database alone heads pg_hba.conf, the server's other users keep trust)."""
+    role, password = f"orthanc_{uuid.uuid4().hex[:10]}", secrets.token_urlsafe(18)
+    hba = server.datadir / "pg_hba.conf"
+    hba.write_text(f"host {db.database} {role} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    with psycopg.connect(host=db.host, port=db.port, user=db.username, dbname=db.database,
+                         autocommit=True) as c:  # fmt: skip
+        c.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            sql.Identifier(role), sql.Literal(password)))  # fmt: skip
+        c.execute(sql.SQL("ALTER DATABASE {} OWNER TO {}").format(
+            sql.Identifier(str(db.database)), sql.Identifier(role)))  # fmt: skip
+        c.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 5
+    while True:  # the reload is asynchronous: wait until a wrong password is refused
+        try:
+            psycopg.connect(host=db.host, port=db.port, user=role, dbname=db.database,
+                            password="wrong", connect_timeout=2).close()  # fmt: skip
+        except psycopg.OperationalError:
+            return role, password
+        assert time.monotonic() < deadline, "pg_hba.conf was not reloaded"
+        time.sleep(0.05)
+
+
 def test_an_orthanc_on_postgresql_keeps_a_study_across_a_restart_and_shares_it(
-    pg_url: str, tmp_path: Path, orthancs: list[_Orthanc]
+    pg_server: LocalPostgres, pg_url: str, tmp_path: Path, orthancs: list[_Orthanc]
 ) -> None:
     if shutil.which("Orthanc") is None or not all(Path(p).exists() for p in DEBIAN_PG_PLUGINS):
         pytest.skip("Orthanc or orthanc-postgresql is not installed (make setup)")
     db = make_url(fresh_pg_database(pg_url))
-    pg = f"postgresql://{db.username}@{db.host}:{db.port}/{db.database}"
-    receiver = _Orthanc(tmp_path, "receiver", pg)
+    role, password = _role_with_password(pg_server, db)
+    pg = f"postgresql://{role}@{db.host}:{db.port}/{db.database}"
+    # The file names the password's variable; Orthanc (and so the plugin) reads it at start.
+    receiver = _Orthanc(tmp_path, "receiver", pg, password=password)
+    assert password not in receiver.config.read_text()
     orthancs.append(receiver)
     receiver.start()
     study = make_study(tmp_path / "study", classes=("FLAIR",), n_slices=3, size=32)
@@ -225,7 +271,8 @@ def test_an_orthanc_on_postgresql_keeps_a_study_across_a_restart_and_shares_it(
     assert receiver.get(f"/studies/{study_id}/instances").json().__len__() == 3
 
     # The index and the files are the plugin's tables in PostgreSQL, not the storage folder.
-    with psycopg.connect(host=db.host, port=db.port, user=db.username, dbname=db.database) as c:
+    with psycopg.connect(host=db.host, port=db.port, user=role, password=password,
+                         dbname=db.database) as c:  # fmt: skip
         instances = c.execute("SELECT count(*) FROM resources WHERE resourcetype = 3").fetchone()
         files = c.execute("SELECT count(*) FROM storagearea").fetchone()
     assert instances == (3,) and files is not None and files[0] >= 3
@@ -243,7 +290,9 @@ def test_an_orthanc_on_postgresql_keeps_a_study_across_a_restart_and_shares_it(
     assert got.PixelData == sent_files[got.SOPInstanceUID].PixelData
 
     # A second Orthanc on the same database (Lock off) serves reads of what the first received.
-    reader = _Orthanc(tmp_path, "reader", pg, reader=True)
+    # (rendered with the password written in, from the variable --password-env names)
+    reader = _Orthanc(tmp_path, "reader", pg, "--reader", "--inline-password",
+                      "--password-env", "HOSPITAL_ORTHANC_PG", HOSPITAL_ORTHANC_PG=password)  # fmt: skip
     orthancs.append(reader)
     reader.start()
     assert reader.find_study(study.study_uid) == [study_id]
