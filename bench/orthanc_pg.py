@@ -6,11 +6,13 @@ without `--postgresql`); the PostgreSQL server is a throwaway Debian one with fs
 (gateway/pg_local.py), as a real install has it. A real study of the corpus (BRAINIX: T1, T2,
 FLAIR and a mask, 88 files, 26 MB; or --study FOLDER) is copied --copies times under new UIDs and
 each copy is sent with dcmtk's storescu to the two Orthancs in turn (interleaved, so both see the
-same machine load). Prints, as medians over the copies:
-  - seconds per study and instances per second, storescu start to finish, per Orthanc;
+same machine load); then --parallel more copies are sent at once (one association each) to
+each Orthanc in turn, as several modalities would. Prints, as medians over the copies:
+  - seconds per study and instances per second, storescu start to finish, per Orthanc, and the
+    instances per second of the copies sent at once;
   - bytes kept per study: the PostgreSQL database's growth (pg_database_size), and the
     default Orthanc's storage and index folder's growth, each beside the study's own bytes.
-Run: .venv/bin/python bench/orthanc_pg.py [--copies 5] [--study FOLDER]
+Run: .venv/bin/python bench/orthanc_pg.py [--copies 5] [--parallel 3] [--study FOLDER]
 """
 
 from __future__ import annotations
@@ -108,6 +110,16 @@ class Orthanc:
         )  # fmt: skip
         return time.perf_counter() - t0
 
+    def store_together(self, folders: list[Path]) -> float:
+        """Send every folder at once, one storescu (association) each; the wall time."""
+        t0 = time.perf_counter()
+        argv = ["/usr/bin/storescu", "-aet", "NEUROSANDBOX", "-aec", "ORTHANC", "+sd", "+r",
+                "-q", "127.0.0.1", str(self.dicom)]  # fmt: skip
+        procs = [subprocess.Popen([*argv, str(f)], env=dcmtk_env()) for f in folders]
+        if any(p.wait(timeout=600) != 0 for p in procs):
+            raise RuntimeError("storescu failed")
+        return time.perf_counter() - t0
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -125,6 +137,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--copies", type=int, default=5)
     ap.add_argument("--study", type=Path, default=CORPUS)
+    ap.add_argument("--parallel", type=int, default=3, help="associations at once (phase 2)")
     args = ap.parse_args()
     if not args.study.is_dir():
         sys.exit(f"{args.study} is not a folder (the corpus is in ../shared/data)")
@@ -136,7 +149,7 @@ def main() -> None:
         db = make_url(create_database(pg.url, "orthanc"))
         pg_url = f"postgresql://{db.username}@{db.host}:{db.port}/{db.database}"
         copies = []
-        for k in range(args.copies):
+        for k in range(args.copies + 2 * args.parallel):
             n = copy_with_new_uids(args.study, work / f"copy{k}")
             copies.append((work / f"copy{k}", n, folder_bytes(work / f"copy{k}")))
         on_pg = Orthanc(work, "postgresql", pg_url)
@@ -151,13 +164,18 @@ def main() -> None:
         times: dict[str, list[float]] = {"postgresql": [], "sqlite": []}
         grow: dict[str, list[int]] = {"postgresql": [], "sqlite": []}
         try:
-            for folder, _n, _size in copies:
+            for folder, _n, _size in copies[: args.copies]:
                 before = db_size()
                 times["postgresql"].append(on_pg.store(folder))
                 grow["postgresql"].append(db_size() - before)
                 before = folder_bytes(default.storage)
                 times["sqlite"].append(default.store(folder))
                 grow["sqlite"].append(folder_bytes(default.storage) - before)
+            rest = [c[0] for c in copies[args.copies :]]
+            together = {
+                "postgresql": on_pg.store_together(rest[: args.parallel]),
+                "sqlite": default.store_together(rest[args.parallel :]),
+            }
         finally:
             on_pg.stop()
             default.stop()
@@ -176,6 +194,9 @@ def main() -> None:
                 "instances_per_s": round(n / s, 1),
                 "bytes_per_study": int(statistics.median(grow[name])),
                 "bytes_ratio_to_study": round(statistics.median(grow[name]) / size, 2),
+                f"instances_per_s_{args.parallel}_at_once": round(
+                    args.parallel * n / together[name], 1
+                ),
             }
         print(json.dumps(out, indent=2))
         shutil.rmtree(work, ignore_errors=True)
