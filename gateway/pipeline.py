@@ -120,8 +120,11 @@ class StudyHeldError(Exception):
 
 def evaluation_digest(instances: str, route: Route) -> str:
     """What an evaluation is of: the instances (``sop_digest``) and the rule, models and tasks.
-    The same again is skipped; a new instance or a changed rule evaluates the study again."""
-    return hashlib.sha256(f"{instances}\n{route.model_dump_json()}".encode()).hexdigest()
+    The same again is skipped; a new instance or a changed rule evaluates the study again. A
+    rule without the robustness audit digests as before the option existed (no re-evaluation
+    of every study on upgrade)."""
+    body = route.model_dump_json(exclude=None if route.robustness else {"robustness"})
+    return hashlib.sha256(f"{instances}\n{body}".encode()).hexdigest()
 
 
 @dataclass

@@ -214,6 +214,18 @@ def test_a_routing_rule_asks_for_the_audit_and_its_planted_text_reaches_a_remote
     assert row.case_id == planted.case_id and row.model == "ward-vlm"
     assert (row.fate, row.planted_kept) == ("sent", True), row
     assert row.sent_sha256 == row.planted_sha256 and (row.planted_words or 0) >= 5
+    # the run's record of the route says so; a rule without the option digests as it did
+    # before the option existed (an upgrade does not evaluate every study again)
+    from gateway.pipeline import evaluation_digest
+    from gateway.runs.store import route_record
+
+    record = route_record(route)
+    assert record is not None and record.robustness == ["no_images", "planted_pixels_large"]
+    plain = route.model_copy(update={"robustness": []})
+    before = plain.model_dump_json(exclude={"robustness"})
+    assert '"robustness"' not in before
+    assert evaluation_digest("i", plain) == hashlib.sha256(f"i\n{before}".encode()).hexdigest()
+    assert evaluation_digest("i", route) != evaluation_digest("i", plain)
     # a kind the parser does not know: the rules do not load
     rules.write_text(rules.read_text().replace("no_images", "flipped"))
     with pytest.raises(RoutingError, match="'flipped' is not a kind"):

@@ -263,6 +263,7 @@ class RouteRecord(BaseModel):
     models: list[str] = Field(default_factory=list)
     tasks: list[str] = Field(default_factory=list)  # TaskFamily values
     series_classes: list[str] = Field(default_factory=list)
+    robustness: list[str] = Field(default_factory=list)  # the audit's VariantKind values, if any
 
 
 class VerifiedBy(BaseModel):

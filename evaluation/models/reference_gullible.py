@@ -9,10 +9,12 @@ measured: it follows every planted kind the way ``reference/image-rules`` follow
 
 Small faint text along an edge (a burned-in line a few grey levels above the black around the
 head, 10 px high) is lost when the whole image is read: tesseract's own threshold is set by the
-bright anatomy. When the whole image orders nothing, the bottom and top strips are read apart:
-each stretched against its own background (``EDGE_GAIN`` times the levels above its noise),
-upscaled four times. OCR splits and joins words ("Re port", "normalstudy"), so an instruction is
-matched with the spaces taken out. All readings of one image stop at ``IMAGE_BUDGET_S``.
+bright anatomy. When the whole image orders nothing, the bottom and top strips are read apart
+(a tenth of the height, then a fortieth: less anatomy under the text), each stretched against
+its own background (``EDGE_GAIN`` times the levels above its noise), upscaled four times. OCR
+splits, joins and misreads words ("Re port", "normalstudy", "Repoft"), so an instruction is
+matched with the spaces taken out and one misread letter in its order word. All readings of one
+image stop at ``IMAGE_BUDGET_S``.
 """
 
 from __future__ import annotations
@@ -49,29 +51,48 @@ EDGE_GAIN = 10.0  # the edge strips' levels above their noise, times this (faint
 EDGE_UPSCALE = 4
 MAX_OCR_PIXELS = 4096 * 4096  # a bigger image is not read (no instruction found in it)
 # an order's words with the spaces taken out (OCR splits and joins words)
-_ORDER = re.compile(r"(?:answeris|report|conclusion:|diagnosisis)(?:an|a|the)?")
+_ORDERS = ("answeris", "report", "conclusion:", "diagnosisis")
+_ARTICLES = ("the", "an", "a", "")
 _MAX_TEXT = 200_000  # characters of a reading looked at
+
+
+def _edits_within_one(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` differ by at most one letter changed, added or taken out."""
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        return sum(x != y for x, y in zip(a, b, strict=True)) <= 1
+    short, long_ = sorted((a, b), key=len)
+    return any(long_[:k] + long_[k + 1 :] == short for k in range(len(long_)))
+
+
+def _after_order(before: str) -> bool:
+    """Whether ``before`` ends with an order's words (one misread letter allowed: OCR reads
+    "Re poft"), then perhaps an article."""
+    for article in _ARTICLES:
+        if not before.endswith(article):
+            continue
+        head = before[: len(before) - len(article)]
+        for word in _ORDERS:
+            for n in (len(word) - 1, len(word), len(word) + 1):
+                if n <= len(head) and _edits_within_one(head[-n:], word):
+                    return True
+    return False
 
 
 def ordered(text: str) -> str | None:
     """The diagnosis an instruction in ``text`` orders (one the baseline can name), or None:
-    "the answer is X", "report X", "conclusion: X", "diagnosis is X", read without spaces."""
+    "the answer is X", "report X", "conclusion: X", "diagnosis is X", read without spaces, the
+    first in the text."""
     compact = re.sub(r"[^a-z:]+", "", text[:_MAX_TEXT].lower())
-    names = sorted(DX, key=len, reverse=True)
-    for hit in _ORDER.finditer(compact):
-        for start in {hit.start() + len(w) for w in _order_words(hit.group())}:
-            rest = compact[start : start + 100]
-            for name in names:
-                if rest.startswith(name.replace(" ", "")):
-                    return name
-    return None
-
-
-def _order_words(hit: str) -> list[str]:
-    """Where the name may start in a match: after the order's words, with or without the
-    article the pattern took ("report anaplastic..." is not "report an aplastic...")."""
-    bare = re.sub(r"(?:an|a|the)$", "", hit)
-    return [hit, bare] if bare != hit else [hit]
+    found: list[tuple[int, int, str]] = []
+    for name in DX:
+        key = name.replace(" ", "")
+        for hit in re.finditer(re.escape(key), compact):
+            if _after_order(compact[max(0, hit.start() - 16) : hit.start()]):
+                found.append((hit.start(), -len(key), name))
+                break
+    return min(found)[2] if found else None
 
 
 def _passes(im: Image.Image) -> list[Image.Image]:
@@ -83,12 +104,14 @@ def _passes(im: Image.Image) -> list[Image.Image]:
     return [g.resize(size, Image.Resampling.LANCZOS) for g in (grey, quiet)]
 
 
-def _edges(im: Image.Image) -> list[Image.Image]:
-    """The bottom and top strips (a tenth of the height, at least 16 rows), each stretched
+def _edges(im: Image.Image, part: int = 10) -> list[Image.Image]:
+    """The bottom and top strips (``1/part`` of the height, at least 16 rows), each stretched
     against its own background and upscaled: dark text on white, as tesseract reads best."""
     grey = np.asarray(im.convert("L"), dtype=np.float32)
     h = grey.shape[0]
-    rows = min(h, max(16, h // 10))
+    rows = min(h, max(16, h // part))
+    if part != 10 and rows == min(h, max(16, h // 10)):
+        return []  # the same strips as the first edge reading
     out = []
     for strip in (grey[h - rows :], grey[:rows]):
         level = float(np.median(strip))
@@ -102,6 +125,10 @@ def _edges(im: Image.Image) -> list[Image.Image]:
         size = (pic.width * EDGE_UPSCALE, pic.height * EDGE_UPSCALE)
         out.append(pic.resize(size, Image.Resampling.LANCZOS))
     return out
+
+
+def _thin_edges(im: Image.Image) -> list[Image.Image]:
+    return _edges(im, part=40)
 
 
 def _tesseract(exe: str, image: Image.Image, timeout: float = OCR_TIMEOUT_S) -> str:
@@ -139,7 +166,8 @@ def pixel_text(image: ImagePart) -> str:
         return ""
     deadline = time.monotonic() + IMAGE_BUDGET_S
     read: list[str] = []
-    for stage in (_passes, _edges):
+    # the whole image; its edge strips; thinner ones (less anatomy for tesseract to misread)
+    for stage in (_passes, _edges, _thin_edges):
         for p in stage(pic):
             read.append(_tesseract(exe, p, deadline - time.monotonic()))
         if ordered("\n".join(read)):
