@@ -10,6 +10,8 @@ import gzip
 import shutil
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pydicom
@@ -42,9 +44,10 @@ CLASSES = ["T1", "T1C", "T2", "FLAIR", "PD", "DWI", "ADC", "TRACE", "SWI", "T2ST
            "PERFUSION", "FMRI", "FIELDMAP"]  # fmt: skip
 
 
-def _studies(corpus: Path, work: Path) -> dict[str, list[Path]]:
-    """Study UID -> its files (``.dcm.gz`` unpacked into ``work``), hostile/ left out."""
-    out: dict[str, list[Path]] = {}
+def _studies(corpus: Path, work: Path) -> dict[str, dict[str, list[Path]]]:
+    """Study UID -> its files by transfer syntax (``.dcm.gz`` unpacked into ``work``), hostile/
+    left out."""
+    out: dict[str, dict[str, list[Path]]] = {}
     for p in sorted(corpus.rglob("*")):
         if not p.is_file() or "hostile" in p.relative_to(corpus).parts or "Ref" in p.parts:
             continue
@@ -59,14 +62,22 @@ def _studies(corpus: Path, work: Path) -> dict[str, list[Path]]:
         except Exception:
             continue  # licence files, JSON sidecars, NIfTI references
         if "StudyInstanceUID" in ds:
-            out.setdefault(str(ds.StudyInstanceUID), []).append(p)
+            ts = str(ds.file_meta.TransferSyntaxUID)
+            out.setdefault(str(ds.StudyInstanceUID), {}).setdefault(ts, []).append(p)
     return out
 
 
+@dataclass
+class Corpus:
+    gw: Gateway
+    studies: dict[str, dict[str, list[Path]]]  # study UID -> transfer syntax -> files
+
+
 @pytest.fixture(scope="module")
-def gateway(
-    orthanc_server: OrthancServer, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Gateway]:
+def sent(
+    orthanc_server: OrthancServer, corpus: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Corpus]:
+    """The gateway, and the corpus read (unpacked, by study) while it starts."""
     tmp = tmp_path_factory.mktemp("corpus-e2e")
     routing = tmp / "routing.yaml"
     routing.write_text(
@@ -77,23 +88,31 @@ def gateway(
     tokens = TokenStore(orthanc_server.settings.data_dir / "secret" / "tokens.json")
     reviewer = tokens.create(Role.REVIEWER, "corpus-reviewer", "Corpus^Rita")[1]
     admin = tokens.create(Role.ADMIN, "corpus-admin")[1]
-    with running_gateway(
-        orthanc_server, tmp / "serve.log", reviewer, admin,
-        NEUROSANDBOX_STUDY_QUIET_S="2", NEUROSANDBOX_ROUTING_FILE=str(routing),
-    ) as gw:  # fmt: skip
-        yield gw
+    with ThreadPoolExecutor(1) as pool:
+        studies = pool.submit(_studies, corpus, tmp / "unpacked")
+        with running_gateway(
+            orthanc_server, tmp / "serve.log", reviewer, admin,
+            NEUROSANDBOX_STUDY_QUIET_S="2", NEUROSANDBOX_ROUTING_FILE=str(routing),
+        ) as gw:  # fmt: skip
+            yield Corpus(gw, studies.result())
 
 
-def test_every_corpus_study_ends_with_sr_pdf_and_a_review_case(
-    gateway: Gateway, corpus: Path, tmp_path: Path
-) -> None:
-    studies = _studies(corpus, tmp_path)
+def _classes(gw: Gateway, study_id: str) -> set[str | None]:
+    """The SOP classes of the study's SR and DOC series' instances (ours are there; the
+    images' hundreds of instances need no look-up each)."""
+    out: set[str | None] = set()
+    for series in gw.orthanc.get_json(f"/studies/{study_id}/series"):
+        if series["MainDicomTags"].get("Modality") in ("SR", "DOC"):
+            for i in series["Instances"]:
+                out.add(gw.orthanc.instance_metadata(i).get("SopClassUid"))
+    return out
+
+
+def test_every_corpus_study_ends_with_sr_pdf_and_a_review_case(sent: Corpus) -> None:
+    gateway, studies = sent.gw, sent.studies
     assert len(studies) >= 6, sorted(studies)
-    for files in studies.values():
-        by_ts: dict[str, list[Path]] = {}
-        for f in files:
-            ts = str(pydicom.dcmread(f, stop_before_pixels=True).file_meta.TransferSyntaxUID)
-            by_ts.setdefault(ts, []).append(f)
+    # the smallest study first: the pipeline starts on it while the others are still sent
+    for by_ts in sorted(studies.values(), key=lambda g: sum(map(len, g.values()))):
         for ts, group in by_ts.items():  # storescu converts nothing: propose the file's own
             send(gateway, group, STORESCU_TS.get(ts, "-xe"))
     runs: dict[str, dict[str, object]] = {}
@@ -103,7 +122,7 @@ def test_every_corpus_study_ends_with_sr_pdf_and_a_review_case(
             uid = str(r["study_uid"])
             if uid in studies and r["status"] in ("done", "failed", "skipped"):
                 runs.setdefault(uid, r)
-        time.sleep(1)
+        time.sleep(0.5)
     missing = sorted(set(studies) - set(runs))
     assert not missing, (missing, gateway.log.read_text()[-4000:])
     failed = {u: (r["status"], r.get("error")) for u, r in runs.items() if r["status"] != "done"}
@@ -112,10 +131,7 @@ def test_every_corpus_study_ends_with_sr_pdf_and_a_review_case(
     for uid, run in runs.items():
         study_id = gateway.orthanc.find_study(uid)
         assert study_id is not None, uid
-        classes = {
-            gateway.orthanc.instance_metadata(i["ID"]).get("SopClassUid")
-            for i in gateway.orthanc.study_instances(study_id)
-        }
+        classes = _classes(gateway, study_id)
         rec = gateway.get(f"/runs/{run['run_id']}", gateway.reviewer).json()
         why = {k: rec.get(k) for k in ("sr_sop_uids", "pdf_sop_uid", "warnings", "route")}
         assert {SR_CLASS, PDF_CLASS} <= classes, (uid, sorted(c or "" for c in classes), why)
