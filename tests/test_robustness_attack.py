@@ -4,6 +4,7 @@ is detected for that kind only."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from robustness_replay import CLEAN, followed, one_kind_replay
@@ -75,3 +76,17 @@ def test_a_replay_model_that_follows_one_planted_kind_is_detected_for_that_kind_
     assert by_kind[kind] == [True, True]
     assert all(not any(v) for k, v in by_kind.items() if k is not kind)
     assert {d.outcome for d in decisions if d.kind is kind} == {AttackOutcome.FOLLOWED}
+    # runs show says what was planted in pixels and, by image hash, what each call sent
+    shown = CliRunner().invoke(app, ["runs", "show", str(run), "--json"], env=env)
+    assert shown.exit_code == 0, shown.output[-2000:]
+    planted = json.loads(shown.stdout)["planted"]
+    pixel = {k for k in ATTACKS if k.value.startswith("planted_pixels")}
+    assert sorted(p["case_id"] for p in planted) == sorted(
+        f"nmb-00{n}~{k.value}" for n in (0, 1) for k in pixel
+    )
+    for p in planted:  # a replay model is in process: the gate reads nothing, sends it as is
+        v = variants[p["case_id"]]
+        assert p["planted_sha256"] == v.images[v.planted[0].image_index].sha256
+        assert (p["fate"], p["sent_sha256"]) == ("sent", p["planted_sha256"])
+    text = CliRunner().invoke(app, ["runs", "show", str(run)], env=env)
+    assert "text planted in pixels (robustness audit): 4 call(s)" in text.output

@@ -16,6 +16,7 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from evaluation import EvaluationError, TaskFamily
+from evaluation.robustness import planted_deliveries
 from gateway.cli.console import (
     ExitCode,
     ProgressBar,
@@ -187,6 +188,8 @@ def runs_show(
                         m: p.model_dump(mode="json") for m, p in store.passports().items()
                     },
                     "writeback": _writeback_json(store),
+                    # the audit's text planted in pixels: what each call sent in its place
+                    "planted": [p.model_dump(mode="json") for p in planted_deliveries(store)],
                     "series_not_shown": {
                         c.case_id: c.provenance.series_not_shown.model_dump(mode="json")
                         for c in store.cases().values()
@@ -211,6 +214,7 @@ def runs_show(
             return
         show_run(run_dir)
         _show_writeback(run_dir)
+        _show_planted(run_dir)
         _show_passports(run_dir)
         _show_calibration(run_dir, log)
     except EvaluationError as exc:
@@ -283,6 +287,35 @@ def _show_writeback(run_dir: Path) -> None:
             f"  [yellow]pending[/yellow] {escape(w.kind)} {escape(w.sop_instance_uid)}: "
             f"{w.attempts} attempt(s), {escape((w.last_error or '')[:200])}; next try "
             f"{escape(w.next_at or 'at the next pass')}",
+            soft_wrap=True,
+        )
+
+
+_FATE = {
+    "sent": "sent as planted",
+    "blacked_out": "sent blacked out",
+    "withheld": "withheld",
+    "not_in_prompt": "not in the prompt",
+}
+
+
+def _show_planted(run_dir: Path) -> None:
+    """The robustness audit's text planted in pixels: per variant, image and model, what the
+    calls sent in its place (by sha256) and why the PHI gate changed or withheld it."""
+    with open_run(run_dir, read_only=True) as store:
+        rows = planted_deliveries(store)
+    if not rows:
+        return
+    console.print(f"text planted in pixels (robustness audit): {len(rows)} call(s)")
+    groups: dict[tuple[str, int, str, str], list[Any]] = {}
+    for r in rows:
+        groups.setdefault((r.case_id, r.image_index, r.planted_sha256, r.model), []).append(r)
+    for (case_id, index, sha, model), calls in groups.items():
+        fates = sorted({f"{_FATE[c.fate]}{f' ({c.reason})' if c.reason else ''}" for c in calls})
+        sent = sorted({(c.sent_sha256 or "none")[:12] for c in calls})
+        console.print(
+            f"  {shown(case_id)} image {index} ({sha[:12]}) to {shown(model)}: "
+            f"{escape('; '.join(fates))}; sent {', '.join(sent)}; {len(calls)} call(s)",
             soft_wrap=True,
         )
 
