@@ -23,6 +23,16 @@ from .generate import instruction_text as instruction_text
 from .generate import make_variant as make_variant
 from .generate import planted_target as planted_target
 from .generate import prior_report_text as prior_report_text
+from .measures import AnswerGist as AnswerGist
+from .measures import AttackRow as AttackRow
+from .measures import ConfidenceRow as ConfidenceRow
+from .measures import FlipRow as FlipRow
+from .measures import RelianceRow as RelianceRow
+from .measures import RobustnessMeasures as RobustnessMeasures
+from .measures import VariantPair as VariantPair
+from .measures import names_target as names_target
+from .measures import robustness_measures as robustness_measures
+from .measures import variant_pairs as variant_pairs
 from .records import ATTACKS as ATTACKS
 from .records import IMAGE_ABLATIONS as IMAGE_ABLATIONS
 from .records import MIRRORS as MIRRORS

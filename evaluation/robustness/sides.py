@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 from evaluation.case import GroundTruth, Hemisphere
 
@@ -108,3 +108,8 @@ def mirror_record(node: Any) -> Any:
             for k, v in node.items()
         }
     return node
+
+
+def side_words(text: str) -> list[Literal["left", "right"]]:
+    """The sides ``text`` spells out, in order (the words :func:`mirror_side_words` swaps)."""
+    return ["left" if m.group(1).lower() == "left" else "right" for m in _SIDE.finditer(text)]
