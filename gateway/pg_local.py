@@ -181,6 +181,17 @@ class LocalPostgres:
             raise
         return self.url
 
+    def restart(self, mode: str = "fast", timeout_s: float = 60.0) -> None:
+        """Stop the server (``pg_ctl stop -m fast`` or ``immediate``: a crash, recovered from
+        the WAL at start) and start it again on the same port: clients lose their sessions."""
+        if mode not in ("fast", "immediate"):
+            raise PostgresError(f"restart mode {mode!r}: fast or immediate")
+        bindir = self.bindir or find_bindir()
+        owner = _service_user() if self._as_service_user else None
+        self._stop_postmaster(bindir, timeout_s, mode)
+        self._start_postmaster(bindir, owner)
+        self._wait_ready(timeout_s)
+
     def _start_postmaster(self, bindir: Path, owner: pwd.struct_passwd | None) -> None:
         """The postmaster as our own child (``pg_ctl start`` would detach it to PID 1, which in
         a container may never reap it): its PID is known and it is reaped on stop."""
@@ -214,8 +225,9 @@ class LocalPostgres:
             )
         self.pid = self._proc.pid
 
-    def _stop_postmaster(self, bindir: Path, timeout_s: float) -> None:
-        """``pg_ctl stop -m immediate``, SIGKILL if the postmaster still lives, reap it."""
+    def _stop_postmaster(self, bindir: Path, timeout_s: float, mode: str = "immediate") -> None:
+        """``pg_ctl stop -m immediate`` (or ``mode``), SIGKILL if the postmaster still lives,
+        reap it."""
         proc, self._proc, self.pid = self._proc, None, None
         if proc is None:
             return
@@ -227,7 +239,7 @@ class LocalPostgres:
                         "-D",
                         str(self.datadir),
                         "-m",
-                        "immediate",
+                        mode,
                         "-w",
                         "-t",
                         str(int(timeout_s)),

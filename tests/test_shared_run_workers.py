@@ -39,7 +39,7 @@ def _env(tmp: Path, url: str, server_url: str, shared: int) -> dict[str, str]:
         "max_retries": 0, "shared_concurrency": shared,
     }]}))  # fmt: skip
     return {**cli_env(tmp / "cache"), "NEUROSANDBOX_DATABASE_URL": url,
-            "NEUROSANDBOX_CALL_LEASE_S": "3.0", "NEUROSANDBOX_MODELS_FILE": str(models)}  # fmt: skip
+            "NEUROSANDBOX_CALL_LEASE_S": "5.0", "NEUROSANDBOX_MODELS_FILE": str(models)}  # fmt: skip
 
 
 def _count(url: str, sql: str) -> int:
@@ -69,12 +69,13 @@ def _wait(procs: list[subprocess.Popen[bytes]], logs: list[Path], timeout_s: flo
 
 
 def _first_worker(tmp: Path, data: tuple[Path, Path], env: dict[str, str], url: str,
-                  run: Path) -> subprocess.Popen[bytes]:  # fmt: skip
-    """Worker 0 starts the run; returns once its run row exists (the others join it)."""
+                  run: Path, shards: int = SHARDS, share: int = 0) -> subprocess.Popen[bytes]:  # fmt: skip
+    """The first worker (share ``share``) starts the run; returns once its run row exists
+    (the others join it)."""
     suite, answers = data
     w0 = _start(["eval", "--suite", str(suite), "--answers", str(answers), "--model", "gpt",
                  "--samples", str(SAMPLES), "--seed", "7", "--no-bertscore", "--out", str(run),
-                 "--shard", f"0/{SHARDS}"], env, tmp / "w0.log")  # fmt: skip
+                 "--shard", f"{share}/{shards}"], env, tmp / "w0.log")  # fmt: skip
     deadline = time.monotonic() + 60
     while _count(url, "SELECT count(*) FROM run") == 0:
         if w0.poll() is not None or time.monotonic() > deadline:
@@ -102,19 +103,21 @@ def test_killed_and_stopped_workers_calls_are_taken_over_and_answered_once(
     logs = {n: tmp_path / f"{n}.log" for n in ("w0", "w1", "w2", "w1b", "w2b")}
     with OpenAIServer(Script(latency_s=0.4)) as server:
         env = _env(tmp_path, url, server.url, shared=2)
-        w0 = _first_worker(tmp_path, data, env, url, run)
+        # the shares of these case ids: 4, 4 and 1 cases; the two of 4 are killed and hung
+        w0 = _first_worker(tmp_path, data, env, url, run, share=2)
         w1, w2 = (_start(["runs", "resume", str(run), "--shard", f"{i}/{SHARDS}"], env,
-                         logs[f"w{i}"]) for i in (1, 2))  # fmt: skip
+                         logs[f"w{n}"]) for n, i in ((1, 1), (2, 0)))  # fmt: skip
         # worker 1 dies holding claims; worker 2 hangs holding claims (SIGSTOP)
         _holds_claims(url, w1, logs["w1"])
         os.kill(w1.pid, signal.SIGKILL)
         _holds_claims(url, w2, logs["w2"])
         os.kill(w2.pid, signal.SIGSTOP)
         try:
-            # their shares are taken again (as the queue retries a stalled job) once the
-            # leases (3 s) ran out
+            # their shares are taken again (as the queue retries a stalled job): the dead
+            # worker's claims at once (its process is gone), the hung one's once the leases
+            # (5 s) ran out
             again = [_start(["runs", "resume", str(run), "--shard", f"{i}/{SHARDS}"], env,
-                            logs[f"w{i}b"]) for i in (1, 2)]  # fmt: skip
+                            logs[f"w{n}b"]) for n, i in ((1, 1), (2, 0))]  # fmt: skip
             _wait([w0, *again], [logs["w0"], logs["w1b"], logs["w2b"]])
         finally:
             os.kill(w2.pid, signal.SIGCONT)  # the hung worker wakes up: its answers are late
@@ -144,3 +147,42 @@ def test_killed_and_stopped_workers_calls_are_taken_over_and_answered_once(
     assert rows and all(ModelOutput.model_validate_json(r.detail).text for r in rows)
     assert _count(url, "SELECT count(*) FROM samples WHERE status = 'ok'") == distinct
     assert _count(url, "SELECT count(*) FROM run WHERE status = 'complete'") == 1
+
+
+def test_postgresql_restarted_mid_run_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """The run log's PostgreSQL restarted twice while two workers share a run (``pg_ctl stop -m
+    fast``, then ``-m immediate``: a crash recovered from the WAL): they wait it out on new
+    connections and carry on; nothing committed is lost or written twice."""
+    from pg_server import postgres_bindir
+
+    from gateway.pg_local import LocalPostgres
+
+    n_cases = 8
+    distinct = n_cases * SAMPLES
+    data = write_nmb(tmp_path / "data", n_cases)
+    run = tmp_path / "run"
+    with (
+        LocalPostgres(bindir=postgres_bindir()) as pg,
+        OpenAIServer(Script(latency_s=0.3)) as server,
+    ):
+        url = pg.url
+        env = {**_env(tmp_path, url, server.url, shared=3), "NEUROSANDBOX_CALL_LEASE_S": "20"}
+        w0 = _first_worker(tmp_path, data, env, url, run, shards=2)
+        w1 = _start(["runs", "resume", str(run), "--shard", "1/2"], env, tmp_path / "w1.log")
+        for after, mode in ((3, "fast"), (9, "immediate")):  # calls in flight each time
+            deadline = time.monotonic() + 60
+            while server.stats.delivered < after:
+                assert time.monotonic() < deadline and w0.poll() is None, (
+                    (tmp_path / "w0.log").read_text()[-2000:])  # fmt: skip
+                time.sleep(0.05)
+            pg.restart(mode)
+        _wait([w0, w1], [tmp_path / "w0.log", tmp_path / "w1.log"])
+        stats = server.stats
+        takeovers = _count(url, "SELECT count(*) FROM call_attempts WHERE kind = 'takeover'")
+        assert _count(url, "SELECT count(*) FROM responses") == distinct
+        assert _count(url, "SELECT count(*) FROM requests") == distinct
+        assert stats.calls - distinct <= takeovers  # a call is sent again only when taken over
+        # every payload sent is audited once: no transaction was written twice on reconnecting
+        assert _count(url, "SELECT count(*) FROM audit") == stats.calls
+        assert _count(url, "SELECT count(*) FROM samples WHERE status = 'ok'") == distinct
+        assert _count(url, "SELECT count(*) FROM run WHERE status = 'complete'") == 1

@@ -8,7 +8,8 @@ not the queue, guarantees that a call is answered once:
   the holder renews while the call is in flight (``lease_s``, every third of it). A call already
   answered is not claimed: its committed response is used. A claim held by a live worker is
   waited for (its answer is used); a claim whose lease ran out (the holder died, stalled past
-  the lease, or lost its link) is taken over, and the takeover is recorded in ``call_attempts``
+  the lease, or lost its link), or whose holder was a process of this host that is gone, is
+  taken over, and the takeover is recorded in ``call_attempts``
   (the earlier holder's call may have reached the provider: a possible duplicate).
 - **The commit checks the claim** (``response_statement``): the response is written only while
   the committing worker still holds the call's claim (the claim row is read ``FOR SHARE``, so a
@@ -93,58 +94,28 @@ class Coordination:
         self.url, self.run_id = url, run_id
         self.worker = worker or f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.lease_s, self.outage_s, self.poll_s = lease_s, outage_s, poll_s
-        self._engine = db_.postgres_engine(url)
-        self._conn: sa.Connection | None = None
-        self._lock = threading.Lock()
+        engine = db_.postgres_engine(url)
+        self._lock = threading.Lock()  # the worker's state below
+        # two connections: the renewals never queue behind the claims and takes
+        self._main = _Connection(engine, outage_s)
+        self._renewal = _Connection(engine, outage_s)
         self._claims: dict[str, str] = {}  # token -> cache key, calls in flight
         self._slots: set[str] = set()  # tokens of the call slots held
         self._sized: set[tuple[str, str, int]] = set()
+        # one coroutine per provider and kind asks the database for a row; the others wait here
+        self._takers: dict[tuple[str, str], asyncio.Lock] = {}
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew_loop, name="lease-renewal", daemon=True)
         self._renewer.start()
 
-    # ---------------------------------------------------------------- plumbing
-
     def _do(self, fn: Callable[[Any], T]) -> T:
-        """``fn(cursor)`` in one transaction; the database going away is waited out (each try
-        on a new connection) for ``outage_s``, then ``StoreError``."""
-        deadline = time.monotonic() + self.outage_s
-        delay = 0.2
-        while True:
-            with self._lock:
-                try:
-                    if self._conn is None:
-                        self._conn = self._engine.connect().execution_options(
-                            isolation_level="AUTOCOMMIT"
-                        )
-                    raw: Any = self._conn.connection.driver_connection
-                    with raw.transaction():
-                        return fn(raw.cursor())
-                except Exception as exc:
-                    if not _connection_lost(exc):
-                        raise
-                    self._drop()
-                    if time.monotonic() >= deadline:
-                        raise StoreError(
-                            f"the run log's database was unreachable for {self.outage_s:.0f} s: "
-                            f"{exc}"
-                        ) from exc
-                    log.warning("run log database unreachable (%s); trying again", exc)
-            time.sleep(delay)
-            delay = min(5.0, delay * 2)
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                self._conn.invalidate()
-                self._conn.close()
-            self._conn = None
+        return self._main.do(fn)
 
     def close(self) -> None:
         self._stop.set()
         self._renewer.join(timeout=5)
-        with self._lock:
-            self._drop()
+        self._main.close()
+        self._renewal.close()
 
     # ---------------------------------------------------------------- calls
 
@@ -180,7 +151,7 @@ class Coordination:
                     return Claim(held_by="another worker")
                 return Claim(token=token)
             holder, expired = row
-            if not expired:
+            if not expired and not _gone(str(holder)):
                 return Claim(held_by=str(holder))
             cur.execute(
                 f"UPDATE call_claims SET worker = %(worker)s, token = %(token)s, lease_until = "
@@ -207,11 +178,13 @@ class Coordination:
     async def acquire(self, key: str) -> Claim:
         """Claim ``key``, waiting while a live worker holds it: its answer (``output``), or
         the claim once it is free or its lease ran out."""
+        wait = self.poll_s
         while True:
             got = await asyncio.to_thread(self.claim, key)
             if got.held_by is None:
                 return got
-            await asyncio.sleep(self.poll_s * (0.5 + secrets.randbelow(1000) / 1000))
+            await asyncio.sleep(_jitter(wait))
+            wait = min(wait * 1.5, self.lease_s / 4)
 
     def response_params(self, token: str) -> dict[str, str]:
         """What the claimed response statement needs besides the response's own values."""
@@ -276,6 +249,38 @@ class Coordination:
 
         return self._do(tx)
 
+    async def _hold(self, provider: str, kind: str, n: int, token: str, lease_s: float) -> None:
+        """One of ``provider``'s ``kind`` rows held by ``token``, waiting for a free one (one
+        coroutine of this worker asks at a time, backing off). A take that returned late (the
+        process paused, stopped or starved past half the lease) is checked again: its row may
+        have been taken over meanwhile."""
+        taker = self._takers.setdefault((provider, kind), asyncio.Lock())
+        wait = self.poll_s
+        async with taker:
+            while True:
+                t0 = time.monotonic()
+                got = await asyncio.to_thread(self.take, provider, kind, n, token, lease_s)
+                if got and (
+                    time.monotonic() - t0 < lease_s / 2
+                    or await asyncio.to_thread(self.still_held, token, kind, lease_s)
+                ):
+                    return
+                await asyncio.sleep(_jitter(wait))
+                wait = min(wait * 1.5, 1.0)
+
+    def still_held(self, token: str, kind: str, lease_s: float) -> bool:
+        """Whether ``token`` still holds its ``kind`` row (its lease not run out); extended."""
+
+        def tx(cur: Any) -> bool:
+            cur.execute(
+                f"UPDATE provider_leases SET lease_until = {_CLOCK} + %(l)s WHERE holder = "
+                f"%(t)s AND kind = %(k)s AND lease_until > {_CLOCK}",
+                {"t": token, "k": kind, "l": lease_s},
+            )
+            return bool(cur.rowcount == 1)
+
+        return self._do(tx)
+
     def give_back(self, token: str) -> None:
         """Free the call slot ``token`` holds (a minute row stays held for its minute)."""
         with self._lock:
@@ -292,15 +297,11 @@ class Coordination:
         request rows for one request (either None: not limited), waiting for them."""
         token = secrets.token_hex(8)
         if per_minute:
-            while not await asyncio.to_thread(self.take, provider, "minute", per_minute, token,
-                                              MINUTE_S):  # fmt: skip
-                await asyncio.sleep(self.poll_s * (0.5 + secrets.randbelow(1000) / 1000))
+            await self._hold(provider, "minute", per_minute, token, MINUTE_S)
         if not concurrent:
             yield
             return
-        while not await asyncio.to_thread(self.take, provider, "call", concurrent, token,
-                                          self.lease_s):  # fmt: skip
-            await asyncio.sleep(self.poll_s * (0.5 + secrets.randbelow(1000) / 1000))
+        await self._hold(provider, "call", concurrent, token, self.lease_s)
         with self._lock:
             self._slots.add(token)
         try:
@@ -339,15 +340,71 @@ class Coordination:
                     p,
                 )
 
-        self._do(tx)
+        self._renewal.do(tx)
 
 
-def _connection_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` says the connection to the database is gone (not a refused statement)."""
-    import psycopg
+def _jitter(wait: float) -> float:
+    return wait * (0.5 + secrets.randbelow(1000) / 1000)
 
-    if isinstance(exc, sa.exc.DBAPIError):
-        if exc.connection_invalidated:
-            return True
-        exc = exc.orig or exc
-    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+
+class _Connection:
+    """One connection to the run log's PostgreSQL, used by one thread at a time; the database
+    going away is waited out on a new connection for ``outage_s``, then ``StoreError``."""
+
+    def __init__(self, engine: sa.Engine, outage_s: float) -> None:
+        self.engine, self.outage_s = engine, outage_s
+        self.conn: sa.Connection | None = None
+        self.lock = threading.Lock()
+
+    def do(self, fn: Callable[[Any], T]) -> T:
+        """``fn(cursor)`` in one transaction."""
+        deadline = time.monotonic() + self.outage_s
+        delay = 0.2
+        while True:
+            with self.lock:
+                try:
+                    if self.conn is None:
+                        self.conn = self.engine.connect().execution_options(
+                            isolation_level="AUTOCOMMIT"
+                        )
+                    raw: Any = self.conn.connection.driver_connection
+                    with raw.transaction():
+                        return fn(raw.cursor())
+                except Exception as exc:
+                    if not db_.connection_lost(exc):
+                        raise
+                    self._drop()
+                    if time.monotonic() >= deadline:
+                        raise StoreError(
+                            f"the run log's database was unreachable for {self.outage_s:.0f} s: "
+                            f"{exc}"
+                        ) from exc
+                    log.warning("run log database unreachable (%s); trying again", exc)
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
+
+    def _drop(self) -> None:
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.invalidate()
+                self.conn.close()
+            self.conn = None
+
+    def close(self) -> None:
+        with self.lock:
+            self._drop()
+
+
+def _gone(worker: str) -> bool:
+    """Whether ``worker`` (``host:pid:nonce``) ran on this host and its process is gone: its
+    claims need not wait for their lease (a ``runs resume`` after a kill on the same host)."""
+    parts = worker.rsplit(":", 2)
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive (another user's)
+        return False
+    return False

@@ -233,3 +233,15 @@ def upgrade(url: str, *, run_id: str | None = None) -> SchemaStatus:
 
 
 upgrade_run_log = upgrade  # the name the evaluation face exports (``upgrade`` alone says little)
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection to the database is gone (a restart, a network
+    outage), not that a statement was refused."""
+    import psycopg
+
+    if isinstance(exc, sa.exc.DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        exc = exc.orig or exc
+    return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVarTuple
+from typing import Any, TypeVar, TypeVarTuple
 
 import sqlalchemy as sa
 
@@ -73,6 +75,8 @@ from evaluation.modelio import ModelOutput
 from evaluation.phi import AuditRecord
 from evaluation.scores import ErrorLabel, Score
 
+OPEN_WAIT_S = 15.0  # a store opened while PostgreSQL restarts waits this long for it
+OUTAGE_S = 120.0  # PostgreSQL away this long mid-run (a restart, the network): then StoreError
 STORE_VERSION = 2  # 1: before Alembic (code of then refuses a store of this layout)
 STORE_FILE = "run.sqlite"
 # With PostgreSQL the run folder keeps its images and exports, and this file naming its run id.
@@ -87,6 +91,8 @@ LAST_WRITE = "last_write"
 _SQL: dict[str, dict[str, str]] = {}  # dialect -> compiled write statements
 _SQL_LOCK = threading.Lock()
 _Ts = TypeVarTuple("_Ts")  # a row's column types, as the SELECT names them
+_T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
 def _sql_for(dialect: sa.Dialect) -> dict[str, str]:
@@ -241,6 +247,8 @@ class RunStore:
     ) -> None:
         path = Path(path)
         self._lock = threading.RLock()
+        self._writer = os.urandom(6).hex()  # this store's commit marks (PostgreSQL)
+        self._txn = 0
         self._committer: GroupCommitter | None = None
         self._engine: sa.Engine | None = None
         self.read_only = read_only
@@ -332,10 +340,18 @@ class RunStore:
         self.database_url = url
         self.run_id = run_id or run_dir.name
         engine = db_.postgres_engine(url)
-        try:
-            self._conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-        except sa.exc.OperationalError as exc:
-            raise StoreError(f"database {db_.safe_url(url)} not reachable: {exc.orig}") from exc
+        deadline = time.monotonic() + OPEN_WAIT_S  # a server restarting is waited for, briefly
+        while True:
+            try:
+                self._conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+                break
+            except sa.exc.OperationalError as exc:
+                if time.monotonic() >= deadline or not _restarting(exc, url in _REACHED):
+                    raise StoreError(
+                        f"database {db_.safe_url(url)} not reachable: {exc.orig}"
+                    ) from exc
+                time.sleep(0.5)
+        _REACHED.add(url)
         self._raw = _driver(self._conn)
         revision = db_.current_revision(self._conn)
         if revision is None and create:
@@ -371,7 +387,32 @@ class RunStore:
         transaction (rolled back and raised on any error). On PostgreSQL they are sent in one
         go (psycopg's pipeline mode) rather than a round trip each: a call's records and
         scores are some 25 statements, and waiting for each cost more of our CPU per call than
-        all of SQLite's work (bench/engine.py --postgres)."""
+        all of SQLite's work (bench/engine.py --postgres).
+
+        PostgreSQL going away mid-run (a restart, the network) is waited out for
+        ``OUTAGE_S`` on a new connection, and the transaction is sent again unless it was
+        committed: each carries this store's own commit mark (a ``meta`` row per writer, its
+        transaction number), read back after reconnecting. Nothing is written twice."""
+        if self.database_url is None:
+            self._commit_once(records, None)
+            return
+        with self._lock:
+            self._txn += 1
+            mark = {"key": f"commit:{self._writer}", "value": str(self._txn)}
+            deadline: float | None = None
+            while True:
+                try:
+                    self._commit_once(records, mark)
+                    return
+                except Exception as exc:
+                    if not db_.connection_lost(exc):
+                        raise
+                    deadline = deadline or time.monotonic() + OUTAGE_S
+                    self._reconnect(deadline, exc)
+                    if self._committed(mark):
+                        return
+
+    def _commit_once(self, records: list[Statements], mark: dict[str, str] | None) -> None:
         sql = self._sql
         with self._lock:
             cur = self._raw.cursor()
@@ -381,10 +422,42 @@ class RunStore:
                     for name, group in _runs(records):
                         self._send(cur, name, group)
                     cur.execute(sql["meta"], self._params(_new_stamp()))
+                    if mark is not None:
+                        cur.execute(sql["meta"], self._params(mark))
                     cur.execute("COMMIT")
             except BaseException:
-                self._rollback(cur)
+                with contextlib.suppress(Exception):  # a lost connection cannot roll back
+                    self._rollback(cur)
                 raise
+
+    def _committed(self, mark: dict[str, str]) -> bool:
+        """Whether the transaction carrying ``mark`` was committed (read after a reconnect)."""
+        row = self._conn.execute(self._meta_value(mark["key"])).first()
+        return row is not None and str(row[0]) == mark["value"]
+
+    def _reconnect(self, deadline: float, cause: BaseException) -> None:
+        """A new connection to the run log's PostgreSQL, tried until ``deadline`` (then
+        ``StoreError``)."""
+        assert self.database_url is not None
+        log.warning("run log database connection lost (%s); reconnecting", cause)
+        with contextlib.suppress(Exception):
+            self._conn.invalidate()
+            self._conn.close()
+        delay = 0.2
+        while True:
+            try:
+                conn = db_.postgres_engine(self.database_url).connect()
+                self._conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+                self._raw = _driver(self._conn)
+                return
+            except sa.exc.DBAPIError as exc:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"run log at {db_.safe_url(self.database_url)} unreachable for "
+                        f"{OUTAGE_S:.0f} s: {exc.orig}"
+                    ) from exc
+            time.sleep(delay)
+            delay = min(5.0, delay * 2)
 
     def _send(self, cur: Any, name: str, group: list[dict[str, Any]]) -> None:
         """Statement ``name`` for each parameter set of ``group``. On PostgreSQL a run of rows
@@ -476,12 +549,26 @@ class RunStore:
         return results
 
     def _rows(self, stmt: sa.Select[*_Ts]) -> list[sa.Row[*_Ts]]:
-        with self._lock, self._reading():
-            return list(self._conn.execute(stmt).fetchall())
+        return self._read(lambda: list(self._conn.execute(stmt).fetchall()))
 
     def _one(self, stmt: sa.Select[*_Ts]) -> sa.Row[*_Ts] | None:
-        with self._lock, self._reading():
-            return self._conn.execute(stmt).first()
+        return self._read(lambda: self._conn.execute(stmt).first())
+
+    def _read(self, fn: Callable[[], _T]) -> _T:
+        """``fn()`` under the store's lock; PostgreSQL going away is waited out on a new
+        connection (reads are repeated safely), a failed read raised as ``StoreError``."""
+        deadline: float | None = None
+        with self._lock:
+            while True:
+                try:
+                    with self._reading():
+                        return fn()
+                except StoreError as exc:
+                    cause = exc.__cause__
+                    if self.database_url is None or cause is None or not db_.connection_lost(cause):
+                        raise
+                    deadline = deadline or time.monotonic() + OUTAGE_S
+                    self._reconnect(deadline, cause)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:
@@ -1356,3 +1443,14 @@ def _parsed(raw: str | None, family: str, where: str) -> dict[str, Any]:
         except ValueError as exc:
             raise StoredRecordError(f"{where}: its parsed answer: {_first(exc)}") from None
     return out
+
+
+_REACHED: set[str] = set()  # run logs this process has reached: a refusal now is a restart
+
+
+def _restarting(exc: sa.exc.OperationalError, reached: bool) -> bool:
+    """Whether the server said it is starting up or shutting down, or (``reached`` before)
+    refused the connection: a restart in progress, not a wrong URL or credentials."""
+    text = str(exc.orig).lower()
+    words = ["starting up", "shutting down", "terminating connection", "recovery"]
+    return any(w in text for w in [*words, *(["connection refused"] if reached else [])])
