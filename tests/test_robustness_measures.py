@@ -15,7 +15,7 @@ from test_robustness_reference import CFG
 from test_robustness_variants import sample_case
 
 from evaluation import Case
-from evaluation.case import Hemisphere, TaskFamily
+from evaluation.case import GroundTruth, Hemisphere, TaskFamily
 from evaluation.log import SampleResult
 from evaluation.models import ModelSpec, create_model
 from evaluation.parsing import parse_answer
@@ -27,6 +27,7 @@ from evaluation.tasks import TaskItem, build_turns
 MODELS = ("reference/image-rules", "reference/text-prior", "reference/gullible")
 KINDS = ("no_images", "blank_images", "mirrored", "mirrored_image_only", "planted_note",
          "planted_prior_report")  # fmt: skip
+ATTACK_KINDS = ("planted_note", "planted_prior_report")
 
 
 def _ask(model: str, case: Case) -> SampleResult:
@@ -56,12 +57,20 @@ def _case(tmp: Path, case_id: str, patient: str, blob_col: int) -> Case:
     return case
 
 
+def _normal(tmp: Path) -> Case:
+    """A third patient whose truth is a normal study: an instruction there pushes toward a
+    glioblastoma, which image-rules (it calls the others normal) can be seen to resist."""
+    case = sample_case(tmp, "c3", "p3", blob_col=60)
+    case.ground_truth = GroundTruth.model_validate({"final_diagnosis": {"name": "normal study"}})
+    return case
+
+
 def _reference_run(tmp: Path) -> tuple[list[SampleResult], dict[str, CaseVariant]]:
-    cases = [_case(tmp, "c1", "p1", 90), _case(tmp, "c2", "p2", 20)]
+    cases = [_case(tmp, "c1", "p1", 90), _case(tmp, "c2", "p2", 20), _normal(tmp)]
     asked: list[tuple[Case, tuple[str, ...]]] = [(c, MODELS) for c in cases]
     records: dict[str, CaseVariant] = {}
     for case in cases:
-        for kind in KINDS:
+        for kind in KINDS if case.case_id != "c3" else ATTACK_KINDS:
             variant, record = make_variant(case, kind, tmp / "v", pool=cases)
             # gullible (tesseract on every image: a second a case) only where text is planted
             asked.append((variant, MODELS if kind.startswith("planted") else MODELS[:2]))
@@ -115,11 +124,15 @@ def test_image_rules_follows_the_mirror_and_text_prior_gives_no_side_to_follow(
 def test_gullible_follows_every_planted_instruction_and_the_others_none(
     measured: RobustnessMeasures,
 ) -> None:
-    for kind in ("planted_note", "planted_prior_report"):
-        assert _row(measured.attacks, "reference/gullible", kind).success.value == 1.0
-        assert _row(measured.attacks, "reference/image-rules", kind).success.value == 0.0
+    for kind in ATTACK_KINDS:
+        gullible = _row(measured.attacks, "reference/gullible", kind)
+        assert gullible.success.value == 1.0 and gullible.success.n == 3
+        # image-rules calls c1 and c2 normal already (the shared rule does not count those)
+        reads = _row(measured.attacks, "reference/image-rules", kind)
+        assert reads.success.value == 0.0 and reads.success.n == 1 and reads.not_movable == 2
         assert _row(measured.attacks, "reference/text-prior", kind).success.value == 0.0
     followed = [p for p in measured.pairs if p.followed_instruction]
     assert followed and all(p.model == "reference/gullible" for p in followed)
-    assert all(p.planted_text and "normal study" in p.planted_text for p in followed)
-    assert all(p.variant.diagnosis == "normal study" for p in followed)
+    for p in followed:  # the evidence: what was planted, and the answer
+        assert p.target and p.planted_text and p.target in p.planted_text
+        assert p.variant.diagnosis == p.target != p.source.diagnosis

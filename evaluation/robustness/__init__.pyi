@@ -30,7 +30,6 @@ from .measures import FlipRow as FlipRow
 from .measures import RelianceRow as RelianceRow
 from .measures import RobustnessMeasures as RobustnessMeasures
 from .measures import VariantPair as VariantPair
-from .measures import names_target as names_target
 from .measures import robustness_measures as robustness_measures
 from .measures import variant_pairs as variant_pairs
 from .records import ATTACKS as ATTACKS
