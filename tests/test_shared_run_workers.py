@@ -11,6 +11,7 @@ once continued its late answers are refused (kept in ``call_attempts``), never o
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -186,3 +187,48 @@ def test_postgresql_restarted_mid_run_loses_and_repeats_nothing(tmp_path: Path) 
         assert _count(url, "SELECT count(*) FROM audit") == stats.calls
         assert _count(url, "SELECT count(*) FROM samples WHERE status = 'ok'") == distinct
         assert _count(url, "SELECT count(*) FROM run WHERE status = 'complete'") == 1
+
+
+def test_one_worker_and_three_store_the_same_answers_and_scores(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """The same run (reference models, deterministic) by one worker and by three sharing it
+    at once: the same calls, the same answers, the same samples and scores."""
+    import asyncio
+
+    from evaluation import DatasetSpec, RunConfig
+    from evaluation.engine import resume_run, start_run
+    from evaluation.log import open_store
+    from gateway.settings import get_settings
+
+    suite, answers = write_nmb(tmp_path / "data", N_CASES)
+
+    def config(run_id: str) -> RunConfig:
+        return RunConfig.from_settings(
+            get_settings(), DatasetSpec(path=str(suite), answers=str(answers)),
+            models=["reference/image-rules", "reference/text-prior"], samples=SAMPLES, seed=7,
+            bertscore=False, run_id=run_id,
+        )  # fmt: skip
+
+    async def three(url: str, run: Path) -> None:
+        await start_run(config("same"), run, database_url=url, shard=(0, SHARDS), lease_s=5)
+        await asyncio.gather(*(resume_run(run, database_url=url, shard=(i, SHARDS), lease_s=5)
+                               for i in range(1, SHARDS)))  # fmt: skip
+
+    one_url, three_url = fresh_pg_database(pg_url), fresh_pg_database(pg_url)
+    asyncio.run(start_run(config("same"), tmp_path / "one", database_url=one_url))
+    asyncio.run(three(three_url, tmp_path / "three"))
+
+    def content(run: Path, url: str) -> tuple[object, ...]:
+        with open_store(run, database_url=url) as store:
+            answers = {k: o.text for k, o in store.responses().items()}
+            samples = sorted((s.case_id, s.task, s.model, s.sample, s.status,
+                              json.dumps(s.parsed, sort_keys=True, default=str))
+                             for s in store.samples(calls=False, scores=False))  # fmt: skip
+            scores = {k: sorted((s.scorer, s.value) for s in v) for k, v in store.scores().items()}
+            return answers, samples, scores, store.run_log().status
+
+    one, many = content(tmp_path / "one", one_url), content(tmp_path / "three", three_url)
+    assert one[0] and one[0] == many[0]  # the same calls, answered the same
+    assert one[1] == many[1] and one[2] == many[2]
+    assert one[3] == many[3] == "complete"
