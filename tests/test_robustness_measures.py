@@ -16,7 +16,7 @@ from test_robustness_variants import sample_case
 
 from evaluation import Case
 from evaluation.case import GroundTruth, Hemisphere, TaskFamily
-from evaluation.log import SampleResult
+from evaluation.log import RunData, SampleResult
 from evaluation.models import ModelSpec, create_model
 from evaluation.parsing import parse_answer
 from evaluation.prompts import default_prompts
@@ -65,7 +65,18 @@ def _normal(tmp: Path) -> Case:
     return case
 
 
+def reference_run(tmp: Path) -> RunData:
+    """The reference run as the reports read it (cases, samples, the variants' records)."""
+    samples, records, cases = _asked(tmp)
+    return RunData(run_id="ref", cases=cases, samples=samples, variants=list(records.values()))
+
+
 def _reference_run(tmp: Path) -> tuple[list[SampleResult], dict[str, CaseVariant]]:
+    samples, records, _ = _asked(tmp)
+    return samples, records
+
+
+def _asked(tmp: Path) -> tuple[list[SampleResult], dict[str, CaseVariant], list[Case]]:
     cases = [_case(tmp, "c1", "p1", 90), _case(tmp, "c2", "p2", 20), _normal(tmp)]
     asked: list[tuple[Case, tuple[str, ...]]] = [(c, MODELS) for c in cases]
     records: dict[str, CaseVariant] = {}
@@ -75,7 +86,8 @@ def _reference_run(tmp: Path) -> tuple[list[SampleResult], dict[str, CaseVariant
             # gullible (tesseract on every image: a second a case) only where text is planted
             asked.append((variant, MODELS if kind.startswith("planted") else MODELS[:2]))
             records[record.case_id] = record
-    return [_ask(m, c) for c, models in asked for m in models], records
+    samples = [_ask(m, c) for c, models in asked for m in models]
+    return samples, records, [c for c, _ in asked]
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ from evaluation.log.passport import ModelPassport
 from evaluation.log.records import SentMessage as SentMessage  # re-exported
 from evaluation.log.records import SentPart as SentPart  # re-exported
 from evaluation.log.records import SentRequest as SentRequest  # re-exported
+from evaluation.robustness.records import CaseVariant
 from evaluation.scoring.scored import ScoredSample
 
 RUNDATA_VERSION = 1
@@ -58,6 +59,9 @@ class RunData(BaseModel):
     requests: dict[str, SentRequest] = Field(default_factory=dict)
     # each model's passport (RunStore.passports; empty in bundles written before)
     passports: dict[str, ModelPassport] = Field(default_factory=dict)
+    # the grounding audit's variants the run asked on (its run note ``robustness_variants``):
+    # what each planted and where, by the variant's case id ``<source>~<kind>``
+    variants: list[CaseVariant] = Field(default_factory=list)
 
     def case(self, case_id: str) -> Case:
         for c in self.cases:

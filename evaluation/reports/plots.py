@@ -141,6 +141,15 @@ def _why_no_ablations(r: SummaryReport) -> str | None:
     return None
 
 
+def _why_no_robustness(r: SummaryReport) -> str | None:
+    if r.robustness is None or r.robustness.empty:
+        return (
+            "The grounding audit was not run: no case was asked on its variants "
+            "(neurosandbox eval --robustness KINDS)."
+        )
+    return None
+
+
 WHY_EMPTY: dict[str, Callable[[SummaryReport], str | None]] = {
     "leaderboard": _why_no_leaderboard,
     "breakdowns": _why_no_breakdowns,
@@ -149,6 +158,7 @@ WHY_EMPTY: dict[str, Callable[[SummaryReport], str | None]] = {
     "cost": _why_no_cost,
     "ablations": _why_no_ablations,
     "over_time": lambda r: no_history_text(r.history),
+    "robustness": _why_no_robustness,
 }
 
 
@@ -414,6 +424,82 @@ def published(r: SummaryReport) -> bytes | None:
     return _png(fig)
 
 
+def _panel(
+    ax: Any, title: str, rows: list[tuple[str, str, Estimate]], xlabel: str, models: list[str]
+) -> None:
+    """One panel of the audit's plot: per label (a kind) a point per model with its CI (a model
+    keeps its colour across the panels)."""
+    labels = sorted({label for label, _, _ in rows})
+    step = 0.8 / max(1, len(models))
+    for j, model in enumerate(models):
+        ys, xs, lo, hi, ns = [], [], [], [], []
+        for i, label in enumerate(labels):
+            est = next((e for lab, m, e in rows if lab == label and m == model), None)
+            e = _err(est)
+            if e is None or est is None:
+                continue
+            ys.append(i - 0.4 + step * (j + 0.5))
+            xs.append(e[0])
+            lo.append(e[1])
+            hi.append(e[2])
+            ns.append(est.n)
+        colour = PALETTE[j % len(PALETTE)]
+        ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o", capsize=3, color=colour, label=_short(model))
+        for x, y, h, n in zip(xs, ys, hi, ns, strict=True):
+            ax.annotate(f"n={n}", (min(x + h, 1.0), y), xytext=(4, 0), textcoords="offset points",
+                        va="center", fontsize=6, color=colour)  # fmt: skip
+    ax.set_yticks(range(len(labels)), [_short(label, 30) for label in labels])
+    ax.invert_yaxis()
+    ax.set_xlim(-1.05 if "loss" in xlabel else -0.02, 1.15)
+    ax.axvline(0, color="#999999", lw=0.6)
+    ax.set_xlabel(xlabel, fontsize=7)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(title, fontsize=9)
+
+
+def robustness(r: SummaryReport) -> bytes | None:
+    """ "Does the model read the image?": per model, the score lost without the image evidence,
+    the sides that follow the mirror, and the attack success per planted kind (95% CIs over
+    patients); a panel is drawn only when the run has its pairs."""
+    a = r.robustness
+    if a is None or a.empty:
+        return None
+    panels = [
+        (
+            "Score lost without the image evidence",
+            [
+                (f"{x.kind.value}: {x.metric.replace('_', ' ')}", x.model, x.loss)
+                for x in a.reliance
+            ],
+            "score with the images minus without (loss)",
+        ),
+        (
+            "Sides that follow the mirror",
+            [(x.kind.value, x.model, x.follows) for x in a.flips],
+            "share of the answer's lefts and rights mirrored",
+        ),
+        (
+            "Attack success per planted kind",
+            [(x.kind.value, x.model, x.success) for x in a.attacks],
+            "share of answers moved toward the planted instruction",
+        ),
+    ]
+    panels = [p for p in panels if any(_err(e) for _, _, e in p[1])]
+    if not panels:
+        return None
+    heights = [0.6 + 0.32 * len({lab for lab, _, _ in rows}) * max(1, len(a.models())) / 2
+               for _, rows, _ in panels]  # fmt: skip
+    fig = Figure(figsize=(7.5, sum(heights) + 0.6 * len(panels)))
+    grid = fig.add_gridspec(len(panels), 1, height_ratios=heights)
+    for n, (title, rows, xlabel) in enumerate(panels):
+        ax = fig.add_subplot(grid[n])
+        _panel(ax, title, rows, xlabel, a.models())
+        if n == 0:
+            ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return _png(fig)
+
+
 PLOTS: dict[str, Callable[[SummaryReport], bytes | None]] = {
     "leaderboard": leaderboard,
     "breakdowns": breakdowns,
@@ -423,6 +509,7 @@ PLOTS: dict[str, Callable[[SummaryReport], bytes | None]] = {
     "ablations": ablations,
     "published": published,
     "over_time": lambda r: over_time(r),
+    "robustness": robustness,
 }
 
 

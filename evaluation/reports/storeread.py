@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from evaluation.case import TaskFamily
 from evaluation.log.records import SampleTurn
 from evaluation.log.rundata import RunData, SampleResult, SentRequest
+from evaluation.robustness import recorded_variants
 from evaluation.scores import ParseStatus
 from evaluation.scoring.scored import ScoredSample, case_modality
 
@@ -76,6 +77,7 @@ def run_from_store(
         coverage = store.coverage()
         scored = store.scored_by_sample()
         passports = store.passports()
+        variants = list(recorded_variants(store).values())
     finally:
         store.close()
     dataset = dataset or open_dataset(config, cache_dir)
@@ -139,4 +141,5 @@ def run_from_store(
         coverage=coverage,
         requests=requests,
         passports=passports,
+        variants=[v for v in variants if v.case_id in used],
     )

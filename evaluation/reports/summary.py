@@ -23,6 +23,7 @@ from evaluation.reports.over_time import RunHistory, run_history, this_run_entry
 from evaluation.reports.published import PublishedBenchmark, neural_medbench
 from evaluation.review.agreement import ReviewStats, apply_overrides, review_stats
 from evaluation.review.review_log import CaseReview
+from evaluation.robustness import RobustnessMeasures, as_received, robustness_measures
 from evaluation.scores import ParseStatus
 from evaluation.scoring import RunSummary, SubgroupTable, subgroup_table, summarise
 from evaluation.scoring.stats import DEFAULT_BOOT, Estimate, bootstrap_mean
@@ -175,6 +176,9 @@ class SummaryReport(BaseModel):
     # the earlier runs of this run's dataset in the runs catalog, this run last (over_time.py;
     # None: no catalog was handed in)
     history: RunHistory | None = None
+    # "Does the model read the image?": the grounding audit's measures over the run's variants
+    # (None: the run asked on none; its variants are never cases of the figures above)
+    robustness: RobustnessMeasures | None = None
 
 
 def _ablations(run: RunData, n_boot: int) -> list[AblationRow]:
@@ -256,8 +260,17 @@ def build_summary(
 ) -> SummaryReport:
     """The run summary; signed-off reviews replace error labels and add agreement figures.
     ``catalog``: the install's runs (``evaluation.log.list_runs``), for each model's figures
-    over the earlier runs of this dataset (None: that section says no catalog was read)."""
+    over the earlier runs of this dataset (None: that section says no catalog was read).
+
+    The grounding audit's variants (``<case>~<kind>``) are not cases: every figure, the case
+    matrix and the subgroups are over the cases as received; the variants' samples are read
+    by the audit's measures (``SummaryReport.robustness``)."""
     reviews = reviews or []
+    audit = _audit(run, n_boot)
+    run = as_received(run)
+    if checklists is not None:
+        received = {c.case_id for c in run.cases}
+        checklists = [c for c in checklists if c.case_id in received]
     if checklists is None:
         checklists = [
             build_checklist(
@@ -299,4 +312,12 @@ def build_summary(
         passports=run.passports,
         subgroups=subgroup_table(run.cases, full, n_boot=n_boot),
         history=history,
+        robustness=audit,
     )
+
+
+def _audit(run: RunData, n_boot: int) -> RobustnessMeasures | None:
+    """The audit's measures over the run's full-input samples (None: no variant was asked)."""
+    full = [s for s in run.samples if s.ablation == FULL_INPUT]
+    measures = robustness_measures(full, {v.case_id: v for v in run.variants}, n_boot=n_boot)
+    return None if measures.empty and not measures.unpaired else measures

@@ -25,16 +25,44 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
+from typing import Protocol
 
 from pydantic import BaseModel
 
-from evaluation.answers import Answer
+from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import TaskFamily
-from evaluation.log.rundata import FULL_INPUT, SampleResult
 from evaluation.robustness.records import ATTACKS, CaseVariant, VariantKind, variant_of
 from evaluation.scoring.lexicon import default_lexicon
 from evaluation.scoring.text import normalise
 from evaluation.scoring.truth import names_normal
+from evaluation.tasks import Ablation
+
+FULL_INPUT = Ablation.BOTH.value  # log.rundata's: the unablated condition
+
+
+class _Scored(Protocol):
+    @property
+    def case_id(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def family(self) -> TaskFamily: ...
+    @property
+    def sample_index(self) -> int: ...
+
+
+class _Answered(Protocol):
+    """What is read of a sample (``log.SampleResult``; the log's records hold the variants'
+    record, so this package does not import them)."""
+
+    @property
+    def scored(self) -> _Scored: ...
+    @property
+    def answer(self) -> Answer | ClassificationAnswer | None: ...
+    @property
+    def ablation(self) -> str: ...
+    @property
+    def turn(self) -> int | None: ...
 
 
 class AttackOutcome(StrEnum):
@@ -101,22 +129,22 @@ def attack_outcome(
     return AttackOutcome.RESISTED
 
 
-def _key(s: SampleResult) -> tuple[str, str, TaskFamily, int]:
+def _key(s: _Answered) -> tuple[str, str, TaskFamily, int]:
     sc = s.scored
     return (sc.case_id, sc.model, sc.family, sc.sample_index)
 
 
-def _answer(s: SampleResult | None) -> Answer | None:
+def _answer(s: _Answered | None) -> Answer | None:
     return s.answer if s is not None and isinstance(s.answer, Answer) else None
 
 
 def attack_decisions(
-    samples: Iterable[SampleResult], variants: Mapping[str, CaseVariant]
+    samples: Iterable[_Answered], variants: Mapping[str, CaseVariant]
 ) -> list[AttackDecision]:
     """Every answer on a variant that planted an instruction (``ATTACKS`` kinds), decided
     against the same model's answer to the same task and sample on the source case (the last
     turn of a multi-turn answer; ablated inputs left out), in the samples' order."""
-    last: dict[tuple[str, str, TaskFamily, int], SampleResult] = {}
+    last: dict[tuple[str, str, TaskFamily, int], _Answered] = {}
     for s in samples:
         if s.ablation != FULL_INPUT:
             continue

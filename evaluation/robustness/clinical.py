@@ -8,11 +8,42 @@ and its review pages take the run without them.
 
 from __future__ import annotations
 
-from evaluation.log.rundata import RunData
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, Self, TypeVar
+
+from evaluation.case import Case
 from evaluation.robustness.records import variant_of
 
 
-def as_received(run: RunData) -> RunData:
+class _Scored(Protocol):
+    @property
+    def case_id(self) -> str: ...
+
+
+class _Sample(Protocol):
+    @property
+    def scored(self) -> _Scored: ...
+
+
+class _Run(Protocol):
+    """What is read of a run (``log.RunData``; the log's records hold the variants' record, so
+    this package does not import them)."""
+
+    @property
+    def cases(self) -> Sequence[Case]: ...
+    @property
+    def case_roots(self) -> Mapping[str, str]: ...
+    @property
+    def samples(self) -> Sequence[_Sample]: ...
+    def model_copy(
+        self, *, update: Mapping[str, Any] | None = None, deep: bool = False
+    ) -> Self: ...
+
+
+R = TypeVar("R", bound=_Run)
+
+
+def as_received(run: R) -> R:
     """``run`` without the audit's variants (their cases, image folders and samples); the run
     itself when it has none."""
     if not any(variant_of(c.case_id)[1] is not None for c in run.cases) and not any(
@@ -26,5 +57,6 @@ def as_received(run: RunData) -> RunData:
             "cases": cases,
             "case_roots": {k: v for k, v in run.case_roots.items() if k in kept},
             "samples": [s for s in run.samples if s.scored.case_id in kept],
+            "variants": [],
         }
     )
