@@ -50,7 +50,7 @@ from evaluation.scoring.stats import Estimate
 if TYPE_CHECKING:
     from evaluation.scoring.summary import LeaderboardRow
 
-CATALOG_VERSION = 1  # cached entries of another version are read again
+CATALOG_VERSION = 2  # cached entries of another version are read again (2: the audit's measures)
 CACHE_FILE = "catalog-cache.json"
 MAX_TEXT = 300  # characters of a hostile string (a note, a model name) kept in an entry
 Source = Literal["cli", "demo", "gateway"]
@@ -78,6 +78,12 @@ class ModelMetrics(BaseModel):
     pass_at_1: Estimate | None = None  # sampled pass@1
     ranked_pass_at_1: Estimate | None = None
     cost: CostFigure = Field(default_factory=CostFigure)
+    # the grounding audit's measures (a run with --robustness; empty otherwise), by variant
+    # kind: the diagnosis score lost without the image evidence, the share of sides that follow
+    # the mirror, the attack success of each planted kind (evaluation.robustness's measures)
+    image_reliance: dict[str, Estimate] = Field(default_factory=dict)
+    flip_follows: dict[str, Estimate] = Field(default_factory=dict)
+    attack_success: dict[str, Estimate] = Field(default_factory=dict)
 
     @classmethod
     def of_row(cls, row: LeaderboardRow, cost: CostFigure | None = None) -> ModelMetrics:
@@ -397,15 +403,49 @@ def _costs(store: RunStore) -> dict[str, CostFigure]:
 
 
 def _metrics(store: RunStore, costs: dict[str, CostFigure]) -> list[ModelMetrics]:
-    """Each model's leaderboard figures, from the stored scored samples (none: empty)."""
+    """Each model's leaderboard figures, from the stored scored samples of the cases as
+    received (the audit's variants are not cases), with the audit's measures (none: empty)."""
+    from evaluation.robustness import variant_of
     from evaluation.scoring.scored import ScoredSample
     from evaluation.scoring.summary import summarise
 
     samples = [ScoredSample.model_validate_json(j) for j in store.scored_samples()]
-    if not samples:
+    received = [s for s in samples if variant_of(s.case_id)[1] is None]
+    if not received:
         return []
-    summary = summarise(samples)
-    return [ModelMetrics.of_row(row, costs.get(row.model)) for row in summary.leaderboard]
+    summary = summarise(received)
+    out = [ModelMetrics.of_row(row, costs.get(row.model)) for row in summary.leaderboard]
+    if len(received) < len(samples):
+        _audit(store, out)
+    return out
+
+
+def _audit(store: RunStore, metrics: list[ModelMetrics]) -> None:
+    """The audit's measures of a run with variants, into each model's figures."""
+    from evaluation.log.rundata import SampleResult
+    from evaluation.robustness import recorded_variants, robustness_measures
+    from evaluation.scoring.scored import ScoredSample
+
+    scored = store.scored_by_sample()
+    samples = [
+        SampleResult(
+            scored=ScoredSample.model_validate_json(scored[r.sample_id]),
+            answer=r.parsed,
+            images_sent=list(r.image_hashes),
+            turn=len(r.turns) - 1 if r.turns else None,
+        )
+        for r in store.samples(scores=False)
+        if r.sample_id in scored
+    ]
+    measures = robustness_measures(samples, recorded_variants(store))
+    for m in metrics:
+        m.image_reliance = {
+            x.kind.value: x.loss
+            for x in measures.reliance
+            if x.model == m.model and x.metric == "diagnosis"
+        }
+        m.flip_follows = {x.kind.value: x.follows for x in measures.flips if x.model == m.model}
+        m.attack_success = {x.kind.value: x.success for x in measures.attacks if x.model == m.model}
 
 
 def _passports(store: RunStore) -> tuple[dict[str, dict[str, str]], dict[str, str]]:

@@ -1,0 +1,40 @@
+"""The runs catalog of a run with the grounding audit (issue 39): each model's figures are over
+the cases as received (the variants '<case>~<kind>' are not cases), and its entry carries the
+audit's measures: the score lost without the images, the sides that follow the mirror, the attack
+success of each planted kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine_helpers import cli_env, write_nmb
+from typer.testing import CliRunner
+
+from evaluation.log import list_runs
+from gateway.cli import app
+
+
+def test_the_catalog_counts_the_cases_and_carries_the_audits_measures(tmp_path: Path) -> None:
+    data, answers = write_nmb(tmp_path / "data", 2)
+    env = cli_env(tmp_path / "cache")
+    env["NEUROSANDBOX_DATA_DIR"] = str(tmp_path / "var")
+    env["NEUROSANDBOX_RUNS_DIR"] = str(tmp_path / "runs")
+    run = tmp_path / "runs" / "r1"
+    r = CliRunner().invoke(
+        app,
+        ["eval", "--suite", str(data), "--answers", str(answers), "--model",
+         "reference/text-prior", "--model", "reference/gullible", "--no-bertscore",
+         "--out", str(run), "--robustness", "no_images,planted_note"],
+        env=env,
+    )  # fmt: skip
+    assert r.exit_code == 0, r.output[-2000:]
+    (entry,) = list_runs([tmp_path / "runs"])
+    prior, gullible = entry.metric("reference/text-prior"), entry.metric("reference/gullible")
+    assert prior is not None and gullible is not None
+    # two cases, one question each: the variants' answers are not counted as cases
+    assert prior.n_samples == gullible.n_samples == 2
+    assert prior.image_reliance["no_images"].value == 0.0  # the same answer without images
+    assert prior.attack_success["planted_note"].value == 0.0
+    assert gullible.attack_success["planted_note"].value == 1.0
+    assert gullible.attack_success["planted_note"].n == 2
+    assert not prior.flip_follows  # no mirror was asked
