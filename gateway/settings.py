@@ -66,6 +66,13 @@ class Settings(BaseSettings):
     # long unless its worker renews it (every third of it); a dead or stalled worker's calls
     # are taken over after it
     call_lease_s: Annotated[float, Field(ge=0.3, le=3600)] = 30.0
+    # the queue (`neurosandbox worker`, `eval --queue`; PostgreSQL only, gateway/jobs.py): a
+    # worker's heartbeat; a worker silent this long is stalled and its jobs are queued again;
+    # how often that is checked and the outbox drained; jobs one worker runs at once
+    queue_heartbeat_s: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    queue_stall_s: Annotated[float, Field(gt=0, le=86400)] = 60.0
+    queue_check_s: Annotated[int, Field(ge=1, le=3600)] = 10
+    worker_concurrency: Annotated[int, Field(ge=1, le=64)] = 1
     # the PACS the sandbox finds, pulls from and writes back to, by name (YAML; docs/gateway.md
     # "Using your own PACS"); None: only `local`, the Orthanc above
     pacs_file: Path | None = None

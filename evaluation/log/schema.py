@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-HEAD = "0004_call_claims"
+HEAD = "0005_job_outbox"
 
 metadata = sa.MetaData()
 
@@ -261,5 +261,21 @@ provider_leases = sa.Table(
     sa.Column("lease_until", sa.Float, nullable=False),
     sa.PrimaryKeyConstraint("provider", "kind", "slot", name="pk_provider_leases"),
 )
+
+# --- the queue's outbox (PostgreSQL; gateway.jobs): a job written in the transaction of its run
+# row, drained into the queue (its ``job_id`` there, or None: merged into a queued duplicate)
+job_outbox = sa.Table(
+    "job_outbox",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("task", sa.Text, nullable=False),
+    sa.Column("queueing_lock", sa.Text, nullable=False),
+    sa.Column("lock", sa.Text),
+    sa.Column("args", sa.Text, nullable=False),  # JSON: the task's arguments
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("drained_at", sa.Text),  # None: not yet in the queue
+    sa.Column("job_id", sa.BigInteger),
+)
+sa.Index("ix_job_outbox_pending", job_outbox.c.drained_at)
 
 CASE_TABLES = (scores, error_labels, scored_samples, responses, failures, audit, samples)

@@ -23,6 +23,7 @@ from gateway.cli.report import pilot_report_command, report_command
 from gateway.cli.runs import runs_app
 from gateway.cli.serve import serve_command
 from gateway.cli.tokens import tokens_app
+from gateway.cli.worker import worker_command
 
 flags_take_no_value()
 app = typer.Typer(
@@ -64,6 +65,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(cases_app, name="cases")
 app.command("purge")(purge_command)
 app.add_typer(db_app, name="db")
+app.command("worker")(worker_command)
 
 
 def main() -> None:  # pragma: no cover

@@ -56,3 +56,14 @@ def upgrade_command() -> None:
         f"{after.url}: schema {before or 'none'} -> {after.current}"
         + (" (nothing to do)" if before == after.current else "")
     )
+    import psycopg
+
+    from gateway.jobs import QueueError, apply_schema
+
+    try:
+        created = apply_schema(url)
+    except (QueueError, psycopg.Error) as exc:
+        raise fail(f"the queue's tables (procrastinate): {exc}", 1) from None
+    table_console().print(
+        "the queue's tables (procrastinate): " + ("created" if created else "present")
+    )

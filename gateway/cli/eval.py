@@ -97,6 +97,17 @@ def eval_command(
             "cases whose id hashes to I; the others join with `runs resume RUN --shard J/N`",
         ),
     ] = None,
+    queue: Annotated[
+        int | None,
+        typer.Option(
+            "--queue",
+            min=1,
+            max=1000,
+            metavar="<N>",
+            help="put the run on the queue as N shard jobs (PostgreSQL run log) for "
+            "`neurosandbox worker` processes on any host, instead of running it here",
+        ),
+    ] = None,
     temperature: Annotated[float, typer.Option(help="decoding temperature")] = 0.7,
     top_p: Annotated[float, typer.Option("--top-p", help="nucleus sampling")] = 0.95,
     max_tokens: Annotated[
@@ -242,6 +253,9 @@ def eval_command(
     if dry_run:
         _dry_run(config, out, settings, as_json=as_json)
         return
+    if queue is not None:
+        _enqueue(settings, out, queue, shard=shard)
+        return
     console.print(f"loading dataset {escape(str(suite))} ...")
     part = shard_option(shard) if shard is not None else None
     if part is not None and settings.database_url is None:
@@ -270,6 +284,64 @@ def eval_command(
 
 # The exit codes are part of the command's help (typer shows the docstring's paragraphs).
 eval_command.__doc__ = f"{inspect.cleandoc(eval_command.__doc__ or '')}\n\n{EXIT_CODES}"
+
+
+# options naming a file or folder: made absolute for a worker that runs in another folder
+_PATH_OPTIONS = (
+    "--suite",
+    "--out",
+    "--models-file",
+    "--answers",
+    "--image-root",
+    "--bertscore-model",
+)
+
+
+def _enqueue(settings: Settings, out: Path, shards: int, *, shard: str | None) -> None:
+    """``eval --queue N``: the command as it was typed, as N shard jobs in the outbox, then
+    drained into the queue (a worker drains whatever a killed enqueuer left)."""
+    import sys
+
+    import sqlalchemy as sa
+
+    from gateway.jobs import QueueError, drain, enqueue, schema_ready, shard_jobs
+
+    if settings.database_url is None:
+        raise fail("--queue needs the PostgreSQL run log (NEUROSANDBOX_DATABASE_URL)",
+                   ExitCode.USAGE)  # fmt: skip
+    if shard is not None:
+        raise fail("--queue makes the shards itself: leave out --shard", ExitCode.USAGE)
+    argv, args = ["eval"], sys.argv[sys.argv.index("eval") + 1 :]
+    while args:
+        arg = args.pop(0)
+        name, eq, value = arg.partition("=")
+        if name == "--queue":
+            if not eq:
+                args.pop(0)
+            continue
+        if name in _PATH_OPTIONS:
+            value = value if eq else args.pop(0)
+            argv += [name, str(Path(value).absolute())]
+            continue
+        argv.append(arg)
+    try:
+        if not schema_ready(settings.database_url):
+            raise QueueError("the queue's tables are missing: run `neurosandbox db upgrade`")
+        engine = sa.create_engine(settings.database_url, poolclass=sa.pool.NullPool)
+        try:
+            with engine.begin() as conn:  # all the shards, or none
+                for job in shard_jobs(argv, out, shards):
+                    enqueue(conn, job)
+        finally:
+            engine.dispose()
+        queued = drain(settings.database_url)
+    except (QueueError, sa.exc.SQLAlchemyError) as exc:
+        raise fail(f"--queue: {exc}", ExitCode.USAGE) from None
+    console.print(
+        f"queued {shards} shard job(s) of {escape(str(out.absolute()))} "
+        f"({len(queued.queued)} new, {queued.merged} already waiting); "
+        "`neurosandbox worker` runs them, `neurosandbox runs show` follows the run"
+    )
 
 
 def _dry_run(config: RunConfig, out: Path, settings: Settings, *, as_json: bool) -> None:

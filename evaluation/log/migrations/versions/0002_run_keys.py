@@ -22,7 +22,7 @@ depends_on = None
 # The schema at this revision: schema.py's tables but those later revisions add (0003's
 # gateway runs, 0004's claims). A later revision that changes one of these tables must freeze
 # its shape here first.
-_LATER = {"gateway_runs", "call_claims", "call_attempts", "provider_leases"}
+_LATER = {"gateway_runs", "call_claims", "call_attempts", "provider_leases", "job_outbox"}
 _TABLES = [t for t in schema.metadata.sorted_tables if t.name not in _LATER]
 _NEW_IN_CASES = ("patient_id", "study_uids")
 
