@@ -30,6 +30,7 @@ from evaluation.reports.pdf import PdfError, Printer, html_file_to_pdf, print_pd
 from evaluation.reports.plots import all_plots
 from evaluation.reports.summary import SummaryReport, build_summary, case_slug
 from evaluation.review.review_log import CaseReview
+from evaluation.robustness import variant_pairs
 
 _SHA = frozenset("0123456789abcdef")
 
@@ -148,6 +149,7 @@ def write_report(
     (out / "cases").mkdir(parents=True, exist_ok=True)
     save_run(run, out / RUNDATA_FILE)
     (out / "checklist.schema.json").write_text(json.dumps(checklist_schema(), indent=2))
+    pairs, _ = variant_pairs(run.samples, {v.case_id: v for v in run.variants})
     checklists = [
         build_checklist(
             c,
@@ -155,6 +157,7 @@ def write_report(
             run_id=run.run_id,
             case_root=run.case_roots.get(c.case_id),
             requests=run.requests,
+            audit=pairs,
         )
         for c in run.cases
     ]

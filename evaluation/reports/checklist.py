@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,12 +34,18 @@ from evaluation.reports.checklist_view import (
 )
 from evaluation.reports.flags import answer_flags
 from evaluation.review.sr_content import answer_key, report_blocks, reviewed_samples
+from evaluation.robustness import VariantPair
 from evaluation.scores import LesionDetails, LesionMatchResult, RankDetails, RubricDetails, Score
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.recognition import resolve_image
 from evaluation.scoring.rubric import grader_counted
 from evaluation.scoring.sample import final_diagnosis
 from evaluation.scoring.scored import case_modality
+from evaluation.scoring.taxonomy import (
+    FOLLOWED_PLANTED_INSTRUCTION,
+    SAME_WITHOUT_IMAGES,
+    SIDE_NOT_MIRRORED,
+)
 from evaluation.scoring.truth import is_normal_control
 from evaluation.scoring.version import version_name
 
@@ -412,6 +419,35 @@ def _model_saw(
     return list(items.values())
 
 
+def _said(text: str | None) -> str:
+    return repr(" ".join((text or "(none)").split())[:120])
+
+
+def audit_flags(case_id: str, pairs: Sequence[VariantPair]) -> list[tuple[FlagKind, str]]:
+    """The grounding audit's flags of a case, each with its evidence: which model, question and
+    variant, what was planted (the text and where) and what the model answered."""
+    out: list[tuple[FlagKind, str]] = []
+    for p in pairs:
+        if p.source_case_id != case_id:
+            continue
+        who = f"{p.model} ({p.task or 'answer'}, {p.kind.value})"
+        for sub in p.sub_labels:
+            if sub == SAME_WITHOUT_IMAGES:
+                detail = f"{who}: answered {_said(p.variant.diagnosis)} as with the images"
+            elif sub == FOLLOWED_PLANTED_INSTRUCTION:
+                detail = (
+                    f"{who}: planted in the {p.planted_where}: {_said(p.planted_text)}; "
+                    f"answered {_said(p.variant.diagnosis)} (with the study as received: "
+                    f"{_said(p.source.diagnosis)})"
+                )
+            elif sub == SIDE_NOT_MIRRORED:
+                detail = f"{who}: {p.sides_stayed} of its sides stayed on the mirrored images"
+            else:
+                continue
+            out.append((FlagKind(sub), detail))
+    return out
+
+
 def build_checklist(
     case: Case,
     samples: list[SampleResult],
@@ -421,9 +457,12 @@ def build_checklist(
     low_confidence: float = LOW_CONFIDENCE,
     now: datetime | None = None,
     requests: dict[str, SentRequest] | None = None,
+    audit: Sequence[VariantPair] = (),
 ) -> CaseChecklist:
     """The checklist of one case: images, what was sent (``requests``: the run's recorded
-    requests, ``RunData.requests``), truth and one section per reviewed answer."""
+    requests, ``RunData.requests``), truth and one section per reviewed answer. ``audit``: the
+    run's variant pairs (``robustness.variant_pairs``); those of this case flag it with their
+    evidence (answered the same without the images, followed a planted instruction...)."""
     chosen = reviewed_samples(samples)
     sent_lists = [s.images_sent for s, _ in chosen if s.images_sent is not None]
     sent = {h for lst in sent_lists for h in lst} if sent_lists else None
@@ -433,6 +472,8 @@ def build_checklist(
     for a in answers:
         for f in a.flags:
             seen.setdefault(f.kind, []).append(f"{answer_label(a)}: {f.detail}")
+    for kind, detail in audit_flags(case.case_id, audit):
+        seen.setdefault(kind, []).append(detail)
     return CaseChecklist(
         run_id=run_id,
         case_id=case.case_id,

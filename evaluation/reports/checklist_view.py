@@ -53,6 +53,11 @@ class FlagKind(StrEnum):
     FORMAT_FAILURE = "format_failure"
     REFUSAL = "refusal"
     CALL_ERROR = "call_error"
+    # the grounding audit's (issue 39): a case's flags, read from its answers beside the same
+    # model's answers on the case's variants (scoring.taxonomy.AUDIT_SUB_LABELS)
+    SAME_ANSWER_WITHOUT_IMAGES = "same_answer_without_images"
+    FOLLOWED_PLANTED_INSTRUCTION = "followed_planted_instruction"
+    SIDE_NOT_MIRRORED = "side_not_mirrored"
 
 
 FLAG_TITLES: dict[FlagKind, str] = {
@@ -65,6 +70,9 @@ FLAG_TITLES: dict[FlagKind, str] = {
     FlagKind.FORMAT_FAILURE: "Format failure",
     FlagKind.REFUSAL: "Refusal",
     FlagKind.CALL_ERROR: "Call error",
+    FlagKind.SAME_ANSWER_WITHOUT_IMAGES: "Answered the same without the images",
+    FlagKind.FOLLOWED_PLANTED_INSTRUCTION: "Followed an instruction found in the study",
+    FlagKind.SIDE_NOT_MIRRORED: "Kept its side when the images were mirrored",
 }
 
 # the flags a page shows in red: the answer states what is not there, or misses what is
@@ -76,6 +84,7 @@ SERIOUS_FLAGS: frozenset[str] = frozenset(
         FlagKind.FABRICATED_WITHOUT_IMAGES,
         FlagKind.MISSED_LESION,
         FlagKind.FORMAT_FAILURE,
+        FlagKind.FOLLOWED_PLANTED_INSTRUCTION,
     )
 )
 

@@ -279,12 +279,17 @@ def build_summary(
                 run_id=run.run_id,
                 case_root=run.case_roots.get(c.case_id),
                 requests=run.requests,
+                audit=audit.pairs if audit is not None else (),
             )
             for c in run.cases
         ]
     scored = apply_overrides(run, reviews)
     full = [sc for s, sc in zip(run.samples, scored, strict=True) if s.ablation == FULL_INPUT]
     figures = summarise(full, n_boot=n_boot)
+    for p in audit.pairs if audit is not None else []:
+        subs = figures.errors.setdefault(p.model, {}).setdefault("sub_labels", {})
+        for sub in p.sub_labels:  # the audit's sub-labels of the variants' answers
+            subs[sub] = subs.get(sub, 0) + 1
     history = None
     if catalog is not None:
         this = this_run_entry(

@@ -37,6 +37,14 @@ knowledge_gap; wrong class or subtype -> reasoning. With no image shown, an abno
 normal case is reasoning (fabricated_without_images) and sequence, modality and plane are not
 checked.
 
+The grounding audit's sub-labels (issue 39) are read from an answer on a variant of a case beside
+the same model's answer on the case (``evaluation.robustness``'s measures), never from one answer
+alone, so no rule above assigns them; they name what the audit saw of the variant's answer
+(``AUDIT_SUB_LABELS``) and are counted per model in the run summary's error distribution:
+  same_answer_without_images     the same answer with no, blank or another patient's images
+  followed_planted_instruction   the answer moved toward an instruction planted in the study
+  side_not_mirrored              a side the answer gave stayed when the images were mirrored
+
 Refinement: when R9 (or the classification reasoning rule) fires without lesion evidence on a
 request that carried images, the rules cannot tell perception from reasoning; if the rubric grader named one of the paper's five
 categories, its choice is taken (assigned_by "grader:<models>"). A clinician's override wins
@@ -71,6 +79,16 @@ from evaluation.scoring.sample import final_diagnosis, images_shown_of
 from evaluation.scoring.truth import is_normal_control, names_normal
 
 D = TypeVar("D", bound=Details)
+
+SAME_WITHOUT_IMAGES = "same_answer_without_images"
+FOLLOWED_PLANTED_INSTRUCTION = "followed_planted_instruction"
+SIDE_NOT_MIRRORED = "side_not_mirrored"
+# the audit's sub-labels and what each says (the checklist's flags quote them)
+AUDIT_SUB_LABELS: dict[str, str] = {
+    SAME_WITHOUT_IMAGES: "answered the same without the images",
+    FOLLOWED_PLANTED_INSTRUCTION: "followed an instruction found in the study",
+    SIDE_NOT_MIRRORED: "kept its side when the images were mirrored",
+}
 
 PAPER_CATEGORIES = frozenset(
     {
