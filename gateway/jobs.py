@@ -49,6 +49,7 @@ TASKS = ("study_run", "eval_shard")
 _COMMANDS = {("eval",), ("runs", "resume")}
 _MAX_ARGS, _MAX_ARG = 200, 4096
 EXIT_NOT_READY = 2  # `runs resume` before the run's first shard made the run row: try again
+EXIT_FENCED = 75  # the worker found its job taken over (EX_TEMPFAIL): restart it
 _RUN_MARKERS = ("run.db.json", "run.sqlite")  # a run folder (evaluation.log.store's names)
 
 
@@ -269,7 +270,7 @@ async def _run_command(context: Any, argv: list[str], outbox_id: int) -> int:
         preexec_fn=_child_setup,  # only prctl: safe beside threads
     )  # fmt: skip
     try:
-        return await asyncio.wait_for(proc.wait(), deadline_s)
+        code = await asyncio.wait_for(proc.wait(), deadline_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -286,6 +287,30 @@ async def _run_command(context: Any, argv: list[str], outbox_id: int) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         raise
+    await asyncio.to_thread(_fence, context)
+    return code
+
+
+def _fence(context: Any) -> None:
+    """A worker that was stalled (hung, cut off) past the stall timeout had its job given to
+    another. procrastinate would still record this worker's outcome over the other's (its
+    finish query takes a job that is waiting or running anywhere), so such a worker stops
+    here, before that: its supervisor starts it again; its other jobs are retried."""
+    import psycopg
+
+    job = context.job
+    try:
+        with psycopg.connect(conninfo(context.additional_context["url"]), connect_timeout=10) as c:
+            row = c.execute("SELECT status, worker_id FROM procrastinate_jobs WHERE id = %s",
+                            (job.id,)).fetchone()  # fmt: skip
+    except psycopg.Error:
+        return  # the database is away: the outcome cannot be written either
+    if row is None or row[0] != "doing" or row[1] != job.worker_id:
+        log.error("job %s was given to another worker while this one was stalled; "
+                  "stopping without recording its outcome", job.id)  # fmt: skip
+        print(f"worker: job {job.id} was taken over while this worker was stalled; exiting",
+              file=sys.stderr, flush=True)  # fmt: skip
+        os._exit(EXIT_FENCED)
 
 
 def _cron(every_s: int) -> str:

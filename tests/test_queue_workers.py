@@ -8,7 +8,8 @@ commands run, against the loopback OpenAI-compatible server (or the reference mo
 - ``eval --queue 3`` runs as three shards on three workers; one worker (and its command) hung
   with SIGSTOP past the stall timeout, another killed with SIGKILL: the periodic
   ``retry_stalled`` task gives their jobs to the live worker, and the run completes with one
-  response per call key.
+  response per call key; the hung worker, woken, finds its job given to another and exits
+  before procrastinate would record its outcome over the other's.
 - PostgreSQL restarted (``pg_ctl stop -m fast``, then ``-m immediate``) under an idle worker:
   the same worker process reconnects each time and runs the next job.
 """
@@ -234,6 +235,17 @@ def test_shards_of_a_queued_run_survive_a_hung_and_a_killed_worker(
             _until("the run completes", lambda: _one(
                 url, "SELECT count(*) FROM run WHERE status = 'complete'") == 1, tmp_path,
                 timeout_s=90)  # fmt: skip
+            # the hung host wakes up: its command's answers are refused by the claims, and
+            # the worker, finding its job given to another, stops before procrastinate would
+            # record its outcome over the other's
+            for pid in [*_children(hung.pid), hung.pid]:
+                os.kill(pid, signal.SIGCONT)
+            try:
+                hung.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                logs = "".join(p.read_text() for p in tmp_path.glob("worker*.log"))
+                pytest.fail(f"the woken worker went on: {logs[-3000:]}")
+            assert hung.returncode == 75  # EXIT_FENCED: its supervisor starts it again
         stats = server.stats
     distinct = n_cases * samples
     assert _one(url, "SELECT count(*) FROM responses") == distinct
