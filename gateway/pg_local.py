@@ -11,6 +11,7 @@ folder is removed. Not a production server: ``fsync`` is off unless asked for.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import pwd
 import re
@@ -103,8 +104,13 @@ class LocalPostgres:
         fsync: bool = False,
         bindir: Path | None = None,
         parent: Path | None = None,
+        listen: str = "127.0.0.1",
+        trusted_net: str | None = None,
     ) -> None:
         self.dbname = _check_db_name(dbname)
+        # the address(es) the server listens on, and a network (CIDR) it trusts besides
+        # loopback: the tests' worker hosts in network namespaces
+        self.listen, self.trusted_net = listen, trusted_net
         self.fsync = fsync
         self.bindir = bindir
         self.parent = parent
@@ -163,6 +169,11 @@ class LocalPostgres:
                 "initdb",
                 timeout_s,
             )
+            if self.trusted_net is not None:
+                with open(self.datadir / "pg_hba.conf", "a") as hba:
+                    hba.write(
+                        f"host all all {ipaddress.ip_network(self.trusted_net, strict=False)} trust\n"
+                    )
             last = ""
             for _ in range(attempts):  # the free port may be taken between pick and bind
                 self.port = free_port()
@@ -202,7 +213,7 @@ class LocalPostgres:
             "-p",
             str(self.port),
             "-c",
-            "listen_addresses=127.0.0.1",
+            f"listen_addresses={self.listen}",
             "-c",
             f"unix_socket_directories={self._root()}",
             "-c",

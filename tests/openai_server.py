@@ -289,8 +289,11 @@ class _Server(ThreadingHTTPServer):
 class OpenAIServer:
     """Runs the server in a thread of this process; a context manager."""
 
-    def __init__(self, script: Script | None = None, port: int = 0) -> None:
-        self._httpd = _Server(("127.0.0.1", port), _Handler)
+    def __init__(
+        self, script: Script | None = None, port: int = 0, host: str = "127.0.0.1"
+    ) -> None:
+        self.host = host  # another address than loopback: reached from a network namespace
+        self._httpd = _Server((host, port), _Handler)
         self._httpd.state = _State(script or Script())
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
@@ -301,7 +304,7 @@ class OpenAIServer:
     @property
     def url(self) -> str:
         """The api_base to give a client (OpenAI style, with /v1)."""
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"http://{self.host}:{self.port}/v1"
 
     @property
     def stats(self) -> Stats:

@@ -97,13 +97,18 @@ class Coordination:
         engine = db_.postgres_engine(url)
         self._lock = threading.Lock()  # the worker's state below
         # two connections: the renewals never queue behind the claims and takes
-        self._main = _Connection(engine, outage_s)
-        self._renewal = _Connection(engine, outage_s)
+        # a session whose client vanished mid-transaction (a host cut off) is ended by the
+        # server after the lease, its row locks freed; a claim waits at most this for a lock
+        session = (f"SET idle_in_transaction_session_timeout = {int(lease_s * 1000)}; "
+                   f"SET lock_timeout = {int(min(2.0, lease_s / 2) * 1000)}")  # fmt: skip
+        self._main = _Connection(engine, outage_s, session)
+        self._renewal = _Connection(engine, outage_s, session)
         self._claims: dict[str, str] = {}  # token -> cache key, calls in flight
         self._slots: set[str] = set()  # tokens of the call slots held
         self._sized: set[tuple[str, str, int]] = set()
         # one coroutine per provider and kind asks the database for a row; the others wait here
         self._takers: dict[tuple[str, str], asyncio.Lock] = {}
+        self._freed: dict[tuple[str, str], asyncio.Event] = {}  # a call slot given back here
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=self._renew_loop, name="lease-renewal", daemon=True)
         self._renewer.start()
@@ -166,7 +171,12 @@ class Coordination:
             )
             return Claim(token=token, taken_over=str(holder))
 
-        got = self._do(tx)
+        try:
+            got = self._do(tx)
+        except Exception as exc:  # the claim row locked past lock_timeout: held, ask again
+            if not _lock_timeout(exc):
+                raise
+            return Claim(held_by="(row locked)")
         if got.token is not None:
             with self._lock:
                 self._claims[got.token] = key
@@ -255,9 +265,11 @@ class Coordination:
         process paused, stopped or starved past half the lease) is checked again: its row may
         have been taken over meanwhile."""
         taker = self._takers.setdefault((provider, kind), asyncio.Lock())
+        freed = self._freed.setdefault((provider, kind), asyncio.Event())
         wait = self.poll_s
         async with taker:
             while True:
+                freed.clear()  # a slot this worker gives back from now on wakes the wait
                 t0 = time.monotonic()
                 got = await asyncio.to_thread(self.take, provider, kind, n, token, lease_s)
                 if got and (
@@ -265,8 +277,9 @@ class Coordination:
                     or await asyncio.to_thread(self.still_held, token, kind, lease_s)
                 ):
                     return
-                await asyncio.sleep(_jitter(wait))
-                wait = min(wait * 1.5, 1.0)
+                with contextlib.suppress(TimeoutError):  # another worker's: found by asking
+                    await asyncio.wait_for(freed.wait(), _jitter(wait))
+                wait = min(wait * 1.5, 0.5)
 
     def still_held(self, token: str, kind: str, lease_s: float) -> bool:
         """Whether ``token`` still holds its ``kind`` row (its lease not run out); extended."""
@@ -308,6 +321,7 @@ class Coordination:
             yield
         finally:
             await asyncio.shield(asyncio.to_thread(self.give_back, token))
+            self._freed.setdefault((provider, "call"), asyncio.Event()).set()
 
     # ---------------------------------------------------------------- leases
 
@@ -343,6 +357,12 @@ class Coordination:
         self._renewal.do(tx)
 
 
+def _lock_timeout(exc: BaseException) -> bool:
+    import psycopg
+
+    return isinstance(exc, psycopg.errors.LockNotAvailable)
+
+
 def _jitter(wait: float) -> float:
     return wait * (0.5 + secrets.randbelow(1000) / 1000)
 
@@ -351,8 +371,8 @@ class _Connection:
     """One connection to the run log's PostgreSQL, used by one thread at a time; the database
     going away is waited out on a new connection for ``outage_s``, then ``StoreError``."""
 
-    def __init__(self, engine: sa.Engine, outage_s: float) -> None:
-        self.engine, self.outage_s = engine, outage_s
+    def __init__(self, engine: sa.Engine, outage_s: float, session: str = "") -> None:
+        self.engine, self.outage_s, self.session = engine, outage_s, session
         self.conn: sa.Connection | None = None
         self.lock = threading.Lock()
 
@@ -367,6 +387,8 @@ class _Connection:
                         self.conn = self.engine.connect().execution_options(
                             isolation_level="AUTOCOMMIT"
                         )
+                        if self.session:
+                            self.conn.exec_driver_sql(self.session)
                     raw: Any = self.conn.connection.driver_connection
                     with raw.transaction():
                         return fn(raw.cursor())

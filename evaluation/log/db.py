@@ -91,13 +91,23 @@ def sqlite_engine(
     return eng
 
 
+# The server ends the session of a client that vanished (a host cut off, its link down) within
+# about ten seconds, freeing the row locks of a transaction it was in: keepalives on an idle
+# connection, and a bound on data the client never acknowledges (a session sending to it).
+DEAD_CLIENT = (
+    "-c tcp_keepalives_idle=5 -c tcp_keepalives_interval=2 -c tcp_keepalives_count=3 "
+    "-c tcp_user_timeout=10000"
+)
+
+
 def postgres_engine(url: str) -> sa.Engine:
     """The process's engine for ``url`` (one pool per URL: stores borrow a connection each)."""
     with _pg_lock:
         eng = _pg_engines.get(url)
         if eng is None:
             try:
-                eng = sa.create_engine(url, pool_size=4, max_overflow=32, pool_pre_ping=True)
+                eng = sa.create_engine(url, pool_size=4, max_overflow=32, pool_pre_ping=True,
+                                       connect_args={"options": DEAD_CLIENT})  # fmt: skip
             except (sa.exc.ArgumentError, ImportError) as exc:
                 raise StoreError(f"database URL {safe_url(url)}: {exc}") from exc
             _pg_engines[url] = eng
