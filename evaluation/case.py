@@ -207,6 +207,7 @@ class LesionTruth(BaseModel):
     # (names_series). It is truth: never shown to a model (the renderer leaves it out).
     mask_series: str | None = Field(
         default=None,
+        exclude_if=lambda v: v is None,  # a truth without it is written as before it existed
         max_length=128,
         description="a series of the case's study that is this lesion's mask (non-zero inside), "
         "by SeriesInstanceUID or SeriesDescription; never shown to a model",
