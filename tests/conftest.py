@@ -51,6 +51,8 @@ def corpus_index(corpus: Path):  # type: ignore[no-untyped-def]
 # end, two or three of them queued on one worker while the other ran out of work; started
 # first, they are shared between the workers and the many short modules even out the end.
 SLOWEST_FIRST = (
+    "test_shared_run_workers.py",  # issue 40: worker processes, a network namespace
+    "test_queue_workers.py",  # issue 40: worker processes
     "test_run_deadline.py",
     "test_demo.py",
     "test_gateway_corpus.py",

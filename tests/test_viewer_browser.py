@@ -247,7 +247,8 @@ def test_the_models_sr_shows_its_finding_on_the_slice(chromium, site: Site, mode
         sign_in(page, site.gw.api, site.gw.reviewer)
         page.goto(site.gw.api + viewer_url(site.study.study_uid, str(model_sr.SeriesInstanceUID),
                                            whole_study=True))  # fmt: skip
-        page.locator("canvas.cornerstone-canvas").first.wait_for()
+        # OHIF's first image: slow on a loaded machine (CI timed out at 60 s once)
+        page.locator("canvas.cornerstone-canvas").first.wait_for(timeout=150_000)
         page.locator("[data-cy='side-panel-header-right']").first.click()
         page.locator("[data-cy='trackedMeasurements-btn']").first.click()
         rows = page.locator("[data-cy^='measurement-table-row-']")
