@@ -291,7 +291,7 @@ def test_a_worker_host_cut_off_has_its_calls_and_slots_freed_within_the_lease(
         host,
         LocalPostgres(bindir=postgres_bindir(), listen=f"127.0.0.1,{host.gateway}",
                       trusted_net=f"{host.gateway}/24") as pg,
-        OpenAIServer(Script(latency_s=0.6), host=host.gateway) as server,
+        OpenAIServer(Script(latency_s=1.0), host=host.gateway) as server,
     ):  # fmt: skip
         if True:
             assert pg.port is not None

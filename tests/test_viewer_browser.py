@@ -10,29 +10,19 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import pydicom
 import pytest
 from browser import CHROMIUM, launch, sign_in
 from gateway_process import Gateway, running_gateway
 from orthanc_fixture import OrthancServer
 from phantom_fixture import PhantomSuite
-from phantom_fixture import Study as PhantomStudy
 from viewer_fixture import StoredStudy, centre_std, needs_viewer, stored
 
 from dicom import RenderOptions, render_path
-from evaluation.case import TaskFamily
 from gateway.auth import Role, TokenStore
-from gateway.routing import Route
-from gateway.settings import Settings
-from gateway.sr import encode
-from gateway.study_run import DefaultEvaluator
-from gateway.viewer import viewer_open_url, viewer_url
-from gateway.writeback import build_unverified
+from gateway.viewer import viewer_open_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(240)]
 playwright = pytest.importorskip("playwright.sync_api")
@@ -173,104 +163,5 @@ def test_a_reviewer_opens_the_tiles_slice_and_scrolls_the_series(chromium, site:
         assert not csp, csp
         assert not [m for m in console if m.startswith("pageerror")], console
         assert loaded_s < 60
-    finally:
-        ctx.close()
-
-
-@pytest.fixture(scope="module")
-def model_sr(site: Site, tmp_path_factory: pytest.TempPathFactory) -> pydicom.Dataset:
-    """The UNVERIFIED SR the gateway writes back for reference/image-rules on the phantom's T2
-    (DefaultEvaluator, build_unverified), stored in Orthanc with the study."""
-    tmp = tmp_path_factory.mktemp("model-sr")
-    case_dicom = site.study.series_dir.parent
-    route = Route(rule="viewer", models=["reference/image-rules"], tasks=[TaskFamily.LESION],
-                  series_classes=["T2"])  # fmt: skip
-
-    def evaluate() -> pydicom.Dataset:  # in a thread: Playwright's loop may run in this one
-        run = (
-            DefaultEvaluator(Settings(data_dir=tmp))
-            .evaluate(case_dicom, route, tmp / "runs" / ("0" * 32))
-            .run
-        )
-        files = sorted(p for p in case_dicom.rglob("*") if p.is_file())
-        headers = [pydicom.dcmread(p, stop_before_pixels=True) for p in files]
-        return build_unverified(run, route.models, headers, 1, "v").srs["reference/image-rules"]
-
-    with ThreadPoolExecutor(1) as pool:
-        sr = pool.submit(evaluate).result()
-    site.gw.orthanc.upload(encode(sr))  # removed with the study
-    return sr
-
-
-def _pointed(sr: pydicom.Dataset) -> list[tuple[str, pydicom.Dataset]]:
-    """(finding site, SCOORD) of each measurement group of the SR that has a point, in order."""
-    out = []
-    for group in sr.ContentSequence[-1].ContentSequence:  # Imaging Measurements' groups
-        items = list(group.get("ContentSequence", []))
-        scoord = next((it for it in items if it.ValueType == "SCOORD"), None)
-        site = next(it for it in items if it.ConceptNameCodeSequence[0].CodeValue == "363698007")
-        if scoord is not None:
-            out.append((str(site.ConceptCodeSequence[0].CodeMeaning), scoord))
-    return out
-
-
-def _ras(header: pydicom.Dataset, col: float, row: float) -> np.ndarray:
-    """The patient position (RAS mm) of SCOORD image coordinates on ``header``'s slice."""
-    iop = np.array(header.ImageOrientationPatient, float)
-    dr, dc = (float(v) for v in header.PixelSpacing)  # row spacing, column spacing
-    lps = (np.array(header.ImagePositionPatient, float)
-           + iop[:3] * dc * (col - 0.5) + iop[3:] * dr * (row - 0.5))  # fmt: skip
-    return lps * np.array([-1.0, -1.0, 1.0])
-
-
-def test_the_models_sr_shows_its_finding_on_the_slice(chromium, site: Site, model_sr: pydicom.Dataset, phantom_suite: PhantomSuite) -> None:  # type: ignore[no-untyped-def]  # fmt: skip
-    """The study opened in OHIF at the model's SR: its measurements panel lists the pointed
-    findings, and the row of the finding on the glioblastoma opens the slice the SR names
-    with the point drawn there (OHIF's SR display draws a TID 1500 group's SCOORD)."""
-    # What the SR says, read here from its tags: the first pointed finding (the mass) is in
-    # the phantom's lesion mask on the slice it references.
-    (site_name, scoord), *_ = _pointed(model_sr)
-    uid = scoord.ContentSequence[0].ReferencedSOPSequence[0].ReferencedSOPInstanceUID
-    (target,) = [s for s in site.study.slices if s.sop_uid == uid]
-    header = pydicom.dcmread(
-        next(p for p in site.study.series_dir.iterdir()
-             if pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID == uid),
-        stop_before_pixels=True,
-    )  # fmt: skip
-    phantom = PhantomStudy(phantom_suite.case_dir("gbm"))
-    ok, vox = phantom.voxels(_ras(header, *map(float, scoord.GraphicData))[None, :])
-    assert ok[0] and phantom.mask[tuple(vox[0])] > 0, "the SR's point is not on the lesion"
-    expected_row = ["Lesion", site_name, f"S: {header.SeriesNumber} I: {target.number}"]
-    console: list[str] = []
-    ctx, page = _page(chromium(), console)
-    try:
-        sign_in(page, site.gw.api, site.gw.reviewer)
-        page.goto(site.gw.api + viewer_url(site.study.study_uid, str(model_sr.SeriesInstanceUID),
-                                           whole_study=True))  # fmt: skip
-        # OHIF's first image: slow on a loaded machine (CI timed out at 60 s once)
-        page.locator("canvas.cornerstone-canvas").first.wait_for(timeout=150_000)
-        page.locator("[data-cy='side-panel-header-right']").first.click()
-        page.locator("[data-cy='trackedMeasurements-btn']").first.click()
-        rows = page.locator("[data-cy^='measurement-table-row-']")
-        rows.first.wait_for()
-        texts = [" ".join(r.inner_text().split()) for r in rows.all()]
-        assert len(texts) == len(_pointed(model_sr)), texts  # one row per pointed finding
-        row = rows.first
-        assert all(part in texts[0] for part in expected_row), (texts[0], expected_row)
-        row.locator("[data-cy='data-row-title']").click()  # jump to the finding
-        deadline = time.monotonic() + 20
-        while _instance_number(page) != target.number and time.monotonic() < deadline:
-            time.sleep(0.25)
-        assert _instance_number(page) == target.number
-        # the point drawn on the slice: Cornerstone's annotation layer holds its marker
-        marker = page.locator("[data-cy='viewport-pane'] svg circle")
-        marker.first.wait_for()
-        while centre_std(page) < 20 and time.monotonic() < deadline:
-            time.sleep(0.25)
-        ARTIFACTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(ARTIFACTS / "viewer-sr-point.png"))
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ARTIFACTS / "viewer-sr-point.png", SCREENSHOTS / "viewer-sr-point.png")
-        assert not [m for m in console if m.startswith("pageerror")], console
     finally:
         ctx.close()
