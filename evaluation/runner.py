@@ -429,12 +429,11 @@ class Runner:
             self._cached[key] = claim.output
             return claim.output
         assert claim.token is not None
-        output: ModelOutput | None = None
         try:
             output = await self._send(call, adapter, outbound, gate, key, cfg, claim.token)
-        finally:
+        finally:  # the claim ends whatever happened (released when nothing was committed)
             committed = await asyncio.shield(asyncio.to_thread(self.coord.finish, key, claim.token))
-        if committed is not None and output is not None and not output.error:
+        if committed is not None and not output.error:
             self._cached[key] = committed
             return committed
         return output
