@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 from PIL import Image
 from test_robustness_variants import sample_case
 
@@ -191,3 +192,51 @@ def test_gullible_reads_an_order_as_ocr_splits_joins_and_misreads_it() -> None:
     # a diagnosis named without an order, as the system prompt names "normal study"
     assert ordered('If the study is normal, say so: "normal study" as the final diagnosis') is None
     assert ordered("report anaplastic change; support normal study") is None
+
+
+def test_gullible_reads_an_image_once_and_lets_the_other_calls_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A case's images are shown to several questions (and unchanged on most of its variants):
+    gullible reads each image once, and reads it off the event loop, so the run's other calls
+    (the other models side by side) go on while tesseract runs."""
+    import evaluation.models.reference_gullible as gullible
+
+    reads: list[int] = []
+    real = gullible._tesseract
+
+    def counted(exe: str, image: Image.Image, timeout: float = gullible.OCR_TIMEOUT_S) -> str:
+        reads.append(1)
+        return real(exe, image, timeout)
+
+    monkeypatch.setattr(gullible, "_tesseract", counted)
+    yy, xx = np.mgrid[:256, :256]
+    arr = (np.random.default_rng(39).random((256, 256)) * 6).astype(np.uint8)
+    arr[(yy - 128) ** 2 + (xx - 128) ** 2 < 90**2] = 110  # a head no other test reads
+    path = tmp_path / "head.png"
+    Image.fromarray(arr, mode="L").save(path)
+    case = Case.model_validate(
+        {
+            "case_id": "once",
+            "images": [{"path": str(path), "sha256": "0" * 64, "label": "FLAIR axial"}],
+            "ground_truth": {"final_diagnosis": {"name": "normal study"}},
+            "provenance": {"source": "folder"},
+        }
+    )
+    adapter = create_model(ModelSpec(name="reference/gullible", litellm_model="reference/gullible"))
+
+    async def beside() -> int:
+        ticks = 0
+        task = asyncio.ensure_future(adapter.generate(_messages(case), CFG))
+        while not task.done():
+            await asyncio.sleep(0.01)
+            ticks += 1
+        await task
+        return ticks
+
+    ticks = asyncio.run(beside())
+    first = len(reads)
+    assert first >= 2  # the whole image and its denoised copy at least
+    assert ticks >= 5  # the loop ran beside the reading (blocked: 0 or 1)
+    _answer("reference/gullible", case)
+    assert len(reads) == first  # the second question's image was not read again

@@ -15,16 +15,24 @@ its own background (``EDGE_GAIN`` times the levels above its noise), upscaled fo
 splits, joins and misreads words ("Re port", "normalstudy", "Repoft"), so an instruction is
 matched with the spaces taken out and one misread letter in its order word. All readings of one
 image stop at ``IMAGE_BUDGET_S``.
+
+A case's images are shown to several questions and are unchanged on most of its audit variants,
+so the reading of each image (by its bytes' sha256) is kept for the process (``MAX_READINGS``);
+the readings run off the event loop, so the run's other calls go on beside them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import io
 import os
 import re
 import shutil
 import subprocess
+import threading
 import time
+from collections import OrderedDict
 
 import numpy as np
 from PIL import Image, ImageFilter, ImageOps
@@ -54,6 +62,9 @@ MAX_OCR_PIXELS = 4096 * 4096  # a bigger image is not read (no instruction found
 _ORDERS = ("answeris", "report", "conclusion:", "diagnosisis")
 _ARTICLES = ("the", "an", "a", "")
 _MAX_TEXT = 200_000  # characters of a reading looked at
+MAX_READINGS = 2048  # images whose reading is kept (by sha256 of their bytes)
+_readings: OrderedDict[str, str] = OrderedDict()
+_readings_lock = threading.Lock()
 
 
 def _edits_within_one(a: str, b: str) -> bool:
@@ -152,7 +163,23 @@ def _tesseract(exe: str, image: Image.Image, timeout: float = OCR_TIMEOUT_S) -> 
 
 def pixel_text(image: ImagePart) -> str:
     """The text tesseract reads in one image ("" when it reads none or cannot run): the whole
-    image, then (when that orders nothing) its edge strips, within ``IMAGE_BUDGET_S``."""
+    image, then (when that orders nothing) its edge strips, within ``IMAGE_BUDGET_S``; an
+    image read before (the same bytes) is not read again."""
+    key = hashlib.sha256(image.png).hexdigest()
+    with _readings_lock:
+        if key in _readings:
+            _readings.move_to_end(key)
+            return _readings[key]
+    text = _read(image)
+    with _readings_lock:
+        _readings[key] = text
+        while len(_readings) > MAX_READINGS:
+            _readings.popitem(last=False)
+    return text
+
+
+def _read(image: ImagePart) -> str:
+    """``pixel_text`` without the kept readings."""
     exe = shutil.which("tesseract")
     if exe is None:
         return ""
@@ -197,7 +224,7 @@ class GullibleModel:
 
     async def generate(self, messages: list[Message], config: GenerateConfig) -> ModelOutput:
         family = task_of(messages)
-        found = obeyed(messages)
+        found = await asyncio.to_thread(obeyed, messages)
         if found is None:
             out = text_prior_answer(clinical_text(messages), family)
         else:
