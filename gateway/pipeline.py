@@ -22,6 +22,7 @@ reason and every identity involved.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -30,7 +31,7 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,9 +67,11 @@ from gateway.scp import FailedStudy, ReceivedStudy, uid_key
 from gateway.spool import read_received_info
 from gateway.sr import series_uid_for
 from gateway.study_key import StudyKey
+from gateway.study_key import orthanc_id as resource_id
 from gateway.workers import EvaluationAbandonedError, EvaluationWorkerError
 from gateway.writeback import (
     KEPT_DIR,
+    Delivery,
     build_unverified,
     checklist_pdf,
     deliver,
@@ -128,6 +131,31 @@ def evaluation_digest(instances: str, route: Route) -> str:
 
 
 @dataclass
+class _HeldStable:
+    """A study being written back into the followed Orthanc: its run, and whether a
+    StableStudy came since the last object stored (set and cleared under
+    ``_HELD_LOCK``)."""
+
+    run_id: str
+    seen: bool = False
+
+
+_HELD_LOCK = threading.Lock()  # what a stored object and a StableStudy do to a hold
+
+
+def _deliver(
+    dest: PacsClient, items: list[tuple[WriteBack, pydicom.Dataset]], held: _HeldStable | None
+) -> Delivery:
+    """``deliver`` the objects; one stored in the followed Orthanc supersedes a StableStudy
+    held for the study until then (Orthanc calls the study stable again after it)."""
+    got = deliver(dest, items, time.time)
+    if got.done and held is not None:
+        with _HELD_LOCK:
+            held.seen = False
+    return got
+
+
+@dataclass
 class Job:
     run_id: str
     trigger: str  # dicom | orthanc | api
@@ -181,6 +209,7 @@ class StudyPipeline:
         self.gatherer: CaseGatherer | None = None
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._pending: dict[str, str] = {}  # study key -> queued run id
+        self._held: dict[str, _HeldStable] = {}  # Orthanc study ID -> its write-back's hold
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -342,7 +371,13 @@ class StudyPipeline:
         )
 
     def on_stable(self, orthanc_id: str) -> str:
-        """From Orthanc's /changes: a study became stable."""
+        """From Orthanc's /changes: a study became stable. During the write-back into it the
+        event is held by the run writing back, whose id is returned (``_holding_stable``)."""
+        with self._lock, _HELD_LOCK:
+            held = self._held.get(orthanc_id)
+            if held is not None:
+                held.seen = True
+                return held.run_id
         job = Job(run_id=self.runs.new_id(), trigger="orthanc", orthanc_id=orthanc_id)
         return self._submit(job, f"orthanc:{orthanc_id}")
 
@@ -677,9 +712,14 @@ class StudyPipeline:
             return "; ".join(sorted(why)) or "no answer"
 
         version = last.version + 1
+        dest = self.destination()
         self._stage(job, "writing the checklist", 0.6)
-        # Chromium prints the checklist while the upload settles and the SRs are built.
-        with ThreadPoolExecutor(1, thread_name_prefix="checklist") as printing:
+        # Chromium prints the checklist (on its warm page) while the upload settles and the
+        # SRs are built and stored: the SRs never wait for the print, the PDF follows them.
+        with (
+            self._holding_stable(job) as held,
+            ThreadPoolExecutor(1, thread_name_prefix="checklist") as printing,
+        ):
             printed = printing.submit(write_checklist, run, work / "report", self.printer)
             self._stage(job, "waiting for the upload to Orthanc", 0.7)
             self._finish_uploads(job)
@@ -693,32 +733,32 @@ class StudyPipeline:
                 path = work / f"sr-{len(sr_paths) + 1}.dcm"
                 sr.save_as(path, enforce_file_format=True)
                 sr_paths.append(str(path))
+            self._stage(job, "writing back the SRs", 0.75)
+            # in the run's record, before anything is stored: what is written back (each
+            # object's file kept: one not stored is never lost), and the evidence a re-issue
+            # attaches its VERIFIED SR to
+            items = [(self._kept(job, dest, m, sr), sr) for m, sr in back.srs.items()]
+            self.runs.update(
+                job.run_id,
+                version=version,
+                evidence=evidence_refs(headers),
+                writebacks_pending=[w for w, _ in items],
+                sr_paths=sr_paths or last.sr_paths,
+            )
+            delivered = _deliver(dest, items, held)
+            self._stage(job, "writing back the PDF", 0.8)
             checklist = printed.result()
-        self._stage(job, "writing back SR and PDF", 0.8)
-        warnings = [*result.warnings, *checklist.warnings, *back.warnings]
-        pdf = checklist_pdf(headers, checklist.pdf, version)
-        if pdf is None:
-            warnings.append("no checklist PDF written back to PACS: it could not be printed")
-        dest = self.destination()
-        objects = [*back.srs.items(), *([("", pdf)] if pdf is not None else [])]
-        # each object's file kept before the first store: one not stored is never lost
-        items = [
-            (WriteBack(kind="sr" if m else "pdf", sop_instance_uid=str(ds.SOPInstanceUID),
-                       model=m or None, destination=dest.name,
-                       kept=str(keep(self.kept_dir, job.run_id, ds))), ds)
-            for m, ds in objects
-        ]  # fmt: skip
-        # in the run's record, before anything is stored: what is written back, and the
-        # evidence a re-issue attaches its VERIFIED SR to
-        self.runs.update(
-            job.run_id,
-            version=version,
-            evidence=evidence_refs(headers),
-            writebacks_pending=[w for w, _ in items],
-            sr_paths=sr_paths or last.sr_paths,
-        )
-        # SRs and PDF together, SRs first: one change of the study (one StableStudy after it)
-        delivered = deliver(dest, items, time.time)
+            warnings = [*result.warnings, *checklist.warnings, *back.warnings]
+            pdf = checklist_pdf(headers, checklist.pdf, version)
+            if pdf is None:
+                warnings.append("no checklist PDF written back to PACS: it could not be printed")
+            else:  # after the SRs, in the record's order too (the retry keeps it)
+                item = (self._kept(job, dest, "", pdf), pdf)
+                self.runs.update(job.run_id, writebacks_pending=[*delivered.pending, item[0]],
+                                 writebacks_done=delivered.done)  # fmt: skip
+                got = _deliver(dest, [item], held)
+                delivered.done += got.done
+                delivered.pending += got.pending
         done = delivered.done
         if delivered.pending:
             first = delivered.pending[0]
@@ -758,6 +798,36 @@ class StudyPipeline:
         self.runs.save_study_state(state)
         self.audit.write("system", "evaluation", f"run:{job.run_id}", "done")
         log.info("study %s: report version %d stored", uid_key(job.key.name), version)
+
+    def _kept(self, job: Job, dest: PacsClient, model: str, ds: pydicom.Dataset) -> WriteBack:
+        """An SR (of ``model``) or the PDF (``model`` empty) to write back, its file kept."""
+        return WriteBack(kind="sr" if model else "pdf", sop_instance_uid=str(ds.SOPInstanceUID),
+                         model=model or None, destination=dest.name,
+                         kept=str(keep(self.kept_dir, job.run_id, ds)))  # fmt: skip
+
+    @contextlib.contextmanager
+    def _holding_stable(self, job: Job) -> Iterator[_HeldStable | None]:
+        """While the run writes its SRs and PDF back into the followed Orthanc (the PDF after
+        the SRs, once printed), a StableStudy of the study is held (``on_stable``): the next
+        object stored makes Orthanc call the study stable again, so an event before it is
+        superseded (our SR alone, or a series that arrived meanwhile, then seen by the next
+        event). An event after the last store is submitted when the write-back ends: one
+        StableStudy after the write-back, however long the print took, and none lost."""
+        if self.writeback is not None or job.key is None:  # results go to another PACS
+            yield None
+            return
+        sid = resource_id(job.key.patient_id, job.key.study_uid)
+        held = _HeldStable(job.run_id)
+        with self._lock:
+            self._held[sid] = held
+        try:
+            yield held
+        finally:
+            with self._lock:
+                self._held.pop(sid, None)
+            if held.seen:
+                log.info("run %s: a StableStudy of its study after its write-back", job.run_id)
+                self.on_stable(sid)
 
     # ----------------------------------------------------------------- identity
 
