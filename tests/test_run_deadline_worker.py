@@ -81,6 +81,13 @@ def _log(path: Path) -> list[tuple[str, int, float]]:
     ]
 
 
+def _await_log(path: Path, entry: tuple[str, int]) -> list[tuple[str, int, float]]:
+    until = time.monotonic() + 60
+    while entry not in [e[:2] for e in _log(path)] and time.monotonic() < until:
+        time.sleep(0.05)
+    return _log(path)
+
+
 def test_a_spare_worker_is_started_ahead_and_evaluates_one_study(tmp_path: Path) -> None:
     log = tmp_path / "log"
     worker = ProcessEvaluator(Warmed(log), deadline_s=60, warm=True)
@@ -98,23 +105,28 @@ def test_a_spare_worker_is_started_ahead_and_evaluates_one_study(tmp_path: Path)
             worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
         # the study went to the spare, warmed before the study was asked for
         assert _log(log)[1][:2] == ("evaluate", spare) and warmed_at < asked
-        assert not spawned_workers(os.getpid()), "a worker evaluates one study and ends"
-        # without a spare, a worker is started for the study (and warmed first)
-        with pytest.raises(EvaluationWorkerError):
+        # it evaluated one study and ended; the next spare was started as soon as it was taken
+        # (the study queued behind this one does not wait for a worker's imports)
+        (following,) = await_spawned_workers(os.getpid(), 1)
+        assert spare not in spawned_workers(os.getpid()), "a worker evaluates one study and ends"
+        assert following != spare
+        worker.prepare()  # one spare at most
+        assert spawned_workers(os.getpid()) == {following}
+        _await_log(log, ("warm", following))
+        with pytest.raises(EvaluationWorkerError, match=f"evaluated in {following}"):
             worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-        events = _log(log)[2:]
-        assert [e[0] for e in events] == ["warm", "evaluate"] and events[0][1] != spare
-        # a spare that died is replaced, not handed the study
-        worker.prepare()
-        until = time.monotonic() + 60
-        while len(_log(log)) < 5 and time.monotonic() < until:
-            time.sleep(0.05)
-        dead = _log(log)[4][1]
+        # a spare that died is replaced, not handed the study: a worker is started for the
+        # study (and warmed first)
+        (dead,) = await_spawned_workers(os.getpid(), 1)
+        _await_log(log, ("warm", dead))
         os.kill(dead, 9)
         time.sleep(0.5)
         with pytest.raises(EvaluationWorkerError):
             worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
-        assert _log(log)[-1][0] == "evaluate" and _log(log)[-1][1] != dead
+        events = [e[:2] for e in _log(log)]
+        what, evaluated = events[-1]
+        assert what == "evaluate" and evaluated not in (dead, spare, following)
+        assert events.index(("warm", evaluated)) < len(events) - 1
         worker.prepare()
         assert await_spawned_workers(os.getpid(), 1)
     finally:
