@@ -46,7 +46,7 @@ QUEUE = "neurosandbox"
 MAINTENANCE = "neurosandbox-maintenance"  # retry_stalled, drain_outbox: a slot of their own
 TASKS = ("study_run", "eval_shard")
 # what a job may run: these neurosandbox commands only (a job row is data, not a shell)
-_COMMANDS = {("eval",), ("runs", "resume")}
+_COMMANDS = {("eval",), ("runs", "resume"), ("runs", "evaluate-study")}
 _MAX_ARGS, _MAX_ARG = 200, 4096
 EXIT_NOT_READY = 2  # `runs resume` before the run's first shard made the run row: try again
 EXIT_FENCED = 75  # the worker found its job taken over (EX_TEMPFAIL): restart it
@@ -70,7 +70,10 @@ class JobSpec(BaseModel):
     @classmethod
     def _known_command(cls, argv: list[str]) -> list[str]:
         if not argv or not (tuple(argv[:1]) in _COMMANDS or tuple(argv[:2]) in _COMMANDS):
-            raise ValueError(f"a job runs `neurosandbox eval` or `runs resume`, not {argv[:2]!r}")
+            raise ValueError(
+                f"a job runs `neurosandbox eval`, `runs resume` or `runs evaluate-study`, not "
+                f"{argv[:2]!r}"
+            )
         if len(argv) > _MAX_ARGS or any(len(a) > _MAX_ARG or "\x00" in a for a in argv):
             raise ValueError("a job's command is at most 200 arguments of 4096 characters")
         return argv
@@ -201,6 +204,20 @@ def drain(url: str, *, limit: int = 500) -> DrainResult:
                     result.queued.append(job_id)
                 conn.execute(_MARK, (datetime.now(UTC).isoformat(), job_id, oid))
     return result
+
+
+def outbox_outcome(url: str, outbox_id: int) -> Literal["pending", "queued", "merged"]:
+    """What became of an outbox row: still to drain, queued as a job, or merged into a job of
+    its queueing lock that was waiting (or refused: never a row ``enqueue`` wrote)."""
+    import psycopg
+
+    with psycopg.connect(conninfo(url), connect_timeout=10) as conn:
+        row = conn.execute(
+            "SELECT drained_at IS NOT NULL, job_id FROM job_outbox WHERE id = %s", (outbox_id,)
+        ).fetchone()
+    if row is None or not row[0]:
+        return "pending"
+    return "queued" if row[1] is not None else "merged"
 
 
 def pending(url: str) -> int:

@@ -68,6 +68,7 @@ from gateway.spool import read_received_info
 from gateway.sr import series_uid_for
 from gateway.study_key import StudyKey
 from gateway.study_key import orthanc_id as resource_id
+from gateway.study_queue import StudyQueue
 from gateway.workers import EvaluationAbandonedError, EvaluationWorkerError
 from gateway.writeback import (
     KEPT_DIR,
@@ -111,6 +112,10 @@ def sop_digest(sop_uids: Iterable[str]) -> str:
 
 class EstimateUnavailable(Exception):
     """The pipeline's evaluator has no estimate (a custom ``Evaluator``)."""
+
+
+class QueuedStudyError(Exception):
+    """A queued run's study is not in the PACS as the run names it (the reason says why)."""
 
 
 class StudyHeldError(Exception):
@@ -217,6 +222,9 @@ class StudyPipeline:
         # the Orthanc above. An object not stored is kept under kept_dir until it is.
         self.writeback: PacsClient | None = None
         self.kept_dir: Path = runs.runs_dir.parent / KEPT_DIR
+        # the queue (PostgreSQL run log, gateway.study_queue): set, a study's evaluation is
+        # handed to a `neurosandbox worker` where it would start here; None: evaluated here
+        self.queue: StudyQueue | None = None
 
     def destination(self) -> PacsClient:
         """The PACS results are written back to."""
@@ -404,7 +412,7 @@ class StudyPipeline:
     def _prepare(self) -> None:
         """While idle, start ahead what the next study needs: the evaluator's spare worker
         process, the checklists' Chromium. A failure here only costs that study its start."""
-        if self._stopping:
+        if self._stopping or self.queue is not None:  # the workers evaluate
             return
         if self.printer is not None:
             self.printer.warm()
@@ -442,7 +450,7 @@ class StudyPipeline:
         t0 = job.t0 = time.monotonic()
         self.runs.update(job.run_id, status=RunStatus.RUNNING, stage="starting", progress=0.02)
         try:
-            if job.trigger == "dicom":
+            if job.folder is not None:  # received here (a worker's run reads the PACS)
                 self._run_received(job)
             else:
                 self._run_orthanc(job)
@@ -559,8 +567,10 @@ class StudyPipeline:
         assert job.orthanc_id is not None
         study = self.orthanc.study(job.orthanc_id)
         job.study_uid = study.study_uid
-        # Orthanc keys a study by PatientID and UID: the study's key is the same pair
-        job.key = StudyKey(study_uid=check_uid(study.study_uid), patient_id=study.patient_id)
+        # Orthanc keys a study by PatientID and UID: the study's key is the same pair (a
+        # queued run's key, its issuer with it, was checked against the study: run_queued)
+        if job.key is None:
+            job.key = StudyKey(study_uid=check_uid(study.study_uid), patient_id=study.patient_id)
         self.runs.update(job.run_id, study_uid=study.study_uid, study_key=job.key.name)
         ours = {series_uid_for(study.study_uid, k) for k in ("sr", "pdf")}
         series = [s for s in self.orthanc.list_series(job.orthanc_id) if s.series_uid not in ours]
@@ -684,6 +694,11 @@ class StudyPipeline:
             # a restart re-offers the spool: evaluated before, whatever the rule was then
             return self._skip(job, SkipKind.RESTARTED)
         self.runs.update(job.run_id, route=route)
+        if self.queue is not None:
+            if not job.others:
+                return self._hand_over(job)
+            log.info("run %s: a case of several studies is evaluated in the gateway, not "
+                     "queued (a worker reads one study from the PACS)", job.run_id)  # fmt: skip
         self._stage(job, "evaluating", 0.4)
         work = self.runs.run_dir(job.run_id)
         if self.printer is not None:  # Chromium starts while the study is evaluated
@@ -828,6 +843,71 @@ class StudyPipeline:
             if held.seen:
                 log.info("run %s: a StableStudy of its study after its write-back", job.run_id)
                 self.on_stable(sid)
+
+    # ----------------------------------------------------------------- the queue
+
+    def _hand_over(self, job: Job) -> None:
+        """Where the evaluation would start here: the study settled in the PACS (the worker
+        reads it from there), then the run's queued state and its job committed together."""
+        assert self.queue is not None and job.key is not None
+        self._stage(job, "waiting for the upload to Orthanc", 0.3)
+        self._finish_uploads(job)
+        self.queue.hand_over(self.runs, job.run_id, job.key, force=job.force)
+
+    def run_queued(self, run_id: str, *, force: bool = False) -> RunRecord:
+        """Evaluate a run the gateway queued (``neurosandbox runs evaluate-study``, on any
+        worker host): its study is found in the PACS by its UID and its patient together,
+        then fetched, evaluated with the route the gateway recorded and written back as the
+        gateway's own runs are. A run already finished (a retried job) is left as it is.
+        Returns the run's record at the end."""
+        rec = self.runs.get(run_id)
+        if rec.final:
+            log.info("run %s is %s already: nothing to do", run_id, rec.status.value)
+            return rec
+        job = Job(run_id=run_id, trigger=rec.trigger, force=force, t0=time.monotonic())
+        job.route = Route.model_validate(rec.route.model_dump()) if rec.route else None
+        try:
+            job.key, job.orthanc_id = self._queued_study(rec)
+        except QueuedStudyError as exc:
+            self.runs.finish(run_id, RunStatus.FAILED, error=str(exc)[:2000])
+            return self.runs.get(run_id)
+        job.study_uid = job.key.study_uid
+        self._run(job)
+        return self.runs.get(run_id)
+
+    def _queued_study(self, rec: RunRecord) -> tuple[StudyKey, str]:
+        """The queued run's study in the PACS: the PACS's study the record names, taken only
+        when its StudyInstanceUID and its patient are the run's study key (never the UID
+        alone). ``QueuedStudyError`` says why not."""
+        from gateway.orthanc import OrthancError
+
+        parsed = StudyKey.parse_name(rec.study_key or "")
+        if parsed is None or rec.orthanc_study_id is None or parsed[0] != rec.study_uid:
+            raise QueuedStudyError(f"run {rec.run_id} names no study in the PACS")
+        try:
+            study = self.orthanc.study(rec.orthanc_study_id)
+        except OrthancError as exc:
+            if exc.status == 404:
+                raise QueuedStudyError(
+                    "the PACS no longer holds the study (deleted after it was queued)"
+                ) from None
+            raise
+        if (
+            study.study_uid != rec.study_uid
+            or resource_id(study.patient_id, study.study_uid) != rec.orthanc_study_id
+        ):
+            raise QueuedStudyError("the PACS's study is not the queued study (UID or patient)")
+        key = StudyKey(study_uid=study.study_uid, patient_id=study.patient_id)
+        if key.name != rec.study_key:  # a patient ID with its issuer (the study's shared tags)
+            tags = self.orthanc.get_json(f"/studies/{study.orthanc_id}/shared-tags",
+                                         {"simplify": ""})  # fmt: skip
+            issuer = str(tags.get("IssuerOfPatientID", "") or "").strip()[:64]
+            key = StudyKey(study_uid=study.study_uid, patient_id=study.patient_id, issuer=issuer)
+        if key.name != rec.study_key:
+            raise QueuedStudyError(
+                "the PACS's study under this UID is another patient's than the queued run's"
+            )
+        return key, study.orthanc_id
 
     # ----------------------------------------------------------------- identity
 

@@ -33,7 +33,7 @@ from gateway.case_studies import CaseGatherer
 from gateway.follower import ChangesFollower
 from gateway.forward import Forwarder
 from gateway.http_guard import ConnectionLimits, guarded_protocol
-from gateway.pacs import LOCAL, configured, open_client
+from gateway.pacs import LOCAL, PacsClient, configured, open_client
 from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
 from gateway.ports import bind_listening, check_free, serve_ports, unavailable
@@ -44,6 +44,7 @@ from gateway.scp import StorageSCP, uid_key
 from gateway.scp_transport import PeerLimits
 from gateway.settings import Settings
 from gateway.startup import configure_libraries
+from gateway.study_queue import StudyQueue
 from gateway.study_run import DefaultEvaluator
 from gateway.workers import ProcessEvaluator
 from gateway.writeback_retry import WritebackRetrier
@@ -158,11 +159,13 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     configure_libraries(settings)  # the header cache, Chromium (gateway/startup.py)
     ctx = GatewayContext.from_settings(settings)
     data = settings.data_dir
+    # with the PostgreSQL run log and its queue, `neurosandbox worker`s evaluate the studies
+    queue = StudyQueue.from_settings(settings)
     worker = ProcessEvaluator(
         evaluator or DefaultEvaluator(settings),
         settings.run_deadline_s,
         init=functools.partial(start_worker, settings),
-        warm=settings.warm_worker,
+        warm=settings.warm_worker and queue is None,
     )
     # received instances go to Orthanc as they arrive (an aborted association's are deleted)
     forwarder = Forwarder(ctx.orthanc.store_instance, ctx.orthanc.delete_instance)
@@ -178,6 +181,7 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         cases=settings.cases,  # a registered case is matched on its UID and its patient
     )
     ctx.pipeline = pipeline
+    pipeline.queue = queue
     pipeline.spool_studies = data / "spool" / "studies"  # another patient under the same UID
     # a registered case of several studies: evaluated once, on all of them
     pipeline.gatherer = CaseGatherer(
@@ -203,10 +207,7 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         ),
     )
     ctx.scp = scp  # STOW-RS (POST /dicomweb/studies) stores through the DICOM node's path
-    # SR and PDF go to the PACS file's `writeback:` (default: the local Orthanc above)
-    target = configured(settings).writeback
-    if target and target != LOCAL:
-        pipeline.writeback = open_client(target, settings)
+    pipeline.writeback = writeback_client(settings)
     # a VERIFIED object a sign-off could not store: once stored, the review log records it
     reviews = ReviewStore(settings.review_log)
     writeback_retry = WritebackRetrier(
@@ -224,6 +225,34 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         retention = RetentionTimer(purger, settings.retention_days)
     return Gateway(ctx=ctx, scp=scp, pipeline=pipeline, follower=follower, retention=retention,
                    writeback_retry=writeback_retry)  # fmt: skip
+
+
+def writeback_client(settings: Settings) -> PacsClient | None:
+    """Where SR and PDF go: the PACS file's ``writeback:`` (None: the local Orthanc)."""
+    target = configured(settings).writeback
+    return open_client(target, settings) if target and target != LOCAL else None
+
+
+def build_worker_pipeline(settings: Settings, evaluator: Evaluator | None = None) -> StudyPipeline:
+    """The pipeline a ``neurosandbox worker`` host runs a queued gateway run with
+    (``StudyPipeline.run_queued``): the gateway's, reading the study from the PACS, the
+    evaluator in this process (the worker's job is already its own process, under the run
+    deadline), the runs in SHARED_DIR's folders and the run log."""
+    check_run_log(settings)
+    configure_libraries(settings)
+    ctx = GatewayContext.from_settings(settings)
+    pipeline = StudyPipeline(
+        orthanc=ctx.orthanc,
+        evaluator=evaluator or DefaultEvaluator(settings),
+        router=Router.from_file(settings.routing_file),
+        runs=ctx.runs,
+        audit=ctx.audit,
+        cache=InstanceCache(settings.data_dir / "cache"),
+        printer=Printer(idle_s=60),
+        cases=settings.cases,
+    )
+    pipeline.writeback = writeback_client(settings)
+    return pipeline
 
 
 def api_server_config(app: ASGIApp, settings: Settings, port: int) -> uvicorn.Config:

@@ -73,6 +73,11 @@ class Settings(BaseSettings):
     queue_stall_s: Annotated[float, Field(gt=0, le=86400)] = 60.0
     queue_check_s: Annotated[int, Field(ge=1, le=3600)] = 10
     worker_concurrency: Annotated[int, Field(ge=1, le=64)] = 1
+    # the gateway's run folders (rendered images, SR copies), study state and report bundles,
+    # when `neurosandbox worker`s on other hosts evaluate the gateway's studies: one folder
+    # mounted at this same path on the gateway and on every worker host (deploy/SCALING.md);
+    # None: DATA_DIR (one host)
+    shared_dir: Path | None = None
     # the PACS the sandbox finds, pulls from and writes back to, by name (YAML; docs/gateway.md
     # "Using your own PACS"); None: only `local`, the Orthanc above
     pacs_file: Path | None = None
@@ -138,9 +143,15 @@ class Settings(BaseSettings):
     cache: Path | None = Field(None, validate_default=True)
 
     @property
+    def runs_root(self) -> Path:
+        """The root of the gateway's runs (``runs/``, ``state/``): SHARED_DIR, else DATA_DIR."""
+        return self.shared_dir or self.data_dir
+
+    @property
     def reports_root(self) -> Path:
-        """Where report bundles live for the review pages (REPORTS_DIR, else DATA_DIR/reports)."""
-        return self.reports_dir or self.data_dir / "reports"
+        """Where report bundles live for the review pages (REPORTS_DIR, else
+        SHARED_DIR/reports, else DATA_DIR/reports)."""
+        return self.reports_dir or self.runs_root / "reports"
 
     @property
     def review_log(self) -> Path:
@@ -158,6 +169,12 @@ class Settings(BaseSettings):
                 if data.get(key) is None:
                     data[key] = Path(out) / key.removesuffix("_dir")
         return data
+
+    @field_validator("shared_dir")
+    @classmethod
+    def _absolute_shared_dir(cls, value: Path | None) -> Path | None:
+        """SHARED_DIR as DATA_DIR: absolute (every host names a run's files by one path)."""
+        return None if value is None else value.expanduser().resolve()
 
     @field_validator("data_dir")
     @classmethod

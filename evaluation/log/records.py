@@ -248,6 +248,9 @@ class SkipKind(StrEnum):
     # the same study again (normal: nothing new to evaluate)
     UNCHANGED = "no new instances since the last evaluation by this rule"
     RESTARTED = "evaluated before the gateway restarted"
+    # queued while the study's evaluation still waited for a worker (gateway/jobs.py): that
+    # evaluation reads the study from the PACS when it starts, this run's instances with it
+    MERGED = "merged into the study's evaluation waiting for a worker"
 
 
 FINAL_STATUSES = frozenset(

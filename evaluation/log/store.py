@@ -804,10 +804,18 @@ class RunStore:
             if not cur.rowcount:
                 raise StoreError(f"{self.path}: no gateway run recorded for run {self.run_id}")
 
-    def set_gateway_stage(self, stage: str, progress: float, **fields: Any) -> None:
+    def set_gateway_stage(
+        self,
+        stage: str,
+        progress: float,
+        *,
+        also: Callable[[sa.Connection], object] | None = None,
+        **fields: Any,
+    ) -> None:
         """One small UPDATE: the run's stage and progress, and any of ``STAGE_FIELDS``
-        (status, started_at, finished_at, error, timings_s). Raises StoreError when no gateway
-        run is recorded."""
+        (status, started_at, finished_at, error, timings_s). ``also`` writes more on the
+        store's connection in the same transaction (the gateway's queued job: committed with
+        the run's row, or neither). Raises StoreError when no gateway run is recorded."""
         unknown = set(fields) - STAGE_FIELDS
         if unknown:
             raise StoreError(
@@ -824,6 +832,8 @@ class RunStore:
             n = self._conn.execute(sa.update(g).where(self._mine(g)).values(values)).rowcount
             if not n:
                 raise StoreError(f"{self.path}: no gateway run recorded for run {self.run_id}")
+            if also is not None:
+                also(self._conn)
 
     def gateway_run(self, *, evidence: bool = True) -> GatewayRun | None:
         """The gateway's run (None: none recorded); ``evidence`` False: without its SR's

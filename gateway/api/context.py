@@ -29,8 +29,11 @@ class GatewayContext:
         return cls(
             settings=settings,
             orthanc=OrthancClient.from_settings(settings),
-            runs=StudyRunStore(
-                data, settings.reports_root, settings.database_url, settings.run_source
+            runs=StudyRunStore(  # SHARED_DIR: where workers on other hosts write runs too
+                settings.runs_root,
+                settings.reports_root,
+                settings.database_url,
+                settings.run_source,
             ),
             audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
             tokens=TokenStore(tokens_file(data)),

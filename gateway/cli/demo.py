@@ -374,7 +374,7 @@ def run_demo(
         mark_file = out / state.GATEWAY_MARK
         mark = state.read_mark(mark_file, inputs)
         orthanc = OrthancClient.from_settings(settings)
-        store = StudyRunStore(settings.data_dir, settings.reports_root, settings.database_url)
+        store = StudyRunStore(settings.runs_root, settings.reports_root, settings.database_url)
         try:
             studies = _studies(suite)
             runs: dict[str, str] = {}

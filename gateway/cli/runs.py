@@ -30,6 +30,7 @@ from gateway.cli.console import (
     shown,
     table_console,
 )
+from gateway.cli.worker import evaluate_study_command
 
 runs_app = typer.Typer(
     help="Evaluation runs: list, show, compare, resume, rescore, judge and export.",
@@ -51,7 +52,7 @@ def runs_list(
 
     settings = get_settings()
     entries = install_runs(settings, folder=folder)
-    gateway = (settings.data_dir / "runs").resolve()
+    gateway = (settings.runs_root / "runs").resolve()
     where = str(folder or settings.runs_dir)
     if folder is None and settings.runs_dir.resolve() != gateway:
         where += f" and {gateway}"
@@ -622,7 +623,7 @@ def _republish(run_dir: Path) -> None:
         return
     data = run_dir.parent.parent
     settings = get_settings()
-    same = settings.data_dir.resolve() == data
+    same = settings.runs_root.resolve() == data
     runs = StudyRunStore(
         data, settings.reports_root if same else data / "reports", settings.database_url
     )
@@ -708,3 +709,7 @@ def runs_export(
     except EvaluationError as exc:
         raise fail(str(exc)) from None
     console.print(f"wrote {n} records to {escape(str(out))}")
+
+
+# the job a `neurosandbox worker` runs for a study the gateway queued (gateway/study_queue.py)
+runs_app.command("evaluate-study")(evaluate_study_command)

@@ -52,3 +52,38 @@ def worker_command(
                    stop_after_s=stop_after)  # fmt: skip
     except QueueError as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
+
+
+def evaluate_study_command(
+    run_id: Annotated[str, typer.Argument(help="the gateway run (its id) to evaluate")],
+    force: Annotated[
+        bool, typer.Option("--force", help="evaluate even if nothing changed since the last run")
+    ] = False,
+) -> None:
+    """Evaluate a study the gateway queued (the job a worker runs; any host).
+
+    The run's record in the run log names its study: found in the PACS by its UID and its
+    patient together, fetched, evaluated with the routing rule the gateway chose, and written
+    back (UNVERIFIED SR per model and the checklist PDF) as the gateway's own runs are. The
+    run's folder and report bundle go to NEUROSANDBOX_SHARED_DIR (else DATA_DIR), which the
+    gateway's review pages read. Exit 0: done (or skipped, held, finished before); 1: failed."""
+    from gateway.runs import RunNotFoundError, RunStatus
+    from gateway.serve import build_worker_pipeline, configure_logging
+    from gateway.settings import get_settings
+
+    settings = get_settings()
+    if settings.database_url is None:
+        raise fail("a queued run is in the PostgreSQL run log (NEUROSANDBOX_DATABASE_URL)",
+                   ExitCode.USAGE)  # fmt: skip
+    configure_logging()
+    pipeline = build_worker_pipeline(settings)
+    try:
+        rec = pipeline.run_queued(run_id, force=force)
+    except RunNotFoundError:
+        raise fail(f"no gateway run {run_id} in the run log", ExitCode.USAGE) from None
+    finally:
+        if pipeline.printer is not None:
+            pipeline.printer.close()
+    note(f"run {run_id}: {rec.status.value}" + (f" ({rec.error[:300]})" if rec.error else ""))
+    if rec.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
+        raise typer.Exit(1)

@@ -21,7 +21,7 @@ def install_runs(
     model: str | None = None,
 ) -> list[CatalogEntry]:
     """Every run the install knows, newest first (``folder``: only the runs under it)."""
-    roots = [folder] if folder is not None else [settings.runs_dir, settings.data_dir / "runs"]
+    roots = [folder] if folder is not None else [settings.runs_dir, settings.runs_root / "runs"]
     return list_runs(
         roots,
         database_url=settings.database_url,

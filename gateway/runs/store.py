@@ -34,6 +34,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -224,6 +225,17 @@ class StudyRunStore:
         with self._lock, self.open(record.run_id, create=True) as store:
             store.put_gateway_run(record)
         return record
+
+    def hand_over(
+        self, run_id: str, stage: str, progress: float, enqueue: Callable[[Any], object]
+    ) -> None:
+        """The run leaves this process for a worker: its status queued at ``stage``, and its
+        job written by ``enqueue`` on the run log's connection, in one transaction (both or
+        neither). Its active marker goes: the worker finishes the run, and this gateway's next
+        start does not mark it interrupted."""
+        with self._lock, self.open(run_id) as store:
+            store.set_gateway_stage(stage, progress, status=RunStatus.QUEUED, also=enqueue)
+        (self.active_dir / self.run_dir(run_id).name).unlink(missing_ok=True)
 
     def mark_interrupted(self) -> list[str]:
         """At start: every run a previous process left queued or running is interrupted (its
