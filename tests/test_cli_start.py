@@ -3,6 +3,7 @@ gateway, the tests and a user start pays for its own command, not for all of the
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 
@@ -25,3 +26,33 @@ def test_a_command_imports_its_own_modules_only() -> None:
     )
     assert "Commands" in done.stdout  # pacs's help was drawn
     assert "heavy: []" in done.stderr, done.stderr
+
+
+def test_a_leaderboards_intervals_do_not_import_scipy_stats() -> None:
+    """Every run summary and `runs show` computes Wilson intervals: scipy.stats (0.5 s of CPU)
+    is imported only by what needs it (McNemar's test), and each interval is what it was, to
+    the bit."""
+    from scipy import stats as st
+
+    from evaluation.scoring.stats import wilson
+
+    for successes, n, confidence in [(3, 10, 0.95), (0, 7, 0.95), (41, 50, 0.9), (5, 9, 0.99)]:
+        z = float(st.norm.ppf(0.5 + confidence / 2))  # the quantile as it was computed
+        p = successes / n
+        denom = 1 + z * z / n
+        centre = (p + z * z / (2 * n)) / denom
+        half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+        got = wilson(successes, n, confidence)
+        assert got.high == min(1.0, centre + half), (successes, n, confidence)
+        assert got.low == (0.0 if successes == 0 else max(0.0, centre - half))
+    probe = (
+        "import sys\n"
+        "import evaluation.scoring, evaluation.parsing\n"
+        "from evaluation.scoring.stats import wilson\n"
+        "wilson(3, 10)\n"
+        "print(sorted(m for m in ('scipy.stats', 'scipy.optimize') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

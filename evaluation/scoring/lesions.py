@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import linear_sum_assignment
 
 from evaluation.answers import Finding
 from evaluation.case import Case, Enhancement, Hemisphere, LesionTruth, TaskFamily
@@ -198,6 +197,8 @@ def _assign(pairs: dict[tuple[int, int], _Pair], n_lesions: int, n_findings: int
     cost = np.full((n_lesions, n_findings), _IMPOSSIBLE)
     for (li, fi), p in pairs.items():
         cost[li, fi] = p.cost
+    from scipy.optimize import linear_sum_assignment  # here, not at every process's start
+
     rows, cols = linear_sum_assignment(cost)
     return {int(li): int(fi) for li, fi in zip(rows, cols, strict=True) if (li, fi) in pairs}
 
