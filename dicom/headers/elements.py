@@ -158,6 +158,7 @@ _SQ = int.from_bytes(b"SQ", "little")
 _UN = int.from_bytes(b"UN", "little")
 _HEADER = struct.Struct("<HHHHL")  # group, element, VR (or length low word), length, long length
 _HEADER8 = struct.Struct("<HHHH")
+_LONG = struct.Struct("<L")
 
 
 def header_size(vr: bytes) -> int:
@@ -234,10 +235,17 @@ def scan_meta(rd: Reader, pos: int) -> tuple[dict[int, RawDataElement], int]:
     """File meta elements (explicit VR little endian) up to the first non-0002 group."""
     meta: dict[int, RawDataElement] = {}
     last = -1
+    size = rd.size
+    data, base = rd.data, rd.base
+    end = base + len(data)
     while True:
-        if pos + 8 > rd.size:
+        if pos + 8 > size:
             raise Fallback("file ends inside the file meta")
-        data, off = rd.view(pos, 8)
+        if pos < base or pos + 12 > end:  # the element header (8 or 12 bytes) in the buffer
+            data, _ = rd.view(pos, min(12, size - pos))
+            base = rd.base
+            end = base + len(data)
+        off = pos - base
         group, elem, vr_i, length = _HEADER8.unpack_from(data, off)
         if group != 2:
             return meta, pos
@@ -247,8 +255,9 @@ def scan_meta(rd: Reader, pos: int) -> tuple[dict[int, RawDataElement], int]:
             raise Fallback("irregular file meta")
         last = tag
         if hdr == 12:
-            data, off = rd.view(pos, 12)
-            (length,) = struct.unpack_from("<L", data, off + 8)
+            if pos + 12 > size:
+                raise Fallback(f"element at byte {pos} runs past the end of the file")
+            (length,) = _LONG.unpack_from(data, off + 8)
         if length == UNDEFINED:
             raise Fallback("undefined length in the file meta")
         if tag in (TS_TAG, MEDIA_SOP_CLASS_TAG):
@@ -258,9 +267,11 @@ def scan_meta(rd: Reader, pos: int) -> tuple[dict[int, RawDataElement], int]:
             else:
                 vdata, voff = rd.view(pos + hdr, length)
                 value = bytes(vdata[voff : voff + length])
+                data, base = rd.data, rd.base
+                end = base + len(data)
             meta[tag] = RawDataElement(BaseTag(tag), vr, length, value, pos + hdr, False, True)
         pos += hdr + length
-        if pos > rd.size:
+        if pos > size:
             raise Fallback("file meta value runs past the end of the file")
 
 

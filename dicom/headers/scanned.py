@@ -52,6 +52,7 @@ class ScannedDataset:
     def __init__(self, scan: ScannedHeader, hidden: frozenset[int] = frozenset()) -> None:
         self._hidden = hidden
         self._raw = scan.elements
+        self._plain = _plain_config()  # once per file, not once per value read
         charset = scan.elements.get(CHARSET_TAG)
         self._charset_key = charset.value if charset is not None else None
         self._encoding: Any = None
@@ -98,7 +99,7 @@ class ScannedDataset:
             return default if elem is None else elem
         tag = _keyword_tag(key)
         kind = _PLAIN_NUMBERS.get(tag)
-        if kind is not None and tag not in self._hidden:
+        if kind is not None and self._plain and tag not in self._hidden:
             value = _plain_value(kind, self._raw.get(tag))
             if value is not None:
                 return value
@@ -155,8 +156,9 @@ _PATTERNS = {
 
 
 def _plain_value(kind: str, raw: RawDataElement | None) -> Any:
-    """The value pydicom would give (as a plain float, int, str or list), or None."""
-    if raw is None or raw.VR not in (kind, None) or not raw.value or not _plain_config():
+    """The value pydicom would give (as a plain float, int, str or list), or None (pydicom's
+    defaults must be in effect: ``_plain_config``)."""
+    if raw is None or raw.VR not in (kind, None) or not raw.value:
         return None
     if _PATTERNS[kind].fullmatch(raw.value) is None:
         return None

@@ -50,11 +50,13 @@ _BLOCK, _HEADER, _VALUE, _STEP, _LENGTH = 0, 1, 2, 3, 4
 
 class _Run:
     __slots__ = (
+        "base_tag",
         "block",
         "end",
         "first",
         "hdr",
         "kind",
+        "n",
         "needed",
         "prefix",
         "raws",
@@ -75,10 +77,13 @@ class _Run:
         self.block = memoryview(tmpl.data)[b[first] : cut]
         # Tag (and VR, when explicit): what a _LENGTH element must share with the template.
         self.prefix = bytes(self.block[: 4 if tmpl.implicit else 6])
+        self.n = len(self.block)
         self.needed = raw is not None
-        self.raws = [
-            (tmpl.tags[k], raw) for k in range(first, end) if (raw := tmpl.raws[k]) is not None
-        ]
+        self.base_tag = BaseTag(self.tag)
+        # The needed elements of a block, by tag (a template has each needed tag once).
+        self.raws = {
+            tmpl.tags[k]: raw for k in range(first, end) if (raw := tmpl.raws[k]) is not None
+        }
 
 
 class Template:
@@ -158,48 +163,76 @@ class Template:
         Returns (the offset reached, True) when every template element was matched, else
         (where to go on walking, False); the offset is -stop-1 if the header pass stopped.
         """
+        # One pass per file of the series: the per-run work is kept to a comparison in C and
+        # a few local operations (values inside the buffer read are sliced here, not viewed).
         implicit, size = self.implicit, rd.size
         learned = False
         data, base = rd.data, rd.base
+        end = base + len(data)
         for run in self.runs:
             kind = run.kind
             if kind != _STEP:
-                n = len(run.block)
+                n = run.n
                 if pos + n <= size:
-                    off = pos - base
-                    if off < 0 or off + n > len(data):
-                        data, off = rd.view(pos, n)
+                    if pos < base or pos + n > end:
+                        data, _ = rd.view(pos, n)
                         base = rd.base
-                    if kind == _LENGTH:
-                        length = _length(data, off, run.hdr, implicit)
-                        if length != UNDEFINED and data.startswith(run.prefix, off):
-                            if run.needed:
-                                pos = self._value(rd, pos, run, elements, length)
-                                data, base = rd.data, rd.base
-                            else:
-                                pos += n + length
+                        end = base + len(data)
+                    off = pos - base
+                    if kind == _BLOCK:
+                        if data.startswith(run.block, off):
+                            raws = run.raws
+                            if raws:
+                                if not elements.keys().isdisjoint(raws):
+                                    raise Fallback("a needed tag appears twice")
+                                elements.update(raws)
+                            pos += n  # within the file: pos + n <= size
+                            continue
+                    elif kind == _HEADER:
+                        if data.startswith(run.block, off):
+                            pos += n + run.value_length
                             if pos > size:
                                 raise Fallback("an element runs past the end of the file")
                             continue
-                    elif data.startswith(run.block, off):
-                        if kind == _BLOCK:
-                            for tag, raw in run.raws:
-                                if tag in elements:
+                    else:
+                        if kind == _LENGTH:
+                            length = _length(data, off, run.hdr, implicit)
+                            same = length != UNDEFINED and data.startswith(run.prefix, off)
+                        else:  # _VALUE
+                            length = run.value_length
+                            same = data.startswith(run.block, off)
+                        if same:
+                            if run.needed:
+                                if run.tag in elements:
                                     raise Fallback("a needed tag appears twice")
-                                elements[tag] = raw
-                            pos += n
-                        elif kind == _HEADER:
-                            pos += n + run.value_length
-                        else:
-                            pos = self._value(rd, pos, run, elements, run.value_length)
-                            data, base = rd.data, rd.base
-                        if pos > size:
-                            raise Fallback("an element runs past the end of the file")
-                        continue
+                                start = pos + run.hdr
+                                pos = start + length
+                                if pos > size:
+                                    raise Fallback("a needed element runs past the end of the file")
+                                if length == 0:
+                                    value = cast(
+                                        "bytes | None", empty_value_for_VR(run.vr, raw=True)
+                                    )
+                                elif start >= base and pos <= end:
+                                    value = data[start - base : pos - base]
+                                else:
+                                    vdata, voff = rd.view(start, length)
+                                    value = vdata[voff : voff + length]
+                                    data, base = rd.data, rd.base
+                                    end = base + len(data)
+                                elements[run.tag] = RawDataElement(
+                                    run.base_tag, run.vr, length, value, start, implicit, True
+                                )
+                            else:
+                                pos += n + length
+                                if pos > size:
+                                    raise Fallback("an element runs past the end of the file")
+                            continue
                 learned = True
                 if kind == _BLOCK:
                     pos, ok = self._walk(rd, pos, run, elements)
                     data, base = rd.data, rd.base
+                    end = base + len(data)
                     if not ok:
                         return pos, False
                     continue
@@ -209,31 +242,13 @@ class Template:
                 self.kinds[first] = _LENGTH if eligible else _STEP
             tag, nxt = step(rd, pos, implicit, elements)
             data, base = rd.data, rd.base
+            end = base + len(data)
             if tag != run.tag or nxt < 0:
                 return nxt, False
             pos = nxt
         if learned:
             self._plan()
         return pos, True
-
-    def _value(
-        self, rd: Reader, pos: int, run: _Run, elements: dict[int, RawDataElement], length: int
-    ) -> int:
-        """A needed element whose tag and VR matched the template's: take its value."""
-        if run.tag in elements:
-            raise Fallback("a needed tag appears twice")
-        start = pos + run.hdr
-        if start + length > rd.size:
-            raise Fallback("a needed element runs past the end of the file")
-        if length == 0:
-            value = cast("bytes | None", empty_value_for_VR(run.vr, raw=True))
-        else:
-            data, off = rd.view(start, length)
-            value = data[off : off + length]
-        elements[run.tag] = RawDataElement(
-            BaseTag(run.tag), run.vr, length, value, start, self.implicit, True
-        )
-        return start + length
 
     def _walk(
         self, rd: Reader, pos: int, run: _Run, elements: dict[int, RawDataElement]
