@@ -114,6 +114,15 @@ class EstimateUnavailable(Exception):
     """The pipeline's evaluator has no estimate (a custom ``Evaluator``)."""
 
 
+# a queued run's job retried after its worker died or stalled: its calls may have been made,
+# its write-back begun; it is not evaluated a second time
+RETRIED_RUN = (
+    "the worker evaluating this run stopped before it finished (killed, or silent past the "
+    "queue's stall timeout) and its job was retried: the run is not evaluated a second time; "
+    "evaluate the study again (POST /studies/{id}/evaluations, or send it again)"
+)
+
+
 class QueuedStudyError(Exception):
     """A queued run's study is not in the PACS as the run names it (the reason says why)."""
 
@@ -864,6 +873,9 @@ class StudyPipeline:
         if rec.final:
             log.info("run %s is %s already: nothing to do", run_id, rec.status.value)
             return rec
+        if rec.status is RunStatus.RUNNING:  # an attempt started it, and its worker was lost
+            self.runs.finish(run_id, RunStatus.INTERRUPTED, error=RETRIED_RUN)
+            return self.runs.get(run_id)
         job = Job(run_id=run_id, trigger=rec.trigger, force=force, t0=time.monotonic())
         job.route = Route.model_validate(rec.route.model_dump()) if rec.route else None
         try:

@@ -82,7 +82,9 @@ class Purger:
         self.places = places
         self.orthanc = orthanc
         self.audit = audit
-        self.runs = runs or StudyRunStore(places.data_dir, places.reports_dir, places.database_url)
+        self.runs = runs or StudyRunStore(
+            places.runs_root or places.data_dir, places.reports_dir, places.database_url
+        )
         self._lock = threading.Lock()  # one purge at a time in a process
 
     def purge(
@@ -120,6 +122,7 @@ class Purger:
             cutoff=target.cutoff(now),
             rm=Removal(dry_run, report.counts),
             database_url=self.places.database_url,
+            data_dir=self.places.data_dir,
         )
         sweep.resolve()  # PurgeError when a PatientID is held under two issuers
         report.issuers = sweep.issuers_matched

@@ -41,6 +41,7 @@ class Places:
 
     data_dir: Path
     reports_dir: Path | None = None
+    runs_root: Path | None = None  # NEUROSANDBOX_SHARED_DIR: the gateway's runs and state
     review_log: Path | None = None
     suite_runs: Path | None = None  # NEUROSANDBOX_RUNS_DIR
     cases: Path | None = None  # NEUROSANDBOX_CASES
@@ -51,6 +52,7 @@ class Places:
         return cls(
             data_dir=settings.data_dir,
             reports_dir=settings.reports_root,
+            runs_root=settings.runs_root,
             review_log=settings.review_log,
             suite_runs=settings.runs_dir,
             cases=settings.cases,
@@ -166,7 +168,7 @@ class Sweep(Finder):
 
     def spool_studies(self) -> None:
         """The spool's study folders of the target (by their key's name)."""
-        studies = self.runs.root / "spool" / "studies"
+        studies = self.data / "spool" / "studies"
         for folder in sorted(studies.iterdir()) if studies.is_dir() else ():
             if not folder.is_dir():
                 continue

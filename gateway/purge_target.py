@@ -181,6 +181,9 @@ class Finder:
     target: PurgeTarget
     cutoff: datetime | None
     database_url: str | None = None
+    # the DATA_DIR of the spool and the instance cache (None: the runs' root, as without a
+    # NEUROSANDBOX_SHARED_DIR)
+    data_dir: Path | None = None
     issuers_matched: list[str] = field(default_factory=list)
     _headers: dict[Path, tuple[str, str, str] | None] = field(default_factory=dict)
 
@@ -207,7 +210,7 @@ class Finder:
         if t.patient_id is None or self.cutoff is not None:
             return
         found: set[str] = set()
-        studies = self.runs.root / "spool" / "studies"
+        studies = self.data / "spool" / "studies"
         for folder in studies.iterdir() if studies.is_dir() else ():
             info = _received_info(folder)
             if info.get("patient_id") == t.patient_id:
@@ -263,9 +266,14 @@ class Finder:
             return bool(case_ids(self.runs.run_dir(rec.run_id), target, self.database_url))
         return False
 
+    @property
+    def data(self) -> Path:
+        """DATA_DIR: the spool and the instance cache (the runs may be in SHARED_DIR)."""
+        return self.data_dir or self.runs.root
+
     def instance_roots(self) -> tuple[Path, Path, Path]:
-        spool = self.runs.root / "spool"
-        return spool / "incoming", spool / "quarantine", self.runs.root / "cache"
+        spool = self.data / "spool"
+        return spool / "incoming", spool / "quarantine", self.data / "cache"
 
 
 def case_ids(folder: Path, target: PurgeTarget, database_url: str | None = None) -> list[str]:

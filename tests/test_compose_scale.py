@@ -78,6 +78,10 @@ def test_the_gateway_and_workers_share_the_run_log_database_by_its_setting() -> 
         assert services[name]["environment"]["NEUROSANDBOX_ORTHANC_URL"] == (
             "http://orthanc-pg:8042"
         )
+        # the runs the workers write are where the gateway's review pages read them
+        shared = services[name]["environment"]["NEUROSANDBOX_SHARED_DIR"]
+        assert f"scale-shared:{shared}" in services[name]["volumes"], name
+    assert "shared_dir" in Settings.model_fields
 
 
 def test_no_secret_is_written_in_the_compose_file() -> None:

@@ -33,7 +33,7 @@ from evaluation.log import upgrade as upgrade_run_log
 from gateway.api import create_app
 from gateway.cli import app
 from gateway.jobs import apply_schema, conninfo
-from gateway.runs import RunStatus
+from gateway.runs import RunStatus, SkipKind
 from gateway.study_key import StudyKey
 
 pytestmark = pytest.mark.integration
@@ -88,39 +88,54 @@ def test_a_study_sent_to_a_gateway_with_a_database_url_is_evaluated_by_a_worker(
         "NEUROSANDBOX_RUN_DEADLINE_S": "60",
         "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
     }
-    # the worker starts first (its start overlaps the gateway's)
-    worker = subprocess.Popen(
-        [neurosandbox_bin(), "worker", "--stop-after", "60"], env={**cli_env(tmp_path), **env},
-        stdout=worker_log.open("wb"), stderr=subprocess.STDOUT,
-    )  # fmt: skip
     routing = rules_file(tmp_path / "rules.yaml", ["differential"], "queued")
     gw = start_gateway(
         orthanc_server, tmp_path / "gateway-data", routing, 1.0, database_url=url, shared_dir=shared
     )
     here = _NotHere()
     gw.pipeline.evaluator = here  # type: ignore[assignment]
+    worker: subprocess.Popen[bytes] | None = None
     try:
         study = make_study(
             tmp_path / "study", classes=("FLAIR",), n_slices=4, patient_id="NSBX-Q-1"
         )
         key = StudyKey(study_uid=study.study_uid, patient_id="NSBX-Q-1")
         send(gw.scp.port, study.files)
-        _until("the run is listed", lambda: bool(gw.ctx.runs.list(study_uid=study.study_uid)),
-               [worker_log])  # fmt: skip
+        _until("the run is queued", lambda: [r.stage for r in gw.ctx.runs.list(
+            study_uid=study.study_uid)] == ["queued for a worker"], [worker_log])  # fmt: skip
         [run] = gw.ctx.runs.list(study_uid=study.study_uid)
-        # handed over: the run's job in the queue, the study's key its lock (UID and patient)
+        assert run.status is RunStatus.QUEUED
+        # a later series while the study's job still waits: merged into it, as the gateway
+        # merges a study's runs
+        late = make_study(tmp_path / "late", classes=("T2",), n_slices=4, patient_id="NSBX-Q-1",
+                          study_uid=study.study_uid, first_series_number=2)  # fmt: skip
+        send(gw.scp.port, late.files)
+        _until("the later run is merged", lambda: any(
+            r.final for r in gw.ctx.runs.list(study_uid=study.study_uid) if r.run_id != run.run_id
+        ), [worker_log])  # fmt: skip
+        merged = next(r for r in gw.ctx.runs.list(study_uid=study.study_uid) if r != run)
+        assert merged.status is RunStatus.SKIPPED and merged.skip is SkipKind.MERGED, merged
+        assert gw.ctx.runs.get(run.run_id).status is RunStatus.QUEUED
+        # a worker (another host: its own DATA_DIR) takes the job
+        worker = subprocess.Popen(
+            [neurosandbox_bin(), "worker", "--stop-after", "60"], env={**cli_env(tmp_path), **env},
+            stdout=worker_log.open("wb"), stderr=subprocess.STDOUT,
+        )  # fmt: skip
         _until("the worker finished the run", lambda: gw.ctx.runs.get(run.run_id).final,
                [worker_log], timeout_s=40)  # fmt: skip
         done = gw.ctx.runs.get(run.run_id)
         assert done.status is RunStatus.DONE, (done, worker_log.read_text()[-3000:])
         assert here.calls == 0
-        jobs = _rows(url, "SELECT task, lock, queueing_lock, args, job_id FROM job_outbox")
-        assert len(jobs) == 1, jobs
+        jobs = _rows(url, "SELECT task, lock, queueing_lock, args, job_id FROM job_outbox "
+                          "ORDER BY id")  # fmt: skip
+        assert [j[4] is None for j in jobs] == [False, True], jobs  # queued; merged
         task, lock, qlock, args, job_id = jobs[0]
         assert (task, lock, qlock) == ("study_run", f"study:{key.name}", f"study:{key.name}")
-        assert job_id is not None and f'evaluate-study", "{run.run_id}' in str(args)
-        assert "NSBX-Q-1" not in str(args)  # no PHI in the job
+        assert jobs[1][1:3] == (lock, qlock)
+        assert f'evaluate-study", "{run.run_id}' in str(args)
+        assert "NSBX-Q-1" not in str(jobs)  # no patient identifier in the queue
         assert f"job {job_id} (outbox" in worker_log.read_text()  # the worker ran it
+        assert done.n_instances == 8  # both series: what the PACS held when the job started
         # the SR per model and the checklist PDF, UNVERIFIED, in the patient's study
         assert done.route is not None and set(done.sr_sop_uids) == set(done.route.models)
         assert done.pdf_sop_uid
@@ -146,7 +161,7 @@ def test_a_study_sent_to_a_gateway_with_a_database_url_is_evaluated_by_a_worker(
             page = client.get("/review")
             assert page.status_code == 200 and f'data-run="{run.run_id}"' in page.text
     finally:
-        if worker.poll() is None:
+        if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             try:
                 worker.wait(timeout=15)
@@ -180,3 +195,50 @@ def _instance(server: OrthancServer, sop_uid: str) -> pydicom.Dataset:
     assert iid is not None
     raw = client.api.get(f"{client.url}/instances/{iid}/file").content
     return pydicom.dcmread(io.BytesIO(raw))
+
+
+def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twice(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """The worker's side alone (`runs evaluate-study` is StudyPipeline.run_queued): a run whose
+    UID is in the PACS only under another patient fails saying so (never evaluated by the UID
+    alone); a run an earlier attempt started (its worker lost) is marked interrupted, not
+    evaluated again; a finished run is left as it is."""
+    from gateway.pipeline import RETRIED_RUN
+    from gateway.runs import RunRecord
+    from gateway.serve import build_worker_pipeline
+    from gateway.study_key import orthanc_id
+
+    ep = orthanc_server.endpoints
+    settings = orthanc_server.settings.model_copy(update={
+        "data_dir": tmp_path / "worker", "shared_dir": tmp_path / "shared",
+        "orthanc_url": ep.orthanc_url, "orthanc_password_file": Path(ep.password_file or "")})  # fmt: skip
+    pipeline = build_worker_pipeline(settings)
+    try:
+        other = make_study(tmp_path / "b", classes=("FLAIR",), n_slices=2, patient_id="NSBX-Q-B")
+        pipeline.orthanc.upload_many(other.files)  # the UID's study in the PACS: patient B's
+        runs = pipeline.runs
+
+        def queued(patient: str, pacs_patient: str, status: RunStatus) -> str:
+            run_id = runs.new_id()
+            runs.create(RunRecord(
+                run_id=run_id, trigger="dicom", study_uid=other.study_uid, status=status,
+                study_key=StudyKey(study_uid=other.study_uid, patient_id=patient).name,
+                orthanc_study_id=orthanc_id(pacs_patient, other.study_uid)))  # fmt: skip
+            return run_id
+
+        # patient A's run, pointed at B's study under the same UID (or at A's, not in the PACS)
+        for pacs_patient, why in (("NSBX-Q-B", "another patient's"), ("NSBX-Q-A", "no longer")):
+            rec = pipeline.run_queued(queued("NSBX-Q-A", pacs_patient, RunStatus.QUEUED))
+            assert rec.status is RunStatus.FAILED and why in (rec.error or ""), rec
+            assert not rec.sr_sop_uids
+        # B's run that a lost worker had started: interrupted, nothing evaluated or written
+        rec = pipeline.run_queued(queued("NSBX-Q-B", "NSBX-Q-B", RunStatus.RUNNING))
+        assert rec.status is RunStatus.INTERRUPTED and rec.error == RETRIED_RUN
+        assert rec.evaluated_digest is None and not rec.sr_sop_uids
+        # a finished run (its job retried after it ended): left as it is
+        again = pipeline.run_queued(rec.run_id)
+        assert again.status is RunStatus.INTERRUPTED and again.finished_at == rec.finished_at
+    finally:
+        if pipeline.printer is not None:
+            pipeline.printer.close()
