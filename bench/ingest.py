@@ -288,6 +288,8 @@ def latency(
     floors: list[float] = []
     cold: list[float] = []
     timings: list[dict[str, float]] = []
+    writeback: list[float] = []  # the evaluation back -> SR readable in Orthanc
+    evaluation: list[float] = []  # the pipeline's evaluating stage (worker: job in, outcome out)
     profiles = ThreadProfiles() if profile is not None else None
     client = OrthancClient(ep.orthanc_url, ep.username, pacs.password())
     try:
@@ -312,6 +314,14 @@ def latency(
                 return on_received(study)
 
             gw.scp.on_complete = hook
+            started: list[float] = []  # the job's start (wall clock), for the write-back's share
+            run_job = gw.pipeline._run
+
+            def timed(job: object, run_job=run_job, started=started) -> None:  # fmt: skip
+                started.append(time.time())
+                run_job(job)
+
+            gw.pipeline._run = timed  # type: ignore[method-assign]
             if profiles is not None:
                 _profile_gateway(gw, profiles)
             gw.start()
@@ -330,6 +340,10 @@ def latency(
                     raise SystemExit("no SR appeared in Orthanc")
                 after_quiet.append(seen - last - quiet)
                 timings.append(gw.ctx.runs.list(limit=1)[0].timings_s)
+                # the write-back's share: the evaluation back (its stage's end) -> SR readable
+                back = started[0] + timings[-1]["writing the checklist"]
+                writeback.append(seen - back)
+                evaluation.append(timings[-1]["writing the checklist"] - timings[-1]["evaluating"])
                 # the floor: the same study, indexed and evaluated as the pipeline does (its
                 # worker started ahead, NEUROSANDBOX_WARM_WORKER), and with a worker spawned
                 # for the study (the pipeline without a spare) for reference
@@ -351,7 +365,8 @@ def latency(
             print(
                 f"  rep {rep + 1}: {after_quiet[-1]:.2f} s after the quiet time, floor"
                 f" {floors[-1]:.2f} s (worker spawned for the study: {cold[-1]:.2f} s);"
-                f" stages {timings[-1]}"
+                f" evaluating stage {evaluation[-1]:.2f} s, then SR readable"
+                f" {writeback[-1]:.2f} s later; stages {timings[-1]}"
             )
     finally:
         client.close()
@@ -376,6 +391,11 @@ def latency(
     print(
         f"     (a worker spawned per study instead of the spare started ahead: floor"
         f" {statistics.median(cold):.2f} s)"
+    )
+    print(
+        f"     of which: the pipeline's evaluating stage {statistics.median(evaluation):.2f} s"
+        f" (worker's index + evaluation in the floor), the evaluation back -> SR readable"
+        f" {statistics.median(writeback):.2f} s (medians)"
     )
     return lat, floor
 

@@ -80,6 +80,7 @@ from gateway.writeback import (
     evidence_refs,
     keep,
 )
+from gateway.writeback import warm as warm_writeback
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ class StudyPipeline:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._warmed = False  # the write-back's tables loaded ahead (``_prepare``)
         # where SR and PDF go: a configured PACS (NEUROSANDBOX_PACS_FILE's writeback:); None:
         # the Orthanc above. An object not stored is kept under kept_dir until it is.
         self.writeback: PacsClient | None = None
@@ -425,6 +427,12 @@ class StudyPipeline:
             return
         if self.printer is not None:
             self.printer.warm()
+        if not self._warmed:  # once: what the first write-back would load on first use
+            self._warmed = True
+            try:
+                warm_writeback()
+            except Exception:
+                log.exception("could not load the write-back's tables ahead")
         prepare = getattr(self.evaluator, "prepare", None)
         if not callable(prepare):
             return
