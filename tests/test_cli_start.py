@@ -56,3 +56,17 @@ def test_a_leaderboards_intervals_do_not_import_scipy_stats() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_the_service_starts_without_the_plotting_and_statistics_libraries() -> None:
+    """`neurosandbox serve` and every gateway a test starts: matplotlib (drawn only when a run
+    summary or the runs page's trend is asked for) and scipy.stats are not imported with it."""
+    probe = (
+        "import sys\n"
+        "import gateway.cli.serve, gateway.serve\n"
+        "print(sorted(m for m in ('matplotlib', 'scipy.stats') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -27,7 +27,6 @@ from evaluation.reports.checklist_view import CaseChecklist, checklist_schema
 from evaluation.reports.html import ImageLoader, render_checklist, render_summary
 from evaluation.reports.loader import RUNDATA_FILE, save_run
 from evaluation.reports.pdf import PdfError, Printer, html_file_to_pdf, print_pdfs
-from evaluation.reports.plots import all_plots
 from evaluation.reports.summary import SummaryReport, build_summary, case_slug
 from evaluation.review.review_log import CaseReview
 from evaluation.robustness import variant_pairs
@@ -114,6 +113,8 @@ def write_summary(
     out: Path, report: SummaryReport, *, pdf: bool = True
 ) -> tuple[Path, Path | None]:
     """Write (or rewrite, e.g. after reviews) the summary files of a report folder."""
+    from evaluation.reports.plots import all_plots  # matplotlib: only where a summary is drawn
+
     plots = all_plots(report)
     (out / "summary.json").write_text(report.model_dump_json(indent=2))
     html = out / "summary.html"
@@ -185,6 +186,8 @@ def write_report(
             if job is not None:
                 jobs.append(job)
     if summary:
+        from evaluation.reports.plots import all_plots  # matplotlib: see write_summary
+
         report = build_summary(run, reviews or [], checklists, catalog=catalog)
         plots = all_plots(report)
         (out / "summary.json").write_text(report.model_dump_json(indent=2))

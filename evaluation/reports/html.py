@@ -27,7 +27,6 @@ from evaluation.answers import Finding
 from evaluation.log.rundata import RunData
 from evaluation.models.cost import cost_text
 from evaluation.reports.checklist_view import FLAG_TITLES, SERIOUS_FLAGS, CaseChecklist, ImageItem
-from evaluation.reports.plots import plot_gaps
 from evaluation.reports.print_view import print_view
 from evaluation.reports.summary import OUTCOME_LEGEND, SummaryReport
 from evaluation.review.review_log import CaseReview, Superseded
@@ -322,6 +321,8 @@ def render_summary(
     review: ReviewView | None = None,
     print_mode: bool = False,
 ) -> str:
+    from evaluation.reports.plots import plot_gaps  # here: matplotlib only where a summary is
+
     return (
         env()
         .get_template("summary.html.j2")

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.log import CatalogEntry, figures_text
-from evaluation.reports import metrics_over_time, runs_of_dataset
 from gateway.review.service import ReportNotFoundError, ReviewService
 from gateway.runs.index import install_runs
 from gateway.settings import Settings
@@ -41,6 +40,9 @@ def runs_index_page(
     hashes = {e.dataset_hash for e in shown if e.dataset_hash}
     trend_png, trend_note, trend_hash = "", "", ""
     if len(hashes) == 1:
+        # matplotlib is imported when a trend is drawn, not with the service
+        from evaluation.reports import metrics_over_time, runs_of_dataset
+
         trend_hash = hashes.pop()
         png = metrics_over_time(shown, trend_hash)
         if png is not None:

@@ -23,7 +23,6 @@ from evaluation.reports import (
     ImageLoader,
     RunLoadError,
     SummaryReport,
-    all_plots,
     build_checklist,
     build_summary,
     bundle_images,
@@ -188,6 +187,8 @@ class ReviewService:
     def summary_with_plots(self, report: str) -> tuple[SummaryReport, dict[str, bytes]]:
         summary, plots, key = self._summary(report)
         if plots is None:
+            from evaluation.reports import all_plots  # matplotlib: when a summary is first shown
+
             plots = all_plots(summary)
             with self._lock:
                 self._summaries[report] = (key, summary, plots)
