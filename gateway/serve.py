@@ -13,17 +13,14 @@ import contextlib
 import errno
 import functools
 import logging
-import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
-from pynetdicom import _config as pynetdicom_config
 from starlette.applications import Starlette
 from starlette.types import ASGIApp
 
-from evaluation.log import SchemaOutOfDateError, schema_status
 from evaluation.reports import Printer
 from evaluation.review import ReviewStore
 from gateway.api import GatewayContext, create_app
@@ -33,62 +30,23 @@ from gateway.case_studies import CaseGatherer
 from gateway.follower import ChangesFollower
 from gateway.forward import Forwarder
 from gateway.http_guard import ConnectionLimits, guarded_protocol
-from gateway.pacs import LOCAL, PacsClient, configured, open_client
+from gateway.logs import configure_logging
 from gateway.pacs_local import resolve_endpoints
 from gateway.pipeline import Evaluator, StudyPipeline
 from gateway.ports import bind_listening, check_free, serve_ports, unavailable
 from gateway.purge import Places, Purger, RetentionTimer
 from gateway.review.actions import record_stored
 from gateway.routing import Router
-from gateway.scp import StorageSCP, uid_key
+from gateway.scp import StorageSCP
 from gateway.scp_transport import PeerLimits
 from gateway.settings import Settings
-from gateway.startup import configure_libraries
+from gateway.startup import check_run_log, configure_libraries, writeback_client
 from gateway.study_queue import StudyQueue
 from gateway.study_run import DefaultEvaluator
 from gateway.workers import ProcessEvaluator
 from gateway.writeback_retry import WritebackRetrier
 
 log = logging.getLogger(__name__)
-
-
-_UID = re.compile(r"(?<![\d.])[0-9]+(?:\.[0-9]+){4,}(?![\d.])")
-
-
-def redact_uids(text: str) -> str:
-    """DICOM UIDs (study, series, instance) replaced by a short hash: they identify studies."""
-    return _UID.sub(lambda m: "uid:" + uid_key(m.group(0)), text)
-
-
-class RedactUids(logging.Filter):
-    """Last line of defence: no DICOM UID reaches a log line, not even in a traceback."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = redact_uids(record.getMessage()), None
-        if record.exc_info:
-            text = logging.Formatter().formatException(record.exc_info)
-            record.exc_text, record.exc_info = redact_uids(text), None
-        return True
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("", "pynetdicom"):  # pynetdicom may bring its own handler
-        for handler in logging.getLogger(name).handlers:
-            handler.addFilter(RedactUids())
-    # Third-party loggers that would print datasets, identifiers or URLs at lower levels.
-    for name in (
-        "pynetdicom",
-        "highdicom",
-        "httpx",
-        "httpcore",
-        "uvicorn.access",
-        "PIL",
-        "matplotlib",
-    ):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    pynetdicom_config.LOG_REQUEST_IDENTIFIERS = False
-    pynetdicom_config.LOG_RESPONSE_IDENTIFIERS = False
 
 
 def start_worker(settings: Settings) -> None:
@@ -134,19 +92,6 @@ class Gateway:
             self.pipeline.forwarder.close()
         self.ctx.orthanc.close()
         log.info("gateway stopped")
-
-
-def check_run_log(settings: Settings) -> None:
-    """The install's PostgreSQL run log (``NEUROSANDBOX_DATABASE_URL``) is at this code's
-    schema, else ``SchemaOutOfDateError`` saying to run ``neurosandbox db upgrade``."""
-    if not settings.database_url:
-        return
-    st = schema_status(settings.database_url)
-    if not st.up_to_date:
-        raise SchemaOutOfDateError(
-            f"the run log at {st.url} is at schema {st.current or 'none'}, this gateway needs "
-            f"{st.head}: run `neurosandbox db upgrade` first"
-        )
 
 
 def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gateway:
@@ -225,34 +170,6 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
         retention = RetentionTimer(purger, settings.retention_days)
     return Gateway(ctx=ctx, scp=scp, pipeline=pipeline, follower=follower, retention=retention,
                    writeback_retry=writeback_retry)  # fmt: skip
-
-
-def writeback_client(settings: Settings) -> PacsClient | None:
-    """Where SR and PDF go: the PACS file's ``writeback:`` (None: the local Orthanc)."""
-    target = configured(settings).writeback
-    return open_client(target, settings) if target and target != LOCAL else None
-
-
-def build_worker_pipeline(settings: Settings, evaluator: Evaluator | None = None) -> StudyPipeline:
-    """The pipeline a ``neurosandbox worker`` host runs a queued gateway run with
-    (``StudyPipeline.run_queued``): the gateway's, reading the study from the PACS, the
-    evaluator in this process (the worker's job is already its own process, under the run
-    deadline), the runs in SHARED_DIR's folders and the run log."""
-    check_run_log(settings)
-    configure_libraries(settings)
-    ctx = GatewayContext.from_settings(settings)
-    pipeline = StudyPipeline(
-        orthanc=ctx.orthanc,
-        evaluator=evaluator or DefaultEvaluator(settings),
-        router=Router.from_file(settings.routing_file),
-        runs=ctx.runs,
-        audit=ctx.audit,
-        cache=InstanceCache(settings.data_dir / "cache"),
-        printer=Printer(idle_s=60),
-        cases=settings.cases,
-    )
-    pipeline.writeback = writeback_client(settings)
-    return pipeline
 
 
 def api_server_config(app: ASGIApp, settings: Settings, port: int) -> uvicorn.Config:

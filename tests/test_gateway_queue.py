@@ -204,16 +204,16 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
     UID is in the PACS only under another patient fails saying so (never evaluated by the UID
     alone); a run an earlier attempt started (its worker lost) is marked interrupted, not
     evaluated again; a finished run is left as it is."""
+    from gateway.cli.worker import worker_pipeline
     from gateway.pipeline import RETRIED_RUN
     from gateway.runs import RunRecord
-    from gateway.serve import build_worker_pipeline
     from gateway.study_key import orthanc_id
 
     ep = orthanc_server.endpoints
     settings = orthanc_server.settings.model_copy(update={
         "data_dir": tmp_path / "worker", "shared_dir": tmp_path / "shared",
         "orthanc_url": ep.orthanc_url, "orthanc_password_file": Path(ep.password_file or "")})  # fmt: skip
-    pipeline = build_worker_pipeline(settings)
+    pipeline = worker_pipeline(settings)
     try:
         other = make_study(tmp_path / "b", classes=("FLAIR",), n_slices=2, patient_id="NSBX-Q-B")
         pipeline.orthanc.upload_many(other.files)  # the UID's study in the PACS: patient B's

@@ -96,7 +96,7 @@ def test_every_former_caller_takes_a_valid_uid() -> None:
 # Regexes that *find* UID-like numbers in text (to hide them from logs, to map them in a
 # de-identified copy) or match a URL's shape before valid_uid checks each UID in it: not rules.
 SEARCHES = {
-    "gateway/serve.py",  # redact_uids: UIDs in log lines become hashes
+    "gateway/logs.py",  # redact_uids: UIDs in log lines become hashes
     "dicom/deid_study.py",  # UID tokens in the bytes of a de-identified copy
     "gateway/viewer_pacs.py",  # the DICOMweb paths' shape; each UID then valid_uid
 }

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gateway.cli.console import ExitCode, fail, note
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Evaluator, StudyPipeline
+    from gateway.settings import Settings
 
 
 def worker_command(
@@ -67,8 +71,8 @@ def evaluate_study_command(
     back (UNVERIFIED SR per model and the checklist PDF) as the gateway's own runs are. The
     run's folder and report bundle go to NEUROSANDBOX_SHARED_DIR (else DATA_DIR), which the
     gateway's review pages read. Exit 0: done (or skipped, held, finished before); 1: failed."""
+    from gateway.logs import configure_logging
     from gateway.runs import RunNotFoundError, RunStatus
-    from gateway.serve import build_worker_pipeline, configure_logging
     from gateway.settings import get_settings
 
     settings = get_settings()
@@ -76,7 +80,7 @@ def evaluate_study_command(
         raise fail("a queued run is in the PostgreSQL run log (NEUROSANDBOX_DATABASE_URL)",
                    ExitCode.USAGE)  # fmt: skip
     configure_logging()
-    pipeline = build_worker_pipeline(settings)
+    pipeline = worker_pipeline(settings)
     try:
         rec = pipeline.run_queued(run_id, force=force)
     except RunNotFoundError:
@@ -87,3 +91,38 @@ def evaluate_study_command(
     note(f"run {run_id}: {rec.status.value}" + (f" ({rec.error[:300]})" if rec.error else ""))
     if rec.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
         raise typer.Exit(1)
+
+
+def worker_pipeline(settings: Settings, evaluator: Evaluator | None = None) -> StudyPipeline:
+    """The pipeline a worker host runs a queued gateway run with (``StudyPipeline.run_queued``,
+    ``neurosandbox runs evaluate-study``): the gateway's, reading the study from the PACS, the
+    evaluator in this process (the job is already a process of its own, under the run
+    deadline), the runs in SHARED_DIR and the run log. Nothing of the HTTP API is imported:
+    every queued study pays this process's start."""
+    from evaluation.reports import Printer
+    from gateway.audit import AuditLog
+    from gateway.cache import InstanceCache
+    from gateway.orthanc import OrthancClient
+    from gateway.pipeline import StudyPipeline
+    from gateway.routing import Router
+    from gateway.runs import StudyRunStore
+    from gateway.startup import check_run_log, configure_libraries, writeback_client
+    from gateway.study_run import DefaultEvaluator
+
+    check_run_log(settings)
+    configure_libraries(settings)
+    data = settings.data_dir  # this host's: its instance cache and audit log
+    pipeline = StudyPipeline(
+        orthanc=OrthancClient.from_settings(settings),
+        evaluator=evaluator or DefaultEvaluator(settings),
+        router=Router.from_file(settings.routing_file),
+        runs=StudyRunStore(
+            settings.runs_root, settings.reports_root, settings.database_url, settings.run_source
+        ),
+        audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
+        cache=InstanceCache(data / "cache"),
+        printer=Printer(idle_s=60),
+        cases=settings.cases,
+    )
+    pipeline.writeback = writeback_client(settings)
+    return pipeline
