@@ -688,11 +688,15 @@ class PHIGate:
             )
         return self._terms[case.case_id]
 
+    def trusts(self, api_base: str | None, *, local: bool = False) -> bool:
+        """Whether content goes to this endpoint as it is (``prepare`` then reads nothing)."""
+        return is_trusted(api_base, self.policy, local=local)
+
     def prepare(
         self, messages: list[Message], case: Case, api_base: str | None, *, local: bool = False
     ) -> tuple[list[Message], GateResult]:
         """The messages as they may be sent to this endpoint, and what was changed."""
-        if is_trusted(api_base, self.policy, local=local):
+        if self.trusts(api_base, local=local):
             return messages, GateResult(remote=False, deidentified=False)
         terms = self.terms_for(case)
         burned = set(case.provenance.burned_in_series)

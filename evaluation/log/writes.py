@@ -9,15 +9,20 @@ statements of a record and awaits the commit: whatever arrived while the previou
 was being written goes into the next one (group commit, no timer), each record in its own
 savepoint so that one bad record fails alone. The await returns only once the transaction is
 committed, so "stored before scored" holds, while the database's I/O runs outside the event loop.
+A thread that need not wait (the runner's finisher, which parses and scores answers already
+stored) posts its records instead (``post``): the writer settles a plain future, and the event
+loop is not woken for them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import datetime as dt
 import json
 import queue
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -128,10 +133,18 @@ class GroupCommitter:
         self.transactions = 0
 
     async def submit(self, statements: Statements) -> None:
+        """Commit ``statements`` (one record); returns once they are committed."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        self._queue.put((statements, loop, fut))
+        self._queue.put((statements, partial(_settle_soon, loop, fut)))
         await fut
+
+    def post(self, statements: Statements) -> concurrent.futures.Future[None]:
+        """Commit ``statements`` (one record) from any thread without waiting: the future is
+        done once they are committed (or failed)."""
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._queue.put((statements, partial(_settle_now, fut)))
+        return fut
 
     def close(self) -> None:
         self._queue.put(_STOP)
@@ -159,17 +172,30 @@ class GroupCommitter:
 
     def _commit(self, batch: list[Any]) -> None:
         try:
-            results = self._store.run_batch([statements for statements, _, _ in batch])
+            results = self._store.run_batch([statements for statements, _ in batch])
             self.transactions += 1
         except Exception as exc:  # the commit itself failed: every record of the batch fails
             results = [exc] * len(batch)
-        for (_, loop, fut), err in zip(batch, results, strict=True):
-            loop.call_soon_threadsafe(_settle, fut, err)
+        for (_, settle), err in zip(batch, results, strict=True):
+            settle(err)
+
+
+def _settle_soon(
+    loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], err: BaseException | None
+) -> None:
+    loop.call_soon_threadsafe(_settle, fut, err)
 
 
 def _settle(fut: asyncio.Future[None], err: BaseException | None) -> None:
     if fut.done():
         return
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(err)
+
+
+def _settle_now(fut: concurrent.futures.Future[None], err: BaseException | None) -> None:
     if err is None:
         fut.set_result(None)
     else:

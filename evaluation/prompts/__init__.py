@@ -74,6 +74,9 @@ class PromptSet:
             trim_blocks=True,
             lstrip_blocks=True,
             keep_trailing_newline=False,
+            # read once: the run records the templates' hash when it starts (``versions``),
+            # and a stat of the file per prompt cost more than the rendering
+            auto_reload=False,
         )
         self.env.filters["data"] = data_block
         self.env.filters["inert"] = inert

@@ -87,9 +87,17 @@ def _fold(c: str) -> str:
     return c
 
 
-def _skeleton(text: str) -> tuple[str, list[int]]:
+# What ``_drop`` drops of ASCII (controls other than newline and tab): plain text is made inert
+# by str.translate, not a character at a time (tests/test_prompt_injection.py checks the two agree)
+_ASCII_DROP = dict.fromkeys([*range(0x09), *range(0x0B, 0x20), 0x7F])
+
+
+def _skeleton(text: str) -> tuple[str, list[int] | None]:
     """``text`` as a reader may take it (compatibility forms and look-alikes as Latin,
-    accents off), with the index in ``text`` of each of its characters."""
+    accents off), with the index in ``text`` of each of its characters (None: the same
+    indices, as for ASCII, which reads as itself)."""
+    if text.isascii():
+        return text, None
     chars: list[str] = []
     where: list[int] = []
     for i, c in enumerate(text):
@@ -107,7 +115,10 @@ def _replace(text: str, pattern: re.Pattern[str], placeholder: str, group: int) 
         start = m.end(1) if group else m.start()
         if start >= m.end():
             continue
-        spans.append((where[start], where[m.end() - 1] + 1))
+        if where is None:
+            spans.append((start, m.end()))
+        else:
+            spans.append((where[start], where[m.end() - 1] + 1))
     for a, b in reversed(spans):
         text = text[:a] + placeholder + text[b:]
     return text
@@ -117,8 +128,11 @@ def inert(value: object) -> str:
     """Untrusted text made inert for a prompt (see the module's docstring); None is ""."""
     if value is None:
         return ""
-    text = str(value).replace("\r\n", "\n").replace("\r", "\n")
-    text = "".join(_fold(c) for c in text.translate(_FOLD) if not _drop(c))
+    text = str(value).replace("\r\n", "\n").replace("\r", "\n").translate(_FOLD)
+    if text.isascii():
+        text = text.translate(_ASCII_DROP)
+    else:
+        text = "".join(_fold(c) for c in text if not _drop(c))
     text = _replace(text, _CONTROL, CONTROL_PLACEHOLDER, 0)
     text = _replace(text, _ROLE, ROLE_PLACEHOLDER, 1)
     return _IMAGE_MARKER.sub(lambda m: m.group()[0] + " " + m.group()[-1], text)
