@@ -21,6 +21,7 @@ URL, and says so in its log at start: a gateway never waits for workers that can
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from gateway.runs import RunStatus, SkipKind, StudyRunStore
@@ -30,6 +31,7 @@ from gateway.study_key import StudyKey
 log = logging.getLogger(__name__)
 
 STAGE = "queued for a worker"
+PENDING_WAIT_S = 5.0  # how long a hand-over waits for another process's drain of its job
 COMMAND = ["runs", "evaluate-study"]
 
 
@@ -82,6 +84,10 @@ class StudyQueue:
         try:
             drain(self.url)
             outcome = outbox_outcome(self.url, written[0])
+            deadline = time.monotonic() + PENDING_WAIT_S
+            while outcome == "pending" and time.monotonic() < deadline:
+                time.sleep(0.1)  # a worker's drain holds the row: its transaction is short
+                outcome = outbox_outcome(self.url, written[0])
         except Exception as exc:  # committed: a worker's periodic drain queues it
             log.warning("run %s: queued, not yet moved into the queue (%s)", run_id, exc)
             return True
@@ -92,3 +98,37 @@ class StudyQueue:
             return False
         log.info("run %s queued for a worker", run_id)
         return True
+
+
+def finish_merged(runs: StudyRunStore, url: str, study_key: str) -> list[str]:
+    """The study's runs merged into its job (their outbox rows drained into no job) that are
+    still listed as queued, finished as merged: a hand-over that did not see its drain's
+    outcome (another process's drain held the row) leaves its run to the job's worker.
+    Returns their run ids."""
+    import json
+
+    import psycopg
+
+    from gateway.jobs import conninfo
+    from gateway.runs import RunNotFoundError
+
+    lock = f"study:{study_key}"
+    with psycopg.connect(conninfo(url), connect_timeout=10) as conn:
+        rows = conn.execute(
+            "SELECT args FROM job_outbox WHERE task = 'study_run' AND queueing_lock = %s "
+            "AND drained_at IS NOT NULL AND job_id IS NULL",
+            (lock,),
+        ).fetchall()
+    done = []
+    for (args,) in rows:
+        try:
+            argv = json.loads(args)["argv"]
+            run_id = argv[len(COMMAND)] if argv[: len(COMMAND)] == COMMAND else None
+            rec = runs.get(str(run_id)) if run_id else None
+        except (ValueError, KeyError, TypeError, IndexError, RunNotFoundError):
+            continue  # not a gateway run's job
+        if rec is not None and rec.status is RunStatus.QUEUED and rec.study_key == study_key:
+            runs.finish(rec.run_id, RunStatus.SKIPPED, error=SkipKind.MERGED.value,
+                        skip=SkipKind.MERGED)  # fmt: skip
+            done.append(rec.run_id)
+    return done

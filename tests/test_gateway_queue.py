@@ -242,3 +242,36 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
     finally:
         if pipeline.printer is not None:
             pipeline.printer.close()
+
+
+def test_a_merged_run_the_gateway_left_queued_is_finished_by_the_studys_job(
+    pg_url: str, tmp_path: Path
+) -> None:
+    """A hand-over that could not see its drain's outcome (another process's drain held the
+    outbox row) leaves a merged run queued: the study's job finishes it as merged, and only
+    runs of its study whose rows were merged."""
+    import sqlalchemy as sa
+
+    from gateway.jobs import enqueue, study_job
+    from gateway.runs import RunRecord, StudyRunStore
+    from gateway.study_queue import finish_merged, study_argv
+
+    url = fresh_pg_database(pg_url)
+    upgrade_run_log(url)
+    runs = StudyRunStore(tmp_path / "shared", database_url=url)
+    key, other = (StudyKey(study_uid=f"1.2.3.{n}", patient_id="P").name for n in (1, 2))
+    ids = {}
+    for name, study_key, merged in (("merged", key, True), ("waiting", key, False),
+                                    ("other", other, True)):  # fmt: skip
+        run_id = ids[name] = runs.new_id()
+        runs.create(RunRecord(run_id=run_id, trigger="dicom", study_key=study_key))
+        with sa.create_engine(url, poolclass=sa.pool.NullPool).begin() as conn:
+            oid = enqueue(conn, study_job(study_key, study_argv(run_id)))
+            conn.execute(sa.text("UPDATE job_outbox SET drained_at = 'now', job_id = :j "
+                                 "WHERE id = :o"), {"j": None if merged else 7, "o": oid})  # fmt: skip
+    assert finish_merged(runs, url, key) == [ids["merged"]]
+    rec = runs.get(ids["merged"])
+    assert rec.status is RunStatus.SKIPPED and rec.skip is SkipKind.MERGED
+    assert runs.get(ids["waiting"]).status is RunStatus.QUEUED  # its own job
+    assert runs.get(ids["other"]).status is RunStatus.QUEUED  # another study's
+    assert finish_merged(runs, url, key) == []  # once

@@ -74,6 +74,7 @@ def evaluate_study_command(
     from gateway.logs import configure_logging
     from gateway.runs import RunNotFoundError, RunStatus
     from gateway.settings import get_settings
+    from gateway.study_queue import finish_merged
 
     settings = get_settings()
     if settings.database_url is None:
@@ -82,6 +83,9 @@ def evaluate_study_command(
     configure_logging()
     pipeline = worker_pipeline(settings)
     try:
+        rec = pipeline.runs.get(run_id)
+        if rec.study_key:  # later runs of the study merged into this job: covered by it
+            finish_merged(pipeline.runs, settings.database_url, rec.study_key)
         rec = pipeline.run_queued(run_id, force=force)
     except RunNotFoundError:
         raise fail(f"no gateway run {run_id} in the run log", ExitCode.USAGE) from None
