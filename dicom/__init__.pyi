@@ -6,6 +6,8 @@ from .credentials import PACS_CREDENTIAL_ENV as PACS_CREDENTIAL_ENV
 from .credentials import CredentialNameError as CredentialNameError
 from .credentials import credential as credential
 from .credentials import pacs_credential as pacs_credential
+from .defaults import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
+from .defaults import configure_header_cache as configure_header_cache
 from .deid import Deidentifier as Deidentifier
 from .deid import DeidPolicy as DeidPolicy
 from .deid_study import DeidentifiedStudy as DeidentifiedStudy
@@ -25,8 +27,6 @@ from .errors import SeriesNotFoundError as SeriesNotFoundError
 from .errors import SeriesSelectionError as SeriesSelectionError
 from .geometry import slice_centre as slice_centre
 from .headers.batch import read_headers as read_headers
-from .headers.cache import configure_header_cache as configure_header_cache
-from .headers.frame import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
 from .identity import HeaderIdentity as HeaderIdentity
 from .identity import checked_attributes as checked_attributes
 from .identity import distinct_patients as distinct_patients

@@ -4,6 +4,7 @@ gateway, the tests and a user start pays for its own command, not for all of the
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -70,3 +71,24 @@ def test_the_service_starts_without_the_plotting_and_statistics_libraries() -> N
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_what_every_command_runs_first_reads_no_dicom_library() -> None:
+    """The root callback (settings, then each library's start-time configuration) runs before
+    every command: it imports neither pydicom nor numpy, which a command that reads no DICOM
+    (`pacs status`, `runs show`, `db upgrade`) would otherwise pay for."""
+    probe = (
+        "import sys\n"
+        "from gateway.settings import get_settings\n"
+        "from gateway.startup import configure_libraries\n"
+        "configure_libraries(get_settings())\n"
+        "print(sorted(m for m in ('pydicom', 'numpy') if m in sys.modules))\n"
+        "from dicom.headers.cache import default_cache_dir\n"  # the read sees the folder set
+        "assert default_cache_dir() == get_settings().header_cache, default_cache_dir()\n"
+    )
+    env = {**os.environ, "NEUROSANDBOX_HEADER_CACHE": "/nonexistent/header-cache"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout + done.stderr

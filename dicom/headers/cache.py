@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from dicom.atomic import atomic_write
+from dicom.defaults import configure_header_cache as configure_header_cache
+from dicom.defaults import default_cache_dir as default_cache_dir
 from dicom.headers.frame import FrameHeader
 from dicom.records import FileError, PatientKey
 from dicom.sources import ZIP_SEP
@@ -38,21 +40,6 @@ _FIELDS = tuple(f.name for f in fields(FrameHeader))
 _HERE = Path(__file__).resolve().parent
 _CODE = (*sorted(f"headers/{p.name}" for p in _HERE.glob("*.py")), "sources.py")
 ReadResult = tuple[str, list[FrameHeader] | None, FileError | None]
-
-
-_default_dir: Path | None = None
-
-
-def configure_header_cache(folder: Path | None) -> None:
-    """The cache folder a read uses when its caller passes none (None: no persistent cache).
-    Set once at start by the CLI and the service from the settings (``header_cache``)."""
-    global _default_dir
-    _default_dir = folder
-
-
-def default_cache_dir() -> Path | None:
-    """The folder ``configure_header_cache`` set, if any."""
-    return _default_dir
 
 
 def _code_key(memory_cap: int) -> str:

@@ -15,6 +15,7 @@ import pydicom
 from pydicom.dataset import Dataset
 from pydicom.uid import UID
 
+from dicom.defaults import DEFAULT_MEMORY_CAP as DEFAULT_MEMORY_CAP
 from dicom.errors import InvalidImageError, NonImageError, TooLargeError
 from dicom.headers.elements import NEEDED_PRIVATE
 from dicom.headers.pixel_rules import check_layout, integer, rescale, usable_window
@@ -23,7 +24,6 @@ from dicom.records import PatientKey
 if TYPE_CHECKING:
     from dicom.headers.scanned import ScannedDataset
 
-DEFAULT_MEMORY_CAP = 1 << 30  # 1 GiB
 # Values larger than this are not read in the header pass (Siemens XA puts 150 kB blobs there).
 DEFER_SIZE = 64 * 1024
 
