@@ -760,16 +760,18 @@ class StudyPipeline:
             back = build_unverified(
                 run, route.models, headers, version, result.evaluator, previous, no_answer
             )
-            sr_paths: list[str] = []
-            for sr in back.srs.values():  # local copies: the next version names them predecessors
-                path = work / f"sr-{len(sr_paths) + 1}.dcm"
-                sr.save_as(path, enforce_file_format=True)
-                sr_paths.append(str(path))
             self._stage(job, "writing back the SRs", 0.75)
             # in the run's record, before anything is stored: what is written back (each
             # object's file kept: one not stored is never lost), and the evidence a re-issue
             # attaches its VERIFIED SR to
             items = [(self._kept(job, dest, m, sr), sr) for m, sr in back.srs.items()]
+            # local copies, the kept files' bytes (an SR is encoded once here): the next
+            # version names them predecessors
+            sr_paths: list[str] = []
+            for wb, _ in items:
+                path = work / f"sr-{len(sr_paths) + 1}.dcm"
+                shutil.copyfile(wb.kept or "", path)
+                sr_paths.append(str(path))
             self.runs.update(
                 job.run_id,
                 version=version,
