@@ -33,8 +33,9 @@ from evaluation.log import upgrade as upgrade_run_log
 from gateway.api import create_app
 from gateway.cli import app
 from gateway.jobs import apply_schema, conninfo
+from gateway.routing import Route
 from gateway.runs import RunStatus, SkipKind
-from gateway.study_key import StudyKey
+from gateway.study_key import StudyKey, orthanc_id
 
 pytestmark = pytest.mark.integration
 SR_CLASS = "1.2.840.10008.5.1.4.1.1.88.34"
@@ -160,6 +161,17 @@ def test_a_study_sent_to_a_gateway_with_a_database_url_is_evaluated_by_a_worker(
             client.headers.update(bearer(gw.ctx, "Dr Queue", "Queue^Quinn"))
             page = client.get("/review")
             assert page.status_code == 200 and f'data-run="{run.run_id}"' in page.text
+        # an evaluation asked for over the API is queued too, forced (nothing new in the study)
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+        asked = gw.pipeline.request(
+            orthanc_id(key.patient_id, key.study_uid), Route.model_validate(done.route.model_dump())
+        )
+        _until("the API's run is queued",
+               lambda: gw.ctx.runs.get(asked).stage == "queued for a worker", [worker_log])  # fmt: skip
+        [(argv,)] = _rows(url, "SELECT args FROM job_outbox ORDER BY id DESC LIMIT 1")
+        assert f'"evaluate-study", "{asked}", "--force"' in str(argv)
+        assert here.calls == 0
     finally:
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
@@ -207,7 +219,6 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
     from gateway.cli.worker import worker_pipeline
     from gateway.pipeline import RETRIED_RUN
     from gateway.runs import RunRecord
-    from gateway.study_key import orthanc_id
 
     ep = orthanc_server.endpoints
     settings = orthanc_server.settings.model_copy(update={
