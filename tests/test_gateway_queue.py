@@ -209,14 +209,26 @@ def _instance(server: OrthancServer, sop_uid: str) -> pydicom.Dataset:
     return pydicom.dcmread(io.BytesIO(raw))
 
 
+class _Deadline:
+    """An evaluation still going when the worker's deadline sends the command SIGTERM."""
+
+    name = "deadline"
+
+    def evaluate(self, *args: object, **kwargs: object) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal's handler raises in here
+        raise AssertionError("SIGTERM did not stop the evaluation")
+
+
 def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twice(
     orthanc_server: OrthancServer, tmp_path: Path
 ) -> None:
     """The worker's side alone (`runs evaluate-study` is StudyPipeline.run_queued): a run whose
     UID is in the PACS only under another patient fails saying so (never evaluated by the UID
     alone); a run an earlier attempt started (its worker lost) is marked interrupted, not
-    evaluated again; a finished run is left as it is."""
-    from gateway.cli.worker import worker_pipeline
+    evaluated again; a finished run is left as it is; a run the worker's deadline stops
+    (SIGTERM to its command) fails saying so."""
+    from gateway.cli.worker import stopped_by_sigterm, worker_pipeline
     from gateway.pipeline import RETRIED_RUN
     from gateway.runs import RunRecord
 
@@ -250,6 +262,14 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
         # a finished run (its job retried after it ended): left as it is
         again = pipeline.run_queued(rec.run_id)
         assert again.status is RunStatus.INTERRUPTED and again.finished_at == rec.finished_at
+        # the worker stops the command at the run deadline (SIGTERM): the run fails saying so
+        pipeline.evaluator = _Deadline()  # type: ignore[assignment]
+        before = signal.getsignal(signal.SIGTERM)
+        with stopped_by_sigterm(7.0):
+            rec = pipeline.run_queued(queued("NSBX-Q-B", "NSBX-Q-B", RunStatus.QUEUED))
+        assert rec.status is RunStatus.FAILED and "7 s run deadline" in (rec.error or ""), rec
+        assert rec.stage == "failed" and not rec.sr_sop_uids
+        assert signal.getsignal(signal.SIGTERM) == before  # the handler put back
     finally:
         if pipeline.printer is not None:
             pipeline.printer.close()

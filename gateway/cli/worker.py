@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -86,7 +89,8 @@ def evaluate_study_command(
         rec = pipeline.runs.get(run_id)
         if rec.study_key:  # later runs of the study merged into this job: covered by it
             finish_merged(pipeline.runs, settings.database_url, rec.study_key)
-        rec = pipeline.run_queued(run_id, force=force)
+        with stopped_by_sigterm(settings.run_deadline_s):
+            rec = pipeline.run_queued(run_id, force=force)
     except RunNotFoundError:
         raise fail(f"no gateway run {run_id} in the run log", ExitCode.USAGE) from None
     finally:
@@ -130,3 +134,25 @@ def worker_pipeline(settings: Settings, evaluator: Evaluator | None = None) -> S
     )
     pipeline.writeback = writeback_client(settings)
     return pipeline
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm(deadline_s: float) -> Iterator[None]:
+    """SIGTERM (the worker stopping the job at the run deadline, or the host shutting down)
+    ends the evaluation with ``EvaluationAbandonedError``, which the pipeline records as the
+    run's failure, as the gateway's own deadline does; a second SIGTERM ends the process (the
+    worker kills the command 5 s after the first anyway)."""
+    from gateway.workers import EvaluationAbandonedError
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise EvaluationAbandonedError(
+            f"evaluation stopped by its worker: the {deadline_s:g} s run deadline passed "
+            "(NEUROSANDBOX_RUN_DEADLINE_S), or the worker's host is shutting down"
+        )
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
