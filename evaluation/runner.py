@@ -64,6 +64,7 @@ from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.phi import GateResult, PHIGate, audit_record
 from evaluation.prompts import PromptSet, default_prompts, inert
 from evaluation.robustness.delivery import planted_pixels
+from evaluation.robustness.records import variant_of
 from evaluation.robustness.runlog import recorded_variants
 from evaluation.runconfig import RunConfig, package_versions
 from evaluation.scores import ParseStatus, Score
@@ -276,7 +277,9 @@ class Runner:
         self.stats.skipped = [*self.dataset.skipped, *self.unplanned(planned)]
         said = {str(s) for s in self.dataset.skipped}
         self.stats.warnings = [w for w in self.dataset.warnings if w not in said]
-        self.store.record_coverage(len({u.case.case_id for u in planned}), self.stats.skipped)
+        # the cases as received: the audit's variants ('<case>~<kind>') are not cases
+        received = {u.case.case_id for u in planned if variant_of(u.case.case_id)[1] is None}
+        self.store.record_coverage(len(received), self.stats.skipped)
         queues: dict[str, asyncio.Queue[Unit]] = {
             s.name: asyncio.Queue() for s in self.config.models
         }

@@ -18,6 +18,7 @@ from evaluation.log.store import RunStore, sample_id
 from evaluation.modelio import ModelOutput
 from evaluation.parsing import ParsedAnswer, parse_answer
 from evaluation.prompts import PromptSet, default_prompts
+from evaluation.robustness.records import variant_of
 from evaluation.scores import ErrorLabel, ParseStatus, Score
 from evaluation.units import shown_case
 
@@ -309,9 +310,17 @@ def scored_samples(store: RunStore) -> list[Any]:
     return [scoring.ScoredSample.model_validate_json(j) for j in store.scored_samples()]
 
 
+def received_samples(store: RunStore) -> list[Any]:
+    """The stored ScoredSamples of the run's cases as received: the grounding audit's variants
+    (``<case>~<kind>``) are not cases of its figures (their answers are read by the audit's
+    measures)."""
+    return [s for s in scored_samples(store) if variant_of(s.case_id)[1] is None]
+
+
 def summary(store: RunStore) -> Any:
-    """The scoring package's RunSummary of a run (None when nothing is scored)."""
-    samples = scored_samples(store)
+    """The scoring package's RunSummary of a run's cases as received (None when nothing is
+    scored)."""
+    samples = received_samples(store)
     if not samples:
         return None
     return _scoring().summarise(samples)
@@ -331,4 +340,4 @@ def compare(
     """
     scoring = _scoring()
     boot = {"n_boot": n_boot} if n_boot else {}
-    return scoring.compare(scored_samples(store), model_a, model_b, family=family, **boot)
+    return scoring.compare(received_samples(store), model_a, model_b, family=family, **boot)

@@ -5,6 +5,7 @@ success of each planted kind."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from engine_helpers import cli_env, write_nmb
@@ -38,3 +39,14 @@ def test_the_catalog_counts_the_cases_and_carries_the_audits_measures(tmp_path: 
     assert gullible.attack_success["planted_note"].value == 1.0
     assert gullible.attack_success["planted_note"].n == 2
     assert not prior.flip_follows  # no mirror was asked
+    # the run's own lines (eval, runs show) count the cases as received, as the catalog and the
+    # summary do: the coverage, the leaderboard and the subgroups leave the variants out
+    assert "2 of 2 cases evaluated" in r.output, r.output[-3000:]
+    shown = CliRunner().invoke(app, ["runs", "show", str(run), "--json"], env=env)
+    assert shown.exit_code == 0, shown.output[-2000:]
+    record = json.loads(shown.output)
+    assert record["coverage"]["evaluated"] == 2
+    board = {x["model"]: x for x in record["summary"]["leaderboard"]}
+    assert board["reference/gullible"]["n_samples"] == board["reference/gullible"]["n_cases"] == 2
+    rows = record["subgroups"]["rows"]
+    assert rows and max(x["n"] for x in rows) <= 2 and max(x["n_cases"] for x in rows) <= 2

@@ -223,11 +223,15 @@ def runs_show(
 
 
 def _subgroups(store: Any) -> dict[str, Any]:
-    """Each figure of the run by vendor, scanner, field strength, age band and sex (JSON)."""
+    """Each figure of the run's cases as received by vendor, scanner, field strength, age band
+    and sex (JSON)."""
+    from evaluation.robustness import variant_of
     from evaluation.scoring import ScoredSample, subgroup_table
 
-    samples = [ScoredSample.model_validate_json(j) for j in store.scored_samples()]
-    return subgroup_table(store.cases().values(), samples).model_dump(mode="json")
+    stored = [ScoredSample.model_validate_json(j) for j in store.scored_samples()]
+    samples = [s for s in stored if variant_of(s.case_id)[1] is None]
+    cases = [c for c in store.cases().values() if variant_of(c.case_id)[1] is None]
+    return subgroup_table(cases, samples).model_dump(mode="json")
 
 
 # The review log is unreadable, or the run cannot be loaded for it (e.g. its dataset is gone).
