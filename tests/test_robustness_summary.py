@@ -55,6 +55,11 @@ def test_the_summary_says_whether_each_model_reads_the_image(summary: SummaryRep
         assert model in section
     for kind in ("no_images", "mirrored_image_only", "planted_prior_report"):
         assert kind in section
+    # two or three patients: each table's figures say they rest on fewer patients than the
+    # leaderboard's minimum, as the leaderboard's do (an interval over 1-3 patients says little)
+    for table in ("robustness-reliance", "robustness-flips", "robustness-attacks"):
+        part = section.split(f'id="{table}"', 1)[1].split("</table>", 1)[0]
+        assert "patients, fewer than 10)" in part, table
 
 
 def test_a_run_without_the_audit_says_so(run: RunData) -> None:
