@@ -170,6 +170,25 @@ def plot_gaps(r: SummaryReport) -> dict[str, str]:
 # ------------------------------------------------------------------ the plots
 
 
+def _forest(ax: Any, points: list[tuple[float, Estimate | None]], colour: str, label: str) -> None:
+    """One series of a forest plot: each estimate at its height as a point with its 95% CI
+    (horizontal bars) and its n beside it; an estimate with no value is left out."""
+    ys, xs, lo, hi, ns = [], [], [], [], []
+    for y, est in points:
+        e = _err(est)
+        if e is None or est is None:
+            continue
+        ys.append(y)
+        xs.append(e[0])
+        lo.append(e[1])
+        hi.append(e[2])
+        ns.append(est.n)
+    ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o", capsize=3, label=label, color=colour)
+    for x, y, h, n in zip(xs, ys, hi, ns, strict=True):  # every figure with its n
+        ax.annotate(f"n={n}", (min(x + h, 1.0), y), xytext=(4, 0), textcoords="offset points",
+                    va="center", fontsize=6, color=colour)  # fmt: skip
+
+
 def _leaderboard_metrics(r: SummaryReport) -> list[tuple[str, Callable[..., Estimate | None]]]:
     metrics: list[tuple[str, Callable[..., Estimate | None]]] = [
         ("accuracy", lambda x: x.accuracy),
@@ -191,21 +210,8 @@ def leaderboard(r: SummaryReport) -> bytes | None:
     ax = fig.add_subplot()
     step = 0.8 / max(1, len(metrics))
     for j, (name, get) in enumerate(metrics):
-        ys, xs, lo, hi, ns = [], [], [], [], []
-        for i, row in enumerate(rows):
-            est = get(row)
-            e = _err(est)
-            if e is None or est is None:
-                continue
-            ys.append(i - 0.4 + step * (j + 0.5))
-            xs.append(e[0])
-            lo.append(e[1])
-            hi.append(e[2])
-            ns.append(est.n)
-        ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o", capsize=3, label=name, color=PALETTE[j % 8])
-        for x, y, h, n in zip(xs, ys, hi, ns, strict=True):  # every figure with its n
-            ax.annotate(f"n={n}", (min(x + h, 1.0), y), xytext=(4, 0), textcoords="offset points",
-                        va="center", fontsize=6, color=PALETTE[j % 8])  # fmt: skip
+        points = [(i - 0.4 + step * (j + 0.5), get(row)) for i, row in enumerate(rows)]
+        _forest(ax, points, PALETTE[j % len(PALETTE)], name)
     ax.set_yticks(range(len(rows)), [_short(x.model) for x in rows])
     ax.invert_yaxis()
     ax.set_xlim(-0.02, 1.12)
@@ -432,22 +438,14 @@ def _panel(
     labels = sorted({label for label, _, _ in rows})
     step = 0.8 / max(1, len(models))
     for j, model in enumerate(models):
-        ys, xs, lo, hi, ns = [], [], [], [], []
-        for i, label in enumerate(labels):
-            est = next((e for lab, m, e in rows if lab == label and m == model), None)
-            e = _err(est)
-            if e is None or est is None:
-                continue
-            ys.append(i - 0.4 + step * (j + 0.5))
-            xs.append(e[0])
-            lo.append(e[1])
-            hi.append(e[2])
-            ns.append(est.n)
-        colour = PALETTE[j % len(PALETTE)]
-        ax.errorbar(xs, ys, xerr=[lo, hi], fmt="o", capsize=3, color=colour, label=_short(model))
-        for x, y, h, n in zip(xs, ys, hi, ns, strict=True):
-            ax.annotate(f"n={n}", (min(x + h, 1.0), y), xytext=(4, 0), textcoords="offset points",
-                        va="center", fontsize=6, color=colour)  # fmt: skip
+        points = [
+            (
+                i - 0.4 + step * (j + 0.5),
+                next((e for lab, m, e in rows if (lab, m) == (label, model)), None),
+            )
+            for i, label in enumerate(labels)
+        ]
+        _forest(ax, points, PALETTE[j % len(PALETTE)], _short(model))
     ax.set_yticks(range(len(labels)), [_short(label, 30) for label in labels])
     ax.invert_yaxis()
     ax.set_xlim(-1.05 if "loss" in xlabel else -0.02, 1.15)
