@@ -162,3 +162,25 @@ def test_cases_check_names_a_mask_series_the_study_does_not_hold(
     assert problem.path == "cases[0].ground_truth.lesions[0].mask_series"
     assert "'FLAIR_RIO' names no series" in problem.message and "FLAIR_ROI" in problem.message
     assert check.cases_ok == 0
+
+
+def test_the_docs_brainix_example_checks_clean_as_its_comment_sets_it_up(
+    corpus: Path, tmp_path: Path
+) -> None:
+    """docs/brainix.example.yaml is the manifest a user copies for BRAINIX with its ROI: set up
+    as its comment says (the study copied beside it), `cases check` finds the study and the
+    mask series, and the lesion's truth names the ROI."""
+    import shutil
+
+    import yaml
+
+    from evaluation.datasets import check_manifest
+
+    example = Path(__file__).resolve().parents[1] / "docs" / "brainix.example.yaml"
+    assert "cp -r ../shared/data/dicom/brainix/BRAINIX/DICOM brainix/study" in example.read_text()
+    shutil.copy(example, tmp_path / "manifest.yaml")
+    shutil.copytree(corpus / BRAINIX, tmp_path / "study")
+    check = check_manifest(tmp_path / "manifest.yaml")
+    assert check.problems == [] and check.cases_ok == 1
+    (lesion,) = yaml.safe_load(example.read_text())["cases"][0]["ground_truth"]["lesions"]
+    assert lesion["mask_series"] == "FLAIR_ROI" and lesion["hemisphere"] == "left"
