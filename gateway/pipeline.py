@@ -294,6 +294,10 @@ class StudyPipeline:
         )
         METRICS.set("runs_in_progress", float(self._queue.qsize() + 1))
         self._queue.put(job)
+        if self._queue.unfinished_tasks > 1 and self.queue is None:  # behind a running study
+            prepare_soon = getattr(self.evaluator, "prepare_soon", None)
+            if callable(prepare_soon):  # its worker imports while the one ahead runs
+                prepare_soon()
         return job.run_id
 
     def on_received(self, study: ReceivedStudy) -> str | None:
@@ -419,6 +423,10 @@ class StudyPipeline:
         return False
 
     # ----------------------------------------------------------------- worker
+
+    def waiting(self) -> bool:
+        """Whether a study waits in the queue behind the one being evaluated."""
+        return not self._queue.empty()
 
     def _prepare(self) -> None:
         """While idle, start ahead what the next study needs: the evaluator's spare worker

@@ -127,6 +127,7 @@ def build_gateway(settings: Settings, evaluator: Evaluator | None = None) -> Gat
     )
     ctx.pipeline = pipeline
     pipeline.queue = queue
+    worker.waiting = pipeline.waiting  # a study taking the spare starts the next one if needed
     pipeline.spool_studies = data / "spool" / "studies"  # another patient under the same UID
     # a registered case of several studies: evaluated once, on all of them
     pipeline.gatherer = CaseGatherer(

@@ -4,7 +4,7 @@ worker process (its own process group), abandoned at a deadline (``NEUROSANDBOX_
 SIGTERM to the group, SIGKILL after a grace period, the worker reaped), so one stuck model call,
 render or replay never stops the queue. The worker's ``EvaluationResult`` (the study's facts
 beside the run) comes back pickled, typed. A spare worker imports what the evaluation needs
-ahead: started while the gateway is idle, and again as soon as a study takes the spare.
+ahead: started while the gateway is idle, and while a study runs as soon as another waits.
 """
 
 from __future__ import annotations
@@ -184,10 +184,13 @@ class ProcessEvaluator:
 
     ``init`` runs first in the worker (the service's logging, which hashes UIDs). With ``warm``
     the evaluator keeps one spare worker started ahead (``prepare``, called when the pipeline
-    is idle, and by ``evaluate`` as soon as it has taken the spare): spawning Python and
-    importing the engine costs 1-2 s (6-19 s on a busy machine), and is then paid before the
-    study arrives, not after, also for the next study queued behind one that runs to its
-    deadline. Each worker still evaluates one study and ends. ``cancel`` (the gateway stopping) stops the running
+    is idle; ``prepare_soon`` when a study is queued behind a running one, and by ``evaluate``
+    when it has taken the spare while ``waiting()`` says another study waits): spawning Python
+    and importing the engine costs 1-2 s (6-19 s on a busy machine), and is then paid before
+    the study arrives, not after, also for a study queued behind one that runs to its
+    deadline. A lone study's evaluation does not share the machine with the next spare's
+    imports (they start once the pipeline is idle again). Each worker still evaluates one study
+    and ends. ``cancel`` (the gateway stopping) stops the running
     worker and the spare, and refuses further evaluations."""
 
     def __init__(
@@ -196,8 +199,12 @@ class ProcessEvaluator:
         deadline_s: float,
         init: Callable[[], None] | None = None,
         warm: bool = False,
+        waiting: Callable[[], bool] | None = None,
     ) -> None:
         self.inner, self.deadline_s, self.init, self.warm = inner, deadline_s, init, warm
+        # whether another study waits (the pipeline's queue): only then does a study that
+        # takes the spare start the next one at once; a lone study keeps both cores
+        self.waiting = waiting
         self.name = inner.name
         self._lock = threading.Lock()
         self._proc: BaseProcess | None = None
@@ -217,6 +224,11 @@ class ProcessEvaluator:
         job_reader.close()  # the worker holds the only read end of the job pipe
         writer.close()  # and the only write end of the result pipe: its exit is an EOF here
         return _Worker(proc, job_writer, reader)
+
+    def prepare_soon(self) -> None:
+        """``prepare`` in a thread of its own (the caller is a study's evaluation or a sender)."""
+        if self.warm:
+            threading.Thread(target=self.prepare, name="evaluation-spare", daemon=True).start()
 
     def prepare(self) -> None:
         """Start the spare worker (``warm`` only; nothing when one is ready or alive)."""
@@ -263,8 +275,8 @@ class ProcessEvaluator:
                 raise EvaluationAbandonedError(self._stopping)
             worker = self._take()
             self._proc = worker.proc
-        if self.warm:  # the next study's worker imports while this one evaluates
-            threading.Thread(target=self.prepare, name="evaluation-spare", daemon=True).start()
+        if self.warm and self.waiting is not None and self.waiting():
+            self.prepare_soon()  # the waiting study's worker imports while this one evaluates
         outcome: object = None
         # The job (the index with its kept headers: more than a pipe holds) is sent from a
         # thread: a worker stuck before it reads its job (its start, its warm-up) blocks the

@@ -16,8 +16,12 @@ from guard import await_spawned_workers, procs, spawned_workers
 from worker_jobs import Broken, SlowStart, Stuck, Warmed
 
 from dicom import IndexResult
-from gateway.pipeline import failure_text
-from gateway.routing import Route
+from gateway.audit import AuditLog
+from gateway.cache import InstanceCache
+from gateway.orthanc import OrthancClient
+from gateway.pipeline import StudyPipeline, failure_text
+from gateway.routing import Route, Router
+from gateway.runs import StudyRunStore
 from gateway.workers import EvaluationAbandonedError, EvaluationWorkerError, ProcessEvaluator
 
 ROUTE = Route(rule="t", models=["reference/image-rules"], tasks=[], series_classes=["FLAIR"])
@@ -90,7 +94,8 @@ def _await_log(path: Path, entry: tuple[str, int]) -> list[tuple[str, int, float
 
 def test_a_spare_worker_is_started_ahead_and_evaluates_one_study(tmp_path: Path) -> None:
     log = tmp_path / "log"
-    worker = ProcessEvaluator(Warmed(log), deadline_s=60, warm=True)
+    waiting = [False]  # the pipeline's queue: whether another study waits
+    worker = ProcessEvaluator(Warmed(log), deadline_s=60, warm=True, waiting=lambda: waiting[0])
     try:
         worker.prepare()
         until = time.monotonic() + 60
@@ -105,22 +110,26 @@ def test_a_spare_worker_is_started_ahead_and_evaluates_one_study(tmp_path: Path)
             worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
         # the study went to the spare, warmed before the study was asked for
         assert _log(log)[1][:2] == ("evaluate", spare) and warmed_at < asked
-        # it evaluated one study and ended; the next spare was started as soon as it was taken
-        # (the study queued behind this one does not wait for a worker's imports)
+        # it evaluated one study and ended; with no study waiting, no spare was started
+        # during it (a lone study keeps the machine; the pipeline prepares when idle)
+        assert not spawned_workers(os.getpid()), "a worker evaluates one study and ends"
+        worker.prepare()  # the pipeline idle again
         (following,) = await_spawned_workers(os.getpid(), 1)
-        assert spare not in spawned_workers(os.getpid()), "a worker evaluates one study and ends"
         assert following != spare
         worker.prepare()  # one spare at most
         assert spawned_workers(os.getpid()) == {following}
         _await_log(log, ("warm", following))
+        waiting[0] = True  # a study waits behind the next one: its worker starts at once
         with pytest.raises(EvaluationWorkerError, match=f"evaluated in {following}"):
             worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
         # a spare that died is replaced, not handed the study: a worker is started for the
         # study (and warmed first)
         (dead,) = await_spawned_workers(os.getpid(), 1)
+        assert dead != following
         _await_log(log, ("warm", dead))
         os.kill(dead, 9)
         time.sleep(0.5)
+        waiting[0] = False
         with pytest.raises(EvaluationWorkerError):
             worker.evaluate(tmp_path, ROUTE, tmp_path, IndexResult())
         events = [e[:2] for e in _log(log)]
@@ -160,3 +169,38 @@ def test_the_deadline_counts_while_the_job_is_handed_to_a_stuck_worker(tmp_path:
     took = time.monotonic() - t0
     assert took < 5 + 10, took
     assert not spawned_workers(os.getpid())
+
+
+class _Spares:
+    """An evaluator that only counts the pipeline's requests for a spare worker."""
+
+    name = "spares"
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def prepare_soon(self) -> None:
+        self.asked += 1
+
+    def evaluate(self, *args: object) -> None:  # pragma: no cover - the pipeline never runs
+        raise AssertionError("not started")
+
+
+def test_a_study_queued_behind_a_running_one_starts_its_worker_ahead(tmp_path: Path) -> None:
+    """The pipeline asks for the spare as soon as a study waits behind another (its worker then
+    imports while the one ahead runs, also to its deadline), never for a lone study."""
+    spares = _Spares()
+    pipeline = StudyPipeline(
+        OrthancClient("http://127.0.0.1:9", "u", "p"),
+        spares,
+        Router(),  # never called
+        StudyRunStore(tmp_path),
+        AuditLog(tmp_path / "audit.jsonl"),
+        InstanceCache(tmp_path / "c"),
+    )  # fmt: skip  (never started: the first job stands for the study being evaluated)
+    pipeline.on_stable("study-a")
+    assert spares.asked == 0
+    pipeline.on_stable("study-a")  # merged into the queued run: nothing more waits
+    assert spares.asked == 0
+    pipeline.on_stable("study-b")
+    assert spares.asked == 1
