@@ -19,7 +19,8 @@ the BRAINIX study (88 files, 4 series). What each column times, wall clock, per 
 
 Repetitions run interleaved (cold, warm, cli, dcm2niix, pydicom, cold, ...) after one untimed
 pass (page cache, header cache), and each column reports its median. The machine may be
-shared: the CPU-time ratio (this process's threads and its waited-for children) is printed too.
+shared: the CPU-time ratio is printed too (this process's threads by time.process_time, its
+waited-for children by resource.getrusage: microseconds, not os.times()' 10 ms ticks).
 The montages of the last cold repetition are kept in --keep DIR when given, to look at.
 Run: make bench   (or .venv/bin/python bench/render.py --reps 7 --series dwi,t1 --no-cli)
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -109,8 +111,10 @@ def _naive(folder: Path, _out: Path) -> None:
 
 
 def _cpu() -> float:
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    # process_time (this process's threads) and getrusage (waited-for children) count in
+    # microseconds; os.times() counts 10 ms ticks, too coarse for a series of few files.
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + kids.ru_utime + kids.ru_stime
 
 
 def _time(fn: Runner, folder: Path, out: Path) -> tuple[float, float]:

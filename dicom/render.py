@@ -337,6 +337,8 @@ def _render_images(
     files: list[tuple[str, bytes]] = []
 
     crop = (r0, c0, r1, c1)
+    # The stored slices' inverse affine, once per stack (tile_place maps every tile through it).
+    inverse = None if series.affine is None else np.linalg.inv(np.asarray(series.affine))
 
     def emit(
         img: np.ndarray,
@@ -368,7 +370,7 @@ def _render_images(
                 height=img.shape[0],
                 sha256=hashlib.sha256(data_png).hexdigest(),
                 tiles=[
-                    tile_place(series, dv, k, crop, options.tile_size, o)
+                    tile_place(series, dv, k, crop, options.tile_size, o, inverse)
                     for k, o in zip(idx, origins, strict=True)
                 ],
             )
@@ -394,6 +396,7 @@ def tile_place(
     crop: tuple[int, int, int, int],
     size: int,
     origin: tuple[int, int],
+    inverse: np.ndarray | None = None,
 ) -> TilePlace:
     """Where display slice ``k`` sits on its PNG (tile at ``origin`` = (top, left)) and the
     affine maps of a PNG pixel to RAS mm and, for an acquired slice, to its instance's pixels.
@@ -401,6 +404,7 @@ def tile_place(
     The chain is the renderer's own: the crop ``crop`` = (r0, c0, r1, c1) of the radiological
     slice (slice_2d), fitted into the tile (montage.tile_fit), the display volume's voxel
     (u, v, k) and its affine; every step is affine, so the composition is exact.
+    ``inverse`` is ``series.affine``'s inverse when the caller has it (once per stack).
     """
     r0, c0, r1, c1 = crop
     top, left = origin
@@ -428,7 +432,9 @@ def tile_place(
     to_ras = (np.asarray(dv.affine) @ voxel)[:3]
     update: dict[str, object] = {"to_ras": _rounded(to_ras)}
     if series.affine is not None:
-        stored = np.linalg.inv(np.asarray(series.affine)) @ np.vstack([to_ras, [0.0, 0.0, 1.0]])
+        if inverse is None:
+            inverse = np.linalg.inv(np.asarray(series.affine))
+        stored = inverse @ np.vstack([to_ras, [0.0, 0.0, 1.0]])
         slice_k = stored[2, 2]
         acquired = abs(stored[2, 0]) < 1e-6 and abs(stored[2, 1]) < 1e-6
         if acquired and abs(slice_k - round(slice_k)) < 1e-3:
