@@ -22,11 +22,12 @@ from gateway_process import Gateway, running_gateway
 from orthanc_fixture import OrthancServer
 from phantom_fixture import PhantomSuite
 from phantom_fixture import Study as PhantomStudy
-from viewer_fixture import StoredStudy, centre_std, needs_viewer, stored
+from viewer_fixture import StoredStudy, centre_std, needs_viewer, read_series, stored
 
 from dicom import RenderOptions, render_path
 from evaluation.case import TaskFamily
 from gateway.auth import Role, TokenStore
+from gateway.orthanc import OrthancClient
 from gateway.routing import Route
 from gateway.settings import Settings
 from gateway.sr import encode
@@ -50,6 +51,11 @@ class Site:
     tile_z: float
 
 
+def orthanc_server_client(server: OrthancServer) -> OrthancClient:
+    ep = server.endpoints
+    return OrthancClient(ep.orthanc_url, ep.username, server.password, timeout_s=60)
+
+
 @pytest.fixture(scope="module")
 def site(
     orthanc_server: OrthancServer,
@@ -63,6 +69,15 @@ def site(
     tokens = TokenStore(orthanc_server.settings.data_dir / "secret" / "tokens.json")
     reviewer = tokens.create(Role.REVIEWER, "Dr Scroll", "Scroll^Sam")[1]
     admin = tokens.create(Role.ADMIN, "ops")[1]
+    # The AI SR series is one per study (gateway.sr.series_uid_for): a copy of this study left
+    # in the session's Orthanc by an earlier module (tests/test_review_verified_e2e.py) holds
+    # another model's SR, without points, in the series the SR test opens, and OHIF then shows
+    # whichever SR of the series comes first: a black viewport in CI. The study starts clean.
+    orthanc = orthanc_server_client(orthanc_server)
+    left = orthanc.find_study(read_series(phantom_suite.case_dir("gbm")).study_uid)
+    if left is not None:
+        orthanc.api.delete(f"{orthanc.url}/studies/{left}")
+    orthanc.close()
     with (
         running_gateway(orthanc_server, tmp / "serve.log", reviewer, admin) as gw,
         stored(gw.orthanc, phantom_suite.case_dir("gbm")) as study,
