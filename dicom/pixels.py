@@ -18,7 +18,7 @@ import pydicom
 from numpy.typing import DTypeLike
 
 from dicom.errors import DecodeError, TooLargeError
-from dicom.headers import DEFAULT_MEMORY_CAP
+from dicom.headers import DEFAULT_MEMORY_CAP, take_kept_pixels
 from dicom.records import NIFTI_SOP_CLASS, FrameRef, SeriesInfo
 from dicom.sources import is_plain_file, open_source
 
@@ -249,8 +249,14 @@ def _read_native(
 
 
 def _read_into(path: str, offset: int, dst: np.ndarray) -> int:
-    """pread the bytes of contiguous ``dst`` from ``offset``; the number of bytes read."""
+    """pread the bytes of contiguous ``dst`` from ``offset``; the number of bytes read.
+    Bytes the header pass kept (dicom.headers.kept) are taken instead of reading the file."""
     view = dst.data.cast("B")
+    kept = take_kept_pixels(path, offset)
+    if kept is not None:
+        n = min(len(kept), len(view))
+        view[:n] = kept[:n]
+        return n
     done = 0
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -13,6 +13,7 @@ to grey, fitted, labelled (dicom.montage) and encoded (dicom.png).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import hashlib
 import re
@@ -36,7 +37,7 @@ from dicom.display import (
 )
 from dicom.errors import ImagingError
 from dicom.geometry import reslice_problem
-from dicom.headers import DEFAULT_MEMORY_CAP
+from dicom.headers import DEFAULT_MEMORY_CAP, keeping_pixels
 from dicom.index import index_path
 from dicom.montage import (
     Marks,
@@ -507,8 +508,25 @@ def render_path(
     clinical ones) into ``out_dir``, write manifest.json. A selector naming no series or several
     raises a SeriesSelectionError listing the choices."""
     options = options or RenderOptions()
+    if index is not None:
+        return _render_index(path, out_dir, options, series_uid, mask_uid, index, classes)
+    # Indexed here: the header pass keeps the small files' pixel bytes it reads, and the
+    # stacks render from them instead of opening each file again (dicom.headers.kept).
+    with keeping_pixels():
+        index = index_path(path, memory_cap=options.memory_cap)
+        return _render_index(path, out_dir, options, series_uid, mask_uid, index, classes)
+
+
+def _render_index(
+    path: str | Path,
+    out_dir: str | Path,
+    options: RenderOptions,
+    series_uid: str | None,
+    mask_uid: str | None,
+    index: IndexResult,
+    classes: Collection[SequenceClass] | None,
+) -> RenderManifest:
     out = Path(out_dir)
-    index = index or index_path(path, memory_cap=options.memory_cap)
     targets = one_per_dwi_series(
         find_series(index, series_uid) if series_uid else default_targets(index, classes)
     )
@@ -533,7 +551,11 @@ def render_path(
     n_threads = min(len(jobs), idle_cpus(), _RENDER_THREADS)
     pool = ThreadPoolExecutor(n_threads) if n_threads > 1 else None
     try:
-        results = pool.map(run, jobs) if pool is not None else map(run, jobs)
+        if pool is not None:  # each thread in a copy of this context (its kept pixels)
+            contexts = [contextvars.copy_context() for _ in jobs]
+            results = pool.map(lambda c, j: c.run(run, j), contexts, jobs)
+        else:
+            results = map(run, jobs)
         for (s, _), (result, exc) in zip(jobs, results, strict=True):
             if result is None:
                 manifest.errors.append(

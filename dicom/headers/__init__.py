@@ -12,6 +12,7 @@ from __future__ import annotations
 from dicom.headers.batch import ProgressFn, read_headers, read_headers_keeping
 from dicom.headers.fast import clear_caches
 from dicom.headers.frame import DEFAULT_MEMORY_CAP, FrameHeader, contrast_agent_or_none
+from dicom.headers.kept import keeping_pixels, take_kept_pixels
 from dicom.headers.read import read_frames
 
 __all__ = [
@@ -20,7 +21,9 @@ __all__ = [
     "ProgressFn",
     "clear_caches",
     "contrast_agent_or_none",
+    "keeping_pixels",
     "read_frames",
     "read_headers",
     "read_headers_keeping",
+    "take_kept_pixels",
 ]

@@ -173,13 +173,15 @@ class Fallback(Exception):
 class Reader:
     """Reads a file in chunks; ``view(pos, n)`` gives a buffer holding bytes pos..pos+n."""
 
-    __slots__ = ("base", "data", "fp", "size")
+    __slots__ = ("base", "data", "fp", "size", "to_end")
 
-    def __init__(self, fp: Any, size: int, first: int = CHUNK) -> None:
+    def __init__(self, fp: Any, size: int, first: int = CHUNK, to_end: bool = False) -> None:
         self.fp = fp
         self.size = size
         self.base = 0
         self.data = fp.read(max(first, CHUNK))
+        # A read that starts less than two chunks from the end reads on to it.
+        self.to_end = to_end
 
     def view(self, pos: int, n: int) -> tuple[bytes, int]:
         off = pos - self.base
@@ -187,7 +189,8 @@ class Reader:
             if pos + n > self.size:
                 raise Fallback(f"element at byte {pos} runs past the end of the file")
             self.fp.seek(pos)
-            self.data = self.fp.read(max(n, CHUNK))
+            left = self.size - pos
+            self.data = self.fp.read(left if self.to_end and left <= 2 * CHUNK else max(n, CHUNK))
             self.base, off = pos, 0
         return self.data, off
 
@@ -195,7 +198,7 @@ class Reader:
 class ScannedHeader:
     """Raw needed elements of one file and where its header pass stopped."""
 
-    __slots__ = ("after", "elements", "implicit", "meta", "size", "stop")
+    __slots__ = ("after", "elements", "implicit", "meta", "size", "stop", "tail")
 
     def __init__(
         self,
@@ -205,6 +208,7 @@ class ScannedHeader:
         stop: int,
         after: bytes,
         size: int,
+        tail: tuple[int, bytes] | None = None,
     ) -> None:
         self.meta = meta
         self.elements = elements
@@ -212,6 +216,7 @@ class ScannedHeader:
         self.stop = stop  # offset of the Pixel Data element header, or the file size
         self.after = after  # up to 12 bytes at ``stop``
         self.size = size
+        self.tail = tail  # (offset, the file's bytes from it to its end) when they were read
 
     def raw_values(self, tags: tuple[int, ...]) -> tuple[Any, ...]:
         """The raw (VR, value) of each of ``tags``, None where absent: a hashable key."""

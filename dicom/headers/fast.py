@@ -13,7 +13,7 @@ import os
 from dataclasses import fields
 from typing import Any
 
-from dicom.headers import scanned, template
+from dicom.headers import kept, scanned, template
 from dicom.headers.elements import NEEDED_TAGS, keyword_tag
 from dicom.headers.frame import (
     FILE_KEYWORDS,
@@ -79,7 +79,7 @@ def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
         with open_source(path, prefix=min(HEADER_PREFIX, memory_cap)) as fp:
             size = os.fstat(fp.fileno()).st_size if plain else fp.seek(0, os.SEEK_END)
             fp.seek(0)
-            scan = scan_file(fp, size)
+            scan = scan_file(fp, size, tail=plain and kept.keeping())
         ds = ScannedDataset(scan)
         pixel_offset = pixel_length = None
         if "Rows" in ds or "Columns" in ds:
@@ -118,6 +118,8 @@ def read_frames_fast(path: str, memory_cap: int) -> list[FrameHeader] | None:
                 _WINDOW_MEMO.clear()
             fh.window = _WINDOW_MEMO[wkey] = window_of(ScannedDataset(scan, hidden=_NOT_WINDOW))
         set_unique_fields(fh, path, ds, pixel_offset)
+        if scan.tail is not None and pixel_offset is not None and pixel_offset >= scan.tail[0]:
+            kept.keep(path, pixel_offset, scan.tail[1][pixel_offset - scan.tail[0] :])
     except Exception:  # Fallback, or an error pydicom should report in its own words
         return None
     return [fh]

@@ -21,13 +21,15 @@ from dicom.headers.elements import (
 )
 
 
-def scan_file(fp: Any, size: int, templates: bool = True) -> ScannedHeader:
+def scan_file(fp: Any, size: int, templates: bool = True, tail: bool = False) -> ScannedHeader:
     """Scan an open plain file of ``size`` bytes; raise Fallback when pydicom must parse it.
 
-    ``templates=False`` walks every element (no comparison with earlier files).
+    ``templates=False`` walks every element (no comparison with earlier files). ``tail=True``
+    reads on to the end of the file when the header ends less than two chunks before it, and
+    returns the bytes read from the header's end on as the result's ``tail``.
     """
     tmpl = template.find(size) if templates else None
-    rd = Reader(fp, size, tmpl.read_hint if tmpl is not None else CHUNK)
+    rd = Reader(fp, size, tmpl.read_hint if tmpl is not None else CHUNK, tail)
     head = rd.data
     if len(head) < 140 or head[128:132] != b"DICM":
         raise Fallback("no DICM preamble")
@@ -71,4 +73,7 @@ def scan_file(fp: Any, size: int, templates: bool = True) -> ScannedHeader:
         n = min(12, size - stop)
         data, off = rd.view(stop, n)
         after = bytes(data[off : off + n])
-    return ScannedHeader(meta, elements, implicit, stop, after, size)
+    kept = None
+    if tail and rd.base <= stop and rd.base + len(rd.data) == size:
+        kept = (stop, rd.data[stop - rd.base :])
+    return ScannedHeader(meta, elements, implicit, stop, after, size, kept)
