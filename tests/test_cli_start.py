@@ -21,6 +21,14 @@ print("heavy:", heavy, file=sys.stderr)
 """
 
 
+def _loaded(code: str, modules: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    """A new interpreter runs ``code``, then prints which of ``modules`` it imported."""
+    probe = f"import sys\n{code}print(sorted(m for m in {modules!r} if m in sys.modules))\n"
+    return subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+
+
 def test_a_command_imports_its_own_modules_only() -> None:
     done = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True
@@ -46,15 +54,11 @@ def test_a_leaderboards_intervals_do_not_import_scipy_stats() -> None:
         got = wilson(successes, n, confidence)
         assert got.high == min(1.0, centre + half), (successes, n, confidence)
         assert got.low == (0.0 if successes == 0 else max(0.0, centre - half))
-    probe = (
-        "import sys\n"
+    done = _loaded(
         "import evaluation.scoring, evaluation.parsing\n"
         "from evaluation.scoring.stats import wilson\n"
-        "wilson(3, 10)\n"
-        "print(sorted(m for m in ('scipy.stats', 'scipy.optimize') if m in sys.modules))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+        "wilson(3, 10)\n",
+        ("scipy.stats", "scipy.optimize"),
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
@@ -62,14 +66,7 @@ def test_a_leaderboards_intervals_do_not_import_scipy_stats() -> None:
 def test_the_service_starts_without_the_plotting_and_statistics_libraries() -> None:
     """`neurosandbox serve` and every gateway a test starts: matplotlib (drawn only when a run
     summary or the runs page's trend is asked for) and scipy.stats are not imported with it."""
-    probe = (
-        "import sys\n"
-        "import gateway.cli.serve, gateway.serve\n"
-        "print(sorted(m for m in ('matplotlib', 'scipy.stats') if m in sys.modules))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
+    done = _loaded("import gateway.cli.serve, gateway.serve\n", ("matplotlib", "scipy.stats"))
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
