@@ -75,6 +75,12 @@ from evaluation.units import Call, RunStats, Unit, graded, plan_units, shown_cas
 log = logging.getLogger(__name__)
 
 
+class _HeldElsewhere(Exception):
+    """A call of the unit is claimed by another live worker: the unit goes back to the end of
+    this worker's queue once, so that workers sharing a share split it rather than trail each
+    other (each waiting, in the same order, on the call the other one holds)."""
+
+
 _DONE = {ParseStatus.OK.value, ParseStatus.FORMAT_FAILURE.value, ParseStatus.REFUSAL.value}
 
 
@@ -147,6 +153,8 @@ class Runner:
         self._commit = self._committer.submit
         self._generate: dict[int, GenerateConfig] = {}
         self._left: dict[str, int] = {}  # units not yet done, per case
+        # units put back once because another worker held one of their calls
+        self._deferred: set[tuple[str, str, str, int]] = set()
         # the budget: one gate for every call of the run (models and graders)
         self.budget = BudgetGate(config.max_cost_usd) if config.max_cost_usd else None
         self._sizers: dict[str, CallSizer] = {}
@@ -271,6 +279,7 @@ class Runner:
         units = self.units()  # this worker's share
         self.stats.units_total = len(units)
         self._left = {}
+        self._deferred = set()
         for u in units:
             self._left[u.case.case_id] = self._left.get(u.case.case_id, 0) + 1
         self.stats.cases_total = len(self._left)
@@ -337,6 +346,11 @@ class Runner:
                 return
             try:
                 await self._unit(unit)
+            except _HeldElsewhere:
+                self._deferred.add(_unit_id(unit.case.case_id, unit.item.key, unit.spec.name,
+                                            unit.sample))  # fmt: skip
+                queue.put_nowait(unit)  # after the others; then waited on
+                continue
             except BudgetReached:
                 return  # not a failure of the unit: left undone for resume
             except StoreError:
@@ -458,7 +472,10 @@ class Runner:
         answer of this worker's gives way to the committed one."""
         if self.coord is None:
             return await self._send(call, adapter, outbound, gate, key, cfg)
-        claim = await self.coord.acquire(key)
+        unit = _unit_id(call.case.case_id, call.task, call.spec.name, call.sample)
+        claim = await self.coord.acquire(key, wait_held=unit in self._deferred)
+        if claim.held_by is not None:
+            raise _HeldElsewhere(key)
         if claim.output is not None:
             self.stats.cached += 1
             self._cached[key] = claim.output
@@ -867,3 +884,8 @@ class _Shared:
     def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
         return self.coord.provider_slot(self.provider, self.spec.shared_concurrency,
                                         self.spec.shared_rpm)  # fmt: skip
+
+
+def _unit_id(case_id: str, task: str, model: str, sample: int) -> tuple[str, str, str, int]:
+    """A unit's identity as the run log keys its sample."""
+    return (case_id, task, model, sample)

@@ -7,7 +7,8 @@ not the queue, guarantees that a call is answered once:
 - **A call is claimed before it is sent** (``call_claims``): one holder at a time, for a lease
   the holder renews while the call is in flight (``lease_s``, every third of it). A call already
   answered is not claimed: its committed response is used. A claim held by a live worker is
-  waited for (its answer is used); a claim whose lease ran out (the holder died, stalled past
+  waited for (its answer is used), after the runner did the calls nobody holds first
+  (``acquire(wait_held=False)``: two workers on one share split it); a claim whose lease ran out (the holder died, stalled past
   the lease, or lost its link), or whose holder was a process of this host that is gone, is
   taken over, and the takeover is recorded in ``call_attempts``
   (the earlier holder's call may have reached the provider: a possible duplicate).
@@ -185,13 +186,14 @@ class Coordination:
                         got.taken_over)  # fmt: skip
         return got
 
-    async def acquire(self, key: str) -> Claim:
+    async def acquire(self, key: str, *, wait_held: bool = True) -> Claim:
         """Claim ``key``, waiting while a live worker holds it: its answer (``output``), or
-        the claim once it is free or its lease ran out."""
+        the claim once it is free or its lease ran out. ``wait_held=False``: a claim a live
+        worker holds is returned at once (``held_by``), for the caller to do other work first."""
         wait = self.poll_s
         while True:
             got = await asyncio.to_thread(self.claim, key)
-            if got.held_by is None:
+            if got.held_by is None or not wait_held:
                 return got
             await asyncio.sleep(_jitter(wait))
             wait = min(wait * 1.5, self.lease_s / 4)
