@@ -283,11 +283,14 @@ async def _run_command(context: Any, argv: list[str], outbox_id: int) -> int:
     cmd = [str(exe), *spec.argv] if exe.exists() else [sys.executable, "-m", "gateway.cli", *argv]
     log.info("job %s (outbox %s): neurosandbox %s", job_id, outbox_id, " ".join(argv[:6]))
     proc = await asyncio.create_subprocess_exec(
-        *cmd, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+        *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT, start_new_session=True,
         preexec_fn=_child_setup,  # only prctl: safe beside threads
     )  # fmt: skip
+    assert proc.stdout is not None
+    relay = asyncio.create_task(_relay(proc.stdout, job_id))
     try:
-        code = await asyncio.wait_for(proc.wait(), deadline_s)
+        code = await _finished(proc, relay, deadline_s)
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -297,6 +300,8 @@ async def _run_command(context: Any, argv: list[str], outbox_id: int) -> int:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
+        with contextlib.suppress(TimeoutError):  # its last lines
+            await asyncio.wait_for(asyncio.shield(relay), 2)
         raise JobCommandError(
             f"job {job_id}: stopped at the run deadline ({deadline_s:g} s)"
         ) from None
@@ -304,8 +309,46 @@ async def _run_command(context: Any, argv: list[str], outbox_id: int) -> int:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         raise
+    finally:
+        relay.cancel()  # done by now, unless a grandchild still holds the pipe
     await asyncio.to_thread(_fence, context)
     return code
+
+
+async def _finished(proc: Any, relay: asyncio.Task[None], deadline_s: float) -> int:
+    """The command's exit code once it ended and its output was relayed (a grandchild still
+    holding the pipe is not waited for past a few seconds)."""
+    code = int(await asyncio.wait_for(proc.wait(), deadline_s))
+    try:
+        await asyncio.wait_for(asyncio.shield(relay), 5)
+    except TimeoutError:
+        relay.cancel()
+    return code
+
+
+_LINE_MAX = 4000  # characters of one relayed line; a longer one is cut there
+
+
+async def _relay(stream: asyncio.StreamReader, job_id: int) -> None:
+    """The command's output, line by line, as the worker's log lines ("job N: ..."): through
+    the worker's logging, so the same filter hashes any UID in them (gateway/logs.py)."""
+    buf = b""
+    while chunk := await stream.read(1 << 16):
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        if len(buf) > 1 << 16:  # no newline for this long: logged as it is
+            lines, buf = [*lines, buf], b""
+        for line in lines:
+            _log_output(job_id, line)
+    if buf:
+        _log_output(job_id, buf)
+
+
+def _log_output(job_id: int, line: bytes) -> None:
+    text = line.decode("utf-8", "replace").rstrip("\r")
+    text = text.rsplit("\r", 1)[-1]  # a progress bar redrawn in place: its last state
+    if text.strip():
+        log.info("job %s: %s", job_id, text[:_LINE_MAX])
 
 
 def _fence(context: Any) -> None:

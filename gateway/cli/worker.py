@@ -50,7 +50,9 @@ def worker_command(
     )
     import logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from gateway.logs import configure_logging
+
+    configure_logging()  # UIDs hashed in every line, the jobs' commands' output included
     logging.getLogger("procrastinate").setLevel(logging.WARNING)
     note(f"worker: taking jobs (concurrency {concurrency or settings.worker_concurrency})")
     try:
