@@ -44,11 +44,9 @@ log = logging.getLogger(__name__)
 
 QUEUE = "neurosandbox"
 MAINTENANCE = "neurosandbox-maintenance"  # retry_stalled, drain_outbox: a slot of their own
-TASKS = ("study_run", "eval_shard")
 # what a job may run: these neurosandbox commands only (a job row is data, not a shell)
 _COMMANDS = {("eval",), ("runs", "resume"), ("runs", "evaluate-study")}
 _MAX_ARGS, _MAX_ARG = 200, 4096
-EXIT_NOT_READY = 2  # `runs resume` before the run's first shard made the run row: try again
 EXIT_FENCED = 75  # the worker found its job taken over (EX_TEMPFAIL): restart it
 _RUN_MARKERS = ("run.db.json", "run.sqlite")  # a run folder (evaluation.log.store's names)
 
@@ -121,6 +119,13 @@ def conninfo(url: str) -> str:
     return u.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
+def connect(url: str) -> Any:
+    """A psycopg connection to the run log's database (10 s to connect)."""
+    import psycopg
+
+    return psycopg.connect(conninfo(url), connect_timeout=10)
+
+
 # --- the outbox ----------------------------------------------------------------------------
 
 
@@ -165,11 +170,10 @@ class _OneConnection:
 def drain(url: str, *, limit: int = 500) -> DrainResult:
     """Move the outbox's pending jobs into procrastinate: each row is marked in the same
     transaction as its job is inserted (rows another drain holds are skipped)."""
-    import psycopg
     from procrastinate import SyncPsycopgConnector, exceptions
 
     result = DrainResult()
-    with psycopg.connect(conninfo(url), connect_timeout=10) as conn:
+    with connect(url) as conn:
         connector = SyncPsycopgConnector()
         connector.open(pool=_OneConnection(conn))  # type: ignore[arg-type]
         app = _app(connector)
@@ -209,9 +213,8 @@ def drain(url: str, *, limit: int = 500) -> DrainResult:
 def outbox_outcome(url: str, outbox_id: int) -> Literal["pending", "queued", "merged"]:
     """What became of an outbox row: still to drain, queued as a job, or merged into a job of
     its queueing lock that was waiting (or refused: never a row ``enqueue`` wrote)."""
-    import psycopg
 
-    with psycopg.connect(conninfo(url), connect_timeout=10) as conn:
+    with connect(url) as conn:
         row = conn.execute(
             "SELECT drained_at IS NOT NULL, job_id FROM job_outbox WHERE id = %s", (outbox_id,)
         ).fetchone()
@@ -220,25 +223,15 @@ def outbox_outcome(url: str, outbox_id: int) -> Literal["pending", "queued", "me
     return "queued" if row[1] is not None else "merged"
 
 
-def pending(url: str) -> int:
-    """Jobs in the outbox not yet in the queue."""
-    import psycopg
-
-    with psycopg.connect(conninfo(url), connect_timeout=10) as conn:
-        row = conn.execute("SELECT count(*) FROM job_outbox WHERE drained_at IS NULL").fetchone()
-    return int(row[0]) if row else 0
-
-
 # --- the schema ----------------------------------------------------------------------------
 
 
 def apply_schema(url: str) -> bool:
     """procrastinate's tables and functions in the run log's database, once (``db upgrade``);
     True when they were created now."""
-    import psycopg
     from procrastinate import schema
 
-    with psycopg.connect(conninfo(url), connect_timeout=10) as conn, conn.transaction():
+    with connect(url) as conn, conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(3600040)")  # two upgraders at once
         have = conn.execute("SELECT to_regclass('procrastinate_jobs') IS NOT NULL").fetchone()
         if have and have[0]:
@@ -248,9 +241,8 @@ def apply_schema(url: str) -> bool:
 
 
 def schema_ready(url: str) -> bool:
-    import psycopg
 
-    with psycopg.connect(conninfo(url), connect_timeout=10) as conn:
+    with connect(url) as conn:
         row = conn.execute("SELECT to_regclass('procrastinate_jobs') IS NOT NULL").fetchone()
     return bool(row and row[0])
 
@@ -360,7 +352,7 @@ def _fence(context: Any) -> None:
 
     job = context.job
     try:
-        with psycopg.connect(conninfo(context.additional_context["url"]), connect_timeout=10) as c:
+        with connect(context.additional_context["url"]) as c:
             row = c.execute("SELECT status, worker_id FROM procrastinate_jobs WHERE id = %s",
                             (job.id,)).fetchone()  # fmt: skip
     except psycopg.Error:
@@ -453,13 +445,12 @@ def _resume_if_started(argv: list[str], url: str) -> list[str]:
 def run_recorded(url: str, run_dir: Path) -> bool:
     """Whether the run of ``run_dir`` has its row in the run log (its marker names it; the
     marker is written before the row is committed)."""
-    import psycopg
 
     try:
         run_id = json.loads((run_dir / _RUN_MARKERS[0]).read_text())["run_id"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
-    with psycopg.connect(conninfo(url), connect_timeout=10) as conn:
+    with connect(url) as conn:
         row = conn.execute("SELECT 1 FROM run WHERE run_id = %s", (str(run_id)[:200],)).fetchone()
     return row is not None
 

@@ -110,13 +110,11 @@ def finish_merged(runs: StudyRunStore, url: str, study_key: str) -> list[str]:
     Returns their run ids."""
     import json
 
-    import psycopg
-
-    from gateway.jobs import conninfo
+    from gateway.jobs import connect
     from gateway.runs import RunNotFoundError
 
     lock = f"study:{study_key}"
-    with psycopg.connect(conninfo(url), connect_timeout=10) as conn:
+    with connect(url) as conn:
         rows = conn.execute(
             "SELECT args FROM job_outbox WHERE task = 'study_run' AND queueing_lock = %s "
             "AND drained_at IS NOT NULL AND job_id IS NULL",
