@@ -8,20 +8,26 @@ checklist PDF; ``runs show`` and the gateway's review queue list the run.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
-import pydicom
 import pytest
-from engine_helpers import cli_env, neurosandbox_bin
 from fastapi.testclient import TestClient
-from gateway_inproc import rules_file, start_gateway
+from gateway_inproc import (
+    PDF_CLASS,
+    SR_CLASS,
+    instance_of,
+    queue_gateway,
+    rows,
+    rules_file,
+    start_worker,
+    stop_worker,
+    study_classes,
+    until,
+)
 from gateway_process import send
 from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
@@ -32,69 +38,21 @@ from typer.testing import CliRunner
 from evaluation.log import upgrade as upgrade_run_log
 from gateway.api import create_app
 from gateway.cli import app
-from gateway.jobs import apply_schema, conninfo
 from gateway.routing import Route
 from gateway.runs import RunStatus, SkipKind
 from gateway.study_key import StudyKey, orthanc_id
 
 pytestmark = pytest.mark.integration
-SR_CLASS = "1.2.840.10008.5.1.4.1.1.88.34"
-PDF_CLASS = "1.2.840.10008.5.1.4.1.1.104.1"
-
-
-def _rows(url: str, sql: str) -> list[tuple[object, ...]]:
-    with psycopg.connect(conninfo(url), connect_timeout=5) as c:
-        return list(c.execute(sql.encode()).fetchall())
-
-
-def _until(what: str, ok: Callable[[], bool], logs: list[Path], timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ok():
-        if time.monotonic() > deadline:
-            text = "\n".join(f"{p.name}: {p.read_text()[-2500:]}" for p in logs if p.exists())
-            pytest.fail(f"{what}: not within {timeout_s} s\n{text}")
-        time.sleep(0.1)
-
-
-class _NotHere:
-    """The gateway's evaluator: a study evaluated in the gateway's process fails the test."""
-
-    name = "must-not-run"
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def evaluate(self, *args: object, **kwargs: object) -> object:
-        self.calls += 1
-        raise AssertionError("the gateway evaluated a study in its own process")
 
 
 def test_a_study_sent_to_a_gateway_with_a_database_url_is_evaluated_by_a_worker(
     orthanc_server: OrthancServer, pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = fresh_pg_database(pg_url)
-    upgrade_run_log(url)
-    apply_schema(url)  # `neurosandbox db upgrade`: the run log's schema and the queue's tables
-    shared = tmp_path / "shared"  # mounted at this path on the gateway and every worker host
-    ep = orthanc_server.endpoints
-    worker_log = tmp_path / "worker.log"
-    env = {
-        "NEUROSANDBOX_DATA_DIR": str(tmp_path / "worker-data"),  # the worker host's own
-        "NEUROSANDBOX_SHARED_DIR": str(shared),
-        "NEUROSANDBOX_DATABASE_URL": url,
-        "NEUROSANDBOX_ORTHANC_URL": ep.orthanc_url,
-        "NEUROSANDBOX_ORTHANC_PASSWORD_FILE": str(ep.password_file),
-        "NEUROSANDBOX_QUEUE_HEARTBEAT_S": "0.5",
-        "NEUROSANDBOX_QUEUE_CHECK_S": "1",
-        "NEUROSANDBOX_RUN_DEADLINE_S": "60",
-        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-    }
     routing = rules_file(tmp_path / "rules.yaml", ["differential"], "queued")
-    gw = start_gateway(
-        orthanc_server, tmp_path / "gateway-data", routing, 1.0, database_url=url, shared_dir=shared
-    )
-    here = _NotHere()
-    gw.pipeline.evaluator = here  # type: ignore[assignment]
+    # `neurosandbox db upgrade` (the run log's schema and the queue's tables), the gateway on it
+    q = queue_gateway(orthanc_server, pg_url, tmp_path, routing)
+    gw, here, url, shared, env = q.gw, q.here, q.url, q.shared, q.env
+    worker_log = tmp_path / "worker.log"
     worker: subprocess.Popen[bytes] | None = None
     try:
         study = make_study(
@@ -102,7 +60,7 @@ def test_a_study_sent_to_a_gateway_with_a_database_url_is_evaluated_by_a_worker(
         )
         key = StudyKey(study_uid=study.study_uid, patient_id="NSBX-Q-1")
         send(gw.scp.port, study.files)
-        _until("the run is queued", lambda: [r.stage for r in gw.ctx.runs.list(
+        until("the run is queued", lambda: [r.stage for r in gw.ctx.runs.list(
             study_uid=study.study_uid)] == ["queued for a worker"], [worker_log])  # fmt: skip
         [run] = gw.ctx.runs.list(study_uid=study.study_uid)
         assert run.status is RunStatus.QUEUED
@@ -111,24 +69,21 @@ def test_a_study_sent_to_a_gateway_with_a_database_url_is_evaluated_by_a_worker(
         late = make_study(tmp_path / "late", classes=("T2",), n_slices=4, patient_id="NSBX-Q-1",
                           study_uid=study.study_uid, first_series_number=2)  # fmt: skip
         send(gw.scp.port, late.files)
-        _until("the later run is merged", lambda: any(
+        until("the later run is merged", lambda: any(
             r.final for r in gw.ctx.runs.list(study_uid=study.study_uid) if r.run_id != run.run_id
         ), [worker_log])  # fmt: skip
         merged = next(r for r in gw.ctx.runs.list(study_uid=study.study_uid) if r != run)
         assert merged.status is RunStatus.SKIPPED and merged.skip is SkipKind.MERGED, merged
         assert gw.ctx.runs.get(run.run_id).status is RunStatus.QUEUED
         # a worker (another host: its own DATA_DIR) takes the job
-        worker = subprocess.Popen(
-            [neurosandbox_bin(), "worker", "--stop-after", "60"], env={**cli_env(tmp_path), **env},
-            stdout=worker_log.open("wb"), stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        _until("the worker finished the run", lambda: gw.ctx.runs.get(run.run_id).final,
-               [worker_log], timeout_s=40)  # fmt: skip
+        worker = start_worker(q, tmp_path, worker_log)
+        until("the worker finished the run", lambda: gw.ctx.runs.get(run.run_id).final,
+              [worker_log], timeout_s=40)  # fmt: skip
         done = gw.ctx.runs.get(run.run_id)
         assert done.status is RunStatus.DONE, (done, worker_log.read_text()[-3000:])
         assert here.calls == 0
-        jobs = _rows(url, "SELECT task, lock, queueing_lock, args, job_id FROM job_outbox "
-                          "ORDER BY id")  # fmt: skip
+        jobs = rows(url, "SELECT task, lock, queueing_lock, args, job_id FROM job_outbox "
+                         "ORDER BY id")  # fmt: skip
         assert [j[4] is None for j in jobs] == [False, True], jobs  # queued; merged
         task, lock, qlock, args, job_id = jobs[0]
         assert (task, lock, qlock) == ("study_run", f"study:{key.name}", f"study:{key.name}")
@@ -140,15 +95,15 @@ def test_a_study_sent_to_a_gateway_with_a_database_url_is_evaluated_by_a_worker(
         # the SR per model and the checklist PDF, UNVERIFIED, in the patient's study
         assert done.route is not None and set(done.sr_sop_uids) == set(done.route.models)
         assert done.pdf_sop_uid
-        classes = _classes(orthanc_server, key)
+        classes = study_classes(orthanc_server, key)
         assert classes.count(SR_CLASS) == len(done.route.models) and PDF_CLASS in classes
-        sr = _instance(orthanc_server, next(iter(done.sr_sop_uids.values())))
+        sr = instance_of(orthanc_server, next(iter(done.sr_sop_uids.values())))
         assert sr.VerificationFlag == "UNVERIFIED" and sr.PatientID == "NSBX-Q-1"
         # the run's folder (images, SR copies) in the shared folder, its rows in PostgreSQL
         folder = shared / "runs" / run.run_id
         assert (folder / "run.db.json").is_file() and list((folder / "images").glob("*.png"))
         assert not (tmp_path / "gateway-data" / "runs" / run.run_id).exists()
-        counted = _rows(url, f"SELECT count(*) FROM samples WHERE run_id = '{run.run_id}'")
+        counted = rows(url, f"SELECT count(*) FROM samples WHERE run_id = '{run.run_id}'")
         assert counted[0][0] == len(done.route.models)
         # `runs show` of the shared folder's run (any host with the folder and the URL)
         for name, value in env.items():
@@ -167,46 +122,14 @@ def test_a_study_sent_to_a_gateway_with_a_database_url_is_evaluated_by_a_worker(
         asked = gw.pipeline.request(
             orthanc_id(key.patient_id, key.study_uid), Route.model_validate(done.route.model_dump())
         )
-        _until("the API's run is queued",
+        until("the API's run is queued",
                lambda: gw.ctx.runs.get(asked).stage == "queued for a worker", [worker_log])  # fmt: skip
-        [(argv,)] = _rows(url, "SELECT args FROM job_outbox ORDER BY id DESC LIMIT 1")
+        [(argv,)] = rows(url, "SELECT args FROM job_outbox ORDER BY id DESC LIMIT 1")
         assert f'"evaluate-study", "{asked}", "--force"' in str(argv)
         assert here.calls == 0
     finally:
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
+        stop_worker(worker)
         gw.stop()
-
-
-def _classes(server: OrthancServer, key: StudyKey) -> list[str]:
-    """The SOP classes of the patient's study in Orthanc."""
-    from gateway.orthanc import OrthancClient
-
-    client = OrthancClient.from_settings(server.settings.model_copy(update={
-        "orthanc_url": server.endpoints.orthanc_url,
-        "orthanc_password_file": Path(server.endpoints.password_file or "")}))  # fmt: skip
-    sid = client.find_study_of(key.study_uid, key.patient_id)
-    if sid is None:
-        return []
-    return [client.instance_metadata(i["ID"]).get("SopClassUid", "")
-            for i in client.study_instances(sid)]  # fmt: skip
-
-
-def _instance(server: OrthancServer, sop_uid: str) -> pydicom.Dataset:
-    from gateway.orthanc import OrthancClient
-
-    client = OrthancClient.from_settings(server.settings.model_copy(update={
-        "orthanc_url": server.endpoints.orthanc_url,
-        "orthanc_password_file": Path(server.endpoints.password_file or "")}))  # fmt: skip
-    iid = client.find_instance(sop_uid)
-    assert iid is not None
-    raw = client.api.get(f"{client.url}/instances/{iid}/file").content
-    return pydicom.dcmread(io.BytesIO(raw))
 
 
 class _Deadline:
