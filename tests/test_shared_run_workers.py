@@ -260,8 +260,13 @@ def test_a_worker_joining_a_share_takes_the_calls_nobody_holds(pg_url: str, tmp_
         run = tmp_path / "run"
         first = _first_worker(tmp_path, data, env, url, run, shards=1, share=0, samples=4)
         _holds_claims(url, first, tmp_path / "w0.log")
+        # the provider answers nothing more until the second worker holds claims of its own:
+        # however slow it is to start, the first one cannot finish the share meanwhile
+        server.script.hold_after = server.stats.delivered
         second = _start(["runs", "resume", str(run), "--shard", "0/1"], env,
                         tmp_path / "w1.log")  # fmt: skip
+        _holds_claims(url, second, tmp_path / "w1.log")
+        server.release_held()
         _wait([first, second], [tmp_path / "w0.log", tmp_path / "w1.log"])
         distinct = N_CASES * 4
         assert _count(url, "SELECT count(*) FROM responses") == distinct
@@ -334,9 +339,10 @@ def test_a_worker_host_cut_off_has_its_calls_and_slots_freed_within_the_lease(
             # four samples a case: the far worker's share keeps it busy past the cut
             w0 = _first_worker(tmp_path, data, env, url, run, shards=2, share=1, samples=4)
             # the far host's worker and one here share the same cases (six; the far one is cut
-            # off while both hold claims); the first worker takes the other three. The near one
-            # starts once the far one holds claims: started together, a far worker slow to start
-            # (a loaded CI machine) found every call of the share answered and held none
+            # off while both hold claims); the first worker takes the other three. Once the far
+            # one holds claims, the provider answers nothing more until the cut: however slow
+            # a worker is to start (a loaded CI machine), the far one cannot finish the share
+            # before the near one holds claims too (waiting for the shared slots)
             far = subprocess.Popen(host.run([neurosandbox_bin(), "runs", "resume", str(run),
                                              "--shard", "0/2"]), env=env,
                                    stdout=(tmp_path / "far.log").open("wb"),
@@ -344,11 +350,13 @@ def test_a_worker_host_cut_off_has_its_calls_and_slots_freed_within_the_lease(
             near: subprocess.Popen[bytes] | None = None
             try:
                 _holds_claims(url, far, tmp_path / "far.log")
+                server.script.hold_after = server.stats.delivered  # held until released
                 near = _start(["runs", "resume", str(run), "--shard", "0/2"], env,
                               tmp_path / "near.log")  # fmt: skip
                 _holds_claims(url, near, tmp_path / "near.log")
                 host.cut()
                 cut_at = time.monotonic()
+                server.release_held()  # what the far worker asked is answered into a cut link
                 held = f"SELECT count(*) FROM call_claims WHERE worker LIKE '%:{far.pid}:%'"
                 assert _count(url, f"{held} AND lease_until < {LIVE}") >= 1  # cut off holding
                 # freed: none of its claims is live any more (run out, or taken over). A worker
