@@ -232,6 +232,10 @@ class IndexResult(BaseModel):
     series: list[SeriesInfo] = Field(default_factory=list)
     errors: list[FileError] = Field(default_factory=list)
     n_files: int = 0
+    # The study's other series, known from their headers where the study is kept and not in
+    # the indexed path (a gateway fetches from its PACS only the series a routing rule shows):
+    # never rendered; a case's record counts and lists them as not shown, with why.
+    not_fetched: list[SeriesInfo] = Field(default_factory=list)
     # With ``index_path(keep_headers=True)``: SeriesInstanceUID -> the whole header (a pydicom
     # Dataset, pixels excepted) of the series' first file. Not serialised; pickled with the
     # index (the gateway hands it to its evaluation worker).

@@ -254,5 +254,8 @@ def series_candidates(
             if s.series_class is SequenceClass.DWI:
                 shown_dwi.add(s.series_uid)
             out.append(s)
-    record.n_series = len(index.series)
+    for s in index.not_fetched:  # in the study, never fetched: not shown, with the same why
+        why = _INTRINSIC.get(s.series_class, NotShownReason.NOT_ROUTED)
+        record.add(unshown(s, why, f"class {s.series_class.value}, not fetched from the PACS"))
+    record.n_series = len(index.series) + len(index.not_fetched)
     return sorted(out, key=lambda s: rank.get(s.series_class.value, len(rank)))

@@ -43,6 +43,7 @@ from dicom import (
     IndexResult,
     MixedPatientsError,
     PatientKey,
+    SeriesInfo,
     check_uid,
     index_path,
     one_patient,
@@ -56,7 +57,7 @@ from gateway.cache import InstanceCache
 from gateway.case_studies import CaseGatherer, CaseStudies
 from gateway.forward import Forwarder
 from gateway.metrics import METRICS
-from gateway.orthanc import OrthancClient
+from gateway.orthanc import OrthancClient, SeriesSummary, StackClass
 from gateway.pacs import LOCAL, PacsClient
 from gateway.routing import Route, Router, StudyFacts
 from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
@@ -632,19 +633,26 @@ class StudyPipeline:
             return self._skip(job, SkipKind.UNCHANGED)
         self._stage(job, "fetching series", 0.2)
         folder = self.runs.run_dir(job.run_id) / "study"
-        files = self._fetch_routed(series, sops, route, folder)
-        self.runs.update(job.run_id, n_instances=len(files))
+        _files, not_fetched = self._fetch_routed(series, sops, route, folder)
+        # the run records the study as the PACS holds it (as a received study's run does),
+        # not only the series fetched
+        self.runs.update(job.run_id, n_instances=sum(map(len, sops.values())))
         job.route = route
         self._stage(job, "indexing", 0.3)
         index = index_path(folder, workers=1, keep_headers=True)
+        index.not_fetched = [
+            st for s in not_fetched for st in _unfetched_stacks(study.study_uid, s)
+        ]
         self._evaluate(job, folder, index, facts, digest)
 
     def _fetch_routed(
         self, series: list[Any], sops: dict[str, Any], route: Route, folder: Path
-    ) -> list[Path]:
+    ) -> tuple[list[Path], list[Any]]:
         """The instances of the series ``route`` evaluates, fetched into the cache and linked
-        into ``folder`` (a folder per SeriesInstanceUID, files by SOPInstanceUID)."""
+        into ``folder`` (a folder per SeriesInstanceUID, files by SOPInstanceUID); and the
+        series not fetched."""
         files: list[Path] = []
+        not_fetched = []
         for s in series:
             if s.series_class in route.series_classes or any(
                 c.series_class in route.series_classes for c in s.stacks
@@ -653,7 +661,9 @@ class StudyPipeline:
                     self.orthanc.fetch_instance(key, self.cache)
                 target = folder / check_uid(s.series_uid)
                 files += self.cache.link_into(sops[s.orthanc_id], target)
-        return files
+            else:
+                not_fetched.append(s)
+        return files, not_fetched
 
     def estimate(self, orthanc_id: str, route: Route) -> Any:
         """What evaluating the study with ``route`` would send and cost
@@ -1004,3 +1014,19 @@ def _one_study(index: IndexResult, series_uids: list[str], key: StudyKey) -> lis
         return mine
     first = study_of.get(series_uids[0])
     return [u for u in series_uids if study_of.get(u) == first]
+
+
+def _unfetched_stacks(study_uid: str, s: SeriesSummary) -> list[SeriesInfo]:
+    """The stacks of a series left in the PACS, as its headers there classified them (the
+    index's ``not_fetched``: a case's record lists them as not shown)."""
+    stacks = s.stacks or [StackClass(series_class=s.series_class, n_files=s.n_instances)]
+    out = []
+    for k, st in enumerate(stacks):
+        out.append(SeriesInfo.model_validate({
+            "path": f"pacs:series/{s.orthanc_id}", "study_uid": study_uid,
+            "series_uid": s.series_uid, "series_number": s.series_number,
+            "description": s.description, "modality": s.modality, "stack": k,
+            "class": st.series_class, "reason": st.reason, "detail": st.detail,
+            "plane": st.plane, "n_files": st.n_files,
+        }))  # fmt: skip
+    return out

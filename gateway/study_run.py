@@ -165,8 +165,10 @@ class DefaultEvaluator:
         if rendered.identity is not None:  # the study as received, not only the routed series
             case.provenance.identity = rendered.identity.model_copy(
                 update={
-                    "n_series": len({s.series_uid for s in index.series}),
-                    "modalities": sorted({s.modality for s in index.series if s.modality}),
+                    "n_series": len({s.series_uid for s in [*index.series, *index.not_fetched]}),
+                    "modalities": sorted(
+                        {s.modality for s in [*index.series, *index.not_fetched] if s.modality}
+                    ),
                 }
             )
         warnings += rendered.warnings

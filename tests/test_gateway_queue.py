@@ -35,6 +35,8 @@ from pg_server import fresh_pg_database
 from review_server import bearer
 from typer.testing import CliRunner
 
+from dicom import NotShownReason
+from evaluation.log import open_store
 from evaluation.log import upgrade as upgrade_run_log
 from gateway.api import create_app
 from gateway.cli import app
@@ -193,6 +195,51 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
         assert rec.status is RunStatus.FAILED and "7 s run deadline" in (rec.error or ""), rec
         assert rec.stage == "failed" and not rec.sr_sop_uids
         assert signal.getsignal(signal.SIGTERM) == before  # the handler put back
+    finally:
+        if pipeline.printer is not None:
+            pipeline.printer.close()
+
+
+def test_a_queued_run_records_the_series_its_rule_does_not_fetch(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """A run on a study in the PACS fetches only the series its rule routes; its record is of
+    the study as the PACS holds it all the same (as a study received by the gateway's node):
+    every instance counted, every other series listed as not shown with why, the study's
+    series counted. Before, a queued run of a FLAIR + T2 study routed to FLAIR recorded 4
+    instances, one series and 'every series shown'."""
+    from gateway.cli.worker import worker_pipeline
+    from gateway.runs import RunRecord, route_record
+
+    ep = orthanc_server.endpoints
+    settings = orthanc_server.settings.model_copy(update={
+        "data_dir": tmp_path / "worker", "shared_dir": tmp_path / "shared",
+        "orthanc_url": ep.orthanc_url, "orthanc_password_file": Path(ep.password_file or "")})  # fmt: skip
+    pipeline = worker_pipeline(settings)
+    try:
+        study = make_study(tmp_path / "s", classes=("FLAIR", "T2"), n_slices=4,
+                           patient_id="NSBX-Q-NF")  # fmt: skip
+        pipeline.orthanc.upload_many(study.files)
+        route = Route(rule="flair-only", models=["reference/image-rules"],
+                      tasks=["differential"], series_classes=["FLAIR"])  # fmt: skip
+        run_id = pipeline.runs.new_id()
+        pipeline.runs.create(RunRecord(
+            run_id=run_id, trigger="dicom", study_uid=study.study_uid, route=route_record(route),
+            study_key=StudyKey(study_uid=study.study_uid, patient_id="NSBX-Q-NF").name,
+            orthanc_study_id=orthanc_id("NSBX-Q-NF", study.study_uid)))  # fmt: skip
+        rec = pipeline.run_queued(run_id)
+        assert rec.status is RunStatus.DONE, rec
+        assert rec.n_instances == 8  # both series, though only the FLAIR was fetched
+        assert {p.parent.name for p in (pipeline.runs.run_dir(run_id) / "study").rglob("*.dcm")
+                } == {study.series_uids["FLAIR"]}  # fmt: skip
+        [case] = open_store(pipeline.runs.run_dir(run_id)).cases().values()
+        assert {i.series_uid for i in case.images} == {study.series_uids["FLAIR"]}
+        ns = case.provenance.series_not_shown
+        assert ns is not None and (ns.n_series, ns.n_shown) == (2, 1), ns
+        [t2] = ns.series
+        assert (t2.series_uid, t2.series_class) == (study.series_uids["T2"], "T2")
+        assert t2.reason is NotShownReason.NOT_ROUTED and t2.n_files == 4, t2
+        assert case.provenance.identity is not None and case.provenance.identity.n_series == 2
     finally:
         if pipeline.printer is not None:
             pipeline.printer.close()

@@ -31,6 +31,7 @@ from gateway_inproc import (
 from gateway_process import send
 from orthanc_fixture import OrthancServer
 
+from dicom import NotShownReason
 from evaluation.log import open_store
 from gateway.runs import RunStatus
 from gateway.study_key import StudyKey
@@ -92,6 +93,9 @@ def test_a_real_corpus_study_sent_to_a_queue_gateway_is_evaluated_by_a_worker(
         assert f"job {job_id} (outbox" in worker_log.read_text()
         queued = rows(q.url, "SELECT queueing_lock, lock, args FROM procrastinate_jobs")
         assert queued and not [i for i in identifiers if i in str(jobs) + str(queued)]
+        # the run's record is of the study as the PACS held it: every instance sent, the mask
+        # series the rule does not route included (not fetched, never shown)
+        assert done.n_instances == len(files) == 88
         # an SR per routed model and the checklist PDF, UNVERIFIED, in that patient's study
         assert done.route is not None and sorted(done.route.models) == sorted(MODELS)
         assert set(done.sr_sop_uids) == set(MODELS) and done.pdf_sop_uid
@@ -104,12 +108,18 @@ def test_a_real_corpus_study_sent_to_a_queue_gateway_is_evaluated_by_a_worker(
             assert ds.PatientName == first.PatientName
             if ds.SOPClassUID == SR_CLASS:
                 assert ds.VerificationFlag == "UNVERIFIED"
-        # the series the worker identified: each as the corpus's labels say
+        # the series the worker identified, shown or not: each as the corpus's labels say, and
+        # the mask listed as not shown (what the checklist tells the reviewer)
         store = open_store(q.shared / "runs" / run.run_id, database_url=q.url, read_only=True)
         [case] = store.cases().values()
         found = {i.series_uid: i.series_class for i in case.images if i.series_uid}
-        expected = {uid: label for uid, (label, _) in series.items()}
-        assert found == {uid: c for uid, c in expected.items() if c != "MASK"}, found
+        not_shown = case.provenance.series_not_shown
+        assert not_shown is not None and not_shown.n_series == 4 and not_shown.n_shown == 3
+        assert [s.reason for s in not_shown.series] == [NotShownReason.DERIVED], not_shown
+        found.update({s.series_uid: s.series_class for s in not_shown.series})
+        assert found == {uid: label for uid, (label, _) in series.items()}, found
+        identity = case.provenance.identity
+        assert identity is not None and identity.n_series == 4 and identity.modalities == ["MR"]
     finally:
         stop_worker(worker)
         gw.stop()

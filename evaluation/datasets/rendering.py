@@ -88,7 +88,8 @@ def study_digest(path: Path) -> str:
 
 
 def _indexed_digest(index: IndexResult) -> str:
-    """sha256 over the path, size and modification time of every file an index read."""
+    """sha256 over the path, size and modification time of every file an index read (and the
+    series it names but did not read)."""
     h = hashlib.sha256()
     paths = sorted({f.path for s in index.series for vol in s.volumes for f in vol})
     for path in paths:
@@ -97,6 +98,8 @@ def _indexed_digest(index: IndexResult) -> str:
             h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
         except OSError:  # an archive member or a vanished file: its name alone
             h.update(f"{path}\0".encode("utf-8", "surrogateescape"))
+    for s in index.not_fetched:  # listed in the render's record of the series not shown
+        h.update(f"{s.key}\0{s.series_class.value}\0{s.n_files}\0".encode())
     return h.hexdigest()
 
 
