@@ -264,11 +264,12 @@ def latency(
     nothing but the reference model's evaluation (the study's index and the evaluation in its
     worker process, as the pipeline runs them)."""
     from dicom import index_path
+    from gateway.logs import configure_logging
     from gateway.orthanc import OrthancClient
     from gateway.pacs_local import LocalPacs
     from gateway.pacs_local import free_port as fp
     from gateway.routing import Router, StudyFacts
-    from gateway.serve import build_gateway, configure_logging
+    from gateway.serve import build_gateway
     from gateway.settings import Settings
     from gateway.study_run import DefaultEvaluator
     from gateway.workers import ProcessEvaluator

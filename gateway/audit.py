@@ -41,6 +41,12 @@ class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
 
 
 class AuditLog:
+    @classmethod
+    def from_settings(cls, settings: Any) -> AuditLog:
+        """This host's audit log (``Settings``): DATA_DIR/audit.jsonl, rotated as set."""
+        return cls(settings.data_dir / "audit.jsonl", settings.audit_max_bytes,
+                   settings.audit_backups)  # fmt: skip
+
     def __init__(
         self, path: Path, max_bytes: int = DEFAULT_MAX_BYTES, backups: int = DEFAULT_BACKUPS
     ) -> None:

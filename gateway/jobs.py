@@ -78,13 +78,14 @@ class JobSpec(BaseModel):
 
 
 class QueueTimings(BaseModel):
-    """The queue's clocks in seconds (settings ``NEUROSANDBOX_QUEUE_*``; short in the tests)."""
+    """The queue's clocks in seconds: the first four are settings (``NEUROSANDBOX_QUEUE_*``,
+    ``NEUROSANDBOX_RUN_DEADLINE_S``; their defaults are there, short in the tests)."""
 
-    heartbeat_s: float = 10.0  # a worker's heartbeat (its event loop is alive, no more)
-    stall_s: float = 30.0  # a worker without a heartbeat this long is stalled: its jobs retried
-    check_s: int = 10  # how often retry_stalled and drain run (periodic tasks)
+    heartbeat_s: float  # a worker's heartbeat (its event loop is alive, no more)
+    stall_s: float  # a worker without a heartbeat this long is stalled: its jobs retried
+    check_s: int  # how often retry_stalled and drain run (periodic tasks)
+    deadline_s: float  # a job's command is stopped after this long (the run deadline)
     poll_s: float = 1.0  # a worker looks for jobs at least this often (besides LISTEN/NOTIFY)
-    deadline_s: float = 3600.0  # a job's command is stopped after this long (the run deadline)
     reconnect_s: float = 2.0  # after a database outage, the worker starts again after this
 
 

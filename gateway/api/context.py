@@ -29,12 +29,7 @@ class GatewayContext:
         return cls(
             settings=settings,
             orthanc=OrthancClient.from_settings(settings),
-            runs=StudyRunStore(  # SHARED_DIR: where workers on other hosts write runs too
-                settings.runs_root,
-                settings.reports_root,
-                settings.database_url,
-                settings.run_source,
-            ),
-            audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
+            runs=StudyRunStore.from_settings(settings),
+            audit=AuditLog.from_settings(settings),
             tokens=TokenStore(tokens_file(data)),
         )

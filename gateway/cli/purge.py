@@ -60,8 +60,7 @@ def purge_command(
         )
     except PurgeError as exc:
         raise fail(f"{exc} (--patient ID | --study UID | --older-than DAYS)", 2) from None
-    data = settings.data_dir
-    audit = AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups)
+    audit = AuditLog.from_settings(settings)
     orthanc = OrthancClient.from_settings(settings) if pacs else None
     try:
         report = Purger(Places.from_settings(settings), orthanc=orthanc, audit=audit).purge(

@@ -126,10 +126,8 @@ def worker_pipeline(settings: Settings, evaluator: Evaluator | None = None) -> S
         orthanc=OrthancClient.from_settings(settings),
         evaluator=evaluator or DefaultEvaluator(settings),
         router=Router.from_file(settings.routing_file),
-        runs=StudyRunStore(
-            settings.runs_root, settings.reports_root, settings.database_url, settings.run_source
-        ),
-        audit=AuditLog(data / "audit.jsonl", settings.audit_max_bytes, settings.audit_backups),
+        runs=StudyRunStore.from_settings(settings),
+        audit=AuditLog.from_settings(settings),
         cache=InstanceCache(data / "cache"),
         printer=Printer(idle_s=60),
         cases=settings.cases,

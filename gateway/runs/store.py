@@ -178,6 +178,13 @@ class StudyRunStore:
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         self.state_dir.mkdir(parents=True, exist_ok=True)
 
+    @classmethod
+    def from_settings(cls, settings: Any) -> StudyRunStore:
+        """The install's runs (``Settings``): SHARED_DIR (where workers on other hosts write
+        runs too, else DATA_DIR), the report bundles' folder, the run log, the runs' source."""
+        return cls(settings.runs_root, settings.reports_root, settings.database_url,
+                   settings.run_source)  # fmt: skip
+
     @staticmethod
     def new_id() -> str:
         """A new run id: the time in nanoseconds, then random (newest sorts last)."""
