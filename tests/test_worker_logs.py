@@ -37,7 +37,7 @@ def test_a_worker_s_log_lines_hash_the_uids_they_would_name(pg_url: str, tmp_pat
         )
     env = {**cli_env(tmp_path), "NEUROSANDBOX_DATABASE_URL": url,
            "NEUROSANDBOX_QUEUE_CHECK_S": "1", "NEUROSANDBOX_QUEUE_HEARTBEAT_S": "0.5"}  # fmt: skip
-    out = subprocess.run([neurosandbox_bin(), "worker", "--stop-after", "10"], env=env,
+    out = subprocess.run([neurosandbox_bin(), "worker", "--stop-after", "8"], env=env,
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     text = out.stdout + out.stderr
     assert "neurosandbox eval --suite" in text, text[-3000:]  # the line was written
