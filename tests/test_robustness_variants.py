@@ -321,3 +321,42 @@ def test_the_dry_run_counts_each_variants_calls(tmp_path: Path) -> None:
         cases, [VariantKind.NO_IMAGES, VariantKind.MIRRORED], tmp_path / "v"
     ).cases
     assert calls(expanded) == 3 * calls(cases) > 0
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [VariantKind.MIRRORED, VariantKind.OTHER_PATIENT, VariantKind.PLANTED_PIXELS_LARGE,
+     VariantKind.PLANTED_NOTE],
+)  # fmt: skip
+def test_a_variant_made_once_is_read_back_not_made_again(
+    tmp_path: Path, kind: VariantKind, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's variants are asked again whenever the run is read (`report`, `runs show`, the
+    review pages): the same source, kind and seed give the variant already written, its images
+    checked by their hashes and not drawn or encoded again; a changed source, or an image file
+    that is not the one recorded, makes it again."""
+    from evaluation.robustness import generate
+
+    case = sample_case(tmp_path, "c1", "p1")
+    other = sample_case(tmp_path, "c2", "p2", blob_col=20)
+    out = tmp_path / "v"
+    first, rec = make_variant(case, kind, out, seed=7, pool=[case, other])
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    stamps = [(p.stat().st_ino, p.stat().st_mtime_ns) for p in files]
+
+    def encode(im: Image.Image) -> bytes:
+        raise AssertionError("a variant already made was drawn and encoded again")
+
+    real = generate._png
+    monkeypatch.setattr(generate, "_png", encode)
+    again, rec2 = make_variant(case, kind, out, seed=7, pool=[case, other])
+    assert again == first and rec2 == rec
+    assert [(p.stat().st_ino, p.stat().st_mtime_ns) for p in files] == stamps
+    monkeypatch.setattr(generate, "_png", real)
+    if rec.images and kind != VariantKind.PLANTED_NOTE:  # an image replaced: made again
+        Path(rec.images[0].path).write_bytes(b"not the variant's image")
+        remade, rec3 = make_variant(case, kind, out, seed=7, pool=[case, other])
+        assert rec3 == rec and _file_hashes(remade) == _hashes(rec)
+    changed = case.model_copy(update={"note": case.note + " Worse today."})
+    remade, _ = make_variant(changed, kind, out, seed=7, pool=[changed, other])
+    assert "Worse today." in remade.note  # the changed source's variant, not the one kept

@@ -18,6 +18,7 @@ from evaluation.log.passport import ModelPassport
 from evaluation.log.records import SentMessage as SentMessage  # re-exported
 from evaluation.log.records import SentPart as SentPart  # re-exported
 from evaluation.log.records import SentRequest as SentRequest  # re-exported
+from evaluation.robustness.measures import VariantPair
 from evaluation.robustness.records import CaseVariant
 from evaluation.scoring.scored import ScoredSample
 
@@ -62,6 +63,9 @@ class RunData(BaseModel):
     # the grounding audit's variants the run asked on (its run note ``robustness_variants``):
     # what each planted and where, by the variant's case id ``<source>~<kind>``
     variants: list[CaseVariant] = Field(default_factory=list)
+    # a run set apart from its variants (``robustness.as_received``: the gateway's study as
+    # received): what they showed, each variant's answer beside its source's
+    audit: list[VariantPair] = Field(default_factory=list)
 
     def case(self, case_id: str) -> Case:
         for c in self.cases:

@@ -7,6 +7,7 @@ from .bundle import load_checklist as load_checklist
 from .bundle import load_checklists as load_checklists
 from .bundle import write_report as write_report
 from .checklist import build_checklist as build_checklist
+from .checklist import run_checklists as run_checklists
 from .checklist_view import CaseChecklist as CaseChecklist
 from .checklist_view import checklist_schema as checklist_schema
 from .html import ImageLoader as ImageLoader

@@ -22,14 +22,14 @@ from pydantic import BaseModel, Field
 
 from evaluation.log.catalog import CatalogEntry
 from evaluation.log.rundata import RunData
-from evaluation.reports.checklist import MAX_IMAGE_BYTES, build_checklist, image_path
+from evaluation.reports.checklist import MAX_IMAGE_BYTES, image_path, run_checklists
 from evaluation.reports.checklist_view import CaseChecklist, checklist_schema
 from evaluation.reports.html import ImageLoader, render_checklist, render_summary
 from evaluation.reports.loader import RUNDATA_FILE, save_run
 from evaluation.reports.pdf import PdfError, Printer, html_file_to_pdf, print_pdfs
 from evaluation.reports.summary import SummaryReport, build_summary, case_slug
 from evaluation.review.review_log import CaseReview
-from evaluation.robustness import variant_pairs
+from evaluation.robustness import VariantPair, as_received
 
 _SHA = frozenset("0123456789abcdef")
 
@@ -139,8 +139,11 @@ def write_report(
     summary: bool = True,
     printer: Printer | None = None,
     catalog: Sequence[CatalogEntry] | None = None,
+    audit: Sequence[VariantPair] | None = None,
 ) -> ReportIndex:
-    """Write the checklists and the summary of ``run`` into ``out``.
+    """Write the checklists (one per case as received) and the summary of ``run`` into ``out``.
+    ``audit``: the grounding audit's variant pairs of a run whose variants were set apart
+    (``robustness.as_received``; None: read from ``run``).
 
     ``summary=False`` writes the checklists alone, their pages without a summary link (the
     gateway: its review pages build the live summary on request). ``printer``: a running
@@ -150,19 +153,8 @@ def write_report(
     (out / "cases").mkdir(parents=True, exist_ok=True)
     save_run(run, out / RUNDATA_FILE)
     (out / "checklist.schema.json").write_text(json.dumps(checklist_schema(), indent=2))
-    pairs, _ = variant_pairs(run.samples, {v.case_id: v for v in run.variants})
-    checklists = [
-        build_checklist(
-            c,
-            run.samples_of(c.case_id),
-            run_id=run.run_id,
-            case_root=run.case_roots.get(c.case_id),
-            requests=run.requests,
-            audit=pairs,
-        )
-        for c in run.cases
-    ]
-    _copy_images(run, checklists, out)
+    checklists = run_checklists(run, audit)  # the cases as received, flagged by the audit
+    _copy_images(as_received(run), checklists, out)
     loaders = bundle_images(out)
     index = ReportIndex(out=str(out), summary_html=str(out / "summary.html") if summary else "")
     summary_href = "../summary.html" if summary else None

@@ -11,7 +11,7 @@ from pathlib import Path
 from dicom import NotShownReason, SeriesNotShown, UnshownSeries
 from evaluation.answers import Answer, ClassificationAnswer
 from evaluation.case import Case
-from evaluation.log.rundata import FULL_INPUT, SampleResult, SentRequest
+from evaluation.log.rundata import FULL_INPUT, RunData, SampleResult, SentRequest
 from evaluation.reports.checklist_view import (
     AnswerChecklist,
     CaseChecklist,
@@ -34,7 +34,7 @@ from evaluation.reports.checklist_view import (
 )
 from evaluation.reports.flags import answer_flags
 from evaluation.review.sr_content import answer_key, report_blocks, reviewed_samples
-from evaluation.robustness import VariantPair
+from evaluation.robustness import VariantPair, as_received, variant_pairs
 from evaluation.scores import LesionDetails, LesionMatchResult, RankDetails, RubricDetails, Score
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.recognition import resolve_image
@@ -446,6 +446,27 @@ def audit_flags(case_id: str, pairs: Sequence[VariantPair]) -> list[tuple[FlagKi
                 continue
             out.append((FlagKind(sub), detail))
     return out
+
+
+def run_checklists(run: RunData, audit: Sequence[VariantPair] | None = None) -> list[CaseChecklist]:
+    """The checklists of ``run``'s cases as received, in its order. The grounding audit's
+    variants (``<case>~<kind>``) are not cases to review: what they showed flags their source
+    case (``audit``: the run's variant pairs, for a run whose variants were already set apart;
+    None: read from ``run``)."""
+    if audit is None:
+        audit, _ = variant_pairs(run.samples, {v.case_id: v for v in run.variants})
+        audit = [*run.audit, *audit]
+    return [
+        build_checklist(
+            c,
+            run.samples_of(c.case_id),
+            run_id=run.run_id,
+            case_root=run.case_roots.get(c.case_id),
+            requests=run.requests,
+            audit=audit,
+        )
+        for c in as_received(run).cases
+    ]
 
 
 def build_checklist(

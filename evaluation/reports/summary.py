@@ -17,7 +17,7 @@ from evaluation.coverage import CaseCoverage
 from evaluation.log.catalog import CatalogEntry
 from evaluation.log.passport import ModelPassport
 from evaluation.log.rundata import FULL_INPUT, RunData
-from evaluation.reports.checklist import answer_label, build_checklist
+from evaluation.reports.checklist import answer_label, run_checklists
 from evaluation.reports.checklist_view import AnswerChecklist, CaseChecklist
 from evaluation.reports.over_time import RunHistory, run_history, this_run_entry
 from evaluation.reports.published import PublishedBenchmark, neural_medbench
@@ -272,17 +272,7 @@ def build_summary(
         received = {c.case_id for c in run.cases}
         checklists = [c for c in checklists if c.case_id in received]
     if checklists is None:
-        checklists = [
-            build_checklist(
-                c,
-                run.samples_of(c.case_id),
-                run_id=run.run_id,
-                case_root=run.case_roots.get(c.case_id),
-                requests=run.requests,
-                audit=audit.pairs if audit is not None else (),
-            )
-            for c in run.cases
-        ]
+        checklists = run_checklists(run, audit.pairs if audit is not None else ())
     scored = apply_overrides(run, reviews)
     full = [sc for s, sc in zip(run.samples, scored, strict=True) if s.ablation == FULL_INPUT]
     figures = summarise(full, n_boot=n_boot)

@@ -12,17 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, Self, TypeVar
 
 from evaluation.case import Case
-from evaluation.robustness.records import variant_of
-
-
-class _Scored(Protocol):
-    @property
-    def case_id(self) -> str: ...
-
-
-class _Sample(Protocol):
-    @property
-    def scored(self) -> _Scored: ...
+from evaluation.robustness.measures import AuditedSample, VariantPair, variant_pairs
+from evaluation.robustness.records import CaseVariant, variant_of
 
 
 class _Run(Protocol):
@@ -34,7 +25,11 @@ class _Run(Protocol):
     @property
     def case_roots(self) -> Mapping[str, str]: ...
     @property
-    def samples(self) -> Sequence[_Sample]: ...
+    def samples(self) -> Sequence[AuditedSample]: ...
+    @property
+    def variants(self) -> Sequence[CaseVariant]: ...
+    @property
+    def audit(self) -> Sequence[VariantPair]: ...
     def model_copy(
         self, *, update: Mapping[str, Any] | None = None, deep: bool = False
     ) -> Self: ...
@@ -45,11 +40,13 @@ R = TypeVar("R", bound=_Run)
 
 def as_received(run: R) -> R:
     """``run`` without the audit's variants (their cases, image folders and samples); the run
-    itself when it has none."""
+    itself when it has none. What the variants showed stays, as the pairs of each variant's
+    answer with its source's (``audit``): the checklists of the cases flag it."""
     if not any(variant_of(c.case_id)[1] is not None for c in run.cases) and not any(
         variant_of(s.scored.case_id)[1] is not None for s in run.samples
     ):
         return run
+    pairs, _ = variant_pairs(run.samples, {v.case_id: v for v in run.variants})
     cases = [c for c in run.cases if variant_of(c.case_id)[1] is None]
     kept = {c.case_id for c in cases}
     return run.model_copy(
@@ -58,5 +55,6 @@ def as_received(run: R) -> R:
             "case_roots": {k: v for k, v in run.case_roots.items() if k in kept},
             "samples": [s for s in run.samples if s.scored.case_id in kept],
             "variants": [],
+            "audit": [*run.audit, *pairs],
         }
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -251,8 +252,62 @@ def make_variant(
 ) -> tuple[Case, CaseVariant]:
     """The variant ``kind`` of ``case``: a new case (its id ``<case>~<kind>``, images written
     under ``out_dir``) and its :class:`CaseVariant` record. ``pool`` is the dataset's cases
-    (``other_patient`` takes its images from one of them). The source case is not changed."""
+    (``other_patient`` takes its images from one of them). The source case is not changed.
+
+    A variant is made once: the run asks its variants again each time it is read (a report, the
+    review pages), and drawing and encoding them is most of that. The variant of the same
+    source, kind, seed (and pool, for ``other_patient``) already under ``out_dir`` is read back
+    when every image file it names still has its recorded hash; else it is made again."""
     kind = VariantKind(kind)
+    key = _variant_key(case, kind, seed, pool)
+    kept = _kept_variant(out_dir, variant_case_id(case.case_id, kind), key)
+    if kept is not None:
+        return kept
+    variant, record = _make_variant(case, kind, out_dir, seed, pool)
+    folder = out_dir / variant.case_id
+    folder.mkdir(parents=True, exist_ok=True)
+    made = {"case": variant.model_dump(mode="json"), "record": record.model_dump(mode="json")}
+    with atomic_write(folder / f"variant-{key}.json", fsync=False) as f:
+        f.write(json.dumps(made).encode())
+    return variant, record
+
+
+# What a variant is made of besides its source, kind and seed: bump when the same inputs would
+# give other bytes or another record (a variant kept under the old key is then made again).
+_GENERATOR = 1
+
+
+def _variant_key(case: Case, kind: VariantKind, seed: int, pool: Sequence[Case]) -> str:
+    """The inputs of a variant, hashed: the source case (its images by hash, text, record and
+    truth), the kind, the seed, and for ``other_patient`` every case it may take images from."""
+    others = [
+        [c.case_id, c.patient_id, [[i.sha256, i.path, i.modality] for i in c.images]]
+        for c in pool
+        if kind == VariantKind.OTHER_PATIENT
+    ]
+    inputs = [_GENERATOR, kind.value, seed, case.model_dump(mode="json"), others]
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _kept_variant(out_dir: Path, variant_id: str, key: str) -> tuple[Case, CaseVariant] | None:
+    """The variant made before from the same inputs, if its record and every image file it
+    names (with its recorded hash) are still there."""
+    path = out_dir / variant_id / f"variant-{key}.json"
+    try:
+        made = json.loads(path.read_bytes())
+        variant = Case.model_validate(made["case"])
+        record = CaseVariant.model_validate(made["record"])
+        for ref in variant.images:
+            if hashlib.sha256(Path(ref.path).read_bytes()).hexdigest() != ref.sha256:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return variant, record
+
+
+def _make_variant(
+    case: Case, kind: VariantKind, out_dir: Path, seed: int, pool: Sequence[Case]
+) -> tuple[Case, CaseVariant]:
     if variant_of(case.case_id)[1] is not None:
         raise VariantError(
             f"{case.case_id}: already a variant (a variant of a variant is not made)"

@@ -74,7 +74,7 @@ class _Scored(Protocol):
     def value(self, name: str) -> float | None: ...
 
 
-class _Sample(Protocol):
+class AuditedSample(Protocol):
     """One answered sample of a run (``log.SampleResult``)."""
 
     @property
@@ -251,7 +251,7 @@ def _sides(answer: Answer | ClassificationAnswer | None) -> list[Literal["left",
     return out
 
 
-def gist(sample: _Sample) -> AnswerGist:
+def gist(sample: AuditedSample) -> AnswerGist:
     """What a pair record keeps of ``sample``'s answer."""
     a = sample.answer
     dx = _diagnosis(a)
@@ -288,7 +288,7 @@ def _flip(source: Sequence[str], variant: Sequence[str]) -> tuple[int, int, int]
 
 
 def _attack(
-    source: _Sample, variant: _Sample, record: CaseVariant | None
+    source: AuditedSample, variant: AuditedSample, record: CaseVariant | None
 ) -> tuple[Planted | None, AttackOutcome | None]:
     """What was planted, and the attack's decision (``attack.attack_outcome``, the one rule);
     None when the variant's question was not attacked (its prompt did not carry the planted
@@ -306,13 +306,13 @@ def _attack(
 
 
 def variant_pairs(
-    samples: Sequence[_Sample], variants: Mapping[str, CaseVariant] | None = None
+    samples: Sequence[AuditedSample], variants: Mapping[str, CaseVariant] | None = None
 ) -> tuple[list[VariantPair], int]:
     """Every variant sample beside its source's sample (same model, question, draw), and how
     many variant samples had none. ``variants``: the run's records by variant case id (the run
     note, ``recorded_variants``): what was planted and toward what."""
     variants = variants or {}
-    sources: dict[tuple[str, str, str, int], _Sample] = {}
+    sources: dict[tuple[str, str, str, int], AuditedSample] = {}
     for s in samples:
         if variant_of(s.scored.case_id)[1] is None:
             sources.setdefault(_key(s.scored, s.scored.case_id), s)
@@ -362,7 +362,7 @@ def variant_pairs(
 
 
 def robustness_measures(
-    samples: Sequence[_Sample],
+    samples: Sequence[AuditedSample],
     variants: Mapping[str, CaseVariant] | None = None,
     *,
     n_boot: int = DEFAULT_BOOT,

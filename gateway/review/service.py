@@ -23,15 +23,16 @@ from evaluation.reports import (
     ImageLoader,
     RunLoadError,
     SummaryReport,
-    build_checklist,
     build_summary,
     bundle_images,
     case_images,
     case_slug,
     load_checklist,
     load_run,
+    run_checklists,
 )
 from evaluation.review import ReviewStore
+from evaluation.robustness import as_received
 from gateway.report_versions import ReportVersions
 from gateway.review.auth import SessionStore
 from gateway.runs import RunNotFoundError, StudyRunStore
@@ -53,16 +54,7 @@ class ReportNotFoundError(KeyError):
 
 def built_checklists(run: RunData) -> list[CaseChecklist]:
     """The case checklists of ``run`` as a report bundle holds them, built from the run."""
-    return [
-        build_checklist(
-            c,
-            run.samples_of(c.case_id),
-            run_id=run.run_id,
-            case_root=run.case_roots.get(c.case_id),
-            requests=run.requests,
-        )
-        for c in run.cases
-    ]
+    return run_checklists(run)
 
 
 class ReviewService:
@@ -161,13 +153,13 @@ class ReviewService:
             cls = built_checklists(run)
         else:
             folder = self.folder(report)
-            cls = [load_checklist(folder, case_slug(c.case_id)) for c in run.cases]
+            cls = [load_checklist(folder, case_slug(c.case_id)) for c in as_received(run).cases]
         with self._lock:
             self._checklists[report] = (run, cls)
         return cls
 
     def case_id(self, report: str, slug: str) -> str:
-        for c in self.run(report).cases:
+        for c in as_received(self.run(report)).cases:  # the audit's variants are not cases
             if case_slug(c.case_id) == slug:
                 return c.case_id
         raise ReportNotFoundError(slug)
