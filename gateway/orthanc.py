@@ -9,6 +9,7 @@ metadata, so no pixel data crosses the network to classify a series.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import ssl
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import pydicom
 from pydantic import BaseModel, Field
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian
@@ -35,6 +37,11 @@ from gateway.cache import CacheKey, InstanceCache
 from gateway.study_key import orthanc_id
 
 log = logging.getLogger(__name__)
+# A series read instance by instance (its UID is in the PACS more than once): at most this many
+# instances' headers (classification needs a sample, not thousands), each from at most this
+# many bytes of its file (a header longer than that is not a scanner's).
+MAX_SERIES_HEADERS = 2000
+HEADER_BYTES = 8 << 20
 T = TypeVar("T")
 RETRY_STATUS = {502, 503, 504}
 BACKOFF_S = 0.5  # wait before the first retry; doubles before each next one
@@ -302,6 +309,11 @@ class OrthancClient:
         return self._lookup(sop_uid, "Instance")
 
     def _lookup(self, dicom_uid: str, level: str) -> str | None:
+        return next(iter(self._lookup_all(dicom_uid, level)), None)
+
+    def _lookup_all(self, dicom_uid: str, level: str) -> list[str]:
+        """Orthanc ids of every resource of ``level`` with this UID (several patients' studies
+        may hold one UID)."""
         uid = check_uid(dicom_uid)
 
         def call() -> Any:
@@ -310,7 +322,7 @@ class OrthancClient:
             return r.json()
 
         hits = self._retry("lookup", call)
-        return next((h["ID"] for h in hits if h.get("Type") == level), None)
+        return [str(h["ID"]) for h in hits if h.get("Type") == level]
 
     def list_series(self, study_id: str, classify: bool = True) -> list[SeriesSummary]:
         study = self.get_json(f"/studies/{study_id}")
@@ -329,7 +341,9 @@ class OrthancClient:
             if classify and study_uid and summary.series_uid:
                 key = (s["ID"], s.get("LastUpdate", ""))
                 if key not in self._class_cache:
-                    self._class_cache[key] = self.classify_series(study_uid, summary.series_uid)
+                    self._class_cache[key] = self.classify_series(
+                        s["ID"], study_uid, summary.series_uid, s.get("Instances", [])
+                    )
                 summary.stacks = self._class_cache[key]
                 if summary.stacks:
                     summary.series_class = max(summary.stacks, key=lambda c: c.n_files).series_class
@@ -349,10 +363,55 @@ class OrthancClient:
                 log.warning("series metadata: unreadable instance header skipped (%s)", exc)
         return out
 
-    def classify_series(self, study_uid: str, series_uid: str) -> list[StackClass]:
-        """Classes of the stacks of one series, from headers only."""
-        datasets = self.series_metadata(study_uid, series_uid)
+    def classify_series(
+        self, series_id: str, study_uid: str, series_uid: str, instances: list[str]
+    ) -> list[StackClass]:
+        """Classes of the stacks of the Orthanc series ``series_id`` (its ``instances``), from
+        headers only."""
+        datasets = self.series_headers(series_id, study_uid, series_uid, instances)
         return [_stack_class(s) for s in classify_headers(datasets)]
+
+    def series_headers(
+        self, series_id: str, study_uid: str, series_uid: str, instances: list[str] | None = None
+    ) -> list[Dataset]:
+        """The headers of the instances of the Orthanc series ``series_id``. DICOMweb finds a
+        series by its UIDs alone: when the PACS holds another series under the same
+        SeriesInstanceUID (another patient's study, or a copy), DICOMweb may answer with that
+        one or with nothing, so the instances are then read by their Orthanc ids (which hash
+        the patient with the UIDs), each file's header only."""
+        if self._lookup_all(series_uid, "Series") == [series_id]:
+            return self.series_metadata(study_uid, series_uid)
+        log.info("series %s is in the PACS more than once: headers read by instance", series_id)
+        if instances is None:
+            instances = list(self.get_json(f"/series/{series_id}").get("Instances", []))
+        out = []
+        for iid in instances[:MAX_SERIES_HEADERS]:
+            ds = self._instance_header(str(iid))
+            if ds is not None:
+                out.append(ds)
+        return out
+
+    def _instance_header(self, instance_id: str) -> Dataset | None:
+        """One stored instance's header (its file read up to HEADER_BYTES; no pixels), or None
+        with a warning when it cannot be read from that much."""
+        url = f"{self.url}/instances/{instance_id}/file"
+
+        def call() -> bytes:
+            buf = bytearray()
+            with self.api.stream("GET", url) as r:
+                r.raise_for_status()
+                for chunk in r.iter_bytes():
+                    buf += chunk
+                    if len(buf) >= HEADER_BYTES:
+                        break
+            return bytes(buf[:HEADER_BYTES])
+
+        data = self._retry("GET /instances/{id}/file", call)
+        try:
+            return pydicom.dcmread(io.BytesIO(data), stop_before_pixels=True)
+        except Exception as exc:  # a hostile or truncated header: skipped, said
+            log.warning("instance header unreadable, skipped (%s)", type(exc).__name__)
+            return None
 
     # ----------------------------------------------------------------- fetch / store
 

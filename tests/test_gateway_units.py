@@ -430,6 +430,26 @@ def test_a_non_image_object_in_the_study_never_hides_its_study_uid(tmp_path: Pat
     assert result.run.cases[0].provenance.study_uids == [study.study_uid]
 
 
+def test_a_routing_rule_s_audit_flags_the_study_s_checklist(tmp_path: Path) -> None:
+    """A rule that asks the grounding audit: the study's checklist (its page, JSON and PDF
+    written back) is the study's alone, flagged with what the variants showed (here a model
+    that answers the same without the images)."""
+    from evaluation.robustness import VariantKind
+    from gateway.runs.report import write_checklist
+
+    make_study(tmp_path / "study", classes=("FLAIR",), n_slices=6, lesion="left")
+    route = Route(rule="audit", models=["reference/text-prior"], tasks=[TaskFamily.DIFFERENTIAL],
+                  series_classes=["FLAIR"], robustness=[VariantKind.NO_IMAGES])  # fmt: skip
+    work = tmp_path / "runs" / ("2" * 32)
+    result = DefaultEvaluator(Settings(data_dir=tmp_path)).evaluate(tmp_path / "study", route, work)
+    assert len(result.run.cases) == 1 and result.run.audit  # the study; the variants' pairs
+    checklist = write_checklist(result.run, tmp_path / "bundle", printer=None)
+    (page,) = (tmp_path / "bundle" / "cases").glob("*.json")
+    flags = json.loads(page.read_text())["flags"]
+    assert any(f["kind"] == "same_answer_without_images" for f in flags), flags
+    assert "Answered the same without the images" in checklist.html
+
+
 def test_cache_and_runs_follow_the_out_folder_from_every_settings_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -276,3 +276,25 @@ def test_a_real_scanner_series_whose_files_name_two_patients_is_held(
         assert _srs(gw.ctx.orthanc, str(first.StudyInstanceUID)) == {}
     finally:
         gw.stop()
+
+
+def test_each_series_is_classified_from_its_own_patients_headers(
+    orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """Another patient's study in the PACS holds a series under the same SeriesInstanceUID
+    (another study UID, other headers): each study's series is classified from its own
+    instances (Orthanc's ids, which name the patient), never found by its UIDs alone
+    (DICOMweb answered "inexistent series", or the other patient's headers)."""
+    a = make_study(tmp_path / "a", classes=("FLAIR",), n_slices=3, patient_id="NSBX-CLS-A")
+    b = make_study(tmp_path / "b", classes=("T1",), n_slices=3, patient_id="NSBX-CLS-B")
+    b_files = _restamp(b, tmp_path / "b2", SeriesInstanceUID=a.series_uids["FLAIR"])
+    ep = orthanc_server.endpoints
+    client = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=60)
+    for p in [*b_files, *a.files]:  # the other patient's first
+        client.upload(p)
+    for pid, uid, cls in (("NSBX-CLS-A", a.study_uid, "FLAIR"), ("NSBX-CLS-B", b.study_uid, "T1")):
+        sid = client.find_study_of(uid, pid)
+        assert sid is not None
+        [series] = client.list_series(sid)
+        assert series.series_uid == a.series_uids["FLAIR"]
+        assert series.series_class == cls, (pid, series)

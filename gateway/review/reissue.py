@@ -150,7 +150,10 @@ def _source_headers(orthanc: OrthancClient, case: Case) -> list[Dataset]:
     series.sort(key=lambda s: s.series_uid not in wanted)
     if not series:
         raise ReissueError(f"the source study of case {case.case_id!r} has no MR or CT series")
-    headers = orthanc.series_metadata(study_uid, series[0].series_uid)[:MAX_SOURCE_HEADERS]
+    # by the series' Orthanc id (its patient with its UIDs), not its UIDs alone
+    chosen = series[0]
+    headers = orthanc.series_headers(chosen.orthanc_id, study_uid, chosen.series_uid)
+    headers = headers[:MAX_SOURCE_HEADERS]
     if not headers:
         raise ReissueError("the source series has no readable instance header")
     return headers
