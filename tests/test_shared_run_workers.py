@@ -258,7 +258,7 @@ def test_a_worker_joining_a_share_takes_the_calls_nobody_holds(pg_url: str, tmp_
         env = _env(tmp_path, url, server.url, shared=8)
         data = write_nmb(tmp_path / "data", N_CASES)
         run = tmp_path / "run"
-        first = _first_worker(tmp_path, data, env, url, run, shards=1, share=0, samples=4)
+        first = _first_worker(tmp_path, data, env, url, run, shards=1, share=0, samples=2)
         _holds_claims(url, first, tmp_path / "w0.log")
         # the provider answers nothing more until the second worker holds claims of its own:
         # however slow it is to start, the first one cannot finish the share meanwhile
@@ -268,7 +268,7 @@ def test_a_worker_joining_a_share_takes_the_calls_nobody_holds(pg_url: str, tmp_
         _holds_claims(url, second, tmp_path / "w1.log")
         server.release_held()
         _wait([first, second], [tmp_path / "w0.log", tmp_path / "w1.log"])
-        distinct = N_CASES * 4
+        distinct = N_CASES * 2
         assert _count(url, "SELECT count(*) FROM responses") == distinct
         assert server.stats.calls == distinct  # nothing sent twice
         ours, theirs = _calls_made(tmp_path / "w0.log"), _calls_made(tmp_path / "w1.log")
