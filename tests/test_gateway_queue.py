@@ -42,6 +42,7 @@ from gateway.api import create_app
 from gateway.cli import app
 from gateway.routing import Route
 from gateway.runs import RunStatus, SkipKind
+from gateway.settings import Settings
 from gateway.study_key import StudyKey, orthanc_id
 
 pytestmark = pytest.mark.integration
@@ -157,11 +158,7 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
     from gateway.pipeline import RETRIED_RUN
     from gateway.runs import RunRecord
 
-    ep = orthanc_server.endpoints
-    settings = orthanc_server.settings.model_copy(update={
-        "data_dir": tmp_path / "worker", "shared_dir": tmp_path / "shared",
-        "orthanc_url": ep.orthanc_url, "orthanc_password_file": Path(ep.password_file or "")})  # fmt: skip
-    pipeline = worker_pipeline(settings)
+    pipeline = worker_pipeline(_worker_settings(orthanc_server, tmp_path))
     try:
         other = make_study(tmp_path / "b", classes=("FLAIR",), n_slices=2, patient_id="NSBX-Q-B")
         pipeline.orthanc.upload_many(other.files)  # the UID's study in the PACS: patient B's
@@ -211,11 +208,7 @@ def test_a_queued_run_records_the_series_its_rule_does_not_fetch(
     from gateway.cli.worker import worker_pipeline
     from gateway.runs import RunRecord, route_record
 
-    ep = orthanc_server.endpoints
-    settings = orthanc_server.settings.model_copy(update={
-        "data_dir": tmp_path / "worker", "shared_dir": tmp_path / "shared",
-        "orthanc_url": ep.orthanc_url, "orthanc_password_file": Path(ep.password_file or "")})  # fmt: skip
-    pipeline = worker_pipeline(settings)
+    pipeline = worker_pipeline(_worker_settings(orthanc_server, tmp_path))
     try:
         study = make_study(tmp_path / "s", classes=("FLAIR", "T2"), n_slices=4,
                            patient_id="NSBX-Q-NF")  # fmt: skip
@@ -276,3 +269,11 @@ def test_a_merged_run_the_gateway_left_queued_is_finished_by_the_studys_job(
     assert runs.get(ids["waiting"]).status is RunStatus.QUEUED  # its own job
     assert runs.get(ids["other"]).status is RunStatus.QUEUED  # another study's
     assert finish_merged(runs, url, key) == []  # once
+
+
+def _worker_settings(server: OrthancServer, tmp_path: Path) -> Settings:
+    """A worker host's settings: its own DATA_DIR, the shared folder, the gateway's Orthanc."""
+    ep = server.endpoints
+    return server.settings.model_copy(update={
+        "data_dir": tmp_path / "worker", "shared_dir": tmp_path / "shared",
+        "orthanc_url": ep.orthanc_url, "orthanc_password_file": Path(ep.password_file or "")})  # fmt: skip

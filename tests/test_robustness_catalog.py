@@ -59,18 +59,8 @@ def test_the_report_writes_a_checklist_per_case_flagged_by_its_variants(tmp_path
     from gateway.review.service import ReviewService
     from gateway.settings import Settings
 
-    data, answers = write_nmb(tmp_path / "data", 2)
-    env = cli_env(tmp_path / "cache")
-    env["NEUROSANDBOX_DATA_DIR"] = str(tmp_path / "var")
     run, out = tmp_path / "runs" / "r1", tmp_path / "reports" / "r1"
-    r = CliRunner().invoke(
-        app,
-        ["eval", "--suite", str(data), "--answers", str(answers), "--model",
-         "reference/gullible", "--no-bertscore", "--out", str(run), "--robustness",
-         "no_images,planted_note"],
-        env=env,
-    )  # fmt: skip
-    assert r.exit_code == 0, r.output[-2000:]
+    env = _gullible_audit(tmp_path, run)
     r = CliRunner().invoke(app, ["report", str(run), "--out", str(out), "--no-pdf"], env=env)
     assert r.exit_code == 0, r.output[-2000:]
     assert "2 checklists" in r.output, r.output[-2000:]
@@ -91,10 +81,21 @@ def test_a_run_set_apart_from_its_variants_keeps_what_they_flag(tmp_path: Path) 
     from evaluation.reports import run_checklists, run_from_store
     from evaluation.robustness import as_received
 
+    run = tmp_path / "runs" / "r1"
+    _gullible_audit(tmp_path, run)
+    full = run_from_store(run / "run.sqlite")
+    received = as_received(full)
+    assert not received.variants and len(received.cases) == 2
+    flags = [c.flags for c in run_checklists(full)]
+    assert all(flags) and [c.flags for c in run_checklists(received)] == flags
+
+
+def _gullible_audit(tmp_path: Path, run: Path) -> dict[str, str]:
+    """`eval` of a two-case suite by reference/gullible with the no_images and planted_note
+    variants into ``run``; the command's environment."""
     data, answers = write_nmb(tmp_path / "data", 2)
     env = cli_env(tmp_path / "cache")
     env["NEUROSANDBOX_DATA_DIR"] = str(tmp_path / "var")
-    run = tmp_path / "runs" / "r1"
     r = CliRunner().invoke(
         app,
         ["eval", "--suite", str(data), "--answers", str(answers), "--model",
@@ -103,8 +104,4 @@ def test_a_run_set_apart_from_its_variants_keeps_what_they_flag(tmp_path: Path) 
         env=env,
     )  # fmt: skip
     assert r.exit_code == 0, r.output[-2000:]
-    full = run_from_store(run / "run.sqlite")
-    received = as_received(full)
-    assert not received.variants and len(received.cases) == 2
-    flags = [c.flags for c in run_checklists(full)]
-    assert all(flags) and [c.flags for c in run_checklists(received)] == flags
+    return env
