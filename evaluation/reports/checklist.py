@@ -34,7 +34,7 @@ from evaluation.reports.checklist_view import (
 )
 from evaluation.reports.flags import answer_flags
 from evaluation.review.sr_content import answer_key, report_blocks, reviewed_samples
-from evaluation.robustness import VariantPair, as_received, variant_pairs
+from evaluation.robustness import VariantPair, as_received
 from evaluation.scores import LesionDetails, LesionMatchResult, RankDetails, RubricDetails, Score
 from evaluation.scoring import anatomy as A
 from evaluation.scoring.recognition import resolve_image
@@ -453,9 +453,9 @@ def run_checklists(run: RunData, audit: Sequence[VariantPair] | None = None) -> 
     variants (``<case>~<kind>``) are not cases to review: what they showed flags their source
     case (``audit``: the run's variant pairs, for a run whose variants were already set apart;
     None: read from ``run``)."""
+    received = as_received(run)  # its variants' pairs in ``audit`` (computed once, there)
     if audit is None:
-        audit, _ = variant_pairs(run.samples, {v.case_id: v for v in run.variants})
-        audit = [*run.audit, *audit]
+        audit = received.audit
     return [
         build_checklist(
             c,
@@ -465,7 +465,7 @@ def run_checklists(run: RunData, audit: Sequence[VariantPair] | None = None) -> 
             requests=run.requests,
             audit=audit,
         )
-        for c in as_received(run).cases
+        for c in received.cases
     ]
 
 
