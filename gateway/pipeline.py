@@ -60,7 +60,7 @@ from gateway.metrics import METRICS
 from gateway.orthanc import OrthancClient, SeriesSummary, StackClass
 from gateway.pacs import LOCAL, PacsClient
 from gateway.routing import Route, Router, StudyFacts
-from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore
+from gateway.runs import RunRecord, RunStatus, SkipKind, StudyRunStore, StudyState
 from gateway.runs.report import publish, write_checklist
 from gateway.runs.results import EvaluationResult
 from gateway.runs.store import route_record
@@ -104,6 +104,12 @@ def failure_text(exc: Exception) -> str:
         return str(exc)
     kind = exc.kind if isinstance(exc, EvaluationWorkerError) else type(exc).__name__
     return f"{kind}: {exc}"
+
+
+def _revise(sops: Iterable[str], state: StudyState) -> None:
+    """Count one more revision of each of ``sops`` (re-stored under the same UIDs)."""
+    for sop in sops:
+        state.revisions[sop] = state.revisions.get(sop, 0) + 1
 
 
 def sop_digest(sop_uids: Iterable[str]) -> str:
@@ -509,11 +515,9 @@ class StudyPipeline:
         if job.others:  # a case of several studies: one view of all their files, linked
             folder = self._case_view(job)
         job.files = sorted(folder.rglob("*.dcm"))
-        state = self.runs.study_state(job.key)
         if job.revised:  # re-sent with other bytes, taken as the PACS took them
-            for sop in job.revised:
-                state.revisions[sop] = state.revisions.get(sop, 0) + 1
-            self.runs.save_study_state(state)
+            self.runs.update_study_state(job.key, functools.partial(_revise, job.revised))
+        state = self.runs.study_state(job.key)
         # The forwarder stored (or is storing) most instances in Orthanc as they arrived;
         # the others are uploaded from the spool now, overlapping the evaluation, and the
         # write-back waits for both.
@@ -537,9 +541,10 @@ class StudyPipeline:
                 try:
                     self._finish_uploads(job)
                 finally:
-                    state = self.runs.study_state(job.key)
-                    state.uploaded = sorted(set(state.uploaded) | job.stored)
-                    self.runs.save_study_state(state)
+                    self.runs.update_study_state(
+                        job.key,
+                        lambda s: setattr(s, "uploaded", sorted({*s.uploaded, *job.stored})),
+                    )
 
     def _finish_uploads(self, job: Job) -> None:
         """Wait for the study's upload to Orthanc (forwarded on arrival, or from the spool);
@@ -601,16 +606,17 @@ class StudyPipeline:
         ours = {series_uid_for(study.study_uid, k) for k in ("sr", "pdf")}
         series = [s for s in self.orthanc.list_series(job.orthanc_id) if s.series_uid not in ours]
         sops = {s.orthanc_id: self.orthanc.series_instances(s.orthanc_id) for s in series}
-        state = self.runs.study_state(job.key)
         # An instance whose stored file changed since it was last seen was re-stored
         # (overwritten) under the same UIDs: a revision, as the node counts one it takes.
         seen = {k.sop_uid: k.content_id for ks in sops.values() for k in ks}
-        job.revised = [s for s, f in seen.items() if state.files.get(s, f) != f]
-        for sop in job.revised:
-            state.revisions[sop] = state.revisions.get(sop, 0) + 1
-        if job.revised or seen.keys() - state.files.keys():
+
+        def see(state: StudyState) -> tuple[list[str], StudyState]:
+            revised = [s for s, f in seen.items() if state.files.get(s, f) != f]
+            _revise(revised, state)
             state.files.update(seen)
-            self.runs.save_study_state(state)
+            return revised, state.model_copy(deep=True)
+
+        job.revised, state = self.runs.update_study_state(job.key, see)
         digest = sop_digest(
             f"{sop}#{state.revisions[sop]}" if sop in state.revisions else sop for sop in seen
         )
@@ -845,9 +851,7 @@ class StudyPipeline:
             timings_s=dict(job.timings),
         )
         # the study's pointer to its newest evaluation, once that run's record says so
-        state = self.runs.study_state(job.key)
-        state.last_run_id = job.run_id
-        self.runs.save_study_state(state)
+        self.runs.update_study_state(job.key, lambda s: setattr(s, "last_run_id", job.run_id))
         self.audit.write("system", "evaluation", f"run:{job.run_id}", "done")
         log.info("study %s: report version %d stored", uid_key(job.key.name), version)
 

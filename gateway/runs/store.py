@@ -26,18 +26,21 @@ the run store), the study state's run facts, the bundle's ``evidence.json`` and
 from __future__ import annotations
 
 import builtins
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import re
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -66,6 +69,7 @@ from gateway.routing import Route
 from gateway.study_key import StudyKey
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 # The gateway's record of a run is the run log's GatewayRun (one record type; the old name kept)
@@ -485,8 +489,7 @@ class StudyRunStore:
                 rec = None
         if rec is not None and (rec.evaluated_digest is not None or state.legacy is None):
             if state.legacy is not None:  # moved into the run's record: the state forgets it
-                state.legacy = None
-                self.save_study_state(state)
+                self.update_study_state(key, lambda s: setattr(s, "legacy", None))
             return Evaluated(
                 run_id=rec.run_id,
                 version=rec.version or 0,
@@ -504,20 +507,55 @@ class StudyRunStore:
         if path.exists():
             return StudyState.model_validate_json(path.read_text())
         legacy = self._state_path(key.study_uid)
-        with self._lock:
-            if legacy.exists():
-                state = StudyState.model_validate_json(legacy.read_text())
-                if state.key is None:
-                    state.key = key.name
-                    self._write(path, state.model_dump_json(indent=2))
-                    legacy.unlink(missing_ok=True)
-                    return state
+        if not legacy.exists():
+            return StudyState(study_uid=key.study_uid, key=key.name)
+        with self._state_lock():
+            return self._read_state(key)
+
+    def _read_state(self, key: StudyKey) -> StudyState:
+        """``study_state`` with the state lock held (a legacy state is taken over here)."""
+        path = self._state_path(key.name)
+        if path.exists():
+            return StudyState.model_validate_json(path.read_text())
+        legacy = self._state_path(key.study_uid)
+        if legacy.exists():
+            state = StudyState.model_validate_json(legacy.read_text())
+            if state.key is None:
+                state.key = key.name
+                self._write(path, state.model_dump_json(indent=2))
+                legacy.unlink(missing_ok=True)
+                return state
         return StudyState(study_uid=key.study_uid, key=key.name)
 
+    def update_study_state(self, key: StudyKey, change: Callable[[StudyState], T]) -> T:
+        """Change this study's state as one step: read it, ``change`` it in place, write it,
+        with every other change of any study's state held off meanwhile, by the threads of
+        this process and by the other processes on this data folder (the gateway's, its
+        workers'). What ``change`` returns comes back. Keep ``change`` short: no I/O."""
+        with self._state_lock():
+            state = self._read_state(key)
+            result = change(state)
+            self._write(self._state_path(key.name), state.model_dump_json(indent=2))
+        return result
+
     def save_study_state(self, state: StudyState) -> None:
+        """Write a study's state whole (setting one up: a test, a migration). A change of
+        a state that may be read meanwhile goes through ``update_study_state``."""
         name = state.key or state.study_uid
-        with self._lock:
+        with self._state_lock():
             self._write(self._state_path(name), state.model_dump_json(indent=2))
+
+    @contextlib.contextmanager
+    def _state_lock(self) -> Iterator[None]:
+        """The study states' lock: an exclusive ``flock`` of ``state/studies/.lock``, taken
+        through a descriptor of its own each time, so that it holds off this process's other
+        threads as well as other processes (on NFS too, where the server supports it)."""
+        fd = os.open(self.state_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the last descriptor of the open file releases the lock
 
 
 def _legacy_sr_models(path: Path) -> dict[str, str]:
