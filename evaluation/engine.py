@@ -24,7 +24,13 @@ from evaluation.datasets import Dataset, StudyFetcher, load_dataset
 from evaluation.errors import DatasetError, EvaluationError, StoreError, first_error
 from evaluation.log.claims import DEFAULT_LEASE_S
 from evaluation.log.records import RunLog
-from evaluation.log.store import RunStore, open_store, store_exists
+from evaluation.log.store import (
+    DatasetChangedError,
+    RunExistsError,
+    RunStore,
+    open_store,
+    store_exists,
+)
 from evaluation.prompts import default_prompts
 from evaluation.robustness.expand import expand_dataset, with_variants
 from evaluation.robustness.records import variant_of
@@ -81,7 +87,9 @@ async def start_run(
     ``database_url``: the PostgreSQL run log (None: the folder's own run.sqlite);
     ``fetch_study``: how a manifest's study on a configured PACS is fetched."""
     if store_exists(run_dir, database_url) and _holds_run(run_dir, database_url):
-        raise StoreError(f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`")
+        raise RunExistsError(
+            f"{run_dir} already holds a run: use `neurosandbox runs resume {run_dir}`"
+        )
     check_prices(config)  # a budget the run could not keep refuses it before anything exists
     dataset = dataset or open_dataset(config, cache_dir, fetch_study)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -143,13 +151,17 @@ async def resume_run(
     fetch_study: StudyFetcher | None = None,
     shard: tuple[int, int] | None = None,
     lease_s: float = DEFAULT_LEASE_S,
+    dataset: Dataset | None = None,
 ) -> RunStats:
     """Continue a run: stored responses are reused, missing and failed calls are made.
 
     The run keeps the budget it was started with; ``max_cost_usd`` (and
     ``allow_unknown_cost``) replace it in the run's recorded configuration. ``shard``: this
     worker's share ``(index, count)`` of the cases, when several workers share the run (the
-    PostgreSQL run log: each call is claimed first, its lease ``lease_s``)."""
+    PostgreSQL run log: each call is claimed first, its lease ``lease_s``). ``dataset``: the
+    run's dataset when it exists only in memory (the gateway's study), else it is loaded
+    again as the run's configuration names it; either way it must be the dataset the run
+    started with (its hash)."""
     config, row = load_config(run_dir, database_url)
     if api_base:
         for spec in config.models:
@@ -166,9 +178,9 @@ async def resume_run(
         except ValidationError as exc:
             raise EvaluationError(f"the new budget: {first_error(exc)}") from None
     check_prices(config)
-    dataset = open_dataset(config, cache_dir, fetch_study)
+    dataset = dataset or open_dataset(config, cache_dir, fetch_study)
     if dataset.hash != row.dataset_hash and not allow_changed_dataset:
-        raise StoreError(
+        raise DatasetChangedError(
             f"the dataset changed since the run started (hash {row.dataset_hash[:12]} -> "
             f"{dataset.hash[:12]}); resume would mix two datasets"
         )

@@ -294,6 +294,7 @@ class Runner:
         }
         for u in units:
             if (u.case.case_id, u.item.key, u.spec.name, u.sample) in done:
+                self.stats.done_before += 1
                 self._unit_done(u)
                 continue
             queues[u.spec.name].put_nowait(u)

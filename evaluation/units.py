@@ -28,6 +28,7 @@ class RunStats(BaseModel):
     cases_done: int = 0  # cases whose every unit is done
     units_total: int = 0
     units_done: int = 0
+    done_before: int = 0  # units an earlier session of the run had finished (a resume)
     calls: int = 0  # model calls made now
     cached: int = 0  # responses reused from the store
     errors: int = 0  # samples whose call failed after retries

@@ -122,12 +122,14 @@ class EstimateUnavailable(Exception):
     """The pipeline's evaluator has no estimate (a custom ``Evaluator``)."""
 
 
-# a queued run's job retried after its worker died or stalled: its calls may have been made,
-# its write-back begun; it is not evaluated a second time
+# a queued run's job retried after its worker died or stalled during the write-back: what it
+# kept is stored by the gateway's retry loop, nothing is built or stored a second time (one
+# stopped before its write-back is resumed: its stored answers reused, StudyPipeline.run_queued)
 RETRIED_RUN = (
-    "the worker evaluating this run stopped before it finished (killed, or silent past the "
-    "queue's stall timeout) and its job was retried: the run is not evaluated a second time; "
-    "evaluate the study again (POST /studies/{id}/evaluations, or send it again)"
+    "the worker evaluating this run stopped during its write-back (killed, or silent past the "
+    "queue's stall timeout) and its job was retried: the SRs and PDF it had kept are stored "
+    "by the gateway's write-back retry, and the run is not evaluated a second time; the "
+    "study's next evaluation is the next version"
 )
 
 
@@ -639,6 +641,7 @@ class StudyPipeline:
             return self._skip(job, SkipKind.UNCHANGED)
         self._stage(job, "fetching series", 0.2)
         folder = self.runs.run_dir(job.run_id) / "study"
+        shutil.rmtree(folder, ignore_errors=True)  # a resumed run's earlier fetch: not again
         _files, not_fetched = self._fetch_routed(series, sops, route, folder)
         # the run records the study as the PACS holds it (as a received study's run does),
         # not only the series fetched
@@ -906,8 +909,21 @@ class StudyPipeline:
             log.info("run %s is %s already: nothing to do", run_id, rec.status.value)
             return rec
         if rec.status is RunStatus.RUNNING:  # an attempt started it, and its worker was lost
-            self.runs.finish(run_id, RunStatus.INTERRUPTED, error=RETRIED_RUN)
-            return self.runs.get(run_id)
+            if rec.version is not None or rec.writebacks_pending or rec.writebacks_done:
+                # its write-back had begun: what it kept is stored by the retry loop; its
+                # version is the study's last, so that the next evaluation supersedes it
+                self.runs.finish(run_id, RunStatus.INTERRUPTED, error=RETRIED_RUN)
+                try:
+                    key, _study = self._queued_study(rec)
+                except Exception as exc:  # not in the PACS as queued, or the PACS is down
+                    log.warning("run %s: its study's state is left as it is: %s", run_id,
+                                failure_text(exc))  # fmt: skip
+                else:
+                    self.runs.update_study_state(key, lambda s: setattr(s, "last_run_id", run_id))
+                return self.runs.get(run_id)
+            # stopped while evaluating: resumed, its stored answers reused (the evaluator
+            # continues the run's store), on the study as the PACS holds it now
+            log.info("run %s: resumed (the job's earlier attempt stopped)", run_id)
         job = Job(run_id=run_id, trigger=rec.trigger, force=force, t0=time.monotonic())
         job.route = Route.model_validate(rec.route.model_dump()) if rec.route else None
         try:

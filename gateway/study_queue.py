@@ -13,8 +13,9 @@ study's earlier job still waits for a worker is merged into it (finished as skip
 ``SkipKind.MERGED``): that job reads the study from the PACS when it starts, the later
 instances with it. A merged run whose hand-over could not see its drain's outcome is finished
 by the job's command (``finish_merged``). The worker's side (``runs evaluate-study``, in
-``gateway.cli.worker``): a run an earlier attempt started is marked interrupted, never
-evaluated twice; one stopped at the run deadline fails saying so.
+``gateway.cli.worker``): a run an earlier attempt started is resumed (its stored answers
+reused), or marked interrupted once its write-back had begun (never evaluated twice); one
+stopped at the run deadline fails saying so.
 
 Without the queue's tables (a run log migrated by ``evaluation.log.upgrade`` alone, not by
 ``neurosandbox db upgrade``) the gateway evaluates in its own process, as without a database

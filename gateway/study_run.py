@@ -42,11 +42,12 @@ from evaluation import (
     RunConfig,
     TaskFamily,
     dataset_hash,
+    resume_run,
     start_run,
 )
 from evaluation.budget import ModelHistory, RunEstimate, estimate_run
 from evaluation.datasets import RenderPlan, registered_case, render_study
-from evaluation.log import STORE_FILE
+from evaluation.log import STORE_FILE, DatasetChangedError, RunExistsError
 from evaluation.models import warm_up
 from evaluation.reports import run_from_store
 from evaluation.robustness import as_received, expand_dataset
@@ -58,6 +59,25 @@ log = logging.getLogger(__name__)
 
 # Clinical use: the most likely answer, as JSON, once per model and task.
 GENERATE = GenerateConfig(temperature=0.0, max_tokens=2048, json_mode=True)
+
+
+def _resume(work_dir: Path, dataset: Dataset, database_url: str | None) -> str:
+    """Continue the run in ``work_dir`` that an earlier attempt started, on the study as the
+    PACS holds it now; what the run's note says about it. The study must be the one the run
+    started on (its dataset's hash): otherwise nothing is asked and the run fails saying so."""
+    try:
+        stats = asyncio.run(resume_run(work_dir, dataset=dataset, database_url=database_url))
+    except DatasetChangedError:
+        raise DatasetChangedError(
+            "the study in the PACS changed since this run's earlier attempt started (its worker "
+            "was lost): the run is not continued on other images; evaluate the study again"
+        ) from None
+    log.info("run %s resumed: %d of %d answers reused, %d calls made", work_dir.name,
+             stats.done_before, stats.units_total, stats.calls)  # fmt: skip
+    return (
+        f"resumed after its earlier attempt stopped (its worker lost): {stats.done_before} of "
+        f"{stats.units_total} answers it had stored reused, {stats.calls} call(s) made now"
+    )
 
 
 class DefaultEvaluator:
@@ -88,7 +108,13 @@ class DefaultEvaluator:
         # it already), read back with the case as held here (a registered case's record and
         # note are not in the store)
         url = self.settings.database_url  # the install's PostgreSQL run log (None: run.sqlite)
-        asyncio.run(start_run(config, work_dir, dataset=dataset, database_url=url))
+        warnings = list(study.warnings)
+        try:
+            asyncio.run(start_run(config, work_dir, dataset=dataset, database_url=url))
+        except RunExistsError:
+            # an earlier attempt of this run started it and stopped (a queued run's job
+            # retried after its worker was lost): what it answered is reused, the rest asked
+            warnings.append(_resume(work_dir, dataset, url))
         run = run_from_store(work_dir / STORE_FILE, dataset=dataset, database_url=url)
         # the write-back, checklist and review are of the study as received: the audit's
         # variants (a routing rule's robustness) stay in the run's log for its measures
@@ -100,7 +126,7 @@ class DefaultEvaluator:
             images=_publish(case.images, work_dir / "images"),
             # what the model was shown, not every routed series (the SR cites these)
             evaluated_series_uids=sorted({i.series_uid for i in case.images if i.series_uid}),
-            warnings=study.warnings,
+            warnings=warnings,
             run=run,
         )
 

@@ -151,8 +151,8 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
 ) -> None:
     """The worker's side alone (`runs evaluate-study` is StudyPipeline.run_queued): a run whose
     UID is in the PACS only under another patient fails saying so (never evaluated by the UID
-    alone); a run an earlier attempt started (its worker lost) is marked interrupted, not
-    evaluated again; a finished run is left as it is; a run the worker's deadline stops
+    alone); a run an earlier attempt started (its worker lost) is resumed, or marked
+    interrupted once its write-back had begun (never evaluated again); a finished run is left as it is; a run the worker's deadline stops
     (SIGTERM to its command) fails saying so."""
     from gateway.cli.worker import stopped_by_sigterm, worker_pipeline
     from gateway.pipeline import RETRIED_RUN
@@ -177,10 +177,19 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
             rec = pipeline.run_queued(queued("NSBX-Q-A", pacs_patient, RunStatus.QUEUED))
             assert rec.status is RunStatus.FAILED and why in (rec.error or ""), rec
             assert not rec.sr_sop_uids
-        # B's run that a lost worker had started: interrupted, nothing evaluated or written
+        # B's run that a lost worker had started, before its write-back: resumed, and done
+        # (tests/test_study_run_resume.py: its stored answers are reused)
         rec = pipeline.run_queued(queued("NSBX-Q-B", "NSBX-Q-B", RunStatus.RUNNING))
+        assert rec.status is RunStatus.DONE and rec.version == 1 and rec.sr_sop_uids, rec
+        # one whose write-back had begun (version 2, its objects kept): interrupted, never
+        # evaluated again; the study's next version is 3, superseding what it kept
+        run_id = queued("NSBX-Q-B", "NSBX-Q-B", RunStatus.RUNNING)
+        runs.update(run_id, version=2)
+        rec = pipeline.run_queued(run_id)
         assert rec.status is RunStatus.INTERRUPTED and rec.error == RETRIED_RUN
         assert rec.evaluated_digest is None and not rec.sr_sop_uids
+        key_b = StudyKey(study_uid=other.study_uid, patient_id="NSBX-Q-B")
+        assert runs.last_evaluation(key_b).version == 2
         # a finished run (its job retried after it ended): left as it is
         again = pipeline.run_queued(rec.run_id)
         assert again.status is RunStatus.INTERRUPTED and again.finished_at == rec.finished_at

@@ -43,6 +43,8 @@ from .store import GATEWAY_NOTE as GATEWAY_NOTE
 from .store import GATEWAY_NOTE_MOVED as GATEWAY_NOTE_MOVED
 from .store import PG_MARKER as PG_MARKER
 from .store import STORE_FILE as STORE_FILE
+from .store import DatasetChangedError as DatasetChangedError
+from .store import RunExistsError as RunExistsError
 from .store import RunStore as RunStore
 from .store import open_store as open_store
 from .store import run_database as run_database

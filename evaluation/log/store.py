@@ -76,6 +76,16 @@ from evaluation.phi import AuditRecord
 from evaluation.scores import ErrorLabel, Score
 
 OPEN_WAIT_S = 15.0  # a store opened while PostgreSQL restarts waits this long for it
+
+
+class RunExistsError(StoreError):
+    """The run folder already holds a run (an earlier start of it): resume it instead."""
+
+
+class DatasetChangedError(StoreError):
+    """A run is resumed on a dataset other than the one it started with (its hash)."""
+
+
 OUTAGE_S = 120.0  # PostgreSQL away this long mid-run (a restart, the network): then StoreError
 STORE_VERSION = 2  # 1: before Alembic (code of then refuses a store of this layout)
 STORE_FILE = "run.sqlite"
