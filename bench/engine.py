@@ -48,6 +48,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import peers  # noqa: E402
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 REPLY = json.dumps(
@@ -347,21 +351,7 @@ async def _warm(runner: object, pools: list[Any]) -> None:
 
 
 def peer_python(arg: str | None) -> str:
-    if arg:
-        return arg
-    venv = ROOT / ".venv" / "peer-inspect"
-    py = venv / "bin" / "python"
-    if not py.exists():
-        print(
-            f"creating the inspect_ai peer venv at {venv} (pip: inspect_ai==0.3.285, openai>=3.4) ...",
-            file=sys.stderr,
-        )
-        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
-        subprocess.run(
-            [str(py), "-m", "pip", "install", "-q", "inspect_ai==0.3.285", "openai>=3.4"],
-            check=True,
-        )
-    return str(py)
+    return peers.peer_python(arg, "peer-inspect", ["inspect_ai==0.3.285", "openai>=3.4"])
 
 
 def run_inspect(py: str, data: Path, url: str, samples: int, concurrency: int, work: Path) -> float:

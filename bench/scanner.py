@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from peers import peer_python  # noqa: E402
 from render import CORPUS, _unzip_dwi  # noqa: E402
 
 from dicom.headers import read_headers  # noqa: E402
@@ -60,18 +61,6 @@ dt = time.perf_counter() - t0
 ipp = sum(1 for f in spec["files"] if s.GetValue(f, gdcm.Tag(0x0020, 0x0032)))
 print(json.dumps({"seconds": dt, "with_position": ipp}))
 """
-
-
-def peer_python(arg: str | None) -> str:
-    if arg:
-        return arg
-    venv = ROOT / ".venv" / "peer-gdcm"
-    py = venv / "bin" / "python"
-    if not py.exists():
-        print(f"creating the GDCM peer venv at {venv} (pip: {PEER}) ...", file=sys.stderr)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "-q", PEER], check=True)
-    return str(py)
 
 
 def gdcm_scan(py: str, files: list[str]) -> float:
@@ -112,7 +101,7 @@ def main() -> int:
     parser.add_argument("--series", default="dwi,t1,brainix")
     parser.add_argument("--peer-python", help="a python with python-gdcm installed")
     args = parser.parse_args()
-    py = peer_python(args.peer_python)
+    py = peer_python(args.peer_python, "peer-gdcm", [PEER])
     want = args.series.split(",")
     os.environ.pop("NEUROSANDBOX_HEADER_CACHE", None)
     load = os.getloadavg()[0]
