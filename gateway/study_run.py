@@ -61,12 +61,14 @@ log = logging.getLogger(__name__)
 GENERATE = GenerateConfig(temperature=0.0, max_tokens=2048, json_mode=True)
 
 
-def _resume(work_dir: Path, dataset: Dataset, database_url: str | None) -> str:
+def _resume(work_dir: Path, dataset: Dataset, database_url: str | None, lease_s: float) -> str:
     """Continue the run in ``work_dir`` that an earlier attempt started, on the study as the
     PACS holds it now; what the run's note says about it. The study must be the one the run
     started on (its dataset's hash): otherwise nothing is asked and the run fails saying so."""
     try:
-        stats = asyncio.run(resume_run(work_dir, dataset=dataset, database_url=database_url))
+        stats = asyncio.run(
+            resume_run(work_dir, dataset=dataset, database_url=database_url, lease_s=lease_s)
+        )
     except DatasetChangedError:
         raise DatasetChangedError(
             "the study in the PACS changed since this run's earlier attempt started (its worker "
@@ -108,13 +110,15 @@ class DefaultEvaluator:
         # it already), read back with the case as held here (a registered case's record and
         # note are not in the store)
         url = self.settings.database_url  # the install's PostgreSQL run log (None: run.sqlite)
+        lease = self.settings.call_lease_s  # a call claimed by a worker lost is free after it
         warnings = list(study.warnings)
         try:
-            asyncio.run(start_run(config, work_dir, dataset=dataset, database_url=url))
+            asyncio.run(start_run(config, work_dir, dataset=dataset, database_url=url,
+                                  lease_s=lease))  # fmt: skip
         except RunExistsError:
             # an earlier attempt of this run started it and stopped (a queued run's job
             # retried after its worker was lost): what it answered is reused, the rest asked
-            warnings.append(_resume(work_dir, dataset, url))
+            warnings.append(_resume(work_dir, dataset, url, lease))
         run = run_from_store(work_dir / STORE_FILE, dataset=dataset, database_url=url)
         # the write-back, checklist and review are of the study as received: the audit's
         # variants (a routing rule's robustness) stay in the run's log for its measures

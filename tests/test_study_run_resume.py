@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from gateway_synth import make_study
 from openai_server import OpenAIServer, Script
+from pg_server import fresh_pg_database
 
 from evaluation.case import TaskFamily
 from gateway.routing import CLINICAL, Route
@@ -28,24 +30,40 @@ from gateway.settings import Settings
 from gateway.study_run import DefaultEvaluator
 
 TASKS = [TaskFamily.DIFFERENTIAL, TaskFamily.LESION, TaskFamily.RATIONALE]
+RUN_ID = "1" * 32
 ROUTE = Route(rule="ward", models=["ward-vlm"], tasks=TASKS, series_classes=list(CLINICAL))
 
 
-def _settings(tmp: Path, url: str) -> Settings:
+def _settings(tmp: Path, url: str, database_url: str | None = None) -> Settings:
     models = tmp / "models.yaml"
     models.write_text(
         "models:\n  - name: ward-vlm\n    model: openai/gpt-4o\n    max_retries: 0\n"
         "    concurrency: 1\n"
     )
-    return Settings(data_dir=tmp, models_file=models, api_base=url, phi_trusted_hosts=[])
+    return Settings(data_dir=tmp, models_file=models, api_base=url, phi_trusted_hosts=[],
+                    database_url=database_url, call_lease_s=1.0)  # fmt: skip
 
 
-def _first_attempt(tmp: str, url: str) -> None:
+def _first_attempt(tmp: str, url: str, database_url: str | None) -> None:
     t = Path(tmp)
-    DefaultEvaluator(_settings(t, url)).evaluate(t / "study", ROUTE, t / "runs" / ("1" * 32))
+    DefaultEvaluator(_settings(t, url, database_url)).evaluate(
+        t / "study", ROUTE, t / "runs" / RUN_ID
+    )
 
 
-def _answers(db: Path) -> int:
+def _answers(work: Path, database_url: str | None) -> int:
+    """The responses the run's store holds (-1: no store yet)."""
+    if database_url is not None:
+        eng = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
+        try:
+            with eng.connect() as c:
+                sql = sa.text("SELECT count(*) FROM responses WHERE run_id = :r")
+                return int(c.execute(sql, {"r": RUN_ID}).scalar_one())
+        except sa.exc.SQLAlchemyError:
+            return -1
+        finally:
+            eng.dispose()
+    db = work / "run.sqlite"
     if not db.exists():
         return -1
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
@@ -57,17 +75,25 @@ def _answers(db: Path) -> int:
         con.close()
 
 
-def test_a_run_whose_worker_died_is_resumed_reusing_what_it_answered(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
+def test_a_run_whose_worker_died_is_resumed_reusing_what_it_answered(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # PostgreSQL (the queue's run log): the lost worker's claims on its held calls lapse
+    # after the lease (1 s here), then the resumed run makes those calls
+    database_url = None
+    if store == "postgresql":
+        database_url = fresh_pg_database(request.getfixturevalue("pg_url"))
     make_study(tmp_path / "study", lesion="left")
-    work = tmp_path / "runs" / ("1" * 32)
+    work = tmp_path / "runs" / RUN_ID
     with OpenAIServer(Script(hold_after=1)) as server:
         proc = multiprocessing.get_context("spawn").Process(
-            target=_first_attempt, args=(str(tmp_path), server.url), daemon=True
+            target=_first_attempt, args=(str(tmp_path), server.url, database_url), daemon=True
         )
         proc.start()
         try:
             deadline = time.monotonic() + 90
-            while not (server.stats.held >= 1 and _answers(work / "run.sqlite") == 1):
+            while not (server.stats.held >= 1 and _answers(work, database_url) == 1):
                 if not proc.is_alive() or time.monotonic() > deadline:
                     s = server.stats
                     pytest.fail(
@@ -84,7 +110,7 @@ def test_a_run_whose_worker_died_is_resumed_reusing_what_it_answered(tmp_path: P
         assert server.stats.delivered == 1
 
         # the job's retry: the same run folder evaluated again
-        result = DefaultEvaluator(_settings(tmp_path, server.url)).evaluate(
+        result = DefaultEvaluator(_settings(tmp_path, server.url, database_url)).evaluate(
             tmp_path / "study", ROUTE, work
         )
         assert server.stats.delivered == len(TASKS)  # one answered call per task, in all
