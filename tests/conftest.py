@@ -54,6 +54,9 @@ SLOWEST_FIRST = (
     "test_shared_run_workers.py",  # issue 40: worker processes, a network namespace
     "test_queue_workers.py",  # issue 40: worker processes
     "test_run_deadline.py",
+    "test_study_run_resume.py",  # a worker process killed, a run resumed on PostgreSQL
+    "test_gateway_queue_corpus.py",  # BRAINIX through the queue and a worker
+    "test_gateway_queue.py",
     "test_demo.py",
     "test_gateway_corpus.py",
     "test_lint.py",

@@ -2,7 +2,7 @@
 the answers its first attempt stored are reused, only the calls it had not answered are made.
 
 The first attempt runs the gateway's evaluator (``DefaultEvaluator``, what ``runs
-evaluate-study`` runs on a worker host) in a process of its own, against the loopback
+evaluate-study`` runs on a worker host, its run log in PostgreSQL) in a process of its own, against the loopback
 OpenAI-compatible server, which answers one call and then holds every further request; once
 that answer is in the run's store the process gets SIGKILL. The second attempt evaluates the
 same run folder again. On the old code it refused ("already holds a run") and the pipeline
@@ -14,7 +14,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import sqlite3
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ RUN_ID = "1" * 32
 ROUTE = Route(rule="ward", models=["ward-vlm"], tasks=TASKS, series_classes=list(CLINICAL))
 
 
-def _settings(tmp: Path, url: str, database_url: str | None = None) -> Settings:
+def _settings(tmp: Path, url: str, database_url: str) -> Settings:
     models = tmp / "models.yaml"
     models.write_text(
         "models:\n  - name: ward-vlm\n    model: openai/gpt-4o\n    max_retries: 0\n"
@@ -44,46 +43,32 @@ def _settings(tmp: Path, url: str, database_url: str | None = None) -> Settings:
                     database_url=database_url, call_lease_s=1.0)  # fmt: skip
 
 
-def _first_attempt(tmp: str, url: str, database_url: str | None) -> None:
+def _first_attempt(tmp: str, url: str, database_url: str) -> None:
     t = Path(tmp)
     DefaultEvaluator(_settings(t, url, database_url)).evaluate(
         t / "study", ROUTE, t / "runs" / RUN_ID
     )
 
 
-def _answers(work: Path, database_url: str | None) -> int:
+def _answers(database_url: str) -> int:
     """The responses the run's store holds (-1: no store yet)."""
-    if database_url is not None:
-        eng = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
-        try:
-            with eng.connect() as c:
-                sql = sa.text("SELECT count(*) FROM responses WHERE run_id = :r")
-                return int(c.execute(sql, {"r": RUN_ID}).scalar_one())
-        except sa.exc.SQLAlchemyError:
-            return -1
-        finally:
-            eng.dispose()
-    db = work / "run.sqlite"
-    if not db.exists():
-        return -1
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+    eng = sa.create_engine(database_url, poolclass=sa.pool.NullPool)
     try:
-        return int(con.execute("SELECT COUNT(*) FROM responses").fetchone()[0])
-    except sqlite3.OperationalError:
+        with eng.connect() as c:
+            sql = sa.text("SELECT count(*) FROM responses WHERE run_id = :r")
+            return int(c.execute(sql, {"r": RUN_ID}).scalar_one())
+    except sa.exc.SQLAlchemyError:
         return -1
     finally:
-        con.close()
+        eng.dispose()
 
 
-@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_a_run_whose_worker_died_is_resumed_reusing_what_it_answered(
-    store: str, tmp_path: Path, request: pytest.FixtureRequest
+    pg_url: str, tmp_path: Path
 ) -> None:
-    # PostgreSQL (the queue's run log): the lost worker's claims on its held calls lapse
-    # after the lease (1 s here), then the resumed run makes those calls
-    database_url = None
-    if store == "postgresql":
-        database_url = fresh_pg_database(request.getfixturevalue("pg_url"))
+    # the run log of the queue's workers (PostgreSQL): the lost worker's claims on its held
+    # calls lapse after the lease (1 s here), then the resumed run makes those calls
+    database_url = fresh_pg_database(pg_url)
     make_study(tmp_path / "study", lesion="left")
     work = tmp_path / "runs" / RUN_ID
     with OpenAIServer(Script(hold_after=1)) as server:
@@ -93,7 +78,7 @@ def test_a_run_whose_worker_died_is_resumed_reusing_what_it_answered(
         proc.start()
         try:
             deadline = time.monotonic() + 90
-            while not (server.stats.held >= 1 and _answers(work, database_url) == 1):
+            while not (server.stats.held >= 1 and _answers(database_url) == 1):
                 if not proc.is_alive() or time.monotonic() > deadline:
                     s = server.stats
                     pytest.fail(
