@@ -26,7 +26,7 @@ from orthanc_fixture import OrthancServer
 from gateway.auth import Role, TokenStore
 
 QUIET = 1.5
-DEADLINE = 45.0  # s: a worker imports ~6 s, litellm ~7 s more (busy 2 cores); B needs ~15 s
+DEADLINE = 35.0  # s: A's worker imports ~6 s, litellm ~7 s more (busy 2 cores); B's is warm by then
 REASON = f"evaluation exceeded the {DEADLINE:g} s deadline: worker stopped"
 ROUTING = """rules:
   - name: stuck-model
