@@ -300,6 +300,10 @@ class OrthancClient:
         what the sandbox evaluates or writes to is found by ``find_study_of``), or None."""
         return self._lookup(study_uid, "Study")
 
+    def studies_with_uid(self, study_uid: str) -> list[str]:
+        """Orthanc IDs of every study holding this StudyInstanceUID (one per patient)."""
+        return self._lookup_all(study_uid, "Study")
+
     def find_series(self, series_uid: str) -> str | None:
         """Orthanc ID of the series with this SeriesInstanceUID, or None."""
         return self._lookup(series_uid, "Series")

@@ -5,7 +5,9 @@ at a position a montage tile names."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from pydicom.dataset import Dataset
@@ -36,6 +38,15 @@ _READ = re.compile(
     )
     + ")$"
 )
+_STUDY_OF_PATH = re.compile(rf"^studies/({_UID})(?:/|$)")
+# OHIF (and DICOMweb) find a study by its StudyInstanceUID alone: one the PACS holds under more
+# than one patient is not shown (a UID is not an identity).
+SHARED_STUDY_UID = (
+    "the PACS holds this StudyInstanceUID under more than one patient: the viewer finds a study "
+    "by its UID alone and would show their images together, so it shows neither; open each "
+    "patient's study in the PACS's own viewer, by patient"
+)
+VIEWER_UID_TTL_S = 2.0  # how long the proxy remembers how many patients hold a study UID
 # Orthanc writes absolute URLs of itself into DICOMweb JSON (RetrieveURL, BulkDataURI) and
 # into the part headers of multipart answers (Content-Location); matches are at most _SPAN long.
 _ORTHANC_URL = re.compile(
@@ -161,3 +172,34 @@ def opening_series(series: Sequence[SeriesSummary]) -> SeriesSummary | None:
         return min(stacks, key=rank)
     images = [s for s in series if s.series_class not in _NEVER_FIRST and s.series_uid]
     return max(images, key=lambda s: s.n_instances) if images else None
+
+
+def study_of_path(path: str) -> str | None:
+    """The StudyInstanceUID a DICOMweb read names (``studies/{uid}/...``), None for a search."""
+    m = _STUDY_OF_PATH.match(path)
+    return m.group(1) if m else None
+
+
+class StudyOwners:
+    """Whether the PACS holds a StudyInstanceUID under more than one patient, remembered for
+    VIEWER_UID_TTL_S (a viewer makes dozens of reads of one study a second) and for at most
+    ``most`` UIDs."""
+
+    def __init__(self, ttl_s: float = VIEWER_UID_TTL_S, most: int = 1024) -> None:
+        self.ttl_s, self.most = ttl_s, most
+        self._seen: dict[str, tuple[float, bool]] = {}
+        self._lock = threading.Lock()
+
+    def shared(self, study_uid: str, studies_with_uid: Callable[[str], list[str]]) -> bool:
+        """True when ``studies_with_uid`` (the PACS's studies holding the UID) finds several."""
+        now = time.monotonic()
+        with self._lock:
+            hit = self._seen.get(study_uid)
+        if hit is not None and now - hit[0] < self.ttl_s:
+            return hit[1]
+        shared = len(studies_with_uid(study_uid)) > 1
+        with self._lock:
+            if len(self._seen) >= self.most:
+                self._seen.clear()
+            self._seen[study_uid] = (now, shared)
+        return shared

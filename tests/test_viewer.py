@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,9 +18,11 @@ import httpx
 import pydicom
 import pytest
 from fastapi.testclient import TestClient
+from gateway_synth import make_study
 from orthanc_fixture import OrthancServer
 from phantom_fixture import PhantomSuite
 from pydicom.dataset import Dataset
+from pydicom.uid import generate_uid
 from viewer_fixture import VIEWER_DIST, StoredStudy, needs_viewer, stored
 
 from dicom import InvalidUIDError, RenderOptions, render_path
@@ -30,7 +33,13 @@ from gateway.orthanc import OrthancClient, SeriesSummary
 from gateway.pacs_local import free_port
 from gateway.runs import StudyRunStore
 from gateway.viewer import ViewerFiles, content_security_policy, viewer_open_url
-from gateway.viewer_pacs import behind_gateway, dicomweb_read_path, instance_at, opening_series
+from gateway.viewer_pacs import (
+    VIEWER_UID_TTL_S,
+    behind_gateway,
+    dicomweb_read_path,
+    instance_at,
+    opening_series,
+)
 
 pytestmark = pytest.mark.integration
 PAGE = {"Accept": "text/html,application/xhtml+xml"}
@@ -300,6 +309,46 @@ def test_open_refuses_what_is_not_a_series_of_the_pacs(viewer: Viewer) -> None:
     assert v.get(viewer_open_url(st.study_uid, st.series_uid) + "&z=nan").status_code == 422
     with pytest.raises(InvalidUIDError):
         viewer_open_url("1.2.3", "javascript:alert(1)")
+
+
+def test_a_study_uid_the_pacs_holds_under_two_patients_is_not_shown(
+    viewer: Viewer, orthanc_server: OrthancServer, tmp_path: Path
+) -> None:
+    """OHIF finds a study by its StudyInstanceUID alone: when the PACS holds the UID under two
+    patients, every read of it (and the gateway's open link) is refused, saying why, rather
+    than showing one patient's images under the other's study or both together."""
+    v, uid = viewer, generate_uid()
+    a = make_study(tmp_path / "a", classes=("FLAIR",), n_slices=2, patient_id="NSBX-VIEW-A",
+                   study_uid=uid)  # fmt: skip
+    b = make_study(tmp_path / "b", classes=("T2",), n_slices=2, patient_id="NSBX-VIEW-B",
+                   study_uid=uid)  # fmt: skip
+    ep = orthanc_server.endpoints
+    pacs = OrthancClient(ep.orthanc_url, ep.username, orthanc_server.password, timeout_s=30)
+    root = f"/review/viewer/dicom-web/studies/{uid}"
+    reads = [
+        f"{root}/series",
+        f"{root}/metadata",
+        f"{root}/series/{a.series_uids['FLAIR']}/metadata",
+    ]
+    try:
+        pacs.upload_many(a.files)
+        assert [v.get(r).status_code for r in reads] == [200, 200, 200]  # one patient: shown
+        pacs.upload_many(b.files)  # the same UID, another patient
+        time.sleep(VIEWER_UID_TTL_S)  # what the proxy remembered of the UID has lapsed
+        for r in reads:
+            got = v.get(r)
+            assert got.status_code == 409 and "more than one patient" in got.json()["detail"], r
+        page = v.get(f"/review/viewer/open?study={uid}", headers=PAGE)
+        assert page.status_code == 409 and "more than one patient" in page.text
+        page = v.get(f"/review/viewer/open?study={uid}&series={a.series_uids['FLAIR']}")
+        assert page.status_code == 409
+        # a search lists each patient's study apart: that mixes nothing
+        found = v.get("/review/viewer/dicom-web/studies", params={"StudyInstanceUID": uid})
+        assert found.status_code == 200 and len(found.json()) == 2
+    finally:
+        for sid in pacs._lookup_all(uid, "Study"):
+            pacs.api.delete(f"{pacs.url}/studies/{sid}")
+        pacs.close()
 
 
 def test_orthanc_urls_are_moved_behind_the_gateway_across_chunk_boundaries() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.audit import AuditLog
 from gateway.auth import TokenStore, tokens_file
@@ -11,6 +11,7 @@ from gateway.pipeline import StudyPipeline
 from gateway.runs import StudyRunStore
 from gateway.scp import StorageSCP
 from gateway.settings import Settings
+from gateway.viewer_pacs import StudyOwners
 
 
 @dataclass
@@ -22,6 +23,8 @@ class GatewayContext:
     tokens: TokenStore
     pipeline: StudyPipeline | None = None  # None: the API can read but not start evaluations
     scp: StorageSCP | None = None  # the DICOM node: STOW-RS stores through it (None: 503)
+    # how many patients hold a study UID the viewer reads (remembered briefly)
+    study_owners: StudyOwners = field(default_factory=StudyOwners)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayContext:

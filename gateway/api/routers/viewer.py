@@ -41,7 +41,14 @@ from gateway.viewer import (
     content_security_policy,
     viewer_url,
 )
-from gateway.viewer_pacs import behind_gateway, dicomweb_read_path, instance_at, opening_series
+from gateway.viewer_pacs import (
+    SHARED_STUDY_UID,
+    behind_gateway,
+    dicomweb_read_path,
+    instance_at,
+    opening_series,
+    study_of_path,
+)
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix=BASE, tags=["viewer"])
@@ -104,7 +111,7 @@ def _error_page(code: int, message: str) -> HTMLResponse:
     summary="Open a study, or one series at the slice nearest a position, in the web DICOM viewer",
     response_class=RedirectResponse,
     status_code=status.HTTP_303_SEE_OTHER,
-    responses=errors(401, 404, 502),
+    responses=errors(401, 404, 409, 502),
 )
 def open_series(
     ctx: Ctx,
@@ -124,6 +131,9 @@ def open_series(
         return _refused(request)
     whole_study = series is None
     try:
+        if ctx.study_owners.shared(study, ctx.orthanc.studies_with_uid):
+            ctx.audit.write(who.token_id, "viewer open", "", "refused: study UID of two patients")
+            return _error_page(status.HTTP_409_CONFLICT, SHARED_STUDY_UID)
         if series is None:
             study_id = ctx.orthanc.find_study(study)
             chosen = opening_series(ctx.orthanc.list_series(study_id)) if study_id else None
@@ -173,6 +183,9 @@ def dicomweb(ctx: Ctx, request: Request, path: str) -> Response:
         )
     accept = request.headers.get("accept", "application/dicom+json")[:512]
     try:
+        uid = study_of_path(path)
+        if uid is not None and ctx.study_owners.shared(uid, ctx.orthanc.studies_with_uid):
+            return JSONResponse({"detail": SHARED_STUDY_UID}, status.HTTP_409_CONFLICT)
         upstream = ctx.orthanc.open_stream(
             f"/dicom-web/{path}",
             query,
