@@ -913,13 +913,8 @@ class StudyPipeline:
                 # its write-back had begun: what it kept is stored by the retry loop; its
                 # version is the study's last, so that the next evaluation supersedes it
                 self.runs.finish(run_id, RunStatus.INTERRUPTED, error=RETRIED_RUN)
-                try:
-                    key, _study = self._queued_study(rec)
-                except Exception as exc:  # not in the PACS as queued, or the PACS is down
-                    log.warning("run %s: its study's state is left as it is: %s", run_id,
-                                failure_text(exc))  # fmt: skip
-                else:
-                    self.runs.update_study_state(key, lambda s: setattr(s, "last_run_id", run_id))
+                if rec.study_key and rec.version is not None:
+                    self.runs.make_last_run(rec.study_key, run_id, rec.version)
                 return self.runs.get(run_id)
             # stopped while evaluating: resumed, its stored answers reused (the evaluator
             # continues the run's store), on the study as the PACS holds it now
@@ -930,6 +925,13 @@ class StudyPipeline:
             job.key, job.orthanc_id = self._queued_study(rec)
         except QueuedStudyError as exc:
             self.runs.finish(run_id, RunStatus.FAILED, error=str(exc)[:2000])
+            return self.runs.get(run_id)
+        except Exception as exc:  # the PACS did not answer: the run ends saying so, never
+            # left queued or running (the job is not retried for a command that exited)
+            log.warning("run %s: its study could not be found in the PACS: %s", run_id,
+                        failure_text(exc))  # fmt: skip
+            self.runs.finish(run_id, RunStatus.FAILED,
+                             error=f"the PACS did not answer: {failure_text(exc)}"[:2000])  # fmt: skip
             return self.runs.get(run_id)
         job.study_uid = job.key.study_uid
         self._run(job)

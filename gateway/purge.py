@@ -120,7 +120,7 @@ class Purger:
             target=target,
             report=report,
             cutoff=target.cutoff(now),
-            rm=Removal(dry_run, report.counts),
+            rm=Removal(dry_run, report.counts, state_lock=self.runs.study_state_lock),
             database_url=self.places.database_url,
             data_dir=self.places.data_dir,
         )

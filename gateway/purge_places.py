@@ -12,7 +12,8 @@ import contextlib
 import json
 import shutil
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,6 +86,10 @@ class Removal:
     counts: PurgeCounts
     paths: list[Path] = field(default_factory=list)
     prune: list[Path] = field(default_factory=list)  # roots whose empty folders go too
+    # study states (files a running evaluation may change at the same time) go under this
+    # lock (StudyRunStore.study_state_lock): a change read before never writes one back
+    states: list[Path] = field(default_factory=list)
+    state_lock: Callable[[], AbstractContextManager[None]] | None = None
     _seen: set[Path] = field(default_factory=set)
 
     def add(self, path: Path) -> None:
@@ -97,9 +102,20 @@ class Removal:
             with contextlib.suppress(OSError):
                 self.counts.bytes += f.lstat().st_size
 
+    def add_state(self, path: Path) -> None:
+        """A study's state file (see ``states``)."""
+        if path not in self._seen and path.exists():
+            self.add(path)
+            self.paths.remove(path)
+            self.states.append(path)
+
     def apply(self) -> None:
         if self.dry_run:
             return
+        if self.states:
+            with self.state_lock() if self.state_lock is not None else contextlib.nullcontext():
+                for path in self.states:
+                    path.unlink(missing_ok=True)
         for path in self.paths:
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
@@ -203,7 +219,7 @@ class Sweep(Finder):
                     or (state.key is None and self.target.study_uid == state.study_uid)
                 )
             if hit:
-                self.rm.add(path)
+                self.rm.add_state(path)
                 self.report.counts.study_states += 1
                 self.keys.add(state.key or state.study_uid)
                 self.uids.add(state.study_uid)

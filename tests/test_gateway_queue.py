@@ -40,6 +40,8 @@ from evaluation.log import open_store
 from evaluation.log import upgrade as upgrade_run_log
 from gateway.api import create_app
 from gateway.cli import app
+from gateway.orthanc import OrthancClient
+from gateway.pacs_local import free_port
 from gateway.routing import Route
 from gateway.runs import RunStatus, SkipKind
 from gateway.settings import Settings
@@ -193,6 +195,18 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
         # a finished run (its job retried after it ended): left as it is
         again = pipeline.run_queued(rec.run_id)
         assert again.status is RunStatus.INTERRUPTED and again.finished_at == rec.finished_at
+        # the PACS does not answer when the job starts: the run fails saying so (the job is
+        # not retried for a command that exited: never left queued or running)
+        up = pipeline.orthanc
+        pipeline.orthanc = OrthancClient(f"http://127.0.0.1:{free_port()}", "x", "y",
+                                         timeout_s=2, retries=0)  # fmt: skip
+        try:
+            for status in (RunStatus.QUEUED, RunStatus.RUNNING):
+                down = pipeline.run_queued(queued("NSBX-Q-B", "NSBX-Q-B", status))
+                assert down.status is RunStatus.FAILED, down
+                assert "the PACS did not answer" in (down.error or ""), down
+        finally:
+            pipeline.orthanc = up
         # the worker stops the command at the run deadline (SIGTERM): the run fails saying so
         pipeline.evaluator = _Deadline()  # type: ignore[assignment]
         before = signal.getsignal(signal.SIGTERM)

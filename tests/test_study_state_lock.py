@@ -75,3 +75,58 @@ def test_the_gateway_changes_a_study_s_state_only_through_update_study_state() -
             if named and path.name != "store.py":
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert offenders == []
+
+
+def test_a_run_becomes_the_study_s_last_only_over_an_earlier_version(tmp_path: Path) -> None:
+    # an interrupted run that wrote back version v is the study's last run, found by the
+    # study's name alone (no PACS), unless a run of v or later already is
+    from gateway.runs import RunRecord, RunStatus
+
+    runs = StudyRunStore(tmp_path)
+
+    def run(version: int) -> str:
+        run_id = runs.new_id()
+        runs.create(RunRecord(run_id=run_id, trigger="dicom", study_uid=KEY.study_uid,
+                              study_key=KEY.name, status=RunStatus.RUNNING))  # fmt: skip
+        runs.update(run_id, version=version)
+        return run_id
+
+    first = run(3)
+    assert runs.make_last_run(KEY.name, first, 3)
+    assert not runs.make_last_run(KEY.name, run(2), 2)  # an older version never takes over
+    assert not runs.make_last_run(KEY.name, run(3), 3)
+    assert runs.study_state(KEY).last_run_id == first
+    later = run(4)
+    assert runs.make_last_run(KEY.name, later, 4)
+    assert runs.last_evaluation(KEY).version == 4
+    assert not runs.make_last_run("not a study key", later, 9)
+
+
+def test_a_purge_removes_a_study_s_state_under_the_lock(tmp_path: Path) -> None:
+    # a change that read the state before the purge removed it would write it back: the
+    # purge removes state files only while no change is under way
+    import threading
+
+    from gateway.purge import Places, Purger
+    from gateway.purge_target import PurgeTarget
+
+    runs = StudyRunStore(tmp_path)
+    runs.update_study_state(KEY, lambda s: s.uploaded.append("1.2.3"))
+    held, purged = threading.Event(), threading.Event()
+    purged_while_held: list[bool] = []
+
+    def change_under_way() -> None:
+        with runs.study_state_lock():
+            held.set()
+            purged_while_held.append(purged.wait(0.5))
+        runs.update_study_state(KEY, lambda s: None)  # what the change then writes
+
+    t = threading.Thread(target=change_under_way)
+    t.start()
+    held.wait(5)
+    report = Purger(Places(data_dir=tmp_path)).purge(PurgeTarget(study_uid=KEY.study_uid))
+    purged.set()
+    t.join(10)
+    assert purged_while_held == [False]  # the purge waited for the change under way
+    assert report.counts.study_states == 1
+    assert runs.study_state(KEY).uploaded == []  # written after the purge: nothing of before

@@ -509,7 +509,7 @@ class StudyRunStore:
         legacy = self._state_path(key.study_uid)
         if not legacy.exists():
             return StudyState(study_uid=key.study_uid, key=key.name)
-        with self._state_lock():
+        with self.study_state_lock():
             return self._read_state(key)
 
     def _read_state(self, key: StudyKey) -> StudyState:
@@ -532,30 +532,67 @@ class StudyRunStore:
         with every other change of any study's state held off meanwhile, by the threads of
         this process and by the other processes on this data folder (the gateway's, its
         workers'). What ``change`` returns comes back. Keep ``change`` short: no I/O."""
-        with self._state_lock():
+        with self.study_state_lock():
             state = self._read_state(key)
             result = change(state)
             self._write(self._state_path(key.name), state.model_dump_json(indent=2))
         return result
 
+    def make_last_run(self, key_name: str, run_id: str, version: int) -> bool:
+        """Make ``run_id`` (which wrote back ``version``) the last run of the study named
+        ``key_name`` (``StudyKey.name``: no PACS needed), unless the study's last run is of
+        that version or a later one. Whether it did."""
+        parsed = StudyKey.parse_name(key_name)
+        if parsed is None:
+            return False
+        path = self._state_path(key_name)
+        current = self.study_state_named(key_name)
+        newer = 0
+        if current.last_run_id is not None:
+            try:
+                newer = self.get(current.last_run_id).version or 0
+            except RunNotFoundError:
+                newer = 0
+        if version <= newer:
+            return False
+        with self.study_state_lock():  # unless another run moved it meanwhile
+            state = (StudyState.model_validate_json(path.read_text()) if path.exists()
+                     else StudyState(study_uid=parsed[0], key=key_name))  # fmt: skip
+            if state.last_run_id != current.last_run_id:
+                return False
+            state.last_run_id = run_id
+            self._write(path, state.model_dump_json(indent=2))
+        return True
+
+    def study_state_named(self, key_name: str) -> StudyState:
+        """The state of the study named ``key_name`` (``StudyKey.name``), as stored."""
+        path = self._state_path(key_name)
+        if path.exists():
+            return StudyState.model_validate_json(path.read_text())
+        parsed = StudyKey.parse_name(key_name)
+        return StudyState(study_uid=parsed[0] if parsed else "", key=key_name)
+
     def save_study_state(self, state: StudyState) -> None:
         """Write a study's state whole (setting one up: a test, a migration). A change of
         a state that may be read meanwhile goes through ``update_study_state``."""
         name = state.key or state.study_uid
-        with self._state_lock():
+        with self.study_state_lock():
             self._write(self._state_path(name), state.model_dump_json(indent=2))
 
     @contextlib.contextmanager
-    def _state_lock(self) -> Iterator[None]:
+    def study_state_lock(self) -> Iterator[None]:
         """The study states' lock: an exclusive ``flock`` of ``state/studies/.lock``, taken
         through a descriptor of its own each time, so that it holds off this process's other
         threads as well as other processes (on NFS too, where the server supports it)."""
         fd = os.open(self.state_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            try:
+                yield
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)  # also if a forked child still shares the file
         finally:
-            os.close(fd)  # closing the last descriptor of the open file releases the lock
+            os.close(fd)
 
 
 def _legacy_sr_models(path: Path) -> dict[str, str]:
