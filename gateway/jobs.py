@@ -127,6 +127,28 @@ def connect(url: str) -> Any:
     return psycopg.connect(conninfo(url), connect_timeout=10)
 
 
+@contextlib.contextmanager
+def run_held(url: str, run_id: str) -> Iterator[bool]:
+    """Whether this process holds the gateway run ``run_id`` while the block runs: a
+    PostgreSQL session advisory lock keyed by the run id, held by a connection of its own. An
+    earlier attempt of the run that is still alive (its worker stalled past the stall timeout
+    and its job was retried to another) holds it until it ends; one whose process died lost
+    it with its connection."""
+    import hashlib
+
+    key = int.from_bytes(hashlib.sha256(f"neurosandbox-run:{run_id}".encode()).digest()[:8],
+                         "big", signed=True)  # fmt: skip
+    with connect(url) as c:
+        c.autocommit = True
+        mine = bool(c.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()[0])
+        try:
+            yield mine
+        finally:
+            if mine:
+                with contextlib.suppress(Exception):  # the connection's end releases it too
+                    c.execute("SELECT pg_advisory_unlock(%s)", (key,))
+
+
 # --- the outbox ----------------------------------------------------------------------------
 
 

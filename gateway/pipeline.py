@@ -902,8 +902,21 @@ class StudyPipeline:
         """Evaluate a run the gateway queued (``neurosandbox runs evaluate-study``, on any
         worker host): its study is found in the PACS by its UID and its patient together,
         then fetched, evaluated with the route the gateway recorded and written back as the
-        gateway's own runs are. A run already finished (a retried job) is left as it is.
+        gateway's own runs are. A run already finished (a retried job) is left as it is, and
+        so is one an earlier attempt still holds (alive, its job retried: ``jobs.run_held``).
         Returns the run's record at the end."""
+        if self.runs.database_url is None:
+            return self._run_queued(run_id, force)
+        from gateway.jobs import run_held
+
+        with run_held(self.runs.database_url, run_id) as mine:
+            if not mine:
+                log.warning("run %s: an earlier attempt of it is still running (its worker "
+                            "stalled and its job was retried): left to it", run_id)  # fmt: skip
+                return self.runs.get(run_id)
+            return self._run_queued(run_id, force)
+
+    def _run_queued(self, run_id: str, force: bool) -> RunRecord:
         rec = self.runs.get(run_id)
         if rec.final:
             log.info("run %s is %s already: nothing to do", run_id, rec.status.value)

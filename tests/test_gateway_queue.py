@@ -294,6 +294,39 @@ def test_a_merged_run_the_gateway_left_queued_is_finished_by_the_studys_job(
     assert finish_merged(runs, url, key) == []  # once
 
 
+def test_a_run_an_earlier_attempt_still_holds_is_left_to_it(
+    orthanc_server: OrthancServer, pg_url: str, tmp_path: Path
+) -> None:
+    """A job retried while its first worker is only stalled (alive, past the stall timeout):
+    the retry leaves the run to that attempt (which holds it: gateway.jobs.run_held), never
+    evaluating and writing it back a second time; once that attempt is gone, it resumes."""
+    from gateway.cli.worker import worker_pipeline
+    from gateway.jobs import run_held
+    from gateway.runs import RunRecord
+
+    url = fresh_pg_database(pg_url)
+    upgrade_run_log(url)
+    settings = _worker_settings(orthanc_server, tmp_path).model_copy(update={"database_url": url})
+    pipeline = worker_pipeline(settings)
+    try:
+        study = make_study(tmp_path / "s", classes=("FLAIR",), n_slices=2, patient_id="NSBX-Q-F")
+        pipeline.orthanc.upload_many(study.files)
+        run_id = pipeline.runs.new_id()
+        pipeline.runs.create(RunRecord(
+            run_id=run_id, trigger="dicom", study_uid=study.study_uid, status=RunStatus.RUNNING,
+            study_key=StudyKey(study_uid=study.study_uid, patient_id="NSBX-Q-F").name,
+            orthanc_study_id=orthanc_id("NSBX-Q-F", study.study_uid)))  # fmt: skip
+        with run_held(url, run_id) as first:  # the first attempt, stalled but alive
+            assert first
+            rec = pipeline.run_queued(run_id)
+            assert rec.status is RunStatus.RUNNING and not rec.sr_sop_uids, rec
+        rec = pipeline.run_queued(run_id)  # that attempt is gone: resumed and done
+        assert rec.status is RunStatus.DONE and rec.sr_sop_uids, rec
+    finally:
+        if pipeline.printer is not None:
+            pipeline.printer.close()
+
+
 def _worker_settings(server: OrthancServer, tmp_path: Path) -> Settings:
     """A worker host's settings: its own DATA_DIR, the shared folder, the gateway's Orthanc."""
     ep = server.endpoints
