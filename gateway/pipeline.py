@@ -920,6 +920,9 @@ class StudyPipeline:
         rec = self.runs.get(run_id)
         if rec.final:
             log.info("run %s is %s already: nothing to do", run_id, rec.status.value)
+            if rec.status is RunStatus.DONE and rec.study_key and rec.version is not None:
+                # an attempt that died after finishing it may not have pointed the study at it
+                self.runs.make_last_run(rec.study_key, run_id, rec.version)
             return rec
         if rec.status is RunStatus.RUNNING:  # an attempt started it, and its worker was lost
             if rec.version is not None or rec.writebacks_pending or rec.writebacks_done:

@@ -195,6 +195,13 @@ def test_a_queued_run_is_evaluated_only_on_its_own_patients_study_and_never_twic
         # a finished run (its job retried after it ended): left as it is
         again = pipeline.run_queued(rec.run_id)
         assert again.status is RunStatus.INTERRUPTED and again.finished_at == rec.finished_at
+        # a run finished DONE by an attempt that died before pointing the study at it: the
+        # retried job points it (the study's next version is 6, not 3)
+        done_id = queued("NSBX-Q-B", "NSBX-Q-B", RunStatus.RUNNING)
+        runs.update(done_id, version=5)
+        runs.finish(done_id, RunStatus.DONE)
+        assert pipeline.run_queued(done_id).status is RunStatus.DONE
+        assert runs.last_evaluation(key_b).version == 5
         # the PACS does not answer when the job starts: the run fails saying so (the job is
         # not retried for a command that exited: never left queued or running)
         up = pipeline.orthanc
