@@ -482,6 +482,9 @@ def _job_id(context: Any) -> int:
     return int(context.job.id) if context.job and context.job.id is not None else -1
 
 
+POOL_WAIT_S = 10.0  # the longest a worker waits for a connection of its pool
+
+
 def run_worker(url: str, timings: QueueTimings, *, concurrency: int = 1,
                name: str | None = None, stop_after_s: float | None = None) -> None:  # fmt: skip
     """Take jobs until stopped (SIGINT/SIGTERM). A database outage stops procrastinate's worker;
@@ -494,7 +497,11 @@ def run_worker(url: str, timings: QueueTimings, *, concurrency: int = 1,
     while True:
         with contextlib.suppress(Exception):
             drain(url)  # whatever a killed process left in the outbox
-        connector = PsycopgConnector(conninfo=conninfo(url), kwargs={"connect_timeout": 5})
+        # a connection waited for longer than POOL_WAIT_S: the database is away (restarted,
+        # unreachable), and the worker starts again on a new pool rather than wait on the
+        # old one's backing-off reconnections (30 s by default)
+        connector = PsycopgConnector(conninfo=conninfo(url), kwargs={"connect_timeout": 5},
+                                     timeout=POOL_WAIT_S)  # fmt: skip
         app = _app(connector, timings.check_s)
         remaining = None if stop_after_s is None else stop_after_s - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:

@@ -273,8 +273,10 @@ def test_a_worker_reconnects_after_postgresql_restarts(tmp_path: Path) -> None:
                 server.restart(mode)
                 # the outage stopped procrastinate's worker (its heartbeat failed); it is
                 # started again on a new pool by the same process
+                # within its pool's wait for a connection (jobs.POOL_WAIT_S), even when loaded
                 _until(f"the worker noticed the {mode} restart",
-                       lambda n=n: log.read_text().count("reconnecting") >= n, tmp_path)  # fmt: skip
+                       lambda n=n: log.read_text().count("reconnecting") >= n, tmp_path,
+                       timeout_s=60)  # fmt: skip
             with sa.create_engine(url, poolclass=sa.pool.NullPool).begin() as conn:
                 enqueue(conn, study_job("5.6.7|P2", [
                     "eval", "--suite", str(suite), "--answers", str(answers), "--model",
