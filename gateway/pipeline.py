@@ -616,7 +616,7 @@ class StudyPipeline:
             revised = [s for s, f in seen.items() if state.files.get(s, f) != f]
             _revise(revised, state)
             state.files.update(seen)
-            return revised, state.model_copy(deep=True)
+            return revised, state  # read for this change alone: nobody else holds it
 
         job.revised, state = self.runs.update_study_state(job.key, see)
         digest = sop_digest(
@@ -939,15 +939,12 @@ class StudyPipeline:
         job.route = Route.model_validate(rec.route.model_dump()) if rec.route else None
         try:
             job.key, job.orthanc_id = self._queued_study(rec)
-        except QueuedStudyError as exc:
-            self.runs.finish(run_id, RunStatus.FAILED, error=str(exc)[:2000])
-            return self.runs.get(run_id)
-        except Exception as exc:  # the PACS did not answer: the run ends saying so, never
-            # left queued or running (the job is not retried for a command that exited)
-            log.warning("run %s: its study could not be found in the PACS: %s", run_id,
-                        failure_text(exc))  # fmt: skip
-            self.runs.finish(run_id, RunStatus.FAILED,
-                             error=f"the PACS did not answer: {failure_text(exc)}"[:2000])  # fmt: skip
+        except Exception as exc:  # not the queued study, or the PACS did not answer: the run
+            # ends saying so, never left queued or running (a command that exited is not retried)
+            why = (str(exc) if isinstance(exc, QueuedStudyError)
+                   else f"the PACS did not answer: {failure_text(exc)}")  # fmt: skip
+            log.warning("run %s: %s", run_id, why)
+            self.runs.finish(run_id, RunStatus.FAILED, error=why[:2000])
             return self.runs.get(run_id)
         job.study_uid = job.key.study_uid
         self._run(job)

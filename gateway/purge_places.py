@@ -92,22 +92,16 @@ class Removal:
     state_lock: Callable[[], AbstractContextManager[None]] | None = None
     _seen: set[Path] = field(default_factory=set)
 
-    def add(self, path: Path) -> None:
+    def add(self, path: Path, *, state: bool = False) -> None:
+        """``path`` to delete; ``state``: a study's state file (see ``states``)."""
         if path in self._seen or not (path.exists() or path.is_symlink()):
             return
         self._seen.add(path)
-        self.paths.append(path)
+        (self.states if state else self.paths).append(path)
         for f in _files(path):
             self.counts.files += 1
             with contextlib.suppress(OSError):
                 self.counts.bytes += f.lstat().st_size
-
-    def add_state(self, path: Path) -> None:
-        """A study's state file (see ``states``)."""
-        if path not in self._seen and path.exists():
-            self.add(path)
-            self.paths.remove(path)
-            self.states.append(path)
 
     def apply(self) -> None:
         if self.dry_run:
@@ -219,7 +213,7 @@ class Sweep(Finder):
                     or (state.key is None and self.target.study_uid == state.study_uid)
                 )
             if hit:
-                self.rm.add_state(path)
+                self.rm.add(path, state=True)
                 self.report.counts.study_states += 1
                 self.keys.add(state.key or state.study_uid)
                 self.uids.add(state.study_uid)

@@ -181,25 +181,29 @@ def study_of_path(path: str) -> str | None:
 
 
 class StudyOwners:
-    """Whether the PACS holds a StudyInstanceUID under more than one patient, remembered for
+    """The PACS's studies holding a StudyInstanceUID (one per patient), remembered for
     VIEWER_UID_TTL_S (a viewer makes dozens of reads of one study a second) and for at most
     ``most`` UIDs."""
 
     def __init__(self, ttl_s: float = VIEWER_UID_TTL_S, most: int = 1024) -> None:
         self.ttl_s, self.most = ttl_s, most
-        self._seen: dict[str, tuple[float, bool]] = {}
+        self._seen: dict[str, tuple[float, list[str]]] = {}
         self._lock = threading.Lock()
 
-    def shared(self, study_uid: str, studies_with_uid: Callable[[str], list[str]]) -> bool:
-        """True when ``studies_with_uid`` (the PACS's studies holding the UID) finds several."""
+    def studies(self, study_uid: str, studies_with_uid: Callable[[str], list[str]]) -> list[str]:
+        """The PACS's ids of the studies holding the UID (``studies_with_uid`` asks it)."""
         now = time.monotonic()
         with self._lock:
             hit = self._seen.get(study_uid)
         if hit is not None and now - hit[0] < self.ttl_s:
             return hit[1]
-        shared = len(studies_with_uid(study_uid)) > 1
+        ids = studies_with_uid(study_uid)
         with self._lock:
             if len(self._seen) >= self.most:
                 self._seen.clear()
-            self._seen[study_uid] = (now, shared)
-        return shared
+            self._seen[study_uid] = (now, ids)
+        return ids
+
+    def shared(self, study_uid: str, studies_with_uid: Callable[[str], list[str]]) -> bool:
+        """True when more than one of the PACS's studies (patients) holds the UID."""
+        return len(self.studies(study_uid, studies_with_uid)) > 1

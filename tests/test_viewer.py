@@ -346,7 +346,7 @@ def test_a_study_uid_the_pacs_holds_under_two_patients_is_not_shown(
         found = v.get("/review/viewer/dicom-web/studies", params={"StudyInstanceUID": uid})
         assert found.status_code == 200 and len(found.json()) == 2
     finally:
-        for sid in pacs._lookup_all(uid, "Study"):
+        for sid in pacs.studies_with_uid(uid):
             pacs.api.delete(f"{pacs.url}/studies/{sid}")
         pacs.close()
 

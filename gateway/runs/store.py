@@ -503,21 +503,25 @@ class StudyRunStore:
         """What was uploaded and evaluated of this study of this patient. A state written
         before keys had a patient (keyed by the UID alone) is taken over by the first key
         that asks for it."""
-        path = self._state_path(key.name)
-        if path.exists():
-            return StudyState.model_validate_json(path.read_text())
-        legacy = self._state_path(key.study_uid)
-        if not legacy.exists():
+        stored = self._stored(key.name)
+        if stored is not None:
+            return stored
+        if not self._state_path(key.study_uid).exists():
             return StudyState(study_uid=key.study_uid, key=key.name)
         with self.study_state_lock():
             return self._read_state(key)
 
+    def _stored(self, name: str) -> StudyState | None:
+        """The state file of the study named ``name``, None when there is none."""
+        path = self._state_path(name)
+        return StudyState.model_validate_json(path.read_text()) if path.exists() else None
+
     def _read_state(self, key: StudyKey) -> StudyState:
         """``study_state`` with the state lock held (a legacy state is taken over here)."""
-        path = self._state_path(key.name)
-        if path.exists():
-            return StudyState.model_validate_json(path.read_text())
-        legacy = self._state_path(key.study_uid)
+        stored = self._stored(key.name)
+        if stored is not None:
+            return stored
+        path, legacy = self._state_path(key.name), self._state_path(key.study_uid)
         if legacy.exists():
             state = StudyState.model_validate_json(legacy.read_text())
             if state.key is None:
@@ -545,32 +549,23 @@ class StudyRunStore:
         parsed = StudyKey.parse_name(key_name)
         if parsed is None:
             return False
-        path = self._state_path(key_name)
-        current = self.study_state_named(key_name)
+        before = self._stored(key_name)
+        last = before.last_run_id if before is not None else None
         newer = 0
-        if current.last_run_id is not None:
+        if last is not None:
             try:
-                newer = self.get(current.last_run_id).version or 0
+                newer = self.get(last).version or 0
             except RunNotFoundError:
                 newer = 0
         if version <= newer:
             return False
         with self.study_state_lock():  # unless another run moved it meanwhile
-            state = (StudyState.model_validate_json(path.read_text()) if path.exists()
-                     else StudyState(study_uid=parsed[0], key=key_name))  # fmt: skip
-            if state.last_run_id != current.last_run_id:
+            state = self._stored(key_name) or StudyState(study_uid=parsed[0], key=key_name)
+            if state.last_run_id != last:
                 return False
             state.last_run_id = run_id
-            self._write(path, state.model_dump_json(indent=2))
+            self._write(self._state_path(key_name), state.model_dump_json(indent=2))
         return True
-
-    def study_state_named(self, key_name: str) -> StudyState:
-        """The state of the study named ``key_name`` (``StudyKey.name``), as stored."""
-        path = self._state_path(key_name)
-        if path.exists():
-            return StudyState.model_validate_json(path.read_text())
-        parsed = StudyKey.parse_name(key_name)
-        return StudyState(study_uid=parsed[0] if parsed else "", key=key_name)
 
     def save_study_state(self, state: StudyState) -> None:
         """Write a study's state whole (setting one up: a test, a migration). A change of

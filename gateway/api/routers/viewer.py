@@ -131,11 +131,12 @@ def open_series(
         return _refused(request)
     whole_study = series is None
     try:
-        if ctx.study_owners.shared(study, ctx.orthanc.studies_with_uid):
+        studies = ctx.study_owners.studies(study, ctx.orthanc.studies_with_uid)
+        if len(studies) > 1:
             ctx.audit.write(who.token_id, "viewer open", "", "refused: study UID of two patients")
             return _error_page(status.HTTP_409_CONFLICT, SHARED_STUDY_UID)
         if series is None:
-            study_id = ctx.orthanc.find_study(study)
+            study_id = studies[0] if studies else None
             chosen = opening_series(ctx.orthanc.list_series(study_id)) if study_id else None
             if chosen is None:
                 ctx.audit.write(who.token_id, "viewer open", "", "not found")
